@@ -1,0 +1,147 @@
+"""What every capture seam returns, and the one softmax that rebuilds an attention row.
+
+A *seam* drafts a greedy continuation of a translation prompt and, for every drafted token,
+captures the attention of a few alignment heads over the source token positions. The three seams
+(`hf_eager`, `hf_qk_fast`, `vllm_capture`) return the same `Draft`, so the policy, the server and
+the benchmark never care which one ran.
+
+Rows cover *all* source tokens (committed and unstable tail alike): which of them are accessible
+is decided later from the frontier, so a commit that only moves the frontier can be re-judged on
+the cached rows without running the model again (the server's fast path).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import numpy as np
+import torch
+
+# The mass split reported per token and head, in this order.
+MASS_KEYS = ("accessible", "inaccessible", "other_prompt", "generated")
+
+
+@dataclass(frozen=True)
+class Head:
+    layer: int
+    head: int
+
+
+@dataclass
+class DraftRequest:
+    """One draft: the whole known source (committed words first, then the unstable tail)."""
+
+    source_words: list[str]
+    committed_words: int  # words [0, committed_words) are committed; the rest is the unstable tail
+    target_prefix: str = ""  # accepted target text, continued as the assistant turn
+    max_new_tokens: int = 20
+    source_lang: str = "en"
+    target_lang: str = "de"
+
+    def __post_init__(self) -> None:
+        if not self.source_words or not any(w.strip() for w in self.source_words):
+            raise ValueError("empty source: give at least one source word")
+        if not 0 <= self.committed_words <= len(self.source_words):
+            raise ValueError(
+                f"committed_words={self.committed_words} outside 0..{len(self.source_words)}"
+            )
+        if self.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1")
+
+
+@dataclass
+class Timings:
+    """Milliseconds, one definition for every seam (see `per_token_ms`)."""
+
+    prefill_ms: float = 0.0  # prompt forward up to the first drafted token's logits
+    decode_ms: float = 0.0  # every later forward step (includes in-forward capture hooks)
+    capture_ms: float = 0.0  # copying captured q/k (or weights) out of the engine, after a step
+    reconstruct_ms: float = 0.0  # rebuilding rows + mass split from the captured tensors
+
+    @property
+    def total_ms(self) -> float:
+        return self.prefill_ms + self.decode_ms + self.capture_ms + self.reconstruct_ms
+
+    def per_token_ms(self, generated_tokens: int) -> float:
+        """End-to-end wall time of the draft (prefill included) divided by drafted tokens."""
+        return self.total_ms / max(generated_tokens, 1)
+
+
+@dataclass
+class TokenCapture:
+    """One drafted token and what the selected heads looked at when it was produced."""
+
+    token_id: int
+    piece: str  # the token's text as decoded within the draft (leading space kept)
+    rows: np.ndarray  # float32 [n_heads, n_source_tokens]: attention over source token positions
+    other_prompt_mass: np.ndarray  # float32 [n_heads]: mass on non-source prompt tokens
+    generated_mass: np.ndarray  # float32 [n_heads]: mass on target prefix + drafted tokens
+
+    def mass(self, source_word_of_token: Sequence[int], committed_words: int) -> dict[str, float]:
+        """Head-averaged mass split for a frontier of `committed_words` source words."""
+        word = np.asarray(source_word_of_token)
+        accessible = self.rows[:, word < committed_words].sum(axis=1)
+        inaccessible = self.rows[:, word >= committed_words].sum(axis=1)
+        parts = (accessible, inaccessible, self.other_prompt_mass, self.generated_mass)
+        return {k: float(np.mean(v)) for k, v in zip(MASS_KEYS, parts)}
+
+
+@dataclass
+class Draft:
+    request: DraftRequest
+    heads: list[Head]
+    prompt_token_count: int
+    source_token_positions: list[int]  # absolute prompt positions of the source tokens, ascending
+    source_word_of_token: list[int]  # for each source token, the index of its source word
+    tokens: list[TokenCapture]
+    stop_reason: str  # "eos" | "max_new_tokens"
+    timings: Timings = field(default_factory=Timings)
+    seam: str = ""
+
+    @property
+    def text(self) -> str:
+        return "".join(t.piece for t in self.tokens)
+
+    def aligned_word(self, i: int) -> int:
+        """Source word that drafted token i attends to most (head-averaged argmax)."""
+        row = self.tokens[i].rows.mean(axis=0)
+        return int(self.source_word_of_token[int(np.argmax(row))])
+
+
+class Seam(Protocol):
+    """A capture seam. Loading happens in the constructor; `draft` runs one greedy draft."""
+
+    name: str
+
+    def draft(self, request: DraftRequest) -> Draft: ...
+
+
+def attention_row(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    key_positions: torch.Tensor,
+    query_position: int,
+    scaling: float,
+    sliding_window: int | None,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Rebuild softmax attention of one query over keys exactly as the model's kernel does.
+
+    q: [H, D] post-RoPE query of the new token for the selected heads.
+    keys: [H, L, D] the keys those heads read (already mapped query head -> KV head).
+    key_positions: [L] absolute position of each key (-1 for an empty cache slot).
+    Returns fp32 [H, L]; masked positions get exactly 0.
+
+    Visibility is the model's own: causal (pos <= query_position) and, on sliding layers,
+    pos > query_position - sliding_window (HF and vLLM both keep `window` keys incl. the query).
+    """
+    scores = torch.einsum("hd,hld->hl", q.float(), keys.float()) * scaling
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    visible = (key_positions >= 0) & (key_positions <= query_position)
+    if sliding_window is not None:
+        visible &= key_positions > query_position - sliding_window
+    scores = scores.masked_fill(~visible, -math.inf)
+    return torch.softmax(scores, dim=-1)
