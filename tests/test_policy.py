@@ -1,0 +1,114 @@
+"""AlignAtt emit/hold decisions on drafts whose alignments are known."""
+
+import pytest
+
+from alignatt.policy import POLICY_PRESETS, PolicyConfig, decide, word_starts
+from tests.drafts import make_draft
+
+SRC = "the model gives itself more context".split()  # 6 words
+
+
+def test_all_accessible_draft_is_emitted_whole():
+    d = make_draft(SRC, ["Das", " Modell", " gibt"], [0, 1, 2])
+    r = decide(d, committed_words=6, config=PolicyConfig(border_words=1))
+    assert r.emit_count == 3 and r.emitted_text == "Das Modell gibt"
+    assert r.held_text == "" and r.stop_reason == "eos"
+    assert all(x.emit and x.reason == "emit" for x in r.decisions)
+
+
+def test_first_token_on_unstable_tail_stops_and_holds_the_rest():
+    # token 2 looks at word 4 (tail when 3 words are committed); token 3 looks back, still held
+    d = make_draft(SRC, ["Das", " Modell", " gibt", " sich"], [0, 0, 4, 1])
+    r = decide(d, committed_words=3, config=PolicyConfig(border_words=0))
+    assert r.emit_count == 2 and r.emitted_text == "Das Modell"
+    assert r.stop_reason == "alignatt:unstable_tail"
+    assert [x.reason for x in r.decisions] == ["emit", "emit", "unstable_tail", "after_stop"]
+    assert r.decisions[2].aligned_text == "more"
+
+
+def test_border_margin_treats_last_committed_words_as_frontier():
+    d = make_draft(SRC, ["Das", " Modell", " gibt"], [0, 1, 2])
+    assert decide(d, 3, PolicyConfig(border_words=0)).emit_count == 3
+    r = decide(d, 3, PolicyConfig(border_words=1))
+    assert r.emit_count == 2 and r.stop_reason == "alignatt:source_frontier"
+    assert decide(d, 3, PolicyConfig(border_words=2)).emit_count == 1
+
+
+def test_emission_keeps_whole_words_only():
+    # " Mod" + "ell" is one word; the stop falls inside it, so the whole word is held
+    d = make_draft(SRC, ["Das", " Mod", "ell", " gibt"], [0, 1, 4, 1])
+    r = decide(d, 3, PolicyConfig(border_words=0))
+    assert r.emitted_text == "Das"
+    assert [x.reason for x in r.decisions] == ["emit", "partial_word", "unstable_tail", "after_stop"]
+
+
+def test_draft_cut_by_max_tokens_holds_its_possibly_unfinished_last_word():
+    d = make_draft(SRC, ["Das", " Modell", " gi"], [0, 1, 2], stop_reason="max_new_tokens")
+    r = decide(d, 6, PolicyConfig(border_words=0))
+    assert r.emitted_text == "Das Modell"
+    assert r.decisions[2].reason == "partial_word"
+    # the same draft ended by EOS has a complete last word
+    d.stop_reason = "eos"
+    assert decide(d, 6, PolicyConfig(border_words=0)).emit_count == 3
+
+
+def test_punctuation_belongs_to_the_word_before_it():
+    assert word_starts(["Das", " Modell", ",", " das"]) == [0, 1, 3]
+    d = make_draft(SRC, ["Das", " Modell", ",", " das"], [0, 1, 1, 5])
+    r = decide(d, 6, PolicyConfig(border_words=1))
+    assert r.emitted_text == "Das Modell,"
+
+
+def test_hold_back_and_min_emit():
+    d = make_draft(SRC, ["Das", " Modell", " gibt", " sich"], [0, 1, 2, 3])
+    r = decide(d, 6, PolicyConfig(border_words=0, hold_back_words=1))
+    assert r.emitted_text == "Das Modell gibt"
+    assert r.decisions[3].reason == "hold_back"
+    r = decide(d, 6, PolicyConfig(border_words=0, min_emit_words=5))
+    assert r.emit_count == 0 and r.stop_reason == "alignatt:min_emit"
+
+
+def test_final_emits_everything():
+    d = make_draft(SRC, ["Das", " Modell", " gi"], [0, 5, 5], stop_reason="max_new_tokens")
+    r = decide(d, 6, PolicyConfig(border_words=2), final=True)
+    assert r.emit_count == 3 and r.held_text == ""
+
+
+def test_nothing_committed_emits_nothing():
+    d = make_draft(SRC, ["Das"], [0], committed_words=0)
+    r = decide(d, 0)
+    assert r.emit_count == 0 and r.stop_reason == "alignatt:unstable_tail"
+
+
+def test_moving_the_frontier_releases_held_tokens_without_a_new_draft():
+    d = make_draft(SRC, ["Das", " Modell", " gibt", " sich"], [0, 1, 3, 3])
+    cfg = PolicyConfig(border_words=0)
+    before = decide(d, 3, cfg)
+    after = decide(d, 4, cfg)
+    assert before.emitted_text == "Das Modell"
+    assert after.emitted_text == "Das Modell gibt sich"
+    assert after.emitted_text.startswith(before.emitted_text)
+
+
+def test_mass_split_follows_the_frontier():
+    d = make_draft(SRC, ["Das"], [0])
+    m3 = decide(d, 3, PolicyConfig(border_words=0)).decisions[0].mass
+    m6 = decide(d, 6, PolicyConfig(border_words=0)).decisions[0].mass
+    assert m3["accessible"] < m6["accessible"]
+    assert m6["inaccessible"] == pytest.approx(0.0)
+    assert sum(m3.values()) == pytest.approx(sum(m6.values()))
+
+
+def test_bad_frontier_and_config_are_rejected():
+    d = make_draft(SRC, ["Das"], [0])
+    with pytest.raises(ValueError):
+        decide(d, 7)
+    with pytest.raises(ValueError):
+        PolicyConfig(border_words=-1)
+    with pytest.raises(ValueError):
+        PolicyConfig(unknown=1)
+
+
+def test_presets_are_ordered_by_latency():
+    lo, mid, hi = (POLICY_PRESETS[k] for k in ("low_latency", "balanced", "high_latency"))
+    assert lo.border_words <= mid.border_words <= hi.border_words
