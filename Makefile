@@ -1,0 +1,25 @@
+# Two entry points for a fresh machine (see README): `make pipeline` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU build of torch; a GPU host overrides this (e.g. TORCH_SPEC=torch==2.11.0).
+TORCH_SPEC ?= torch==2.13.0
+EXTRAS ?= embedded,pipeline,dev
+
+.PHONY: install pipeline test
+
+$(VENV)/.installed: pyproject.toml Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q '$(TORCH_SPEC)'
+	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	touch $@
+
+install: $(VENV)/.installed
+
+# The whole pipeline on the embedded default (Gemma-3-270M on CPU; vLLM seams recorded as skipped).
+pipeline: install
+	$(VENV)/bin/dvc repro
+
+# The full test suite (GPU tests skip without CUDA). `.ci/run` calls this.
+test: install
+	$(PY) -m pytest -q
