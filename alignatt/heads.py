@@ -277,3 +277,35 @@ def default_head_set(model_name: str, direction: str = "en-de") -> HeadSet:
 
 def default_heads(model_name: str, k: int, direction: str = "en-de") -> list[Head]:
     return default_head_set(model_name, direction).top_k(k)
+
+
+def describe_head_set(head_set: HeadSet, top: int | None = 10) -> str:
+    """Human-readable summary: what the set is, then the best `top` heads (all if None)."""
+    s = head_set
+    lines = [
+        f"{s.model}  {s.direction}  ({s.num_layers} layers x {s.num_heads} heads)",
+        f"score: {s.score_name} on {s.used_pairs} pairs, {s.used_target_tokens} target tokens; "
+        f"{len(s.heads)} heads listed",
+    ]
+    run = s.calibration_run
+    if run is not None:
+        lines.append(
+            f"calibrated {run.created_utc or '(date unknown)'} on {run.device}/{run.dtype}: "
+            f"{run.pairs_offered} pairs offered ({run.pairs_skipped} skipped) from {run.pairs_file}, "
+            f"{run.seconds:.1f} s ({run.seconds_per_pair:.3f} s/pair)"
+            + ("; synthetic weights" if run.synthetic_weights else "")
+        )
+    shown = s.heads if top is None else s.heads[: max(top, 0)]
+    lines.append(f"{'rank':>4}  {'layer':>5}  {'head':>4}  {'score':>8}  {'count':>5}")
+    for rank, h in enumerate(shown, 1):
+        lines.append(f"{rank:>4}  {h.layer:>5}  {h.head:>4}  {h.score:>8.4f}  {h.count:>5}")
+    return "\n".join(lines)
+
+
+def describe_bundled() -> str:
+    """One line per bundled head set."""
+    lines = []
+    for name in bundled_head_set_names():
+        s = load_head_set(name)
+        lines.append(f"{name}: {s.model} {s.direction}, {len(s.heads)} heads, best {s.heads[0].score:.3f}")
+    return "\n".join(lines)
