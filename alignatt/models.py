@@ -269,3 +269,59 @@ def synthetic_tokenizer() -> Any:
     if not (target / "config.json").exists():
         convert_embedded_model(target)
     return AutoTokenizer.from_pretrained(target, local_files_only=True)
+
+
+# ---- tiny-gemma4: random weights + a byte-level tokenizer, all built in memory ----
+
+TINY_SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+# Gemma-style turns (system role kept as its own turn) so the chat-prompt path is exercised.
+TINY_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<start_of_turn>"
+    "{{ 'model' if message['role'] == 'assistant' else message['role'] }}\n"
+    "{{ message['content'] | trim }}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+
+
+def tiny_tokenizer() -> Any:
+    """Byte-level tokenizer (every text encodes, offsets are exact); ids 0..5 are the specials."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(TINY_SPECIAL_TOKENS)}
+    for ch in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[ch] = len(vocab)
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    core.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in TINY_SPECIAL_TOKENS])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token="<pad>",
+        eos_token="<eos>",
+        bos_token="<bos>",
+        unk_token="<unk>",
+        chat_template=TINY_CHAT_TEMPLATE,
+    )
+
+
+def tiny_config_path() -> Path:
+    return Path(str(resources.files("alignatt") / "data" / "models" / "tiny-gemma4" / "config.json"))
+
+
+def _build_tiny_gemma4(torch_dtype: Any, seed: int = 0) -> tuple[Any, Any]:
+    import json
+
+    import torch
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+
+    tokenizer = tiny_tokenizer()
+    fields = json.loads(tiny_config_path().read_text())
+    fields.pop("architectures", None)
+    fields.pop("model_type", None)
+    fields["vocab_size"] = fields["vocab_size_per_layer_input"] = len(tokenizer)
+    config = Gemma4TextConfig(**fields)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Gemma4ForCausalLM(config).to(torch_dtype)
+    return model, tokenizer
