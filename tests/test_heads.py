@@ -207,3 +207,17 @@ def test_spread_set_is_a_valid_uncalibrated_set():
     assert {h.layer for h in s.top_k(4)} == {0, 1, 2, 3}
     assert load_head_set.__module__  # the set also serialises like any other
     assert HeadSet.model_validate_json(s.to_json()) == s
+
+
+def test_tiny_gemma4_default_heads_cover_every_layer_kind():
+    from alignatt.models import load_model
+
+    layout = load_model("tiny-gemma4").layout
+    kinds = {(la.kind, la.kv_shared) for la in layout.layers}
+    assert len(kinds) == 4  # the tiny config has sliding, full, and KV-shared of both
+    top = default_heads("tiny-gemma4", len(kinds))
+    assert {(layout[h.layer].kind, layout[h.layer].kv_shared) for h in top} == kinds
+    full = default_head_set("tiny-gemma4")
+    assert len(full.heads) == layout.n_layers * layout[0].n_heads
+    assert layout.validate_heads(full.top_k(len(full.heads)))
+    assert default_heads("tiny-gemma4", 6) == top + full.top_k(6)[4:]
