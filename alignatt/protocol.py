@@ -1,0 +1,247 @@
+"""WhisperLiveKit's `alignatt` protocol v1: every frame as a pydantic model, one parse function.
+
+JSON text frames, one connection = one session (client: `whisperlivekit/translation_alignatt.py`,
+whisperlivekit 0.2.26):
+
+    client → server   init      {protocol_version: 1, source_lang, target_lang, preset?, overrides?,
+                                 context_text?, history? [[source, target], ...],
+                                 accepted_target_prefix?}
+    server → client   init_ok   {protocol_version, direction, preset, model, ...}
+    client → server   update    {seq, utterance_id, words: [[word, start_ms, end_ms], ...],
+                                 tail?: {words: [[word, null, null], ...]}, clock_ms, is_final}
+    server → client   translation {seq, utterance_id, final, forced_final, committed_text,
+                                 committed_delta, buffer_text, covered_source_units, stop_reason}
+    server → client   error     {code, message, seq?, supported?}
+
+`parse_frame` is the one place that validates input; everything it rejects becomes a
+`ProtocolError` with a code and a message the client can show. Unknown fields are tolerated and
+reported back (`ignored_fields`), never silently dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+)
+
+PROTOCOL_VERSION = 1
+
+# Error codes on the wire.
+BAD_PROTOCOL = "bad_protocol"
+UNSUPPORTED_DIRECTION = "unsupported_direction"
+UNKNOWN_PRESET = "unknown_preset"
+BUSY = "busy"
+PROCESSING_FAILED = "processing_failed"
+
+# The per-session overrides the WhisperLiveKit client sends (its latency presets), and the policy
+# field each one sets.
+OVERRIDE_FIELDS = {
+    "translation_alignatt_hold_back_target_units": "hold_back_words",
+    "translation_alignatt_min_emit_target_units": "min_emit_words",
+}
+
+
+class ProtocolError(Exception):
+    """Input the server refuses; becomes an `error` frame (the connection stays usable)."""
+
+    def __init__(self, code: str, message: str, seq: int | None = None, **extra: Any) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.seq = seq
+        self.extra = extra
+
+    def frame(self) -> "ErrorFrame":
+        return ErrorFrame(code=self.code, message=self.message, seq=self.seq, **self.extra)
+
+
+class _Incoming(BaseModel):
+    # Unknown fields are kept in `model_extra` so they can be reported back.
+    model_config = ConfigDict(extra="allow")
+
+    def unknown_fields(self, prefix: str = "") -> list[str]:
+        return sorted(prefix + k for k in (self.model_extra or {}))
+
+
+def _word_text(entry: Any) -> str:
+    """A word entry is `[word, start_ms|null, end_ms|null]` (shorter lists and bare strings too)."""
+    if isinstance(entry, str):
+        return entry
+    if isinstance(entry, (list, tuple)) and 1 <= len(entry) <= 3 and isinstance(entry[0], str):
+        for t in entry[1:]:
+            if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))):
+                raise ValueError(f"word timestamps must be numbers or null, got {t!r}")
+        return entry[0]
+    raise ValueError(f"a word must be [word, start_ms, end_ms], got {entry!r}"[:200])
+
+
+class InitFrame(_Incoming):
+    type: Literal["init"]
+    protocol_version: StrictInt
+    source_lang: StrictStr = Field(min_length=1, max_length=32)
+    target_lang: StrictStr = Field(min_length=1, max_length=32)
+    preset: StrictStr | None = None
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    context_text: StrictStr = ""
+    history: list[tuple[StrictStr, StrictStr]] = Field(default_factory=list)
+    accepted_target_prefix: StrictStr = ""
+
+    @property
+    def direction(self) -> str:
+        return f"{self.source_lang.strip().lower()}-{self.target_lang.strip().lower()}"
+
+
+class Tail(_Incoming):
+    words: list[Any] = Field(default_factory=list)
+
+    @field_validator("words")
+    @classmethod
+    def _words(cls, v: list[Any]) -> list[str]:
+        return [_word_text(e) for e in v]
+
+
+class UpdateFrame(_Incoming):
+    type: Literal["update"]
+    seq: StrictInt = Field(ge=0)
+    utterance_id: StrictInt = Field(0, ge=0)
+    words: list[Any] = Field(default_factory=list)
+    tail: Tail | None = None
+    clock_ms: float | None = None
+    is_final: StrictBool = False
+
+    @field_validator("words")
+    @classmethod
+    def _words(cls, v: list[Any]) -> list[str]:
+        return [_word_text(e) for e in v]
+
+    @property
+    def tail_words(self) -> list[str]:
+        return list(self.tail.words) if self.tail else []
+
+    def unknown_fields(self, prefix: str = "") -> list[str]:
+        tail = self.tail.unknown_fields("tail.") if self.tail else []
+        return super().unknown_fields(prefix) + tail
+
+
+class _Outgoing(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    def to_json(self) -> str:
+        return self.model_dump_json(exclude_none=True)
+
+
+class InitOk(_Outgoing):
+    type: Literal["init_ok"] = "init_ok"
+    protocol_version: int = PROTOCOL_VERSION
+    direction: str
+    preset: str
+    model: str
+    seam: str = ""
+    heads: list[tuple[int, int]] = Field(default_factory=list)
+    policy: dict[str, Any] = Field(default_factory=dict)
+    unknown_overrides: list[str] = Field(default_factory=list)
+    ignored_fields: list[str] = Field(default_factory=list)
+
+
+class TranslationFrame(_Outgoing):
+    type: Literal["translation"] = "translation"
+    seq: int
+    utterance_id: int
+    final: bool
+    forced_final: bool = False
+    committed_text: str
+    committed_delta: str
+    buffer_text: str
+    covered_source_units: int
+    stop_reason: str | None = None
+    # Not in the client's contract (it ignores them); they make latency and the fast path visible.
+    path: str = ""
+    engine_calls: int = 0
+    server_ms: float = 0.0
+    ignored_fields: list[str] | None = None
+
+
+class ErrorFrame(_Outgoing):
+    type: Literal["error"] = "error"
+    code: str
+    message: str
+    seq: int | None = None
+    supported: list[Any] | None = None
+
+
+def _best_effort_seq(data: Any) -> int | None:
+    if isinstance(data, dict) and isinstance(data.get("seq"), int) and not isinstance(
+        data.get("seq"), bool
+    ):
+        return data["seq"]
+    return None
+
+
+def _describe(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors()[:3]:
+        loc = ".".join(str(x) for x in e["loc"] if not str(x).startswith(("function-", "tagged")))
+        parts.append(f"{loc or 'frame'}: {e['msg']}")
+    more = f" (+{err.error_count() - 3} more)" if err.error_count() > 3 else ""
+    return "; ".join(parts) + more
+
+
+def parse_frame(raw: bytes | str, max_bytes: int) -> InitFrame | UpdateFrame:
+    """Validate one incoming frame; raise `ProtocolError(bad_protocol, ...)` on anything wrong."""
+    size = len(raw.encode() if isinstance(raw, str) else raw)
+    if size > max_bytes:
+        raise ProtocolError(BAD_PROTOCOL, f"frame of {size} bytes exceeds the {max_bytes}-byte limit")
+    if isinstance(raw, (bytes, bytearray)):
+        try:
+            raw = bytes(raw).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ProtocolError(
+                BAD_PROTOCOL, f"frame is not valid UTF-8 ({e.reason} at byte {e.start}); send JSON text"
+            ) from None
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise ProtocolError(BAD_PROTOCOL, f"invalid JSON: {e}"[:300]) from None
+    seq = _best_effort_seq(data)
+    if not isinstance(data, dict):
+        raise ProtocolError(BAD_PROTOCOL, "a frame must be a JSON object")
+    kind = data.get("type")
+    if kind not in ("init", "update"):
+        raise ProtocolError(
+            BAD_PROTOCOL, f"unknown frame type {kind!r}; expected 'init' or 'update'"[:300], seq=seq
+        )
+    if kind == "init" and data.get("protocol_version") != PROTOCOL_VERSION:
+        raise ProtocolError(
+            BAD_PROTOCOL,
+            f"protocol_version {data.get('protocol_version')!r} is not supported"[:300],
+            supported=[PROTOCOL_VERSION],
+        )
+    try:
+        return (InitFrame if kind == "init" else UpdateFrame).model_validate(data)
+    except ValidationError as e:
+        raise ProtocolError(BAD_PROTOCOL, f"bad {kind} frame: {_describe(e)}"[:500], seq=seq) from None
+
+
+def override_policy_fields(overrides: dict[str, Any]) -> tuple[dict[str, int], list[str]]:
+    """Map the client's override keys to policy fields; unknown keys are returned, not dropped."""
+    fields: dict[str, int] = {}
+    unknown: list[str] = []
+    for key, value in overrides.items():
+        name = OVERRIDE_FIELDS.get(key)
+        if name is None:
+            unknown.append(key)
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ProtocolError(BAD_PROTOCOL, f"override {key} must be a non-negative integer, got {value!r}")
+        fields[name] = value
+    return fields, sorted(unknown)
