@@ -178,36 +178,111 @@ def _torch_dtype(dtype: str) -> Any:
 def _load_embedded(torch_dtype: Any) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    target = embedded_model_dir()
-    if not (target / "config.json").exists():
-        convert_embedded_model(target)
+    target = ensure_embedded_model()
     tokenizer = AutoTokenizer.from_pretrained(target, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(target, local_files_only=True, dtype=torch_dtype)
     return model, tokenizer
 
 
-def convert_embedded_model(target: Path | None = None) -> Path:
-    """Dequantise the packaged GGUF once and save it as a regular HF checkpoint at `target`."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def ensure_embedded_model() -> Path:
+    """The converted embedded checkpoint dir; converts (first run) or repairs a stale tokenizer."""
+    target = embedded_model_dir()
+    if not (target / "config.json").exists():
+        convert_embedded_model(target)
+    elif _cache_stamp(target) != EMBEDDED_CACHE_STAMP:
+        _rebuild_embedded_tokenizer(target)
+    return target
 
-    target = target or embedded_model_dir()
+
+# Bumped whenever the converted checkpoint's content changes, so stale caches get repaired.
+EMBEDDED_CACHE_STAMP = "gemma3-270m/bpe-tokenizer-v1"
+_STAMP_FILE = "alignatt-cache-stamp.txt"
+
+
+def _cache_stamp(target: Path) -> str:
+    try:
+        return (target / _STAMP_FILE).read_text().strip()
+    except OSError:
+        return ""
+
+
+def _assembled_gguf() -> Path:
     try:
         package = __import__(EMBEDDED_PACKAGE)
-        gguf_path = Path(package.assemble(default_output_path(package)))
+        return Path(package.assemble(default_output_path(package)))
     except ImportError as e:
         raise AlignattError(
             f"the embedded model gemma3-270m needs its weights package: {EMBEDDED_INSTALL_HINT} ({e})"
         ) from None
     except (FileNotFoundError, ValueError, FileExistsError) as e:
         raise AlignattError(f"cannot assemble the embedded GGUF: {e}") from None
+
+
+def gguf_tokenizer(gguf_path: Path) -> Any:
+    """Gemma's SentencePiece-BPE tokenizer rebuilt from the GGUF vocabulary.
+
+    transformers' GGUF loader turns Gemma-3's vocabulary into a Unigram model scored with the BPE
+    merge ranks, which splits text into single characters (the model then sees nonsense). Here the
+    scores become BPE merges again (higher score merges first, as in SentencePiece-BPE), control
+    tokens become special tokens and user-defined symbols (newline runs, tags) stay atomic.
+    """
+    from gguf import GGUFReader
+    from tokenizers import AddedToken
+    from transformers.convert_slow_tokenizer import generate_merges
+    from transformers.models.gemma.tokenization_gemma import GemmaTokenizer
+
+    fields = GGUFReader(str(gguf_path)).fields
+    tokens = fields["tokenizer.ggml.tokens"].contents()
+    types = fields["tokenizer.ggml.token_type"].contents()
+    scores = fields["tokenizer.ggml.scores"].contents()
+    normal, control, user_defined = 1, 3, 4  # llama.cpp token types (6 = byte fallback)
+    vocab: dict[str, int] = {}
+    merge_scores: dict[str, float] = {}
+    added: list[Any] = []
+    for i, (tok, kind, score) in enumerate(zip(tokens, types, scores)):
+        if kind == user_defined and tok.strip(" ") == "":
+            tok = "▁" * len(tok)  # runs of spaces live in the normalised (▁) domain
+        vocab[tok] = i
+        if kind == normal or (kind == user_defined and tok.startswith("▁")):
+            merge_scores[tok] = score
+        elif kind in (control, user_defined):
+            added.append(AddedToken(tok, special=kind == control, normalized=False))
+    tokenizer = GemmaTokenizer(
+        vocab=vocab, merges=generate_merges(vocab, merge_scores), add_bos_token=True
+    )
+    tokenizer.add_tokens(added)
+    return tokenizer
+
+
+def _rebuild_embedded_tokenizer(target: Path) -> None:
+    gguf_path = _assembled_gguf()
+    tokenizer = gguf_tokenizer(gguf_path)
+    gguf_path.unlink(missing_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".gemma3-270m-tok.", dir=target.parent))
+    try:
+        tokenizer.save_pretrained(tmp)
+        for f in tmp.iterdir():
+            os.replace(f, target / f.name)
+        (target / _STAMP_FILE).write_text(EMBEDDED_CACHE_STAMP + "\n")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def convert_embedded_model(target: Path | None = None) -> Path:
+    """Dequantise the packaged GGUF once and save it as a regular HF checkpoint at `target`."""
+    from transformers import AutoModelForCausalLM
+
+    target = target or embedded_model_dir()
+    gguf_path = _assembled_gguf()
     target.parent.mkdir(parents=True, exist_ok=True)
     # Save into a private temp dir and rename: concurrent first loads never see half a checkpoint.
     tmp = Path(tempfile.mkdtemp(prefix=".gemma3-270m.", dir=target.parent))
     try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        tokenizer = gguf_tokenizer(gguf_path)
         model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        (tmp / _STAMP_FILE).write_text(EMBEDDED_CACHE_STAMP + "\n")
         tmp.chmod(0o755)
         try:
             os.rename(tmp, target)
@@ -265,10 +340,7 @@ def synthetic_tokenizer() -> Any:
         return AutoTokenizer.from_pretrained("google/gemma-4-E4B-it", local_files_only=True)
     except OSError:
         pass
-    target = embedded_model_dir()
-    if not (target / "config.json").exists():
-        convert_embedded_model(target)
-    return AutoTokenizer.from_pretrained(target, local_files_only=True)
+    return AutoTokenizer.from_pretrained(ensure_embedded_model(), local_files_only=True)
 
 
 # ---- tiny-gemma4: random weights + a byte-level tokenizer, all built in memory ----
