@@ -83,6 +83,62 @@ def heads_calibrate(
 # ---- pipeline: env, bench, report, audit (alignatt.provenance / bench / report / audit) ----
 
 
+@app.command("env")
+def env_cmd(
+    out: str = typer.Option("outputs/env.json", help="where to write the env artifact"),
+    model: str = typer.Option(None, help="model preset / HF id / path whose identity to record"),
+) -> None:
+    """Record this machine's provenance (GPU, driver, CUDA, torch, vLLM, git, container)."""
+    from alignatt.artifacts import env_artifact, write_artifact
+
+    try:
+        artifact = env_artifact(model)
+        write_artifact(out, artifact)
+    except AlignattError as e:
+        fail(str(e))
+    p = artifact.provenance
+    gpu = f"{p.gpu_count} x {p.gpu_name}" if p.gpus else "no GPU"
+    typer.echo(f"wrote {out}: {gpu}; torch {p.torch}, vLLM {p.vllm}, transformers {p.transformers}; "
+               f"git {(p.git_commit or 'none')[:12]}{' (dirty)' if p.git_dirty else ''}; "
+               f"container {p.container_image}")
+
+
+@app.command("bench")
+def bench_cmd(
+    mode: str = typer.Option("eager", help="vLLM mode (a key of bench.modes in params.yaml)"),
+    params: str = typer.Option("params.yaml", help="params file; built-in defaults if absent"),
+    profile: str = typer.Option(None, help="params profile (default: params' `profile:`)"),
+    model: str = typer.Option(None, help="override the profile's model"),
+    seams: str = typer.Option(None, help="comma-separated seams to measure (override)"),
+    device: str = typer.Option(None),
+    dtype: str = typer.Option(None),
+    repeats: int = typer.Option(None, help="measured passes over every prompt"),
+    warmup: int = typer.Option(None, help="unmeasured passes before measuring"),
+    max_new_tokens: int = typer.Option(None),
+    heads_k: int = typer.Option(None, help="top-k alignment heads"),
+    prompts: str = typer.Option(None, help="prompts JSON (default: the 16 published prompts)"),
+    out: str = typer.Option("outputs/bench.json", help="the bench artifact"),
+    metrics: str = typer.Option(None, help="also write headline metrics JSON here"),
+    plot: str = typer.Option(None, help="also write the per-seam latency CSV here"),
+    progress: bool = typer.Option(True, help="progress bars on stderr"),
+) -> None:
+    """Measure the capture seams on the published protocol; each seam in its own subprocess."""
+    from alignatt import bench
+
+    try:
+        config = bench.bench_config(
+            params, mode, profile, model=model, device=device, dtype=dtype, repeats=repeats,
+            warmup=warmup, max_new_tokens=max_new_tokens, heads_k=heads_k, prompts_file=prompts,
+            seams=[s.strip() for s in seams.split(",") if s.strip()] if seams else None,
+        )
+        artifact = bench.run_bench(config, bench.SubprocessRunner(progress=progress))
+        bench.write_bench_outputs(artifact, out, metrics, plot)
+    except AlignattError as e:
+        fail(str(e))
+    typer.echo(bench.format_summary(artifact))
+    typer.echo(f"wrote {out}")
+
+
 def main() -> None:
     try:
         app()
