@@ -80,6 +80,79 @@ def heads_calibrate(
 
 # ---- server: serve, smoke (alignatt.server / smoke) ----
 
+
+def _server_config(
+    config: str | None, host: str, port: int, model: str, seam: str, preset: str, direction: str,
+    heads: str | None, top_k: int, device: str, dtype: str | None, max_sessions: int,
+    max_utterance_words: int,
+):
+    from alignatt.server import server_config
+
+    return server_config(
+        config_path=config, host=host, port=port, model=model, seam=seam, preset=preset,
+        direction=direction, heads=heads, top_k=top_k, device=device, dtype=dtype,
+        max_sessions=max_sessions, max_utterance_words=max_utterance_words,
+    )
+
+
+@app.command("serve")
+def serve_cmd(
+    host: str = typer.Option("127.0.0.1", help="interface to listen on"),
+    port: int = typer.Option(8765, help="TCP port (0 = any free port)"),
+    model: str = typer.Option("gemma3-270m", help="model preset or local checkpoint"),
+    seam: str = typer.Option("hf_qk_fast", help="capture seam: hf_eager | hf_qk_fast | vllm_capture"),
+    preset: str = typer.Option("balanced", help="default latency preset: low_latency | balanced | high_latency"),
+    direction: str = typer.Option("en-de", help="the direction served (source-target)"),
+    heads: str = typer.Option(None, help="head-set file or bundled name (default: the model's)"),
+    top_k: int = typer.Option(4, "--top-k", help="alignment heads used"),
+    device: str = typer.Option("cpu"),
+    dtype: str = typer.Option(None, help="float32 | bfloat16 (default: the model's)"),
+    max_sessions: int = typer.Option(8, help="concurrent sessions; more get `busy`"),
+    max_utterance_words: int = typer.Option(80, help="longer utterances are forced final"),
+    config: str = typer.Option(None, help="ServerConfig JSON (several directions); replaces the options above"),
+) -> None:
+    """Run the MT server (WhisperLiveKit `alignatt` protocol v1) until interrupted."""
+    import logging
+
+    from alignatt.server import serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        cfg = _server_config(config, host, port, model, seam, preset, direction, heads, top_k,
+                             device, dtype, max_sessions, max_utterance_words)
+        typer.echo(f"loading {', '.join(f'{d}: {r.model}/{r.seam}' for d, r in cfg.directions.items())} ...")
+        serve(cfg, on_ready=lambda s: typer.echo(
+            f"alignatt-mt-server listening on ws://{cfg.host}:{s.port} (preset {cfg.default_preset})"))
+    except AlignattError as e:
+        fail(str(e))
+
+
+@app.command("smoke")
+def smoke_cmd(
+    model: str = typer.Option("gemma3-270m", help="model preset or local checkpoint"),
+    seam: str = typer.Option("hf_qk_fast", help="capture seam"),
+    preset: str = typer.Option("balanced", help="latency preset"),
+    device: str = typer.Option("cpu"),
+    dtype: str = typer.Option(None),
+    top_k: int = typer.Option(4, "--top-k"),
+    heads: str = typer.Option(None, help="head-set file or bundled name (default: the model's)"),
+    speed: float = typer.Option(None, help="replay speed (default: the stream file's, 4x)"),
+    client: str = typer.Option("auto", help="native | wlk | both | auto (both when WhisperLiveKit imports)"),
+    stream: str = typer.Option(None, help="stream JSON (default: the bundled smoke stream)"),
+    out: str = typer.Option("outputs/server_smoke.json", help="where to write the smoke artifact"),
+) -> None:
+    """Start the server on loopback, replay the smoke stream through a real client, write the artifact."""
+    from alignatt.smoke import SmokeOptions, run_smoke, summary_line
+
+    try:
+        options = SmokeOptions(model=model, seam=seam, preset=preset, device=device, dtype=dtype,
+                               top_k=top_k, heads=heads, speed=speed, client=client, stream=stream)
+        artifact = run_smoke(options, out)
+    except AlignattError as e:
+        fail(str(e))
+    typer.echo(summary_line(artifact))
+    typer.echo(f"wrote {out}")
+
 # ---- pipeline: env, bench, report, audit (alignatt.provenance / bench / report / audit) ----
 
 

@@ -167,7 +167,8 @@ class TranslationFrame(_Outgoing):
     # Not in the client's contract (it ignores them); they make latency and the fast path visible.
     path: str = ""
     engine_calls: int = 0
-    server_ms: float = 0.0
+    compute_ms: float = 0.0  # inside the session (drafting included)
+    server_ms: float = 0.0  # frame received -> reply sent (queueing included)
     ignored_fields: list[str] | None = None
 
 

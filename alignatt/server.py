@@ -1,0 +1,588 @@
+"""alignatt-mt-server: the WhisperLiveKit `alignatt` protocol v1 over WebSocket.
+
+One connection is one `Session`. Engines (a loaded seam) are shared: every draft of an engine runs
+on that engine's single worker thread, off the event loop, so one model serves all sessions and
+the loop stays free for the zero-call paths (commit fast path, unchanged updates), which run
+inline. Per connection, queued partial updates are coalesced (only the newest is kept: each one
+carries the whole state of the open utterance) while finals are never dropped or reordered; the
+client reads replies until one has its seq or a newer one.
+
+Directions map to (model, seam, head set) in `ServerConfig.directions`, so two sessions with
+different directions draft with their own heads. Latency presets are named configs; the
+WhisperLiveKit client's names (`quality`, `balanced`, `low`) are aliases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from alignatt.capture import Head, Seam
+from alignatt.errors import AlignattError
+from alignatt.policy import POLICY_PRESETS, PolicyConfig
+from alignatt.protocol import (
+    BAD_PROTOCOL,
+    BUSY,
+    PROCESSING_FAILED,
+    UNKNOWN_PRESET,
+    UNSUPPORTED_DIRECTION,
+    ErrorFrame,
+    InitFrame,
+    InitOk,
+    ProtocolError,
+    TranslationFrame,
+    UpdateFrame,
+    override_policy_fields,
+    parse_frame,
+)
+from alignatt.session import Session, SessionConfig, Step, UpdateRejected
+
+log = logging.getLogger("alignatt.server")
+
+
+# ---- configuration ----
+
+
+class SessionPreset(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    description: str
+    policy: PolicyConfig
+    max_new_tokens: int = Field(16, ge=1)
+
+
+SESSION_PRESETS: dict[str, SessionPreset] = {
+    p.name: p
+    for p in (
+        SessionPreset(
+            name="low_latency",
+            description="follow the commit frontier closely: no border, no hold-back",
+            policy=POLICY_PRESETS["low_latency"],
+        ),
+        SessionPreset(
+            name="balanced",
+            description="keep one committed word of margin before the frontier",
+            policy=POLICY_PRESETS["balanced"],
+        ),
+        SessionPreset(
+            name="high_latency",
+            description="two words of margin, hold back one target word, emit at least one word",
+            policy=POLICY_PRESETS["high_latency"],
+        ),
+    )
+}
+# Names other clients use for the same points (WhisperLiveKit's --alignatt-latency values and
+# its documented --alignatt-preset example).
+PRESET_ALIASES = {
+    "low": "low_latency",
+    "quality": "high_latency",
+    "gemma_low_latency": "low_latency",
+    "gemma_balanced": "balanced",
+    "gemma_high_latency": "high_latency",
+    "gemma_quality": "high_latency",
+}
+
+
+def resolve_preset(name: str) -> SessionPreset:
+    key = PRESET_ALIASES.get(name, name)
+    if key not in SESSION_PRESETS:
+        supported = sorted(SESSION_PRESETS) + sorted(PRESET_ALIASES)
+        raise ProtocolError(
+            UNKNOWN_PRESET, f"unknown preset {name!r}; use one of {', '.join(supported)}",
+            supported=supported,
+        )
+    return SESSION_PRESETS[key]
+
+
+class ServerLimits(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_sessions: int = Field(8, ge=1, description="more concurrent sessions get `busy`")
+    max_frame_bytes: int = Field(256 * 1024, ge=1024, description="larger frames get bad_protocol")
+    hard_frame_factor: int = Field(4, ge=1, description="frames past factor x limit close the socket")
+    max_utterance_words: int = Field(80, ge=1, description="longer utterances are forced final")
+    max_tail_words: int = Field(64, ge=0, description="tail words past this are ignored")
+
+
+class DirectionRoute(BaseModel):
+    """What serves one direction: model, seam and alignment heads."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = "gemma3-270m"
+    seam: str = "hf_qk_fast"
+    heads: str | None = Field(None, description="head-set file or bundled name; None: the model's default")
+    top_k: int = Field(4, ge=1)
+    device: str = "cpu"
+    dtype: str | None = None
+
+
+class ServerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8765, ge=0, le=65535)
+    default_preset: str = "balanced"
+    directions: dict[str, DirectionRoute] = Field(default_factory=lambda: {"en-de": DirectionRoute()})
+    limits: ServerLimits = Field(default_factory=ServerLimits)
+    preload: bool = Field(True, description="load every direction's engine before listening")
+
+
+def server_config(
+    config_path: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    model: str = "gemma3-270m",
+    seam: str = "hf_qk_fast",
+    preset: str = "balanced",
+    direction: str = "en-de",
+    heads: str | None = None,
+    top_k: int = 4,
+    device: str = "cpu",
+    dtype: str | None = None,
+    max_sessions: int = 8,
+    max_utterance_words: int = 80,
+) -> ServerConfig:
+    """A ServerConfig from a JSON file, or from one direction's options (the CLI's)."""
+    from pathlib import Path
+
+    from pydantic import ValidationError
+
+    try:
+        if config_path:
+            try:
+                text = Path(config_path).read_text()
+            except OSError as e:
+                raise AlignattError(f"cannot read server config {config_path}: {e.strerror}") from None
+            cfg = ServerConfig.model_validate_json(text)
+        else:
+            route = DirectionRoute(model=model, seam=seam, heads=heads, top_k=top_k, device=device, dtype=dtype)
+            cfg = ServerConfig(
+                host=host,
+                port=port,
+                default_preset=preset,
+                directions={direction.strip().lower(): route},
+                limits=ServerLimits(max_sessions=max_sessions, max_utterance_words=max_utterance_words),
+            )
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise AlignattError(f"bad server config: {where}: {first['msg']}") from None
+    for name in cfg.directions:
+        if len(name.split("-")) != 2 or not all(name.split("-")):
+            raise AlignattError(f"bad direction {name!r}: write it as source-target, e.g. en-de")
+    try:
+        resolve_preset(cfg.default_preset)
+    except ProtocolError as e:
+        raise AlignattError(e.message) from None
+    return cfg
+
+
+def resolve_heads(route: DirectionRoute, direction: str) -> list[Head]:
+    from alignatt.heads import default_heads, load_head_set
+
+    if route.heads:
+        return load_head_set(route.heads).top_k(route.top_k)
+    return default_heads(route.model, route.top_k, direction)
+
+
+SeamFactory = Callable[[DirectionRoute, list[Head]], Seam]
+
+
+def default_seam_factory(route: DirectionRoute, heads: list[Head]) -> Seam:
+    from alignatt.seams import make_seam
+
+    return make_seam(route.seam, model=route.model, heads=heads, device=route.device, dtype=route.dtype)
+
+
+# ---- engines ----
+
+
+class Engine:
+    """A loaded seam and the one worker thread that runs all of its drafts."""
+
+    def __init__(self, name: str, route: DirectionRoute, heads: list[Head], seam: Seam) -> None:
+        self.name = name
+        self.route = route
+        self.heads = heads
+        self.seam = seam
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"engine-{name}")
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+class EngineRegistry:
+    """Engines by (model, seam, device, dtype, heads): directions with equal routes share one."""
+
+    def __init__(self, factory: SeamFactory) -> None:
+        self.factory = factory
+        self._engines: dict[tuple, Engine] = {}
+        self._lock = threading.Lock()
+
+    def get(self, route: DirectionRoute, direction: str) -> Engine:
+        heads = resolve_heads(route, direction)
+        key = (route.model, route.seam, route.device, route.dtype, tuple(heads))
+        with self._lock:  # loads are rare and slow; one at a time
+            engine = self._engines.get(key)
+            if engine is None:
+                started = time.perf_counter()
+                seam = self.factory(route, heads)
+                engine = Engine(f"{len(self._engines)}", route, heads, seam)
+                self._engines[key] = engine
+                log.info("engine %s: %s/%s heads=%s loaded in %.1fs", engine.name, route.model,
+                         route.seam, [(h.layer, h.head) for h in heads], time.perf_counter() - started)
+            return engine
+
+    @property
+    def engines(self) -> list[Engine]:
+        return list(self._engines.values())
+
+    def close(self) -> None:
+        for e in self._engines.values():
+            e.close()
+
+
+# ---- the server ----
+
+
+@dataclass
+class ServerStats:
+    connections: int = 0
+    sessions_opened: int = 0
+    sessions_active: int = 0
+    updates: int = 0
+    coalesced: int = 0  # partials dropped because a newer update of the session was queued
+    engine_calls: int = 0
+    paths: collections.Counter = field(default_factory=collections.Counter)
+    errors: collections.Counter = field(default_factory=collections.Counter)
+
+
+class MTServer:
+    def __init__(self, config: ServerConfig | None = None, seam_factory: SeamFactory | None = None):
+        self.config = config or ServerConfig()
+        resolve_preset(self.config.default_preset)  # fail at start, not at the first session
+        self.registry = EngineRegistry(seam_factory or default_seam_factory)
+        self.stats = ServerStats()
+        self._server = None
+        self.port: int | None = None
+
+    async def start(self) -> int:
+        from websockets.asyncio.server import serve
+
+        if self.config.preload:
+            loop = asyncio.get_running_loop()
+            for direction, route in self.config.directions.items():
+                await loop.run_in_executor(None, self.registry.get, route, direction)
+        limits = self.config.limits
+        self._server = await serve(
+            self._handle,
+            self.config.host,
+            self.config.port,
+            max_size=limits.max_frame_bytes * limits.hard_frame_factor,
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.port
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        self.registry.close()
+
+    async def serve_forever(self) -> None:
+        await self.start()
+        try:
+            await asyncio.Future()
+        finally:
+            await self.stop()
+
+    async def _handle(self, ws) -> None:
+        self.stats.connections += 1
+        await _Connection(self, ws).run()
+
+
+class _Connection:
+    """One WebSocket connection: a reader that validates and queues, a worker that translates."""
+
+    def __init__(self, server: MTServer, ws) -> None:
+        self.server = server
+        self.ws = ws
+        self.limits = server.config.limits
+        self.session: Session | None = None
+        self.engine: Engine | None = None
+        self.pending: collections.deque[tuple[UpdateFrame, float]] = collections.deque()
+        self.wake = asyncio.Event()
+        self.last_seq: int | None = None
+        self.worker: asyncio.Task | None = None
+        self.holds_slot = False
+
+    async def run(self) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            while True:
+                try:
+                    # Bytes for every frame: a frame that is not UTF-8 gets an error frame
+                    # instead of failing the connection.
+                    raw = await self.ws.recv(decode=False)
+                except ConnectionClosed:
+                    break
+                received = time.perf_counter()
+                try:
+                    frame = parse_frame(raw, self.limits.max_frame_bytes)
+                    if isinstance(frame, InitFrame):
+                        await self._init(frame)
+                    else:
+                        self._enqueue(frame, received)
+                except ProtocolError as e:
+                    self.server.stats.errors[e.code] += 1
+                    await self._send(e.frame().to_json())
+                    if e.code == BUSY:
+                        await self.ws.close(1013, "session limit reached")
+                        break
+        finally:
+            if self.worker is not None:
+                self.worker.cancel()
+            if self.holds_slot:
+                self.server.stats.sessions_active -= 1
+
+    async def _send(self, text: str) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            await self.ws.send(text)
+        except ConnectionClosed:
+            pass  # the client left; its session ends with the reader loop
+
+    async def _init(self, frame: InitFrame) -> None:
+        server = self.server
+        if self.session is not None:
+            raise ProtocolError(BAD_PROTOCOL, "this connection already has a session (one init per connection)")
+        direction = frame.direction
+        route = server.config.directions.get(direction)
+        if route is None:
+            supported = sorted(server.config.directions)
+            raise ProtocolError(
+                UNSUPPORTED_DIRECTION,
+                f"direction {direction} is not served here; supported: {', '.join(supported)}",
+                supported=supported,
+            )
+        preset = resolve_preset(frame.preset or server.config.default_preset)
+        fields, unknown = override_policy_fields(frame.overrides)
+        policy = preset.policy.model_copy(update=fields)
+        if server.stats.sessions_active >= self.limits.max_sessions:
+            raise ProtocolError(BUSY, f"all {self.limits.max_sessions} sessions are in use; retry later")
+        server.stats.sessions_active += 1  # hold the slot while the engine is looked up
+        self.holds_slot = True
+        try:
+            engine = await asyncio.get_running_loop().run_in_executor(
+                None, server.registry.get, route, direction
+            )
+        except Exception as e:
+            server.stats.sessions_active -= 1
+            self.holds_slot = False
+            log.exception("engine for %s failed to load", direction)
+            raise ProtocolError(PROCESSING_FAILED, f"cannot load the engine for {direction}: {e}"[:300]) from None
+        config = SessionConfig(
+            policy=policy,
+            max_new_tokens=preset.max_new_tokens,
+            max_utterance_words=self.limits.max_utterance_words,
+            max_tail_words=self.limits.max_tail_words,
+        )
+        self.engine = engine
+        self.session = Session(
+            engine.seam,
+            config,
+            source_lang=frame.source_lang.strip().lower(),
+            target_lang=frame.target_lang.strip().lower(),
+            accepted_target_prefix=frame.accepted_target_prefix,
+            history=[tuple(p) for p in frame.history],
+            context_text=frame.context_text,
+        )
+        server.stats.sessions_opened += 1
+        self.worker = asyncio.create_task(self._work())
+        ok = InitOk(
+            direction=direction,
+            preset=preset.name,
+            model=route.model,
+            seam=route.seam,
+            heads=[(h.layer, h.head) for h in engine.heads],
+            policy=policy.model_dump(),
+            unknown_overrides=unknown,
+            ignored_fields=frame.unknown_fields(),
+        )
+        await self._send(ok.to_json())
+
+    def _enqueue(self, update: UpdateFrame, received: float) -> None:
+        if self.session is None:
+            raise ProtocolError(BAD_PROTOCOL, "update before init: send an init frame first", seq=update.seq)
+        if self.last_seq is not None and update.seq <= self.last_seq:
+            raise ProtocolError(
+                BAD_PROTOCOL, f"seq {update.seq} does not follow seq {self.last_seq}", seq=update.seq
+            )
+        self.last_seq = update.seq
+        # Every update carries the open utterance's whole state: queued partials are stale now.
+        kept = collections.deque(item for item in self.pending if item[0].is_final)
+        self.server.stats.coalesced += len(self.pending) - len(kept)
+        kept.append((update, received))
+        self.pending = kept
+        self.wake.set()
+
+    async def _work(self) -> None:
+        while True:
+            while not self.pending:
+                self.wake.clear()
+                await self.wake.wait()
+            update, received = self.pending.popleft()
+            await self._process(update, received)
+
+    async def _process(self, update: UpdateFrame, received: float) -> None:
+        session, stats = self.session, self.server.stats
+        args = (update.words, update.tail_words, update.is_final, update.utterance_id)
+        stats.updates += 1
+        try:
+            if session.needs_engine(*args):
+                loop = asyncio.get_running_loop()
+                step = await loop.run_in_executor(self.engine.executor, session.update, *args)
+            else:
+                step = session.update(*args)  # no model work: answer from the event loop
+        except asyncio.CancelledError:
+            raise
+        except UpdateRejected as e:
+            stats.errors[BAD_PROTOCOL] += 1
+            await self._send(ErrorFrame(code=BAD_PROTOCOL, message=str(e), seq=update.seq).to_json())
+            return
+        except Exception as e:  # the engine failed on this update; the session goes on
+            log.exception("update seq=%s failed", update.seq)
+            stats.errors[PROCESSING_FAILED] += 1
+            message = f"{type(e).__name__}: {e}"[:300]
+            await self._send(ErrorFrame(code=PROCESSING_FAILED, message=message, seq=update.seq).to_json())
+            return
+        stats.engine_calls += step.engine_calls
+        stats.paths[step.path] += 1
+        await self._send(translation_frame(update, step, received).to_json())
+
+
+def translation_frame(update: UpdateFrame, step: Step, received: float) -> TranslationFrame:
+    return TranslationFrame(
+        seq=update.seq,
+        utterance_id=step.utterance_id,
+        final=step.final,
+        forced_final=step.forced_final,
+        committed_text=step.committed_text.strip(),
+        committed_delta=step.committed_delta,
+        buffer_text=step.buffer_text,
+        covered_source_units=step.covered_source_units,
+        stop_reason=step.stop_reason,
+        path=step.path,
+        engine_calls=step.engine_calls,
+        compute_ms=round(step.elapsed_ms, 3),
+        server_ms=round((time.perf_counter() - received) * 1000.0, 3),
+        ignored_fields=update.unknown_fields() or None,
+    )
+
+
+# ---- running it ----
+
+
+class ServerThread:
+    """An `MTServer` on its own event loop in a background thread (tests, smoke, embedding)."""
+
+    def __init__(self, config: ServerConfig | None = None, seam_factory: SeamFactory | None = None):
+        self.server = MTServer(config, seam_factory)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopped: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def url(self) -> str:
+        return f"ws://{self.server.config.host}:{self.server.port}"
+
+    def start(self, timeout: float = 600.0) -> "ServerThread":
+        self._thread = threading.Thread(target=self._run, name="alignatt-server", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise AlignattError(f"server did not start within {timeout:.0f}s")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def _run(self) -> None:
+        async def main() -> None:
+            self._stopped = asyncio.Event()
+            try:
+                await self.server.start()
+            except BaseException as e:  # reported to the starting thread
+                self._error = e
+                self._ready.set()
+                return
+            self._ready.set()
+            await self._stopped.wait()
+            await self.server.stop()
+
+        self._loop = asyncio.new_event_loop()
+        try:
+            self._loop.run_until_complete(main())
+        finally:
+            self._loop.close()
+
+    def call(self, fn: Callable[[], object]) -> object:
+        """Run `fn` on the server's loop (to read its state consistently)."""
+        async def wrapped():
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(wrapped(), self._loop).result(10)
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stopped is not None and self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._stopped.set)
+        if self._thread is not None:
+            self._thread.join(30)
+
+    def __enter__(self) -> "ServerThread":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def serve(config: ServerConfig, seam_factory: SeamFactory | None = None,
+          on_ready: Callable[[MTServer], None] | None = None) -> None:
+    """Run the server in the foreground until interrupted."""
+
+    async def main() -> None:
+        server = MTServer(config, seam_factory)
+        await server.start()
+        if on_ready is not None:
+            on_ready(server)
+        try:
+            await asyncio.Future()
+        finally:
+            await server.stop()
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass
+
+
+def main() -> None:
+    """The `alignatt-mt-server` console script: the same options as `alignatt serve`."""
+    import sys
+
+    from alignatt.cli import main as cli_main
+
+    sys.argv = [sys.argv[0], "serve", *sys.argv[1:]]
+    cli_main()

@@ -1,0 +1,103 @@
+"""Helpers for server tests: a fake-engine server on loopback and a small sync protocol client."""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+
+from websockets.sync.client import connect
+
+from alignatt.heads import HeadSet, RankedHead, write_head_set
+from alignatt.server import DirectionRoute, ServerConfig, ServerLimits, ServerThread
+from tests.mt_fakes import FakeSeam
+
+
+class FakeFactory:
+    """Builds one FakeSeam per engine and remembers them (seam options apply to all)."""
+
+    def __init__(self, **seam_options) -> None:
+        self.seam_options = seam_options
+        self.seams: list[FakeSeam] = []
+
+    def __call__(self, route, heads):
+        seam = FakeSeam(heads=heads, **self.seam_options)
+        self.seams.append(seam)
+        return seam
+
+
+def head_set_file(tmp_path, direction: str, heads: list[tuple[int, int]]) -> str:
+    hs = HeadSet(
+        model="fake", direction=direction, num_layers=8, num_heads=8, used_pairs=0,
+        used_target_tokens=0, score_name="test",
+        heads=[RankedHead(layer=l, head=h, score=0.9 - 0.1 * i) for i, (l, h) in enumerate(heads)],
+    )
+    return str(write_head_set(tmp_path / f"{direction}.json", hs))
+
+
+def fake_config(tmp_path, directions=("en-de",), **limits) -> ServerConfig:
+    routes = {}
+    for i, d in enumerate(directions):
+        path = head_set_file(tmp_path, d, [(i, 0), (i, 1), (i + 1, 2), (i + 2, 3)])
+        routes[d] = DirectionRoute(model="fake", seam="fake", heads=path, top_k=2)
+    return ServerConfig(port=0, directions=routes, limits=ServerLimits(**limits))
+
+
+@contextmanager
+def fake_server(tmp_path, directions=("en-de",), seam_options=None, **limits):
+    factory = FakeFactory(**(seam_options or {}))
+    with ServerThread(fake_config(tmp_path, directions, **limits), factory) as handle:
+        handle.factory = factory
+        yield handle
+
+
+class Client:
+    """A minimal protocol-v1 client over websockets' sync API (what WhisperLiveKit uses too)."""
+
+    def __init__(self, url: str, timeout: float = 10.0) -> None:
+        self.ws = connect(url, open_timeout=5.0, legacy=True)
+        self.timeout = timeout
+        self.seq = 0
+
+    def send(self, frame) -> None:
+        self.ws.send(frame if isinstance(frame, (str, bytes)) else json.dumps(frame))
+
+    def recv(self, timeout: float | None = None) -> dict:
+        return json.loads(self.ws.recv(timeout=timeout or self.timeout))
+
+    def init(self, **fields) -> dict:
+        frame = {"type": "init", "protocol_version": 1, "source_lang": "en", "target_lang": "de"}
+        frame.update(fields)
+        self.send(frame)
+        return self.recv()
+
+    def update(self, words, tail=None, final=False, utterance_id=0, seq=None, **extra) -> int:
+        self.seq = self.seq + 1 if seq is None else seq
+        frame = {
+            "type": "update",
+            "seq": self.seq,
+            "utterance_id": utterance_id,
+            "words": [[w, None, None] for w in words],
+            "clock_ms": 0.0,
+            "is_final": final,
+            **extra,
+        }
+        if tail:
+            frame["tail"] = {"words": [[w, None, None] for w in tail]}
+        self.send(frame)
+        return self.seq
+
+    def ask(self, words, tail=None, final=False, utterance_id=0, **extra) -> dict:
+        seq = self.update(words, tail, final, utterance_id, **extra)
+        while True:
+            reply = self.recv()
+            if reply.get("seq") is not None and reply["seq"] >= seq or reply["type"] == "error":
+                return reply
+
+    def close(self) -> None:
+        self.ws.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
