@@ -24,6 +24,7 @@ from alignatt.provenance import Provenance
 
 ARTIFACT_SCHEMA_VERSION = 1
 VLLM_MODES = ("eager", "cudagraph", "compiled")
+BENCH_FILE = re.compile(r"^bench_([a-z0-9]+)\.json$")  # outputs/<profile>/bench_<vLLM mode>.json
 TIMING_KEYS = ("prefill_ms", "decode_ms", "capture_ms", "reconstruct_ms")
 
 
@@ -157,13 +158,38 @@ class ServerSmokeArtifact(_Artifact):
     events: list[dict[str, Any]] = Field(default_factory=list)  # per-update trace, free-form
 
 
+class Check(_Strict):
+    name: str
+    passed: bool
+    detail: str = ""
+
+
+class MeasurementArtifact(_Artifact):
+    """Any other measurement (a speed ratio, a correctness check on the GPU...), with provenance.
+
+    For results that are not a bench run: e.g. captured-vs-uncaptured decode ratios or the
+    bit-exactness of graphed capture. The report lists its checks; the audit checks its schema and
+    provenance like any other artifact.
+    """
+
+    kind: Literal["measurement"] = "measurement"
+    name: str  # short identifier, e.g. "vllm_graph_capture_overhead"
+    description: str
+    config: dict[str, Any]
+    results: dict[str, Any]
+    checks: list[Check] = Field(default_factory=list)
+    synthetic_weights: bool = False
+
+
 Artifact = Annotated[
-    Union[EnvArtifact, BenchArtifact, ServerSmokeArtifact], Field(discriminator="kind")
+    Union[EnvArtifact, BenchArtifact, ServerSmokeArtifact, MeasurementArtifact],
+    Field(discriminator="kind"),
 ]
+AnyArtifact = Union[EnvArtifact, BenchArtifact, ServerSmokeArtifact, MeasurementArtifact]
 _ARTIFACT = TypeAdapter(Artifact)
 
 
-def parse_artifact(data: Any) -> EnvArtifact | BenchArtifact | ServerSmokeArtifact:
+def parse_artifact(data: Any) -> AnyArtifact:
     """Validate a decoded JSON document; raises pydantic's ValidationError with every problem."""
     if isinstance(data, dict) and data.get("schema_version") not in (None, ARTIFACT_SCHEMA_VERSION):
         raise AlignattError(
@@ -183,7 +209,7 @@ def load_json(path: str | Path) -> Any:
         raise AlignattError(f"{path}: not valid JSON ({e})") from None
 
 
-def load_artifact(path: str | Path) -> EnvArtifact | BenchArtifact | ServerSmokeArtifact:
+def load_artifact(path: str | Path) -> AnyArtifact:
     try:
         return parse_artifact(load_json(path))
     except ValidationError as e:
@@ -207,6 +233,30 @@ def env_artifact(model: str | None = None) -> EnvArtifact:
     )
 
 
+def measurement_artifact(
+    name: str,
+    description: str,
+    config: dict[str, Any],
+    results: dict[str, Any],
+    checks: list[Check] | None = None,
+    model: str | None = None,
+) -> MeasurementArtifact:
+    """A `MeasurementArtifact` stamped with this machine's provenance (and the model's identity)."""
+    from alignatt.provenance import collect_provenance, model_identity
+
+    model_id, revision = model_identity(model) if model else (None, None)
+    return MeasurementArtifact(
+        schema_version=ARTIFACT_SCHEMA_VERSION,
+        provenance=collect_provenance(model_id=model_id, model_revision=revision),
+        name=name,
+        description=description,
+        config=config,
+        results=results,
+        checks=checks or [],
+        synthetic_weights=revision == "random weights",
+    )
+
+
 def write_artifact(path: str | Path, artifact: BaseModel) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -224,7 +274,11 @@ PUBLISHED_SEAM_NAMES = {
     "transformers_qk_fast": "hf_qk_fast",
     "vllm_qk_fast": "vllm_capture",
 }
-KNOWN_GPU_TOKENS = {"a100": "NVIDIA A100", "h100": "NVIDIA H100", "h200": "NVIDIA H200"}
+KNOWN_GPU_TOKENS = {  # a GPU named only in a published file's name
+    "a100": "NVIDIA A100 (per file name)",
+    "h100": "NVIDIA H100 (per file name)",
+    "h200": "NVIDIA H200 (per file name)",
+}
 
 
 class _Loose(BaseModel):

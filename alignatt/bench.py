@@ -68,6 +68,7 @@ class Profile(BaseModel):
     dtype: str | None = None
     bench: dict[str, Any] = Field(default_factory=dict)  # overrides of the `bench:` section
     smoke: dict[str, Any] = Field(default_factory=dict)  # options of the smoke stage
+    note: str = ""  # why the profile deviates from the protocol, shown in the methodology
 
 
 class BenchParams(BaseModel):
@@ -431,14 +432,14 @@ def latency_csv(artifact: BenchArtifact) -> str:
     seams = [s.seam for s in artifact.seams]
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["prompt", *(f"{s}_ms" for s in seams)])
+    writer.writerow(["prompt_no", "prompt", *(f"{s}_ms" for s in seams)])
     prompt_ids = [p.id for p in load_prompts(artifact.config.prompts_file)]
-    for pid in prompt_ids:
+    for no, pid in enumerate(prompt_ids, 1):
         cells = []
         for s in artifact.seams:
             summary = s.by_prompt.get(pid)
             cells.append(f"{summary.median_per_token_ms:.3f}" if summary else "")
-        writer.writerow([pid, *cells])
+        writer.writerow([no, pid, *cells])
     return buf.getvalue()
 
 

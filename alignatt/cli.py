@@ -212,6 +212,47 @@ def bench_cmd(
     typer.echo(f"wrote {out}")
 
 
+@app.command("report")
+def report_cmd(
+    check: bool = typer.Option(False, "--check", help="exit 1 if reports/BENCHMARKS.md is stale"),
+    root: str = typer.Option(".", help="project root (params.yaml, outputs/, reports/)"),
+) -> None:
+    """Render reports/BENCHMARKS.md from params.yaml and the artifacts (byte-stable)."""
+    from alignatt.report import stale_report, write_report
+
+    try:
+        if check:
+            stale = stale_report(root)
+            if stale:
+                typer.echo(stale, err=True)
+                raise typer.Exit(1)
+            typer.echo("report is up to date")
+            return
+        path = write_report(root)
+    except AlignattError as e:
+        fail(str(e))
+    typer.echo(f"wrote {path}")
+
+
+@app.command("audit")
+def audit_cmd(
+    paths: list[str] = typer.Argument(None, help="artifact files or folders (default: outputs/)"),
+    as_json: bool = typer.Option(False, "--json", help="machine-readable findings"),
+    root: str = typer.Option(".", help="project root, for the report checks"),
+    report: bool = typer.Option(True, help="also check combined report rows and report staleness"),
+) -> None:
+    """Validate artifacts, provenance, historical hashes and the report; exit 1 on any finding."""
+    from alignatt.audit import run_audit
+
+    try:
+        result = run_audit(paths or None, root, report)
+    except AlignattError as e:
+        fail(str(e))
+    typer.echo(result.as_json() if as_json else result.as_text())
+    if not result.ok:
+        raise typer.Exit(1)
+
+
 def main() -> None:
     try:
         app()
