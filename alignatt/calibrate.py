@@ -18,6 +18,7 @@ the attention is kept before the full matrices are dropped.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ import numpy as np
 from pydantic import BaseModel, Field, ValidationError
 
 from alignatt.errors import AlignattError
-from alignatt.heads import TS_SCORE_NAME, CalibrationRun, HeadSet, RankedHead
+from alignatt.heads import TS_SCORE_NAME, CalibrationRun, HeadSet, RankedHead, SplitHalfCheck
 
 DEFAULT_PAIRS = "word_alignments_en-de.json"  # package data
 
@@ -124,6 +125,30 @@ def rank_heads(hits: np.ndarray, scored_tokens: int, pairs_used: int) -> list[Ra
     return sorted(heads, key=lambda r: (-r.score, r.layer, r.head))
 
 
+def _top_heads(scores: np.ndarray, k: int) -> list[tuple[int, int]]:
+    """The k best (layer, head) of a [layers, heads] score array; ties go to the lower index."""
+    order = sorted(np.ndindex(scores.shape), key=lambda lh: (-scores[lh], lh))
+    return [(int(l), int(h)) for l, h in order[:k]]
+
+
+def split_half_check(pair_hits: np.ndarray, pair_tokens: np.ndarray, top_k: int = 8) -> SplitHalfCheck | None:
+    """Score even- and odd-indexed pairs apart and compare their top-k (None with < 2 pairs).
+
+    pair_hits: [pairs, layers, heads] hits per pair; pair_tokens: [pairs] scored tokens per pair.
+    """
+    if len(pair_hits) < 2:
+        return None
+    k = min(top_k, pair_hits.shape[1] * pair_hits.shape[2])
+
+    def scores(sel: slice) -> np.ndarray:
+        return pair_hits[sel].sum(axis=0) / max(int(pair_tokens[sel].sum()), 1)
+
+    full, a, b = scores(slice(None)), scores(slice(0, None, 2)), scores(slice(1, None, 2))
+    delta = max(abs(float(a[lh] - b[lh])) for lh in _top_heads(full, k))
+    overlap = len(set(_top_heads(a, k)) & set(_top_heads(b, k)))
+    return SplitHalfCheck(top_k=k, overlap=overlap, max_abs_score_delta=round(delta, 6))
+
+
 def word_char_spans(text: str, words: Sequence[str]) -> list[tuple[int, int] | None]:
     """Character span of each word in `text`, found left to right; None if a word is not there.
 
@@ -172,57 +197,60 @@ class PairInputs:
     aligned_words: list[set[int]]  # for each scored target token: its aligned source words
 
 
-def _token_spans(tokenizer, ids: Sequence[int]) -> tuple[str, list[tuple[int, int]]]:
-    """Decoded text of `ids` and each token's character span in it (prefix decoding)."""
-    spans, prev = [], 0
-    for i in range(len(ids)):
-        # A byte-fallback piece may decode to a replacement char until its sequence completes.
-        end = len(tokenizer.decode(ids[: i + 1]).rstrip("\ufffd"))
-        end = max(end, prev)
-        spans.append((prev, end))
-        prev = end
-    return tokenizer.decode(list(ids)), spans
+class PairSkipped(Exception):
+    """A pair that cannot be scored; the message is the reason (counted in the calibration run)."""
 
 
-def pair_inputs(tokenizer, pair: AlignedPair) -> PairInputs | None:
-    """Prompt ids with the reference target forced, and what to score; None if nothing to score."""
+def pair_inputs(tokenizer, pair: AlignedPair) -> PairInputs:
+    """Prompt ids with the reference target forced as the assistant turn, and what to score.
+
+    The target's tokens and their character spans come from the same one-go tokenization of
+    the whole prompt text that `build_prompt` uses, so they are the tokens the model sees.
+    Raises `PairSkipped` when there is nothing to score.
+    """
     from alignatt.capture import DraftRequest
     from alignatt.prompt import build_prompt
 
-    request = DraftRequest(source_words=list(pair.source_words), committed_words=len(pair.source_words))
-    base = build_prompt(tokenizer, request)
-    request.target_prefix = pair.target_text
-    forced = build_prompt(tokenizer, request)
-    ids = list(forced.input_ids)
-    # The target tokens are what the forced prompt adds after the shared beginning.
-    start = 0
-    for a, b in zip(base.input_ids, ids):
-        if a != b:
-            break
-        start += 1
-    region = ids[start:]
-    if not region:
-        return None
-    text, spans = _token_spans(tokenizer, region)
-    offset = text.find(pair.target_text)
-    if offset < 0:
-        return None
+    target = pair.target_text.strip()
+    request = DraftRequest(
+        source_words=list(pair.source_words),
+        committed_words=len(pair.source_words),
+        target_prefix=target,
+        source_lang=pair.direction.split("-")[0],
+        target_lang=pair.direction.split("-")[1],
+    )
+    try:
+        layout = build_prompt(tokenizer, request)
+    except AlignattError as e:
+        raise PairSkipped(f"prompt: {e}") from None
+    text = layout.text
+    if not text.endswith(target):
+        raise PairSkipped("prompt does not end with the forced target")
+    offset = len(text) - len(target)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    if list(enc["input_ids"]) != list(layout.input_ids):
+        raise PairSkipped("re-tokenizing the prompt gave different ids")
+    # Target tokens: those ending past the target's start (a token may straddle the boundary).
+    first = next((i for i, (a, b) in enumerate(enc["offset_mapping"]) if b > offset), None)
+    if first is None or first == 0:
+        raise PairSkipped("no target tokens in the prompt")
+    spans = [(max(a, offset), b) for a, b in enc["offset_mapping"][first:]]
     word_spans = [
         None if s is None else (s[0] + offset, s[1] + offset)
-        for s in word_char_spans(pair.target_text, pair.target_words)
+        for s in word_char_spans(target, pair.target_words)
     ]
     aligned = pair.aligned_source_words()
     query_positions, aligned_words = [], []
     for k, w in enumerate(token_words(spans, text, word_spans)):
         if w is not None and aligned[w]:
-            query_positions.append(start + k - 1)
+            query_positions.append(first + k - 1)  # the position whose output predicts this token
             aligned_words.append(aligned[w])
-    if not query_positions or not forced.source_token_positions:
-        return None
+    if not query_positions:
+        raise PairSkipped("no target token inside an aligned target word")
     return PairInputs(
-        input_ids=ids,
-        source_positions=list(forced.source_token_positions),
-        source_word_of_token=list(forced.source_word_of_token),
+        input_ids=list(layout.input_ids),
+        source_positions=list(layout.source_token_positions),
+        source_word_of_token=list(layout.source_word_of_token),
         query_positions=query_positions,
         aligned_words=aligned_words,
     )
@@ -298,24 +326,27 @@ def calibrate(
         raise AlignattError(f"{model.name}: layers differ in head count {sorted(n_heads)}")
     num_layers, num_heads = layout.n_layers, n_heads.pop()
 
-    hits = np.zeros((num_layers, num_heads), dtype=np.int64)
-    scored_tokens = used = skipped = 0
+    pair_hits: list[np.ndarray] = []  # [layers, heads] per used pair (small: kept for the split check)
+    pair_tokens: list[int] = []
+    skip_reasons: dict[str, int] = {}
     t0 = time.perf_counter()
     with _EagerAttention(model.model) as hf_model:
         for pair in tqdm(pairs, desc="calibrating heads", unit="pair", disable=not progress):
-            inputs = pair_inputs(model.tokenizer, pair)
-            if inputs is None:
-                skipped += 1
+            try:
+                inputs = pair_inputs(model.tokenizer, pair)
+            except PairSkipped as e:
+                reason = re.sub(r"\[[^\]]*\]|\d+|'[^']*'", "_", str(e))  # group alike reasons
+                skip_reasons[reason] = skip_reasons.get(reason, 0) + 1
                 continue
             rows = source_rows(hf_model, inputs)
             if rows.shape[:2] != (num_layers, num_heads):
                 raise AlignattError(
                     f"attention shape {rows.shape[:2]} does not match the layout ({num_layers}, {num_heads})"
                 )
-            hits += argmax_hits(rows, inputs.source_word_of_token, inputs.aligned_words)
-            scored_tokens += len(inputs.query_positions)
-            used += 1
+            pair_hits.append(argmax_hits(rows, inputs.source_word_of_token, inputs.aligned_words))
+            pair_tokens.append(len(inputs.query_positions))
     seconds = time.perf_counter() - t0
+    used, scored_tokens = len(pair_hits), int(sum(pair_tokens))
     if used == 0:
         raise AlignattError(f"none of the {len(pairs)} pairs had a target token to score")
 
@@ -328,16 +359,19 @@ def calibrate(
         used_pairs=used,
         used_target_tokens=scored_tokens,
         score_name=TS_SCORE_NAME,
-        heads=rank_heads(hits, scored_tokens, used),
+        heads=rank_heads(np.sum(pair_hits, axis=0), scored_tokens, used),
         calibration_run=CalibrationRun(
             pairs_file=pairs_file,
             pairs_offered=len(pairs),
-            pairs_skipped=skipped,
+            pairs_skipped=sum(skip_reasons.values()),
+            skip_reasons=skip_reasons,
             device=str(param.device),
             dtype=str(param.dtype).removeprefix("torch."),
             synthetic_weights=bool(getattr(model, "synthetic_weights", False)),
             seconds=round(seconds, 2),
             seconds_per_pair=round(seconds / len(pairs), 4),
+            model_id=str(getattr(model, "model_id", "") or model.name),
+            split_half=split_half_check(np.stack(pair_hits), np.array(pair_tokens)),
             torch_version=torch.__version__,
             transformers_version=transformers.__version__,
             created_utc=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),

@@ -52,17 +52,28 @@ class RankedHead(BaseModel):
         return Head(self.layer, self.head)
 
 
+class SplitHalfCheck(BaseModel):
+    """Calibration stability: the used pairs split in two halves (even / odd), scored apart."""
+
+    top_k: int
+    overlap: int  # heads shared by the two halves' top-k
+    max_abs_score_delta: float  # over the full run's top-k heads: |score(half A) - score(half B)|
+
+
 class CalibrationRun(BaseModel):
     """How a set we calibrated ourselves was produced (absent from the published file)."""
 
     pairs_file: str
     pairs_offered: int  # pairs read (after --max-pairs)
     pairs_skipped: int  # pairs with no scorable target token (or that failed to map onto tokens)
+    skip_reasons: dict[str, int] = {}
     device: str
     dtype: str
     synthetic_weights: bool
     seconds: float
     seconds_per_pair: float
+    model_id: str = ""
+    split_half: SplitHalfCheck | None = None
     query_convention: str = (
         "row of target token t = attention of the query that predicts t (the previous position), "
         "as a drafting seam captures it"
@@ -295,6 +306,12 @@ def describe_head_set(head_set: HeadSet, top: int | None = 10) -> str:
             f"{run.seconds:.1f} s ({run.seconds_per_pair:.3f} s/pair)"
             + ("; synthetic weights" if run.synthetic_weights else "")
         )
+        if run.split_half is not None:
+            sh = run.split_half
+            lines.append(
+                f"split-half check: top-{sh.top_k} overlap {sh.overlap}/{sh.top_k}, "
+                f"max |score delta| {sh.max_abs_score_delta:.3f}"
+            )
     shown = s.heads if top is None else s.heads[: max(top, 0)]
     lines.append(f"{'rank':>4}  {'layer':>5}  {'head':>4}  {'score':>8}  {'count':>5}")
     for rank, h in enumerate(shown, 1):

@@ -139,3 +139,130 @@ def test_bad_pairs_files_are_clear_errors(tmp_path):
     bad.write_text(json.dumps([{**PAIR, "source_words": []}]))
     with pytest.raises(AlignattError, match="pair 0: source_words"):
         load_pairs(bad)
+
+
+def test_split_half_check_compares_even_and_odd_pairs():
+    from alignatt.calibrate import split_half_check
+
+    # 4 pairs, 1 layer x 3 heads, 10 tokens each. Head 0 is good in both halves; heads 1 and 2
+    # swap places between the halves.
+    hits = np.array([[[9, 6, 2]], [[8, 2, 7]], [[9, 6, 2]], [[8, 2, 7]]])
+    tokens = np.array([10, 10, 10, 10])
+    check = split_half_check(hits, tokens, top_k=2)
+    # even half: head0 .9, head1 .6 ; odd half: head0 .8, head2 .7 -> top-2 share head 0 only
+    assert check.top_k == 2 and check.overlap == 1
+    # full top-2: head0 (.85) and head2 (.45 vs head1 .40); deltas .1 and .5
+    assert check.max_abs_score_delta == pytest.approx(0.5)
+    assert split_half_check(hits[:1], tokens[:1]) is None
+    assert split_half_check(hits, tokens, top_k=10).top_k == 3
+
+
+# ---- real runs: tiny random Gemma-4 (fast) and the embedded Gemma-3-270M (slow) ----
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from alignatt.models import load_model
+
+    return load_model("tiny-gemma4")
+
+
+def _check_scored_tokens_lie_in_their_words(loaded, pairs):
+    """Every scored token decodes to a piece of a target word aligned with its source words."""
+    from alignatt.calibrate import pair_inputs
+
+    for pair in pairs:
+        x = pair_inputs(loaded.tokenizer, pair)
+        assert x.query_positions == sorted(x.query_positions)
+        assert max(x.source_positions) < min(x.query_positions)  # targets come after the source
+        aligned = pair.aligned_source_words()
+        words_with = {frozenset(a): [pair.target_words[i] for i, s in enumerate(aligned) if s == a] for a in aligned}
+        forced = loaded.tokenizer.decode(x.input_ids[min(x.query_positions) + 1 :])
+        assert pair.target_text.strip().endswith(forced.strip())  # the forced target ends the prompt
+        for q, a in zip(x.query_positions, x.aligned_words):
+            piece = loaded.tokenizer.decode(x.input_ids[q + 1 : q + 2]).strip()
+            if piece and "\ufffd" not in piece:  # a lone byte of a multi-byte char decodes to U+FFFD
+                assert any(piece in w for w in words_with[frozenset(a)]), (piece, a)
+
+
+def test_scored_tokens_map_onto_aligned_target_words_tiny(tiny):
+    _check_scored_tokens_lie_in_their_words(tiny, load_pairs()[:20])
+
+
+def test_calibration_on_tiny_gemma4_ranks_every_head(tiny):
+    from alignatt.calibrate import calibrate
+
+    pairs = load_pairs()[:4]
+    s = calibrate(tiny, pairs, progress=False)
+    layout = tiny.layout
+    assert (s.num_layers, s.num_heads) == (layout.n_layers, layout[0].n_heads)
+    assert len(s.heads) == s.num_layers * s.num_heads  # KV-shared layers included
+    assert {(h.layer, h.head) for h in s.heads} == {(h.layer, h.head) for h in layout.all_heads()}
+    scores = [h.score for h in s.heads]
+    assert scores == sorted(scores, reverse=True) and all(0.0 <= x <= 1.0 for x in scores)
+    assert s.used_pairs == 4 and s.used_target_tokens > 0
+    assert len(set(scores)) > 1  # random weights still give different heads different hit rates
+    run = s.calibration_run
+    assert run.synthetic_weights and run.pairs_offered == 4 and run.split_half.top_k == 8
+    assert HeadSet.model_validate_json(s.to_json()) == s
+    # the same calibration twice gives the same set (deterministic model, argmax, ranking)
+    again = calibrate(tiny, pairs, progress=False)
+    assert [(h.layer, h.head, h.score) for h in again.heads] == [(h.layer, h.head, h.score) for h in s.heads]
+
+
+def test_calibration_scores_match_a_direct_recount_from_output_attentions(tiny):
+    """Recount hits for one pair straight from the model's attentions, independently of the slicer."""
+    import torch
+
+    from alignatt.calibrate import calibrate, pair_inputs
+
+    pair = load_pairs()[2]
+    s = calibrate(tiny, [pair], progress=False)
+    x = pair_inputs(tiny.tokenizer, pair)
+    tiny.model.set_attn_implementation("eager")
+    with torch.inference_mode():
+        att = tiny.model(input_ids=torch.tensor([x.input_ids]), output_attentions=True).attentions
+    for h in s.heads:
+        hits = 0
+        for q, aligned in zip(x.query_positions, x.aligned_words):
+            row = att[h.layer][0, h.head, q]
+            best = max(range(len(x.source_positions)), key=lambda i: float(row[x.source_positions[i]]))
+            hits += x.source_word_of_token[best] in aligned
+        assert h.score == pytest.approx(hits / len(x.query_positions), abs=1e-6)
+
+
+def test_calibrate_cli_writes_a_loadable_set_and_rejects_bad_input(tmp_path):
+    from typer.testing import CliRunner
+
+    from alignatt.cli import app
+
+    out = tmp_path / "tiny.json"
+    r = CliRunner().invoke(app, ["heads", "calibrate", "--model", "tiny-gemma4", "--max-pairs", "2",
+                                 "--out", str(out), "--top", "3"])
+    assert r.exit_code == 0, r.output
+    assert "wrote" in r.output and load_head_set(out).used_pairs == 2
+    shown = CliRunner().invoke(app, ["heads", "show", str(out), "--top", "2"])
+    assert shown.exit_code == 0 and shown.output.count("\n") >= 5
+    bad = CliRunner().invoke(app, ["heads", "calibrate", "--model", "nope", "--out", str(out)])
+    assert bad.exit_code == 2 and "unknown model 'nope'" in bad.output
+    bad = CliRunner().invoke(app, ["heads", "calibrate", "--model", "tiny-gemma4", "--pairs",
+                                   str(tmp_path / "missing.json"), "--out", str(out)])
+    assert bad.exit_code == 2 and "cannot read pairs file" in bad.output
+    bad = CliRunner().invoke(app, ["heads", "show", "nope"])
+    assert bad.exit_code == 2 and "no head set named" in bad.output
+
+
+@pytest.mark.slow
+def test_calibration_on_the_embedded_gemma3_270m():
+    from alignatt.calibrate import calibrate
+    from alignatt.models import load_model
+
+    loaded = load_model("gemma3-270m")
+    pairs = load_pairs()[:6]
+    _check_scored_tokens_lie_in_their_words(loaded, pairs)
+    s = calibrate(loaded, pairs, progress=False)
+    assert (s.num_layers, s.num_heads, len(s.heads)) == (18, 4, 72)
+    assert not s.calibration_run.synthetic_weights and s.calibration_run.pairs_skipped == 0
+    # real weights: some head points at the aligned word far more often than chance would
+    chance = np.mean([1 / len(p.source_words) for p in pairs])
+    assert s.heads[0].score > 3 * chance
