@@ -138,6 +138,7 @@ class BenchArtifact(_Artifact):
     kind: Literal["bench"] = "bench"
     config: BenchConfig
     synthetic_weights: bool
+    seam_factory: str  # module:function that built the seams (the default: alignatt's own)
     prompt_count: int
     seams: list[SeamResult]
     divergences: list[Divergence]

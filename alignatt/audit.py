@@ -102,6 +102,10 @@ def provenance_gaps(artifact) -> list[str]:
     if isinstance(artifact, (BenchArtifact, ServerSmokeArtifact)) and not p.model_id:
         gaps.append("model id not recorded")
     if isinstance(artifact, BenchArtifact):
+        from alignatt.bench import DEFAULT_FACTORY
+
+        if artifact.seam_factory != DEFAULT_FACTORY:
+            gaps.append(f"seams built by {artifact.seam_factory!r}, not alignatt's own seams")
         ran = [s.seam for s in artifact.seams if s.status == "ok"]
         if "vllm_capture" in ran and p.vllm == NOT_INSTALLED:
             gaps.append("a vLLM seam ran but the vLLM version is not recorded")

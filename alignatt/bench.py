@@ -22,6 +22,7 @@ import csv
 import importlib
 import io
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -50,6 +51,7 @@ from alignatt.errors import AlignattError
 
 KNOWN_SEAMS = ("hf_eager", "hf_qk_fast", "vllm_capture")
 DEFAULT_FACTORY = "alignatt.bench:default_seam_factory"
+FACTORY_ENV = "ALIGNATT_BENCH_SEAM_FACTORY"
 
 SeamFactory = Callable[[str, BenchConfig], Any]  # returns an object implementing capture.Seam
 SeamRunner = Callable[[str, BenchConfig], SeamResult]
@@ -345,15 +347,29 @@ def run_seam(
     return summarize_seam(name, rows, heads, round(load_s, 3))
 
 
-def in_process_runner(factory: SeamFactory, progress: bool = False) -> SeamRunner:
-    return lambda name, config: run_seam(name, config, factory, progress)
+class InProcessRunner:
+    """Runs each seam in this process (tests; the fake seams need no isolation)."""
+
+    def __init__(self, factory: SeamFactory, progress: bool = False):
+        self.factory_fn = factory
+        self.factory = f"{factory.__module__}:{factory.__qualname__}"
+        self.progress = progress
+
+    def __call__(self, name: str, config: BenchConfig) -> SeamResult:
+        return run_seam(name, config, self.factory_fn, self.progress)
+
+
+def in_process_runner(factory: SeamFactory, progress: bool = False) -> InProcessRunner:
+    return InProcessRunner(factory, progress)
 
 
 class SubprocessRunner:
     """Runs each seam in a fresh `python -m alignatt.bench --worker` process."""
 
-    def __init__(self, factory: str = DEFAULT_FACTORY, progress: bool = True, python: str | None = None):
-        self.factory = factory
+    def __init__(self, factory: str | None = None, progress: bool = True, python: str | None = None):
+        # ALIGNATT_BENCH_SEAM_FACTORY=module:function swaps the seams (tests, external seams);
+        # the artifact records which factory built them and the audit flags a non-default one.
+        self.factory = factory or os.environ.get(FACTORY_ENV) or DEFAULT_FACTORY
         self.progress = progress
         self.python = python or sys.executable
 
@@ -410,6 +426,7 @@ def run_bench(config: BenchConfig, runner: SeamRunner | None = None) -> BenchArt
         provenance=collect_provenance(model_id=model_id, model_revision=revision),
         config=config,
         synthetic_weights=revision == "random weights",
+        seam_factory=getattr(runner, "factory", "unknown"),
         prompt_count=len(prompts),
         seams=results,
         divergences=find_divergences(results),
