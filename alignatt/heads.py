@@ -258,12 +258,29 @@ def spread_head_set(
     )
 
 
-def _layer_kinds_of(model_name: str) -> tuple[list[str], int]:
-    """Layer kinds ("sliding"/"full", "+shared" for KV-shared layers) from the model's layout."""
-    from alignatt.models import load_model  # lazy: loading models pulls in torch/transformers
+def _config_of(model_name: str):
+    """The HF config of a tiny preset or a local checkpoint directory (no weights loaded)."""
+    from transformers import AutoConfig
 
-    loaded = load_model(model_name)
-    layers = list(loaded.layout.layers)
+    if model_name in _SPREAD_MODELS:
+        from alignatt.models import tiny_config_path
+
+        folder = tiny_config_path().parent
+    elif (Path(model_name) / "config.json").is_file():
+        folder = Path(model_name)
+    else:
+        return None
+    try:
+        return AutoConfig.from_pretrained(folder, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise AlignattError(f"cannot read the config of {model_name!r}: {e}") from None
+
+
+def _layer_kinds(config, model_name: str) -> tuple[list[str], int]:
+    """Layer kinds ("sliding"/"full", "+shared" for KV-shared layers) and the per-layer head count."""
+    from alignatt.layout import AttentionLayout
+
+    layers = AttentionLayout.from_config(config).layers
     kinds = [la.kind + ("+shared" if la.kv_shared else "") for la in layers]
     n_heads = {la.n_heads for la in layers}
     if len(n_heads) != 1:
@@ -271,18 +288,33 @@ def _layer_kinds_of(model_name: str) -> tuple[list[str], int]:
     return kinds, n_heads.pop()
 
 
+def _is_gemma4_e4b(config) -> bool:
+    """A local checkpoint with the E4B architecture (the published heads are calibrated for it)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    shape = (getattr(text, "num_hidden_layers", None), getattr(text, "num_attention_heads", None),
+             getattr(text, "hidden_size", None))
+    return getattr(text, "model_type", "") in ("gemma4", "gemma4_text") and shape == (42, 8, 2560)
+
+
 def default_head_set(model_name: str, direction: str = "en-de") -> HeadSet:
-    """The head set a model uses unless told otherwise."""
+    """The head set a model uses unless told otherwise.
+
+    Presets map to bundled calibrated sets; a local E4B checkpoint directory gets the published
+    E4B set; random-weight test models get an uncalibrated layer-kind spread.
+    """
     bundled = _BUNDLED_FOR_MODEL.get((model_name, direction))
     if bundled is not None:
         return load_head_set(bundled)
-    if model_name in _SPREAD_MODELS:
-        kinds, n_heads = _layer_kinds_of(model_name)
+    config = _config_of(model_name)
+    if config is not None and model_name in _SPREAD_MODELS:
+        kinds, n_heads = _layer_kinds(config, model_name)
         return spread_head_set(model_name, kinds, n_heads, direction)
+    if config is not None and _is_gemma4_e4b(config) and direction == "en-de":
+        return load_head_set(_BUNDLED_FOR_MODEL[("gemma4-e4b", "en-de")])
     known = sorted({m for m, d in _BUNDLED_FOR_MODEL if d == direction} | set(_SPREAD_MODELS))
     raise AlignattError(
         f"no default head set for model {model_name!r} ({direction}); models with one: "
-        f"{', '.join(known)}; pass a head set file instead (alignatt heads calibrate writes one)"
+        f"{', '.join(known) or 'none'}; pass a head set file instead (alignatt heads calibrate writes one)"
     )
 
 

@@ -221,3 +221,17 @@ def test_tiny_gemma4_default_heads_cover_every_layer_kind():
     assert len(full.heads) == layout.n_layers * layout[0].n_heads
     assert layout.validate_heads(full.top_k(len(full.heads)))
     assert default_heads("tiny-gemma4", 6) == top + full.top_k(6)[4:]
+
+
+def test_local_e4b_checkpoint_dir_gets_the_published_set(tmp_path):
+    from alignatt.models import e4b_config_path, tiny_config_path
+
+    e4b = tmp_path / "my-e4b"
+    e4b.mkdir()
+    (e4b / "config.json").write_text(e4b_config_path().read_text())
+    assert default_heads(str(e4b), 8) == load_head_set(PUBLISHED).top_k(8)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text(tiny_config_path().read_text())
+    with pytest.raises(AlignattError, match="no default head set for model"):
+        default_heads(str(other), 4)
