@@ -273,6 +273,9 @@ class MTServer:
         resolve_preset(self.config.default_preset)  # fail at start, not at the first session
         self.registry = EngineRegistry(seam_factory or default_seam_factory)
         self.stats = ServerStats()
+        # Recent translation steps, server-side (the smoke reads the fast-path latencies here).
+        self.step_log: collections.deque[dict] = collections.deque(maxlen=50_000)
+        self.session_log: collections.deque[dict] = collections.deque(maxlen=1_000)  # accepted inits
         self._server = None
         self.port: int | None = None
 
@@ -308,13 +311,14 @@ class MTServer:
 
     async def _handle(self, ws) -> None:
         self.stats.connections += 1
-        await _Connection(self, ws).run()
+        await _Connection(self, ws, self.stats.connections).run()
 
 
 class _Connection:
     """One WebSocket connection: a reader that validates and queues, a worker that translates."""
 
-    def __init__(self, server: MTServer, ws) -> None:
+    def __init__(self, server: MTServer, ws, connection_id: int) -> None:
+        self.id = connection_id
         self.server = server
         self.ws = ws
         self.limits = server.config.limits
@@ -422,6 +426,10 @@ class _Connection:
             ignored_fields=frame.unknown_fields(),
         )
         await self._send(ok.to_json())
+        server.session_log.append({
+            "connection": self.id, **ok.model_dump(include={"direction", "preset", "policy", "unknown_overrides"}),
+            "accepted_target_prefix": frame.accepted_target_prefix, "history": len(frame.history),
+        })
 
     def _enqueue(self, update: UpdateFrame, received: float) -> None:
         if self.session is None:
@@ -470,7 +478,15 @@ class _Connection:
             return
         stats.engine_calls += step.engine_calls
         stats.paths[step.path] += 1
-        await self._send(translation_frame(update, step, received).to_json())
+        frame = translation_frame(update, step, received)
+        await self._send(frame.to_json())
+        self.server.step_log.append(
+            {"connection": self.id, **frame.model_dump(include=_LOGGED)}
+        )
+
+
+_LOGGED = {"seq", "utterance_id", "final", "path", "engine_calls", "compute_ms", "server_ms",
+           "committed_text", "committed_delta", "stop_reason"}
 
 
 def translation_frame(update: UpdateFrame, step: Step, received: float) -> TranslationFrame:

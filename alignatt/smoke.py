@@ -1,0 +1,458 @@
+"""`alignatt smoke`: the MT server end to end, on loopback, through real WebSocket clients.
+
+The stream (`alignatt/data/mt_server_smoke_stream.json`) is replayed as an ASR would produce it:
+word i arrives as unstable tail at i / words_per_second and is committed commit_lag_seconds later;
+a committed word ending in punctuation closes the sentence (a final). With 2.4 words/s and a 2.0 s
+lag, arrivals and commits interleave, so every commit that follows an arrival moves only the
+frontier over an unchanged source text: the server's commit fast path.
+
+Two clients:
+- `native`: reports every ASR event as one update and waits for its reply before the next one
+  (lockstep; the replay runs behind the schedule when the engine is slower than the stream, and
+  the artifact records that lag). Its numbers are the artifact's headline.
+- `wlk`: the unmodified WhisperLiveKit 0.2.26 client (`AlignAttTranslationClient`), fed the same
+  events as WhisperLiveKit's translation loop feeds it (committed tokens, then the tail snapshot)
+  with its own pacing. Proves the real client runs against the server; its per-update records,
+  taken server-side, go into the artifact's events with `client: "wlk"`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import sys
+import time
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from alignatt.errors import AlignattError
+
+WLK_VERSION = "0.2.26"
+WLK_INSTALL_HINT = f"pip install --no-deps whisperlivekit=={WLK_VERSION}"
+SENTENCE_MARKS = set(".!?。！？")  # WhisperLiveKit's PUNCTUATION_MARKS
+
+
+# ---- the stream ----
+
+
+class SmokeStream(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    description: str = ""
+    words_per_second: float = Field(gt=0)
+    commit_lag_seconds: float = Field(ge=0)
+    replay_speed: float = Field(4.0, gt=0)
+    text: str = Field(min_length=1)
+
+    @property
+    def words(self) -> list[str]:
+        return self.text.split()
+
+
+def load_stream(path: str | None = None) -> SmokeStream:
+    if path is None:
+        from importlib import resources
+
+        text = (resources.files("alignatt") / "data" / "mt_server_smoke_stream.json").read_text()
+        where = "bundled smoke stream"
+    else:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as e:
+            raise AlignattError(f"cannot read stream {path}: {e.strerror}") from None
+        where = path
+    try:
+        return SmokeStream.model_validate_json(text)
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise AlignattError(f"{where}: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+
+
+def ends_sentence(word: str) -> bool:
+    return any(ch in SENTENCE_MARKS for ch in word)
+
+
+@dataclass(frozen=True)
+class AsrEvent:
+    t: float  # stream seconds
+    kind: Literal["arrive", "commit"]
+    index: int  # word index in the stream
+
+
+def asr_events(stream: SmokeStream) -> list[AsrEvent]:
+    events = []
+    for i in range(len(stream.words)):
+        arrive = i / stream.words_per_second
+        events += [AsrEvent(arrive, "arrive", i), AsrEvent(arrive + stream.commit_lag_seconds, "commit", i)]
+    # On a tie the commit goes first: the ASR settles old words before showing new ones.
+    return sorted(events, key=lambda e: (e.t, e.kind != "commit", e.index))
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile (q in [0, 1]); None for no values."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return round(xs[lo] + (xs[hi] - xs[lo]) * (pos - lo), 3)
+
+
+# ---- options and records ----
+
+
+class SmokeOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = "gemma3-270m"
+    seam: str = "hf_qk_fast"
+    preset: str = "balanced"
+    device: str = "cpu"
+    dtype: str | None = None
+    top_k: int = Field(4, ge=1)
+    heads: str | None = None
+    speed: float | None = Field(None, gt=0, description="None: the stream file's replay speed")
+    client: Literal["auto", "native", "wlk", "both"] = "auto"
+    wlk_latency: Literal["quality", "balanced", "low"] = "balanced"
+    stream: str | None = None
+
+
+@dataclass
+class RunRecord:
+    client: str
+    events: list[dict[str, Any]]
+    wall_s: float
+    max_lag_s: float
+
+
+def _retractions(events: list[dict[str, Any]]) -> int:
+    """Replies whose committed_text does not extend the last one shown for the same utterance."""
+    shown: dict[Any, str] = {}
+    count = 0
+    for e in events:
+        text = e.get("committed_text")
+        if text is None:
+            continue
+        key = e.get("utterance_id")
+        if not text.startswith(shown.get(key, "")):
+            count += 1
+        shown[key] = text
+    return count
+
+
+# ---- the native client (lockstep, every ASR event is an update) ----
+
+
+def replay_native(url: str, stream: SmokeStream, speed: float, preset: str) -> RunRecord:
+    from websockets.sync.client import connect
+
+    words = stream.words
+    events: list[dict[str, Any]] = []
+    with connect(url, open_timeout=10, max_size=None) as ws:
+        ws.send(json.dumps({"type": "init", "protocol_version": 1, "source_lang": "en",
+                            "target_lang": "de", "preset": preset}))
+        ok = json.loads(ws.recv(timeout=600))
+        if ok.get("type") != "init_ok":
+            raise AlignattError(f"server refused the session: {ok.get('code')}: {ok.get('message')}")
+        seq = uid = utt_start = committed = arrived = 0
+        max_lag = 0.0
+        start = time.perf_counter()
+        for ev in asr_events(stream):
+            due = start + ev.t / speed
+            now = time.perf_counter()
+            if now < due:
+                time.sleep(due - now)
+            lag = max(time.perf_counter() - due, 0.0)
+            max_lag = max(max_lag, lag)
+            final = False
+            if ev.kind == "arrive":
+                arrived = ev.index + 1
+            else:
+                committed = ev.index + 1
+                final = ends_sentence(words[ev.index])
+            open_words = words[utt_start:committed]
+            tail = [] if final else words[committed:arrived]
+            if not open_words and not tail:
+                continue
+            seq += 1
+            frame = {"type": "update", "seq": seq, "utterance_id": uid,
+                     "words": [[w, None, None] for w in open_words],
+                     "clock_ms": round(ev.t * 1000.0, 1), "is_final": final}
+            if tail:
+                frame["tail"] = {"words": [[w, None, None] for w in tail]}
+            sent = time.perf_counter()
+            ws.send(json.dumps(frame))
+            reply = _await_reply(ws, seq)
+            rtt = (time.perf_counter() - sent) * 1000.0
+            record = {
+                "client": "native", "seq": seq, "trigger": ev.kind, "stream_s": round(ev.t, 3),
+                "lag_s": round(lag, 3), "committed_words": len(open_words), "tail_words": len(tail),
+                "is_final": final, "rtt_ms": round(rtt, 3),
+            }
+            if reply.get("type") == "translation":
+                record.update({k: reply.get(k) for k in (
+                    "utterance_id", "final", "forced_final", "path", "engine_calls", "server_ms",
+                    "compute_ms", "committed_text", "committed_delta", "buffer_text", "stop_reason",
+                    "covered_source_units")})
+            else:
+                record.update(error=reply.get("code"), message=reply.get("message"))
+            events.append(record)
+            if final or reply.get("final"):
+                uid += 1
+                utt_start = committed
+        return RunRecord("native", events, time.perf_counter() - start, max_lag)
+
+
+def _await_reply(ws, seq: int, timeout: float = 600.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise AlignattError(f"no reply to update seq {seq} within {timeout:.0f}s")
+        reply = json.loads(ws.recv(timeout=remaining))
+        if reply.get("type") == "error" and reply.get("seq") in (None, seq):
+            return reply
+        if reply.get("type") == "translation" and reply.get("seq", -1) >= seq:
+            return reply
+
+
+# ---- the WhisperLiveKit client, unmodified ----
+
+
+def load_wlk_client() -> types.ModuleType:
+    """`whisperlivekit.translation_alignatt` without running the package's `__init__`.
+
+    The package's `__init__` imports its audio/ASR stack (numpy audio processing, faster-whisper,
+    fastapi...); the client module itself needs only `websockets` and the package's
+    dataclasses. So when the package is installed (`pip install --no-deps whisperlivekit`) but
+    not importable as a whole, register a bare package object for its directory and import just
+    the two modules from their files, unchanged.
+    """
+    if "whisperlivekit.translation_alignatt" in sys.modules:
+        return sys.modules["whisperlivekit.translation_alignatt"]
+    spec = importlib.util.find_spec("whisperlivekit")
+    if spec is None or not spec.submodule_search_locations:
+        raise AlignattError(f"the WhisperLiveKit client is not installed: {WLK_INSTALL_HINT}")
+    if "whisperlivekit" not in sys.modules:
+        package = types.ModuleType("whisperlivekit")
+        package.__path__ = list(spec.submodule_search_locations)
+        package.__spec__ = spec
+        package.__file__ = spec.origin
+        sys.modules["whisperlivekit"] = package
+    return importlib.import_module("whisperlivekit.translation_alignatt")
+
+
+def wlk_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("whisperlivekit")
+    except PackageNotFoundError:
+        return None
+
+
+def wlk_available() -> bool:
+    try:
+        load_wlk_client()
+        return True
+    except Exception:
+        return False
+
+
+def replay_wlk(url: str, stream: SmokeStream, speed: float, preset: str, latency: str,
+               server_log: "callable") -> RunRecord:
+    """Drive `AlignAttTranslationClient` the way WhisperLiveKit's translation loop does.
+
+    Due events are batched (the loop drains its queue), committed tokens are inserted before the
+    tail snapshot, and `process()` runs once per batch; the client decides what it sends.
+    `server_log()` returns the server's step records of this client's connection.
+    """
+    wlk = load_wlk_client()
+    timed = importlib.import_module("whisperlivekit.timed_objects")
+    engine = wlk.AlignAttRemoteEngine(url=url, source_language="en", preset=preset, latency=latency)
+    client = engine.new_session("de")
+    words = stream.words
+    per_word = 1.0 / stream.words_per_second
+    pending = asr_events(stream)
+    records: list[dict[str, Any]] = []
+    committed = arrived = 0
+    max_lag = 0.0
+    start = time.perf_counter()
+
+    def process(stream_s: float, lag: float) -> None:
+        seq_before = client._seq  # read-only peek: which updates this call sent
+        began = time.perf_counter()
+        segment, buffer = client.process()
+        took = (time.perf_counter() - began) * 1000.0
+        if client._ws is None and client._down_warned:
+            raise AlignattError("the WhisperLiveKit client lost the server (see the log)")
+        records.append({
+            "client": "wlk", "stream_s": round(stream_s, 3), "lag_s": round(lag, 3),
+            "sent_seqs": list(range(seq_before + 1, client._seq + 1)),
+            "process_ms": round(took, 3), "segment": segment.text if segment else None,
+            "buffer": buffer.text or "",
+        })
+
+    i = 0
+    while i < len(pending):
+        due = start + pending[i].t / speed
+        now = time.perf_counter()
+        if now < due:
+            time.sleep(due - now)
+        lag = max(time.perf_counter() - due, 0.0)
+        max_lag = max(max_lag, lag)
+        horizon = (time.perf_counter() - start) * speed
+        items: list[Any] = []
+        while i < len(pending) and pending[i].t <= horizon:
+            ev = pending[i]
+            if ev.kind == "arrive":
+                arrived = ev.index + 1
+            else:
+                committed = ev.index + 1
+                t0 = ev.index * per_word
+                items.append(timed.ASRToken(start=t0, end=t0 + per_word, text=" " + words[ev.index]))
+            i += 1
+        tail = " ".join(words[committed:arrived])
+        if tail:
+            items.append(timed.HypothesisTail(start=None, end=horizon, text=tail))
+        client.insert_tokens(items)
+        process(horizon, lag)
+    for _ in range(len(words)):  # remaining finals: one per process() call, like WhisperLiveKit
+        if not client._pending_finals:
+            break
+        process(horizon, 0.0)
+    wall = time.perf_counter() - start
+    if client._ws is not None:
+        client._ws.close()
+
+    steps = {s["seq"]: s for s in server_log()}
+    events = []
+    for r in records:
+        for seq in r["sent_seqs"]:
+            s = steps.get(seq)
+            if s is None:
+                continue  # coalesced or failed: the client reads on to a newer seq
+            events.append({"client": "wlk", "stream_s": r["stream_s"], "lag_s": r["lag_s"],
+                           "process_ms": r["process_ms"], "segment": r["segment"],
+                           "buffer": r["buffer"], **s})
+    return RunRecord("wlk", events, wall, max_lag)
+
+
+# ---- the smoke ----
+
+
+def _summary(run: RunRecord) -> dict[str, Any]:
+    ev = run.events
+    partial_drafts = [e for e in ev if e.get("path") == "draft" and not e.get("final")]
+    fast = [e for e in ev if e.get("path") == "fast_path"]
+    rtt_key = "rtt_ms" if run.client == "native" else "process_ms"
+    return {
+        "client": run.client,
+        "updates": len(ev),
+        "finals": sum(1 for e in ev if e.get("final")),
+        "errors": sum(1 for e in ev if e.get("error")),
+        "retractions": _retractions(ev),
+        "partial_drafts": len(partial_drafts),
+        "partial_draft_rtt_ms_p50": percentile([e[rtt_key] for e in partial_drafts], 0.5),
+        "partial_draft_rtt_ms_p95": percentile([e[rtt_key] for e in partial_drafts], 0.95),
+        "fast_path_events": len(fast),
+        "fast_path_releases": sum(1 for e in fast if e.get("committed_delta")),
+        "fast_path_server_ms_p50": percentile([e["server_ms"] for e in fast], 0.5),
+        "fast_path_server_ms_p95": percentile([e["server_ms"] for e in fast], 0.95),
+        "fast_path_engine_calls": sum(e.get("engine_calls", 0) for e in fast),
+        "engine_calls": sum(e.get("engine_calls", 0) for e in ev),
+        "paths": {p: sum(1 for e in ev if e.get("path") == p) for p in sorted({e.get("path") for e in ev if e.get("path")})},
+        "wall_s": round(run.wall_s, 2),
+        "max_lag_s": round(run.max_lag_s, 2),
+    }
+
+
+def run_smoke(options: SmokeOptions, out: str | Path | None = "outputs/server_smoke.json",
+              seam_factory=None):
+    """Start the server in-process on loopback, replay the stream, write the artifact."""
+    from alignatt.artifacts import ARTIFACT_SCHEMA_VERSION, FastPathEvent, ServerSmokeArtifact, write_artifact
+    from alignatt.provenance import collect_provenance, model_identity
+    from alignatt.server import DirectionRoute, ServerConfig, ServerThread, resolve_preset
+    from alignatt.protocol import ProtocolError
+
+    try:
+        preset = resolve_preset(options.preset).name
+    except ProtocolError as e:
+        raise AlignattError(e.message) from None
+    stream = load_stream(options.stream)
+    speed = options.speed or stream.replay_speed
+    clients = {"native": ["native"], "wlk": ["wlk"], "both": ["native", "wlk"],
+               "auto": ["native", "wlk"] if wlk_available() else ["native"]}[options.client]
+    if "wlk" in clients:
+        load_wlk_client()  # a clear error before loading any model
+    route = DirectionRoute(model=options.model, seam=options.seam, heads=options.heads,
+                           top_k=options.top_k, device=options.device, dtype=options.dtype)
+    config = ServerConfig(host="127.0.0.1", port=0, default_preset=preset, directions={"en-de": route})
+    runs: list[RunRecord] = []
+    with ServerThread(config, seam_factory) as handle:
+        engine = handle.server.registry.engines[0]
+        heads = [[h.layer, h.head] for h in engine.heads]
+        for client in clients:
+            if client == "native":
+                runs.append(replay_native(handle.url, stream, speed, preset))
+            else:
+                conn = handle.server.stats.connections + 1
+                log = lambda: handle.call(  # noqa: E731
+                    lambda: [s for s in handle.server.step_log if s["connection"] == conn])
+                runs.append(replay_wlk(handle.url, stream, speed, preset, options.wlk_latency, log))
+    summaries = [_summary(r) for r in runs]
+    primary, head = runs[0], summaries[0]
+    try:
+        model_id, revision = model_identity(options.model)
+    except Exception:  # identity is best effort (a local path without metadata)
+        model_id, revision = options.model, None
+    artifact = ServerSmokeArtifact(
+        schema_version=ARTIFACT_SCHEMA_VERSION,
+        provenance=collect_provenance(model_id=model_id, model_revision=revision),
+        config={
+            "model": options.model, "seam": options.seam, "preset": preset,
+            "device": options.device, "dtype": options.dtype, "heads": heads, "top_k": options.top_k,
+            "replay_speed": speed, "stream": options.stream or "alignatt/data/mt_server_smoke_stream.json",
+            "stream_words": len(stream.words),
+            "stream_sentences": sum(1 for w in stream.words if ends_sentence(w)),
+            "words_per_second": stream.words_per_second, "commit_lag_seconds": stream.commit_lag_seconds,
+            "clients": clients, "headline_client": primary.client, "pacing": "lockstep (native)",
+            "whisperlivekit": wlk_version() if "wlk" in clients else None,
+            "wlk_latency": options.wlk_latency if "wlk" in clients else None,
+            "summaries": summaries,
+        },
+        updates=head["updates"],
+        finals=head["finals"],
+        retractions=sum(s["retractions"] for s in summaries),
+        rtt_ms_p50=head["partial_draft_rtt_ms_p50"],
+        rtt_ms_p95=head["partial_draft_rtt_ms_p95"],
+        fast_path_events=[
+            FastPathEvent(seq=e["seq"], utterance_id=e.get("utterance_id"), latency_ms=e["server_ms"],
+                          engine_calls=e["engine_calls"], released_text=e.get("committed_delta") or "")
+            for e in primary.events if e.get("path") == "fast_path"
+        ],
+        events=[e for r in runs for e in r.events],
+    )
+    if out is not None:
+        write_artifact(out, artifact)
+    return artifact
+
+
+def summary_line(artifact) -> str:
+    parts = []
+    for s in artifact.config.get("summaries", []):
+        parts.append(
+            f"[{s['client']}] updates {s['updates']}, finals {s['finals']}, retractions {s['retractions']}, "
+            f"errors {s['errors']}; partial-draft RTT p50 {s['partial_draft_rtt_ms_p50']} ms / p95 "
+            f"{s['partial_draft_rtt_ms_p95']} ms; fast path {s['fast_path_events']} events, "
+            f"{s['fast_path_releases']} releases, p50 {s['fast_path_server_ms_p50']} ms server-side, "
+            f"{s['fast_path_engine_calls']} engine calls; engine calls {s['engine_calls']}; "
+            f"wall {s['wall_s']} s, max lag {s['max_lag_s']} s"
+        )
+    return "\n".join(parts)
