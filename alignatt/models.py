@@ -52,7 +52,7 @@ MODEL_PRESETS: dict[str, ModelPreset] = {
         ModelPreset(
             name="tiny-gemma4",
             source="tiny_random",
-            description="tiny random Gemma-4: sliding/full/KV-shared layers, head dims 16/32, window 8",
+            description="tiny random Gemma-4: sliding/full/KV-shared layers, head dims 16/32, window 16",
             model_id="alignatt:tiny-gemma4",
         ),
         ModelPreset(
@@ -99,9 +99,32 @@ def embedded_model_dir() -> Path:
     return cache_dir() / "models" / "gemma3-270m"
 
 
-def load_model(name_or_path: str, device: str = "cpu", dtype: str | None = None) -> LoadedModel:
-    """Load a preset by name, or a local checkpoint directory; never downloads anything."""
+_LOADED: dict[tuple[str, str, str | None], LoadedModel] = {}
+
+
+def load_model(
+    name_or_path: str, device: str = "cpu", dtype: str | None = None, reuse: bool = True
+) -> LoadedModel:
+    """Load a preset by name, or a local checkpoint directory; never downloads anything.
+
+    Loaded models are kept per (name, device, dtype) for the life of the process, so the seams,
+    head selection and calibration of one run share one copy (`reuse=False` loads afresh).
+    Seams set the attention implementation they need before every draft.
+    """
+    key = (name_or_path, device, dtype)
+    if reuse and key in _LOADED:
+        return _LOADED[key]
+    loaded = _load_model(name_or_path, device, dtype)
+    if reuse:
+        _LOADED[key] = loaded
+    return loaded
+
+
+def _load_model(name_or_path: str, device: str, dtype: str | None) -> LoadedModel:
     import torch
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Loading weights" bars are noise on a CLI
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise AlignattError(f"device {device!r} asked for but CUDA is not available here")
@@ -396,4 +419,11 @@ def _build_tiny_gemma4(torch_dtype: Any, seed: int = 0) -> tuple[Any, Any]:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Gemma4ForCausalLM(config).to(torch_dtype)
+    # Gemma-4 scores q.k unscaled after q/k RMS norms; trained norms set the temperature. With the
+    # init's unit norms, random scores would have std sqrt(head_dim) and near-one-hot heads;
+    # a q-norm scale of head_dim**-0.5 gives the usual 1/sqrt(d) temperature instead.
+    with torch.no_grad():
+        for layer in model.model.layers:
+            attn = layer.self_attn
+            attn.q_norm.weight.fill_(attn.head_dim**-0.5)
     return model, tokenizer
