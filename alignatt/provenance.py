@@ -84,12 +84,14 @@ def package_version(name: str) -> str:
         return NOT_INSTALLED
 
 
-def _run(args: list[str], cwd: Path | None = None) -> str | None:
+def _run(args: list[str], cwd: Path | None = None, strip: bool = True) -> str | None:
     try:
         done = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return done.stdout.strip() if done.returncode == 0 else None
+    if done.returncode != 0:
+        return None
+    return done.stdout.strip() if strip else done.stdout
 
 
 def git_state(repo: Path | None = None) -> tuple[str | None, bool | None]:
@@ -100,10 +102,12 @@ def git_state(repo: Path | None = None) -> tuple[str | None, bool | None]:
     commit = _run([*git, "rev-parse", "HEAD"], cwd=repo)
     if commit is None:
         return None, None
-    status = _run([*git, "status", "--porcelain", "--untracked-files=no"], cwd=repo)
+    # modified, staged or untracked files (an untracked module is measured code too);
+    # -z: "XY path\0" entries, no quoting
+    status = _run([*git, "status", "--porcelain", "-z", "--untracked-files=all"], cwd=repo, strip=False)
     if status is None:
         return commit, None
-    changed = [line[3:] for line in status.splitlines() if line.strip()]
+    changed = [entry[3:] for entry in status.split("\0") if len(entry) > 3]
     dirty = any(not p.startswith(GENERATED_PATHS) for p in changed)
     return commit, dirty
 

@@ -1,0 +1,87 @@
+"""The provenance block: every field present, missing pieces explicit, git and model identity."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from alignatt import provenance
+from alignatt.provenance import NOT_INSTALLED, Provenance, collect_provenance, git_state, model_identity
+
+
+def test_collect_records_every_field_and_this_machine():
+    p = collect_provenance(model_id="m", model_revision="r")
+    data = p.model_dump()
+    assert set(data) == set(Provenance.model_fields)  # nothing absent, not even None values
+    assert p.torch == importlib.metadata.version("torch")
+    assert p.transformers == importlib.metadata.version("transformers")
+    assert p.timestamp_utc.endswith("Z") and len(p.timestamp_utc) == 20
+    assert (p.model_id, p.model_revision) == ("m", "r")
+    assert p.container_image == "host" and p.container_digest is None
+    if not torch.cuda.is_available():
+        assert (p.gpu_count, p.gpus, p.driver, p.cuda_runtime) == (0, [], None, None)
+    else:
+        assert p.gpu_count == torch.cuda.device_count() and p.gpus[0].memory_mib > 0
+
+
+def test_packages_that_are_absent_say_so():
+    assert provenance.package_version("surely-not-an-installed-package") == NOT_INSTALLED
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        assert collect_provenance().vllm == NOT_INSTALLED
+
+
+def test_a_missing_key_or_an_extra_key_fails_validation():
+    data = collect_provenance().model_dump()
+    del data["vllm"]
+    with pytest.raises(ValidationError, match="vllm"):
+        Provenance.model_validate(data)
+    data = collect_provenance().model_dump()
+    data["gpu"] = "A100"
+    with pytest.raises(ValidationError, match="gpu"):
+        Provenance.model_validate(data)
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+
+
+def test_git_state_clean_dirty_and_generated_paths(tmp_path):
+    assert git_state(tmp_path) == (None, None)  # not a work tree
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "outputs").mkdir()
+    (tmp_path / "outputs" / "a.json").write_text("{}\n")
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init")
+    commit, dirty = git_state(tmp_path)
+    assert len(commit) == 40 and dirty is False
+    (tmp_path / "outputs" / "a.json").write_text('{"new": 1}\n')
+    assert git_state(tmp_path)[1] is False  # a pipeline output is not a code change
+    (tmp_path / "new_module.py").write_text("y = 1\n")
+    assert git_state(tmp_path)[1] is True  # an untracked module is code that runs
+    (tmp_path / "new_module.py").unlink()
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert git_state(tmp_path)[1] is True
+
+
+def test_model_identity_of_presets_paths_and_hf_cache(tmp_path, monkeypatch):
+    model_id, rev = model_identity("gemma3-270m")
+    assert rev == provenance.package_version(model_id)
+    assert model_identity("tiny-gemma4")[1] == "random weights"
+    hub = tmp_path / "hub"
+    ref = hub / "models--google--gemma-4-E4B-it" / "refs"
+    ref.mkdir(parents=True)
+    (ref / "main").write_text("0123abcd" * 5)
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    assert model_identity("gemma4-e4b") == ("google/gemma-4-E4B-it", "0123abcd" * 5)
+    snapshot = tmp_path / "snapshots" / ("f" * 40)
+    snapshot.mkdir(parents=True)
+    assert model_identity(str(snapshot)) == (str(snapshot.resolve()), "f" * 40)
+    assert model_identity("no/such-model") == ("no/such-model", None)
