@@ -1,0 +1,744 @@
+"""`vllm_capture`: alignment-head rows from vLLM's own q and KV cache, correct under CUDA graphs.
+
+How (see docs/cudagraph-capture.md for why):
+- Before the engine captures any graph, the `Attention` module of every selected layer gets a
+  subclass whose forward first calls a registered custom op, `alignatt::qcache_write`, on the
+  post-RoPE query. The op writes the selected heads into a `QueryCache` (alignatt.qcache) at the
+  step's `slot_mapping` entry of that layer (a KV-shared layer uses its donor's entry), i.e. at
+  the same index the KV-cache write uses; pad rows carry slot -1 and go to a dump row. The
+  buffers are allocated right after vLLM allocates its KV cache, before capture, and never move.
+- After a request finishes, its drafted tokens' q rows are read by the request's block table,
+  its keys are read from the KV cache (a KV-shared layer reads its donor's cache) and the rows are
+  rebuilt with fp32 softmax over every visible position (sliding window on sliding layers).
+
+Modes: `eager` (enforce_eager), `cudagraph` (full decode CUDA graphs, no torch.compile: the
+bit-exact scored mode) and `compiled` (vLLM's default torch.compile + graphs). Everything
+vLLM-specific is imported lazily: this module imports on a CPU machine without vLLM.
+
+Pinned against vLLM 0.22.1 (V1 GPU model runner, in-process engine, TRITON_ATTN KV layout
+[num_blocks, 2, block_size, num_kv_heads, head_size]); every internal it touches is checked at
+engine start and a mismatch raises naming what differed.
+"""
+
+import gc
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import torch
+
+from alignatt.capture import Draft, DraftRequest, Head, Timings, TokenCapture
+from alignatt.errors import AlignattError
+from alignatt.layout import AttentionLayout
+from alignatt.qcache import (
+    LayerPlan,
+    QueryCache,
+    gather_kv,
+    head_order,
+    kernel_block_ids,
+    key_span,
+    plan_capture,
+    rebuild_rows,
+    slots_for_positions,
+    split_rows,
+)
+
+PINNED_VLLM = "0.22.1"
+VLLM_MODES = ("eager", "cudagraph", "compiled")
+SUPPORTED_MODELS = ("gemma4-e4b", "gemma4-e4b-synthetic")  # or a local Gemma-4 checkpoint directory
+
+
+def engine_options(mode: str) -> dict:
+    """The LLM(...) arguments that select a capture mode."""
+    if mode == "eager":
+        return {"enforce_eager": True}
+    if mode == "cudagraph":
+        # Full CUDA graphs for decode batches, no torch.compile: numerics identical to eager.
+        return {"enforce_eager": False,
+                "compilation_config": {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}}
+    if mode == "compiled":
+        return {"enforce_eager": False}  # vLLM's default: torch.compile + CUDA graphs
+    raise AlignattError(f"unknown vllm_mode {mode!r}: use one of {', '.join(VLLM_MODES)}")
+
+
+def log(message: str) -> None:
+    print(f"[alignatt.vllm_capture] {message}", flush=True)
+
+
+# ---- engine hooks: one capturing engine per process ----
+
+
+@dataclass
+class _Hooks:
+    plans: dict[int, LayerPlan]
+    capture_output: bool
+    runner: Any = None
+    keep_alive: bool = False  # add the op's zero to q so torch.compile cannot drop the op
+    attn: dict[int, Any] = field(default_factory=dict)  # layer -> vLLM Attention module
+    layer_names: dict[int, str] = field(default_factory=dict)
+    donor_names: dict[int, str] = field(default_factory=dict)
+    group: dict[int, int] = field(default_factory=dict)  # layer -> KV cache group id
+    caches: dict[int, QueryCache] = field(default_factory=dict)
+    block_ids: dict[str, Any] = field(default_factory=dict)  # internal request id -> block ids
+    op_calls: int = 0  # Python-side calls of the op (eager steps and capture, never replays)
+
+
+_HOOKS: Optional[_Hooks] = None
+_LIB: Any = None
+_forward_context: Any = None  # vllm.forward_context, bound once the op is registered
+
+
+def _step_slots(hooks: _Hooks, layer: int) -> Optional[torch.Tensor]:
+    if _forward_context is None or not _forward_context.is_forward_context_available():
+        return None
+    mapping = _forward_context.get_forward_context().slot_mapping
+    if not mapping:
+        return None  # profiling run before the KV cache exists
+    if isinstance(mapping, list):
+        raise RuntimeError("alignatt q capture does not support micro-batching (DBO / ubatch slot mappings)")
+    slots = mapping.get(hooks.layer_names[layer])
+    if slots is None:
+        slots = mapping.get(hooks.donor_names[layer])
+    return slots
+
+
+def _qcache_write(x: torch.Tensor, layer: int, kind: int) -> torch.Tensor:
+    """The custom op: write the selected heads of `x` (kind 0: query, 1: attention output) into
+    the layer's query cache by the step's slot mapping. Returns a zero the caller may add."""
+    hooks = _HOOKS
+    if hooks is not None:
+        hooks.op_calls += 1
+        cache = hooks.caches.get(layer)
+        if cache is None:
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(
+                    f"alignatt: query cache of layer {layer} is not allocated but a CUDA graph is "
+                    "being captured: the capture would bake in a missing buffer"
+                )
+        else:
+            slots = _step_slots(hooks, layer)
+            if slots is not None:
+                if kind == 0:
+                    cache.write(x, slots)
+                else:
+                    cache.write_out(x, slots)
+    return torch.zeros((), dtype=x.dtype, device=x.device)
+
+
+def _qcache_write_fake(x: torch.Tensor, layer: int, kind: int) -> torch.Tensor:
+    return torch.zeros((), dtype=x.dtype, device=x.device)
+
+
+def _register_op() -> None:
+    global _LIB, _forward_context
+    if _LIB is not None:
+        return
+    import vllm.forward_context
+    from torch.library import Library
+    from vllm.utils.torch_utils import direct_register_custom_op
+
+    lib = Library("alignatt", "FRAGMENT")
+    direct_register_custom_op(
+        op_name="qcache_write",
+        op_func=_qcache_write,
+        mutates_args=[],
+        fake_impl=_qcache_write_fake,
+        target_lib=lib,
+    )
+    _LIB = lib  # the op lives as long as this library object
+    _forward_context = vllm.forward_context
+
+
+_CAPTURING: dict[type, type] = {}
+
+
+def _capturing_class(base: type) -> type:
+    """A subclass of vLLM's Attention whose forward captures q (and optionally the output)."""
+    if base not in _CAPTURING:
+
+        class CapturingAttention(base):  # type: ignore[misc, valid-type]
+            def forward(self, query, key, value, output_shape=None):  # noqa: ANN001, ANN201
+                layer = self._alignatt_layer
+                dep = torch.ops.alignatt.qcache_write(query, layer, 0)
+                if self._alignatt_keep_alive:
+                    query = query + dep
+                out = super().forward(query, key, value, output_shape)
+                if self._alignatt_capture_output:
+                    dep_out = torch.ops.alignatt.qcache_write(out, layer, 1)
+                    if self._alignatt_keep_alive:
+                        out = out + dep_out
+                return out
+
+        CapturingAttention.__name__ = CapturingAttention.__qualname__ = f"Capturing{base.__name__}"
+        _CAPTURING[base] = CapturingAttention
+    return _CAPTURING[base]
+
+
+def _attach(runner: Any, hooks: _Hooks) -> None:
+    """After the model is loaded, before any forward: swap in the capturing attention."""
+    from vllm.config import CompilationMode
+    from vllm.model_executor.models.gemma4 import Gemma4Attention
+    from vllm.model_executor.models.utils import extract_layer_index
+
+    if runner.cache_config.kv_sharing_fast_prefill:
+        raise RuntimeError("alignatt: kv_sharing_fast_prefill skips KV-shared layers in prefill; disable it")
+    if runner.parallel_config.tensor_parallel_size != 1:
+        raise RuntimeError("alignatt: q capture supports tensor_parallel_size=1 only")
+    model = runner.get_model()
+    found: dict[int, Any] = {}
+    for _, module in model.named_modules():
+        if isinstance(module, Gemma4Attention):
+            found[extract_layer_index(module.attn.layer_name)] = module
+    missing = sorted(set(hooks.plans) - set(found))
+    if missing:
+        raise RuntimeError(
+            f"alignatt: no Gemma4Attention for layers {missing} in {type(model).__name__} "
+            f"(found layers {sorted(found)})"
+        )
+    hooks.keep_alive = runner.compilation_config.mode != CompilationMode.NONE
+    for layer, plan in hooks.plans.items():
+        attn = found[layer].attn
+        donor = attn.kv_sharing_target_layer_name
+        donor_layer = layer if donor is None else extract_layer_index(donor)
+        facts = {
+            "num_heads": (attn.num_heads, plan.n_heads),
+            "num_kv_heads": (attn.num_kv_heads, plan.n_kv_heads),
+            "head_size": (attn.head_size, plan.head_dim),
+            "sliding_window": (attn.sliding_window, plan.sliding_window),
+            "scale": (float(attn.impl.scale), plan.scaling),
+            "softcap": (getattr(attn.impl, "logits_soft_cap", None) or None, plan.softcap),
+            "kv donor layer": (donor_layer, plan.kv_source_layer),
+        }
+        wrong = {k: v for k, v in facts.items() if v[0] != v[1]}
+        if wrong:
+            raise RuntimeError(
+                f"alignatt: layer {layer} in vLLM differs from the layout (vLLM, layout): {wrong}"
+            )
+        attn.__class__ = _capturing_class(type(attn))
+        attn._alignatt_layer = layer
+        attn._alignatt_keep_alive = hooks.keep_alive
+        attn._alignatt_capture_output = hooks.capture_output
+        hooks.attn[layer] = attn
+        hooks.layer_names[layer] = attn.layer_name
+        hooks.donor_names[layer] = donor or attn.layer_name
+        log(f"layer {layer}: {attn.layer_name} heads {list(plan.heads)} (kv {list(plan.kv_heads)}) "
+            f"dim {plan.head_dim} window {plan.sliding_window} kv from {hooks.donor_names[layer]} "
+            f"backend {attn.attn_backend.get_name()}")
+    hooks.runner = runner
+    log(f"compilation mode {runner.compilation_config.mode!s}, cudagraph mode "
+        f"{runner.compilation_config.cudagraph_mode!s}, keep-alive add {hooks.keep_alive}")
+
+
+def _allocate(runner: Any, hooks: _Hooks) -> None:
+    """Right after vLLM binds its KV cache (and before it captures graphs): one query cache per
+    layer, one row per KV slot of that layer's cache."""
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("alignatt: query caches must be allocated outside CUDA graph capture")
+    groups = runner.kv_cache_config.kv_cache_groups
+    dtype = runner.model_config.dtype
+    hooks.caches = {}  # a re-initialised KV cache (profiling) gets fresh buffers
+    total = 0
+    for layer, plan in hooks.plans.items():
+        attn = hooks.attn[layer]
+        kv = attn.kv_cache
+        if not isinstance(kv, torch.Tensor) or kv.dim() != 5 or kv.shape[1] != 2:
+            raise RuntimeError(
+                f"alignatt: layer {layer} KV cache has shape {getattr(kv, 'shape', type(kv))}, expected "
+                "[num_blocks, 2, block_size, num_kv_heads, head_size] (TRITON_ATTN)"
+            )
+        if kv.shape[3] != plan.n_kv_heads or kv.shape[4] != plan.head_dim:
+            raise RuntimeError(f"alignatt: layer {layer} KV cache {tuple(kv.shape)} does not match "
+                               f"{plan.n_kv_heads} KV heads of dim {plan.head_dim}")
+        gid = [g for g, grp in enumerate(groups)
+               if hooks.layer_names[layer] in grp.layer_names or hooks.donor_names[layer] in grp.layer_names]
+        if not gid:
+            raise RuntimeError(f"alignatt: layer {layer} ({hooks.layer_names[layer]}) is in no KV cache group")
+        hooks.group[layer] = gid[0]
+        table = runner.input_batch.block_table[gid[0]]
+        if table.block_size != kv.shape[2]:
+            raise RuntimeError(f"alignatt: layer {layer} block table uses {table.block_size}-token blocks, "
+                               f"its KV cache {kv.shape[2]}")
+        n_slots = kv.shape[0] * kv.shape[2]
+        cache = QueryCache(n_slots, len(plan.heads), plan.head_dim, dtype, kv.device, plan.heads,
+                           out_dim=plan.head_dim if hooks.capture_output else None)
+        hooks.caches[layer] = cache
+        total += cache.nbytes()
+        log(f"layer {layer}: KV cache {tuple(kv.shape)} {kv.dtype} group {gid[0]} "
+            f"(block {table.block_size}, {table.blocks_per_kv_block} per manager block) -> "
+            f"query cache {tuple(cache.q.shape)}")
+    log(f"query caches: {total / 2**20:.1f} MiB for {len(hooks.caches)} layers")
+
+
+def _install_runner_hooks() -> None:
+    """Wrap three GPUModelRunner methods (class level, idempotent); they act only for the runner
+    that `_HOOKS` is attached to."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner as Runner
+
+    if getattr(Runner, "_alignatt_hooked", False):
+        return
+    for name in ("load_model", "initialize_kv_cache", "_update_states"):
+        if not callable(getattr(Runner, name, None)):
+            raise RuntimeError(f"alignatt: vLLM's GPUModelRunner has no {name}(); expected vLLM {PINNED_VLLM}")
+    load_model, init_kv, update_states = Runner.load_model, Runner.initialize_kv_cache, Runner._update_states
+
+    def hooked_load_model(self, *args, **kwargs):  # noqa: ANN001, ANN202
+        load_model(self, *args, **kwargs)
+        if _HOOKS is not None and _HOOKS.runner is None:
+            _attach(self, _HOOKS)
+
+    def hooked_initialize_kv_cache(self, *args, **kwargs):  # noqa: ANN001, ANN202
+        init_kv(self, *args, **kwargs)
+        if _HOOKS is not None and _HOOKS.runner is self:
+            _allocate(self, _HOOKS)
+
+    def hooked_update_states(self, scheduler_output):  # noqa: ANN001, ANN202
+        result = update_states(self, scheduler_output)
+        hooks = _HOOKS
+        if hooks is not None and hooks.runner is self:
+            for req_id, state in self.requests.items():
+                hooks.block_ids[req_id] = state.block_ids  # lists grow in place; replaced on preemption
+        return result
+
+    Runner.load_model = hooked_load_model
+    Runner.initialize_kv_cache = hooked_initialize_kv_cache
+    Runner._update_states = hooked_update_states
+    Runner._alignatt_hooked = True
+
+
+# ---- model resolution ----
+
+
+@dataclass
+class _ModelSpec:
+    name: str
+    engine_model: str  # what LLM(model=...) gets
+    load_format: str
+    synthetic: bool
+    config_dir: str  # a directory with the HF config.json
+    tmp_dir: Optional[str] = None
+
+
+def _resolve_model(model: str) -> _ModelSpec:
+    from alignatt.models import MODEL_PRESETS, e4b_config_path
+
+    if model == "gemma4-e4b-synthetic":
+        # A directory holding only the text config: vLLM builds the architecture, dummy weights.
+        tmp = tempfile.mkdtemp(prefix="alignatt-e4b-synthetic-")
+        shutil.copy(e4b_config_path(), Path(tmp) / "config.json")
+        return _ModelSpec(model, tmp, "dummy", True, tmp, tmp)
+    if model == "gemma4-e4b":
+        model_id = MODEL_PRESETS[model].model_id
+        try:
+            from huggingface_hub import snapshot_download
+
+            local = snapshot_download(model_id, local_files_only=True)
+        except Exception as e:  # noqa: BLE001 - any failure means "not cached here"
+            raise AlignattError(
+                f"model {model_id} is not in the local HF cache (alignatt never downloads): {e}"
+            ) from None
+        return _ModelSpec(model, local, "auto", False, local)
+    if Path(model).is_dir():
+        if not (Path(model) / "config.json").exists():
+            raise AlignattError(f"{model} has no config.json")
+        return _ModelSpec(model, str(Path(model).resolve()), "auto", False, str(Path(model).resolve()))
+    if model in MODEL_PRESETS:
+        raise AlignattError(
+            f"vllm_capture runs Gemma-4 only ({', '.join(SUPPORTED_MODELS)} or a local Gemma-4 "
+            f"checkpoint directory), not {model!r}"
+        )
+    raise AlignattError(f"unknown model {model!r}: use {', '.join(SUPPORTED_MODELS)} or a local directory")
+
+
+def _load_tokenizer(spec: _ModelSpec, tokenizer: Any) -> Any:
+    if tokenizer is not None and not isinstance(tokenizer, str):
+        return tokenizer
+    if tokenizer == "tiny":  # byte-level test tokenizer: valid ids for any Gemma vocabulary
+        from alignatt.models import tiny_tokenizer
+
+        return tiny_tokenizer()
+    if spec.synthetic:
+        from alignatt.models import synthetic_tokenizer
+
+        return synthetic_tokenizer()
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(tokenizer or spec.engine_model, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise AlignattError(f"no tokenizer for {spec.name}: {str(e).splitlines()[0]}") from None
+
+
+def _stop_ids(config: Any, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    for source in (config, tokenizer):
+        eos = getattr(source, "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, (list, tuple)):
+            ids.update(int(e) for e in eos)
+    vocab = tokenizer.get_vocab()
+    for marker in ("<end_of_turn>", "<turn|>", "<|turn_end|>", "<eos>"):
+        if marker in vocab:
+            ids.add(vocab[marker])
+    return ids
+
+
+# ---- the seam ----
+
+
+@dataclass
+class RawCapture:
+    """What one draft fetched, kept when `keep_raw=True` (for the GPU checks)."""
+
+    query_positions: np.ndarray  # [n]
+    layers: dict[int, dict[str, np.ndarray]]  # per layer: q [n,h,D], keys [L,kvh,D], key_lo, probs, ...
+
+
+class VllmCaptureSeam:
+    """Greedy drafts from an in-process vLLM engine with slot-addressed q capture."""
+
+    name = "vllm_capture"
+
+    def __init__(
+        self,
+        model: str,
+        heads: list[Head],
+        vllm_mode: str = "cudagraph",
+        dtype: Optional[str] = "bfloat16",
+        max_model_len: int = 4096,
+        *,
+        device: str = "cuda",
+        kv_cache_memory_gib: float = 4.0,
+        max_num_seqs: int = 16,
+        enable_prefix_caching: bool = False,
+        fixed_length: bool = False,
+        capture: bool = True,
+        capture_output: bool = False,
+        reconstruct: str = "batched",
+        keep_raw: bool = False,
+        tokenizer: Any = None,
+        seed: int = 0,
+        **engine_kwargs: Any,
+    ) -> None:
+        global _HOOKS
+        engine_options(vllm_mode)  # validates the mode
+        if not str(device).startswith("cuda"):
+            raise AlignattError(f"vllm_capture runs on CUDA only, not {device!r}")
+        if not torch.cuda.is_available():
+            raise AlignattError("vllm_capture needs CUDA and vLLM 0.22.1: CUDA is not available here")
+        try:
+            import vllm
+        except ImportError as e:
+            raise AlignattError(f"vllm_capture needs vLLM {PINNED_VLLM}: pip install 'alignatt[vllm]' ({e})") from None
+        if vllm.__version__ != PINNED_VLLM and not os.environ.get("ALIGNATT_VLLM_ANY_VERSION"):
+            raise AlignattError(
+                f"vllm_capture is written against vLLM {PINNED_VLLM}'s internals, found {vllm.__version__} "
+                "(set ALIGNATT_VLLM_ANY_VERSION=1 to try anyway)"
+            )
+        if _HOOKS is not None and _HOOKS.runner is not None:
+            raise AlignattError("one vllm_capture engine per process: close() the other one first")
+        if reconstruct not in ("batched", "reference"):
+            raise AlignattError(f"reconstruct must be 'batched' or 'reference', not {reconstruct!r}")
+
+        from transformers import AutoConfig
+
+        self.vllm_mode = vllm_mode
+        self.dtype = dtype or "bfloat16"
+        self.max_model_len = max_model_len
+        self.fixed_length = fixed_length
+        self.capture = capture
+        self.capture_output = capture_output
+        self.reconstruct = reconstruct
+        self.keep_raw = keep_raw
+        self.raw: dict[str, RawCapture] = {}
+        self.spec = _resolve_model(model)
+        self.synthetic_weights = self.spec.synthetic
+        self.tokenizer = _load_tokenizer(self.spec, tokenizer)
+        hf_config = AutoConfig.from_pretrained(self.spec.config_dir, local_files_only=True)
+        self.layout = AttentionLayout.from_config(hf_config)
+        if self.layout.family != "gemma4_text":
+            raise AlignattError(f"vllm_capture runs Gemma-4 only; {model} is {self.layout.family}")
+        self.heads = self.layout.validate_heads(heads)
+        self.plans = plan_capture(self.layout, self.heads)
+        self.order = head_order(self.plans, self.heads)
+        self.stop_ids = _stop_ids(hf_config.get_text_config(), self.tokenizer)
+        self._newline_ids = {i for t, i in self.tokenizer.get_vocab().items() if "\n" in t or "Ċ" in t}
+
+        # In-process engine on the V1 runner: the hooks below wrap that runner's methods.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        if capture and vllm_mode == "compiled":
+            # The compile cache keys on source files, not on which layers are patched: a cached
+            # graph from another head set would call the op on the wrong layers.
+            os.environ["VLLM_DISABLE_COMPILE_CACHE"] = "1"
+        if capture:
+            _install_runner_hooks()
+            _register_op()
+            _HOOKS = _Hooks(plans=self.plans, capture_output=capture_output)
+        from vllm import LLM
+
+        started = time.perf_counter()
+        log(f"starting vLLM {vllm.__version__} ({vllm_mode}) on {self.spec.engine_model} "
+            f"[{self.spec.load_format} weights], heads {[(h.layer, h.head) for h in self.heads]}")
+        try:
+            self.llm = LLM(
+                model=self.spec.engine_model,
+                skip_tokenizer_init=True,
+                load_format=self.spec.load_format,
+                dtype=self.dtype,
+                max_model_len=max_model_len,
+                max_num_seqs=max_num_seqs,
+                enable_prefix_caching=enable_prefix_caching,
+                kv_cache_memory_bytes=int(kv_cache_memory_gib * 2**30),
+                tensor_parallel_size=1,
+                seed=seed,
+                disable_log_stats=True,
+                **engine_options(vllm_mode),
+                **engine_kwargs,
+            )
+        except Exception:
+            _HOOKS = None
+            raise
+        self.engine_start_s = time.perf_counter() - started
+        if capture:
+            self._check_attached()
+        log(f"engine ready in {self.engine_start_s:.1f} s")
+        self._counter = 0
+
+    def _check_attached(self) -> None:
+        hooks = _HOOKS
+        if hooks is None or hooks.runner is None:
+            raise RuntimeError("alignatt: the engine never loaded its model through the hooked "
+                               "GPUModelRunner (V2 runner or multiprocessing engine?)")
+        if set(hooks.caches) != set(self.plans):
+            raise RuntimeError(f"alignatt: query caches for layers {sorted(hooks.caches)}, "
+                               f"expected {sorted(self.plans)}: initialize_kv_cache was not seen")
+        try:
+            runner = self.llm.llm_engine.model_executor.driver_worker.worker.model_runner
+        except AttributeError:
+            runner = None
+        log(f"runner at llm.llm_engine.model_executor.driver_worker.worker.model_runner: "
+            f"{'hooked' if runner is hooks.runner else 'NOT the hooked one' if runner else 'path absent'}")
+        self.hooks = hooks
+
+    # ---- drafting ----
+
+    def draft(self, request: DraftRequest) -> Draft:
+        return self.draft_many([request])[0]
+
+    def draft_many(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        """Draft several requests in one engine batch; each gets its own rows."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        from alignatt.prompt import build_prompt
+
+        prompts = [build_prompt(self.tokenizer, r) for r in requests]
+        for r, p in zip(requests, prompts):
+            if len(p.input_ids) + r.max_new_tokens > self.max_model_len:
+                raise AlignattError(f"prompt of {len(p.input_ids)} tokens + {r.max_new_tokens} new tokens "
+                                    f"exceeds max_model_len={self.max_model_len}")
+        engine = self.llm.llm_engine
+        if engine.has_unfinished_requests():
+            raise RuntimeError("alignatt: the engine still has unfinished requests")
+        states: dict[str, dict] = {}
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for r, p in zip(requests, prompts):
+            self._counter += 1
+            ext = f"alignatt-{self._counter}"
+            fixed = self.fixed_length
+            params = SamplingParams(
+                temperature=0.0,
+                max_tokens=r.max_new_tokens,
+                min_tokens=r.max_new_tokens if fixed else 0,
+                ignore_eos=fixed,
+                stop_token_ids=None if fixed else sorted(
+                    self.stop_ids | (self._newline_ids if p.stop_at_newline else set())),
+                detokenize=False,
+                output_kind=RequestOutputKind.DELTA,
+            )
+            internal = engine.add_request(ext, self._engine_prompt(p.input_ids), params)
+            states[ext] = {"internal": internal, "request": r, "prompt": p, "tokens": [], "t0": t0,
+                           "t_first": None, "t_end": None, "finish": None, "draft": None}
+        while engine.has_unfinished_requests():
+            outputs = engine.step()
+            now = time.perf_counter()
+            for out in outputs:
+                st = states.get(out.request_id)
+                if st is None:
+                    raise RuntimeError(f"alignatt: output for unknown request {out.request_id}")
+                st["tokens"].extend(out.outputs[0].token_ids)
+                if st["t_first"] is None and st["tokens"]:
+                    st["t_first"] = now
+                if out.finished:
+                    st["t_end"], st["finish"] = now, out.outputs[0].finish_reason
+                    # Read this request's rows now: once it is gone its blocks may be reused.
+                    st["draft"] = self._finish(st)
+        return [states[k]["draft"] for k in states]
+
+    def _engine_prompt(self, ids: list[int]) -> Any:
+        prompt = {"prompt_token_ids": list(ids)}
+        preprocess = getattr(self.llm, "_preprocess_cmpl_one", None)
+        if preprocess is None:
+            return prompt
+        try:
+            return preprocess(prompt, None)
+        except Exception as e:  # noqa: BLE001 - the raw token prompt is still accepted (deprecated)
+            if not getattr(self, "_warned_preprocess", False):
+                log(f"LLM._preprocess_cmpl_one failed ({e!r}); passing the raw token prompt")
+                self._warned_preprocess = True
+            return prompt
+
+    def _finish(self, st: dict) -> Draft:
+        request, prompt = st["request"], st["prompt"]
+        tokens = list(st["tokens"])
+        stop_reason = "max_new_tokens"
+        if not self.fixed_length:
+            for i, tok in enumerate(tokens):
+                if tok in self.stop_ids or (prompt.stop_at_newline and tok in self._newline_ids):
+                    tokens, stop_reason = tokens[:i], "eos"
+                    break
+        t_first = st["t_first"] if st["t_first"] is not None else st["t_end"]
+        # prefill: submission to the first drafted token; decode: the rest (in-forward capture
+        # included); end to end, as the engine serves it.
+        timings = Timings(prefill_ms=(t_first - st["t0"]) * 1e3, decode_ms=(st["t_end"] - t_first) * 1e3)
+        captures: list[TokenCapture] = []
+        if tokens:
+            captures = self._captures(st["internal"], prompt, tokens, timings)
+        elif self.capture:
+            _HOOKS.block_ids.pop(st["internal"], None)
+        return Draft(
+            request=request,
+            heads=list(self.heads) if self.capture else [],
+            prompt_token_count=len(prompt.input_ids),
+            source_token_positions=list(prompt.source_token_positions),
+            source_word_of_token=list(prompt.source_word_of_token),
+            tokens=captures,
+            stop_reason=stop_reason,
+            timings=timings,
+            seam=self.name,
+        )
+
+    def _captures(self, internal: str, prompt: Any, tokens: list[int], timings: Timings) -> list[TokenCapture]:
+        from alignatt.hf_decode import _pieces
+
+        n, n_prompt = len(tokens), len(prompt.input_ids)
+        pieces = _pieces(self.tokenizer, tokens)
+        n_src = len(prompt.source_token_positions)
+        if not self.capture:
+            empty = np.zeros((0, n_src), dtype=np.float32)
+            z = np.zeros(0, dtype=np.float32)
+            return [TokenCapture(t, pieces[i], empty, z, z) for i, t in enumerate(tokens)]
+
+        # Fetch: q rows of the drafted tokens and the keys they saw, through the block table.
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        hooks = _HOOKS
+        block_ids = hooks.block_ids.pop(internal, None)
+        if block_ids is None:
+            raise RuntimeError(f"alignatt: no block table was recorded for request {internal}")
+        device = next(iter(hooks.caches.values())).q.device
+        qpos = torch.arange(n_prompt - 1, n_prompt - 1 + n, device=device)
+        fetched = {}
+        for layer, plan in self.plans.items():
+            table = hooks.runner.input_batch.block_table[hooks.group[layer]]
+            blocks = kernel_block_ids(block_ids[hooks.group[layer]], table.blocks_per_kv_block)
+            lo, hi = key_span(qpos.tolist(), plan.sliding_window)
+            kpos = torch.arange(lo, hi + 1, device=device)
+            kv = hooks.attn[layer].kv_cache
+            kslots = slots_for_positions(blocks, table.block_size, kpos)
+            qslots = slots_for_positions(blocks, table.block_size, qpos)
+            item = {"q": hooks.caches[layer].read(qslots), "keys": gather_kv(kv, kslots, 0),
+                    "kpos": kpos, "lo": lo}
+            if self.capture_output:
+                item["values"] = gather_kv(kv, kslots, 1)
+                item["out"] = hooks.caches[layer].read_out(qslots)
+            fetched[layer] = item
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        timings.capture_ms = (t1 - t0) * 1e3
+
+        # Reconstruct: fp32 softmax rows, split into source rows and masses, in head order.
+        splits = {}
+        probs_by_layer = {}
+        for layer, plan in self.plans.items():
+            f = fetched[layer]
+            probs = rebuild_rows(plan, f["q"], qpos, f["keys"], f["kpos"], method=self.reconstruct)
+            probs_by_layer[layer] = probs
+            splits[layer] = split_rows(probs, f["lo"], prompt.source_token_positions, prompt.prefix_start)
+        rows = torch.stack([splits[l].rows[:, i] for l, i in self.order], dim=1)
+        other = torch.stack([splits[l].other_prompt[:, i] for l, i in self.order], dim=1)
+        gen = torch.stack([splits[l].generated[:, i] for l, i in self.order], dim=1)
+        rows, other, gen = (t.cpu().numpy().astype(np.float32) for t in (rows, other, gen))
+        timings.reconstruct_ms = (time.perf_counter() - t1) * 1e3
+
+        if self.keep_raw:
+            layers = {}
+            for layer, f in fetched.items():
+                entry = {"q": f["q"].float().cpu().numpy(), "keys": f["keys"].float().cpu().numpy(),
+                         "key_lo": int(f["lo"]), "probs": probs_by_layer[layer].cpu().numpy()}
+                if self.capture_output:
+                    entry["values"] = f["values"].float().cpu().numpy()
+                    entry["out"] = f["out"].float().cpu().numpy()
+                layers[layer] = entry
+            self.raw[internal] = RawCapture(query_positions=qpos.cpu().numpy(), layers=layers)
+            self.last_raw_id = internal
+        return [
+            TokenCapture(
+                token_id=tok,
+                piece=pieces[i],
+                rows=np.ascontiguousarray(rows[i]),
+                other_prompt_mass=other[i],
+                generated_mass=gen[i],
+            )
+            for i, tok in enumerate(tokens)
+        ]
+
+    def describe(self) -> dict:
+        """Facts for artifacts and logs."""
+        hooks = getattr(self, "hooks", None)
+        return {
+            "seam": self.name,
+            "vllm_mode": self.vllm_mode,
+            "model": self.spec.name,
+            "synthetic_weights": self.synthetic_weights,
+            "heads": [[h.layer, h.head] for h in self.heads],
+            "capture": self.capture,
+            "engine_start_s": round(self.engine_start_s, 2),
+            "options": engine_options(self.vllm_mode),
+            "query_cache_mib": round(sum(c.nbytes() for c in hooks.caches.values()) / 2**20, 1) if hooks else 0,
+            "keep_alive_add": bool(hooks.keep_alive) if hooks else False,
+        }
+
+    def close(self) -> None:
+        global _HOOKS
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            core = getattr(llm.llm_engine, "engine_core", None)
+            if core is not None and hasattr(core, "shutdown"):
+                try:
+                    core.shutdown()
+                except Exception as e:  # noqa: BLE001 - best effort at teardown
+                    log(f"engine shutdown: {e}")
+            self.llm = None
+        _HOOKS = None
+        if self.spec.tmp_dir:
+            shutil.rmtree(self.spec.tmp_dir, ignore_errors=True)
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+VLLMCaptureSeam = VllmCaptureSeam  # the name alignatt.seams looks up
+
+
+def make_seam(model: str, heads: list[Head], device: str = "cuda", dtype: Optional[str] = None,
+              vllm_mode: str = "cudagraph", **options: Any) -> VllmCaptureSeam:
+    return VllmCaptureSeam(model, heads, vllm_mode=vllm_mode, dtype=dtype, device=device, **options)
