@@ -647,6 +647,14 @@ class VllmCaptureSeam:
             raise RuntimeError(f"alignatt: no block table was recorded for request {internal}")
         device = next(iter(hooks.caches.values())).q.device
         qpos = torch.arange(n_prompt - 1, n_prompt - 1 + n, device=device)
+        window = min((p.sliding_window for p in self.plans.values() if p.sliding_window), default=None)
+        if window and n_prompt + n > window + 16 and not getattr(self, "_warned_window", False):
+            # vLLM frees sliding-window blocks that fall out of the newest token's window; the
+            # early drafted tokens' keys then live in freed blocks, which only another running
+            # request could overwrite before this read.
+            log(f"note: prompt + draft ({n_prompt + n}) exceeds the sliding window ({window}); rows of "
+                "early tokens read keys from blocks vLLM already freed (safe unless other requests run)")
+            self._warned_window = True
         fetched = {}
         for layer, plan in self.plans.items():
             table = hooks.runner.input_batch.block_table[hooks.group[layer]]
