@@ -120,6 +120,17 @@ def load_model(
     return loaded
 
 
+def check_model_name(name_or_path: str) -> ModelPreset | None:
+    """The preset of that name, None for a local checkpoint dir; AlignattError for anything else."""
+    preset = MODEL_PRESETS.get(name_or_path)
+    if preset is None and not Path(name_or_path).is_dir():
+        raise AlignattError(
+            f"unknown model {name_or_path!r}: use one of {', '.join(MODEL_PRESETS)} "
+            "or a local checkpoint directory"
+        )
+    return preset
+
+
 def _load_model(name_or_path: str, device: str, dtype: str | None) -> LoadedModel:
     import torch
     from transformers.utils import logging as hf_logging
@@ -128,12 +139,7 @@ def _load_model(name_or_path: str, device: str, dtype: str | None) -> LoadedMode
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise AlignattError(f"device {device!r} asked for but CUDA is not available here")
-    preset = MODEL_PRESETS.get(name_or_path)
-    if preset is None and not Path(name_or_path).is_dir():
-        raise AlignattError(
-            f"unknown model {name_or_path!r}: use one of {', '.join(MODEL_PRESETS)} "
-            "or a local checkpoint directory"
-        )
+    preset = check_model_name(name_or_path)
     dtype = dtype or (preset.default_dtype if preset and device == "cpu" else None) or (
         "bfloat16" if device.startswith("cuda") else "float32"
     )
