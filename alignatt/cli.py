@@ -23,6 +23,71 @@ def fail(message: str) -> NoReturn:
 
 # ---- capture core: translate, parity (alignatt.seams / models / prompt) ----
 
+
+@app.command("translate")
+def translate_cmd(
+    source: str = typer.Option(..., "--source", help="source text (committed words first, then the tail)"),
+    committed_words: int = typer.Option(None, "--committed-words", help="committed source words (default: all)"),
+    prefix: str = typer.Option("", "--prefix", help="accepted target text the draft continues"),
+    seam: str = typer.Option("hf_qk_fast", "--seam", help="hf_eager | hf_qk_fast | vllm_capture"),
+    model: str = typer.Option("gemma3-270m", "--model", help="model preset or local checkpoint"),
+    heads: int = typer.Option(4, "--heads", help="use the model's top-K default alignment heads"),
+    head: list[str] = typer.Option(None, "--head", help="explicit head LAYER:HEAD (repeatable; overrides --heads)"),
+    max_new_tokens: int = typer.Option(20, "--max-new-tokens"),
+    policy: str = typer.Option("balanced", "--policy", help="policy preset"),
+    final: bool = typer.Option(False, "--final", help="the source is complete: emit the whole draft"),
+    device: str = typer.Option("cpu", "--device"),
+    dtype: str = typer.Option(None, "--dtype", help="float32 | bfloat16 (default: the model's)"),
+    as_json: bool = typer.Option(False, "--json", help="print the draft and every decision as JSON"),
+) -> None:
+    """Draft a translation once and show what AlignAtt emits, what it holds and why."""
+    import json
+
+    from alignatt import seams
+
+    try:
+        result = seams.translate(
+            source, committed_words=committed_words, prefix=prefix, seam=seam, model=model,
+            heads_k=heads, heads=seams.parse_heads(head) if head else None,
+            max_new_tokens=max_new_tokens, policy=policy, final=final, device=device, dtype=dtype,
+        )
+    except AlignattError as e:
+        fail(str(e))
+    if as_json:
+        typer.echo(json.dumps(result.as_dict(), ensure_ascii=False, indent=2))
+    else:
+        typer.echo(seams.describe_translation(result))
+
+
+@app.command("parity")
+def parity_cmd(
+    model: str = typer.Option("tiny-gemma4", "--model", help="model preset or local checkpoint"),
+    seams_csv: str = typer.Option("hf_eager,hf_qk_fast", "--seams", help="comma-separated seams to compare"),
+    head: list[str] = typer.Option(None, "--head", help="heads LAYER:HEAD (repeatable; default: every head)"),
+    max_new_tokens: int = typer.Option(12, "--max-new-tokens"),
+    limit: int = typer.Option(None, "--limit", help="use only the first N benchmark prompts"),
+    device: str = typer.Option("cpu", "--device"),
+    dtype: str = typer.Option("float32", "--dtype"),
+    as_json: bool = typer.Option(False, "--json", help="print the parity report as JSON"),
+) -> None:
+    """Compare the attention rows and drafts of two or more seams on the same prompts."""
+    from alignatt import parity, seams
+
+    try:
+        names = [s.strip() for s in seams_csv.split(",") if s.strip()]
+        for name in names:
+            if name not in seams.SEAMS:
+                raise AlignattError(f"unknown seam {name!r}: use one of {', '.join(seams.SEAMS)}")
+        if limit is not None and limit < 1:
+            raise AlignattError(f"--limit must be >= 1, got {limit}")
+        report = parity.run_parity(
+            model=model, seams=names, heads=seams.parse_heads(head) if head else None, device=device,
+            dtype=dtype, max_new_tokens=max_new_tokens, limit=limit,
+        )
+    except AlignattError as e:
+        fail(str(e))
+    typer.echo(report.model_dump_json(indent=2) if as_json else parity.describe(report))
+
 # ---- heads: heads calibrate, heads show (alignatt.heads / calibrate) ----
 
 heads_app = typer.Typer(no_args_is_help=True, help="Alignment head sets: show and calibrate.")
