@@ -310,6 +310,11 @@ def _install_runner_hooks() -> None:
     Runner._alignatt_hooked = True
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 # ---- model resolution ----
 
 
@@ -639,13 +644,13 @@ class VllmCaptureSeam:
             return [TokenCapture(t, pieces[i], empty, z, z) for i, t in enumerate(tokens)]
 
         # Fetch: q rows of the drafted tokens and the keys they saw, through the block table.
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
         hooks = _HOOKS
+        device = next(iter(hooks.caches.values())).q.device
+        _sync(device)
+        t0 = time.perf_counter()
         block_ids = hooks.block_ids.pop(internal, None)
         if block_ids is None:
             raise RuntimeError(f"alignatt: no block table was recorded for request {internal}")
-        device = next(iter(hooks.caches.values())).q.device
         qpos = torch.arange(n_prompt - 1, n_prompt - 1 + n, device=device)
         window = min((p.sliding_window for p in self.plans.values() if p.sliding_window), default=None)
         if window and n_prompt + n > window + 16 and not getattr(self, "_warned_window", False):
@@ -670,7 +675,7 @@ class VllmCaptureSeam:
                 item["values"] = gather_kv(kv, kslots, 1)
                 item["out"] = hooks.caches[layer].read_out(qslots)
             fetched[layer] = item
-        torch.cuda.synchronize()
+        _sync(device)
         t1 = time.perf_counter()
         timings.capture_ms = (t1 - t0) * 1e3
 
