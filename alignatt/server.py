@@ -208,14 +208,22 @@ def default_seam_factory(route: DirectionRoute, heads: list[Head]) -> Seam:
 
 
 class Engine:
-    """A loaded seam and the one worker thread that runs all of its drafts."""
+    """A loaded seam and the one worker thread that runs all of its drafts.
 
-    def __init__(self, name: str, route: DirectionRoute, heads: list[Head], seam: Seam) -> None:
+    The seam is also built on that thread, so whatever the engine binds to its creating thread
+    (CUDA graphs, vLLM's engine client) is used from the same thread afterwards.
+    """
+
+    def __init__(self, name: str, route: DirectionRoute, heads: list[Head], factory: SeamFactory) -> None:
         self.name = name
         self.route = route
         self.heads = heads
-        self.seam = seam
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"engine-{name}")
+        try:
+            self.seam: Seam = self.executor.submit(factory, route, heads).result()
+        except BaseException:
+            self.executor.shutdown(wait=False)
+            raise
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
@@ -236,8 +244,7 @@ class EngineRegistry:
             engine = self._engines.get(key)
             if engine is None:
                 started = time.perf_counter()
-                seam = self.factory(route, heads)
-                engine = Engine(f"{len(self._engines)}", route, heads, seam)
+                engine = Engine(f"{len(self._engines)}", route, heads, self.factory)
                 self._engines[key] = engine
                 log.info("engine %s: %s/%s heads=%s loaded in %.1fs", engine.name, route.model,
                          route.seam, [(h.layer, h.head) for h in heads], time.perf_counter() - started)
