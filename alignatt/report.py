@@ -198,14 +198,15 @@ def our_rows(runs: dict[str, dict[str, tuple[str, BenchArtifact]]]) -> list[Resu
             hf = {s: seam[s].median_per_token_ms if seam[s] else None for s in HF_SEAMS}
             eager_rows: list = []
             eager_rel = ""
+            v = seam["vllm_capture"]
             if mode != "eager" and "eager" in by_mode:
                 eager_rel, eager = by_mode["eager"]
-                if not any(hf.values()):
+                # HF figures only to set beside a measured vLLM figure (the row's speedup)
+                if not any(hf.values()) and v is not None and v.status == "ok":
                     hf = {s: (eager.seam(s).median_per_token_ms if eager.seam(s) else None) for s in HF_SEAMS}
                     sources.append(_facts_of_bench(eager, eager_rel))
                 ev = eager.seam("vllm_capture")
                 eager_rows = [r.model_dump() for r in ev.rows] if ev else []
-            v = seam["vllm_capture"]
             notes = [f"{s.seam} skipped: {s.skip_reason}" for s in a.seams if s.status == "skipped"]
             graph_notes, corrupt = _graph_check(
                 mode, [r.model_dump() for r in v.rows] if v else [], eager_rows, eager_rel)

@@ -1,0 +1,137 @@
+"""The Benchmarks document: golden render of a fixed tree, computed notes, staleness check."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import jinja2
+import pytest
+from typer.testing import CliRunner
+
+from alignatt import report
+from alignatt.artifacts import load_artifact, write_artifact
+from alignatt.cli import app
+from tests.report_fixtures import bench_artifact, build_tree, write_run
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = Path(__file__).parent / "golden" / "BENCHMARKS.fixture.md"
+
+
+@pytest.fixture
+def tree(tmp_path) -> Path:
+    return build_tree(tmp_path / "project")
+
+
+def test_golden_render(tree):
+    text = report.render_report(tree)
+    if os.environ.get("UPDATE_GOLDEN"):
+        GOLDEN.write_text(text, encoding="utf-8")
+    assert text == GOLDEN.read_text(encoding="utf-8"), (
+        "the rendered document changed: review it, then UPDATE_GOLDEN=1 pytest tests/test_report.py")
+
+
+def test_render_is_byte_stable(tree):
+    assert report.render_report(tree) == report.render_report(tree)
+
+
+def _row(rows, date, mode, historical=True):
+    return next(r for r in rows if r.date == date and r.mode == mode and r.historical == historical)
+
+
+def test_historical_rows_and_the_corrupt_graphed_run(tree):
+    inputs = report.collect_inputs(tree, json.loads(json.dumps(report_params(tree))))
+    rows = inputs.rows()
+    eager = _row(rows, "2026-07-02", "eager")
+    graphed = _row(rows, "2026-07-02", "cudagraph")
+    raw_eager = json.loads((tree / "outputs/published/mt_capture_speed_benchmark_eager_20260702.json").read_text())
+    raw_graph = json.loads((tree / "outputs/published/mt_capture_speed_benchmark_cudagraph_20260702.json").read_text())
+    hf = raw_eager["seams"]["transformers_eager"]["median_per_generated_token_ms"]
+    vllm_graph = raw_graph["seams"]["vllm_qk_fast"]["median_per_generated_token_ms"]
+    # the graphed artifact has no HF seams: they come from the same day's eager run
+    assert graphed.hf_eager == hf and graphed.vllm == vllm_graph
+    assert graphed.speedup == pytest.approx(hf / vllm_graph)
+    assert len(graphed.sources) == 2 and graphed.conflicts == []
+    # corrupt payload, computed from the rows: acceptance texts that differ from the eager run
+    expected = sum(
+        a["acceptance_text"] != b["acceptance_text"]
+        for a, b in zip(
+            sorted(raw_graph["seams"]["vllm_qk_fast"]["rows"], key=lambda r: (r["id"], r["repeat_index"])),
+            sorted(raw_eager["seams"]["vllm_qk_fast"]["rows"], key=lambda r: (r["id"], r["repeat_index"])),
+        )
+    )
+    assert expected == 19  # the published finding
+    assert graphed.corrupt and any(f"{expected} of 48" in n for n in graphed.notes)
+    assert not eager.corrupt and eager.speedup == pytest.approx(
+        hf / raw_eager["seams"]["vllm_qk_fast"]["median_per_generated_token_ms"])
+    undated = _row(rows, "2026-04-20", "not recorded")
+    assert undated.machine == "not recorded" and "without a config" in undated.notes[0]
+
+
+def report_params(tree):
+    from alignatt.bench import load_params
+
+    return load_params(tree / "params.yaml")
+
+
+def test_our_rows_cpu_skips_and_gpu_graph_agreement(tree):
+    rows = report.collect_inputs(tree, report_params(tree)).rows()
+    cpu = _row(rows, "2026-12-01", "eager", historical=False)
+    assert cpu.machine.startswith("CPU:") and cpu.vllm_status == "skipped" and cpu.speedup is None
+    assert cpu.qk_fast_speedup == pytest.approx(cpu.hf_eager / cpu.hf_qk_fast)
+    assert any("vllm_capture skipped" in n for n in cpu.notes)
+    cpu_graph = _row(rows, "2026-12-01", "cudagraph", historical=False)
+    assert (cpu_graph.vllm_status, cpu_graph.hf_eager, len(cpu_graph.sources)) == ("skipped", None, 1)
+    gpu = next(r for r in rows if r.machine == "NVIDIA H200" and r.mode == "cudagraph")
+    assert gpu.synthetic and "synthetic weights" in gpu.model
+    assert not gpu.corrupt and any("0 of 48 emitted texts differ" in n for n in gpu.notes)
+    assert gpu.speedup == pytest.approx(gpu.hf_eager / gpu.vllm)
+
+
+def test_a_combined_row_from_different_sessions_gets_no_speedup(tree):
+    later = bench_artifact("h200", "cudagraph", {"vllm_capture": 0.25}, True, True, date="2026-12-05")
+    write_run(tree, "h200", {"cudagraph": later})
+    rows = report.collect_inputs(tree, report_params(tree)).rows()
+    row = next(r for r in rows if r.machine == "NVIDIA H200" and r.mode == "cudagraph")
+    assert row.speedup is None and any("date" in c for c in row.conflicts)
+    assert "[" in report.render_report(tree)  # the conflict is footnoted in the page
+
+
+def test_graphed_run_that_diverges_is_marked_corrupt(tree):
+    bad = bench_artifact("h200", "cudagraph", {"vllm_capture": 0.25}, True, True, diverge="vllm_capture")
+    write_run(tree, "h200", {"cudagraph": bad})
+    rows = report.collect_inputs(tree, report_params(tree)).rows()
+    row = next(r for r in rows if r.machine == "NVIDIA H200" and r.mode == "cudagraph")
+    assert row.corrupt and any("3 of 48" in n for n in row.notes)  # 1 prompt x 3 repeats
+    assert "No `cudagraph` row with a measured vLLM figure yet" in report.render_report(tree)
+
+
+def test_smoke_section_reads_published_and_ours(tree):
+    text = report.render_report(tree)
+    assert "fast_path_events: 0" in text and "empty-source update" in text
+    assert "| 2026-12-01 | CPU: Test CPU (2 cores) | gemma3-270m | hf_qk_fast | 42 | 6 | 0 | 180.50 | 420.25 | 3 | 0.40 | 0 |" in text
+
+
+def test_check_detects_a_stale_document(tree):
+    runner = CliRunner()
+    assert runner.invoke(app, ["report", "--root", str(tree)]).exit_code == 0
+    ok = runner.invoke(app, ["report", "--check", "--root", str(tree)])
+    assert ok.exit_code == 0, ok.output
+    smoke = tree / "outputs" / "cpu" / "server_smoke.json"
+    art = load_artifact(smoke)
+    write_artifact(smoke, art.model_copy(update={"retractions": 1}))
+    stale = runner.invoke(app, ["report", "--check", "--root", str(tree)])
+    assert stale.exit_code == 1 and "is stale" in stale.output
+
+
+def test_templates_are_strict(tree):
+    template = tree / "reports" / "BENCHMARKS.md.j2"
+    template.write_text(template.read_text() + "{{ not_a_variable }}\n")
+    with pytest.raises(jinja2.UndefinedError):
+        report.render_report(tree)
+
+
+def test_the_committed_document_is_up_to_date():
+    assert report.stale_report(ROOT) is None
