@@ -114,8 +114,8 @@ def test_artifact_round_trip_metrics_and_plot(tmp_path):
     metrics = bench.bench_metrics(art)
     assert metrics["vllm_capture"] == {"median_per_token_ms": None, "rows": 0, "status": "skipped"}
     lines = bench.latency_csv(art).splitlines()
-    assert lines[0] == "prompt,hf_eager_ms,hf_qk_fast_ms,vllm_capture_ms"
-    assert len(lines) == 17 and lines[1].startswith("short_01,") and lines[1].endswith(",")
+    assert lines[0] == "prompt_no,prompt,hf_eager_ms,hf_qk_fast_ms,vllm_capture_ms"
+    assert len(lines) == 17 and lines[1].startswith("1,short_01,") and lines[1].endswith(",")
     json.dumps(metrics)
 
 
