@@ -1,0 +1,133 @@
+"""The audit: clean on a consistent tree, and each kind of tampering is found (on copies)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from alignatt import report
+from alignatt.audit import run_audit
+from alignatt.cli import app
+from tests.report_fixtures import bench_artifact, build_tree, write_run
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def tree(tmp_path) -> Path:
+    root = build_tree(tmp_path / "project")
+    report.write_report(root)
+    return root
+
+
+def _audit(root: Path):
+    return run_audit(root=root)
+
+
+def _checks(result) -> list[tuple[str, str]]:
+    return [(Path(f.path).name, f.check) for f in result.findings]
+
+
+def _edit_json(path: Path, edit) -> None:
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def test_a_consistent_tree_passes(tree):
+    result = _audit(tree)
+    assert result.ok, result.as_text()
+    names = {Path(p).name for p in result.checked}
+    assert {"bench_eager.json", "bench_eager_metrics.json", "latency_eager.csv", "server_smoke.json",
+            "env.json", "mt_server_smoke_a100_20260709.json", "BENCHMARKS.md"} <= names
+
+
+def test_a_changed_historical_byte_is_a_hash_finding(tree):
+    path = tree / "outputs/published/mt_capture_speed_benchmark_eager_20260702.json"
+    path.write_bytes(path.read_bytes().replace(b"72.4", b"62.4", 1))
+    assert ("mt_capture_speed_benchmark_eager_20260702.json", "hash") in _checks(_audit(tree))
+
+
+def test_an_unlisted_or_missing_historical_file_is_found(tree):
+    extra = tree / "outputs/published/mt_capture_speed_benchmark_extra_20260801.json"
+    extra.write_text("{}\n")
+    (tree / "outputs/published/mt_server_smoke_a100_20260709.json").unlink()
+    checks = _checks(_audit(tree))
+    assert (extra.name, "hash") in checks
+    assert ("mt_server_smoke_a100_20260709.json", "hash") in checks
+
+
+def test_a_missing_provenance_field_is_a_schema_finding(tree):
+    _edit_json(tree / "outputs/h200/bench_eager.json", lambda d: d["provenance"].pop("vllm"))
+    result = _audit(tree)
+    assert ("bench_eager.json", "schema") in _checks(result)
+    assert any("provenance.vllm" in f.message for f in result.findings)
+
+
+def test_provenance_gaps_are_flagged(tree):
+    def no_vllm_no_torch(d):
+        d["provenance"]["vllm"] = "not installed"  # yet vllm_capture ran
+        d["provenance"]["torch"] = "not installed"
+        d["provenance"]["driver"] = None
+    _edit_json(tree / "outputs/h200/bench_eager.json", no_vllm_no_torch)
+    _edit_json(tree / "outputs/cpu/env.json", lambda d: d["provenance"].update(git_dirty=True))
+    result = _audit(tree)
+    messages = [f.message for f in result.findings if f.check == "provenance"]
+    assert any("vLLM seam ran but the vLLM version" in m for m in messages)
+    assert any("torch not recorded" in m for m in messages)
+    assert any("driver version is not recorded" in m for m in messages)
+    assert any("uncommitted changes" in m for m in messages)
+
+
+def test_combined_row_from_another_gpu_is_flagged(tree):
+    other = bench_artifact("h200", "cudagraph", {"vllm_capture": 0.25}, True, True)
+    other.provenance.gpus[0].name = "NVIDIA H100 80GB HBM3"
+    other.provenance.torch = "2.10.0+cu128"
+    write_run(tree, "h200", {"cudagraph": other})
+    report.write_report(tree)  # the page itself is fresh: only the combination is wrong
+    result = _audit(tree)
+    combined = [f.message for f in result.findings if f.check == "combined-row"]
+    assert any("GPU" in m for m in combined) and any("torch" in m for m in combined)
+
+
+def test_stale_report_and_derived_files_are_found(tree):
+    page = tree / "reports/BENCHMARKS.md"
+    page.write_text(page.read_text().replace("| 2026-12-01 |", "| 2026-12-02 |", 1))
+    metrics = tree / "outputs/cpu/bench_eager_metrics.json"
+    _edit_json(metrics, lambda d: d["hf_eager"].update(median_per_token_ms=1.0))
+    checks = _checks(_audit(tree))
+    assert ("BENCHMARKS.md", "report") in checks
+    assert ("bench_eager_metrics.json", "derived") in checks
+
+
+def test_not_an_artifact_and_a_fake_seam_factory_are_found(tree):
+    (tree / "outputs/cpu/notes.json").write_text('{"hello": 1}\n')
+    _edit_json(tree / "outputs/cpu/bench_eager.json",
+               lambda d: d.update(seam_factory="tests.bench_fakes:make_fake_seam"))
+    result = _audit(tree)
+    checks = _checks(result)
+    assert ("notes.json", "schema") in checks
+    assert any("not alignatt's own seams" in f.message for f in result.findings)
+
+
+def test_cli_json_output_and_exit_codes(tree, monkeypatch):
+    monkeypatch.chdir(tree)
+    runner = CliRunner()
+    ok = runner.invoke(app, ["audit", "--json"])
+    assert ok.exit_code == 0, ok.output
+    assert json.loads(ok.output)["ok"] is True
+    (tree / "outputs/cpu/server_smoke.json").write_text("not json")
+    bad = runner.invoke(app, ["audit", "--json", "outputs/cpu"])
+    assert bad.exit_code == 1
+    findings = json.loads(bad.output)["findings"]
+    assert any(f["check"] == "schema" and "not valid JSON" in f["message"] for f in findings)
+    missing = runner.invoke(app, ["audit", "no/such/dir"])
+    assert missing.exit_code == 2 and "no such file or directory" in missing.output
+
+
+def test_the_repository_passes_its_own_audit():
+    result = run_audit(root=ROOT)
+    assert result.ok, result.as_text()
