@@ -24,6 +24,7 @@ from alignatt.provenance import Provenance
 
 ARTIFACT_SCHEMA_VERSION = 1
 VLLM_MODES = ("eager", "cudagraph", "compiled")
+KNOWN_SEAMS = ("hf_eager", "hf_qk_fast", "vllm_capture")
 BENCH_FILE = re.compile(r"^bench_([a-z0-9]+)\.json$")  # outputs/<profile>/bench_<vLLM mode>.json
 TIMING_KEYS = ("prefill_ms", "decode_ms", "capture_ms", "reconstruct_ms")
 

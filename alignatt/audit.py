@@ -210,7 +210,7 @@ def _json_files(paths: list[Path]) -> list[Path]:
 
 def audit_report(root: Path, result: AuditResult) -> None:
     """Combined rows must agree; the committed report must equal a fresh render."""
-    from alignatt.bench import load_params
+    from alignatt.params import load_params
     from alignatt.report import collect_inputs, report_path, stale_report
 
     try:

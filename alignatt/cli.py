@@ -262,9 +262,10 @@ def bench_cmd(
 ) -> None:
     """Measure the capture seams on the published protocol; each seam in its own subprocess."""
     from alignatt import bench
+    from alignatt.params import bench_config
 
     try:
-        config = bench.bench_config(
+        config = bench_config(
             params, mode, profile, model=model, device=device, dtype=dtype, repeats=repeats,
             warmup=warmup, max_new_tokens=max_new_tokens, heads_k=heads_k, prompts_file=prompts,
             seams=[s.strip() for s in seams.split(",") if s.strip()] if seams else None,

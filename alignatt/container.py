@@ -199,7 +199,7 @@ def stage_command(
     args: list[str], params: dict[str, Any], root: Path, environ: dict[str, str] | None = None
 ) -> tuple[list[str], dict[str, str]]:
     """(argv, environment) to run one stage command as params.yaml configures it."""
-    from alignatt.bench import profile_of
+    from alignatt.params import profile_of
 
     environ = dict(os.environ if environ is None else environ)
     if not args:
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
     args = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
-    from alignatt.bench import load_params
+    from alignatt.params import load_params
 
     try:
         params = load_params(ns.params)

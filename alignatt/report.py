@@ -367,7 +367,8 @@ def measurement_items(inputs: ReportInputs) -> list[dict[str, Any]]:
 
 
 def methodology(inputs: ReportInputs) -> dict[str, Any]:
-    from alignatt.bench import BenchParams, load_prompts, profile_of
+    from alignatt.bench import load_prompts
+    from alignatt.params import BenchParams, profile_of
 
     params = inputs.params
     bench = BenchParams.model_validate(params.get("bench") or {})
@@ -434,7 +435,7 @@ def build_context(inputs: ReportInputs) -> dict[str, Any]:
 def render_report(root: str | Path = ".", params: dict[str, Any] | None = None) -> str:
     import jinja2
 
-    from alignatt.bench import load_params
+    from alignatt.params import load_params
 
     root = Path(root)
     params = params if params is not None else load_params(root / "params.yaml")
@@ -461,7 +462,7 @@ def report_path(root: Path, params: dict[str, Any]) -> Path:
 
 
 def write_report(root: str | Path = ".") -> Path:
-    from alignatt.bench import load_params
+    from alignatt.params import load_params
 
     root = Path(root)
     params = load_params(root / "params.yaml")
@@ -473,7 +474,7 @@ def write_report(root: str | Path = ".") -> Path:
 
 def stale_report(root: str | Path = ".") -> str | None:
     """None when the committed report equals a fresh render; else why not."""
-    from alignatt.bench import load_params
+    from alignatt.params import load_params
 
     root = Path(root)
     params = load_params(root / "params.yaml")

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
 
-from alignatt import bench
+from alignatt import bench, params
 from alignatt.artifacts import BenchArtifact, BenchConfig, load_artifact, write_artifact
 from alignatt.errors import AlignattError
 from tests.bench_fakes import make_fake_seam
@@ -133,20 +132,20 @@ PARAMS = {
 
 
 def test_config_from_params_profiles_and_modes():
-    cpu = bench.config_from_params(PARAMS, "eager")
+    cpu = params.config_from_params(PARAMS, "eager")
     assert (cpu.model, cpu.device, cpu.repeats, cpu.profile) == ("gemma3-270m", "cpu", 1, "cpu")
     assert cpu.seams == ["hf_eager", "hf_qk_fast", "vllm_capture"] and cpu.vllm_mode == "eager"
-    gpu = bench.config_from_params(PARAMS, "cudagraph", profile="h200", repeats=2)
+    gpu = params.config_from_params(PARAMS, "cudagraph", profile="h200", repeats=2)
     assert (gpu.model, gpu.dtype, gpu.repeats, gpu.seams) == ("gemma4-e4b-synthetic", "bfloat16", 2, ["vllm_capture"])
     with pytest.raises(AlignattError, match="unknown profile"):
-        bench.config_from_params(PARAMS, "eager", profile="tpu")
+        params.config_from_params(PARAMS, "eager", profile="tpu")
     with pytest.raises(AlignattError, match="unknown bench mode"):
-        bench.config_from_params(PARAMS, "graphs")
+        params.config_from_params(PARAMS, "graphs")
 
 
 def test_repo_params_give_a_valid_config_for_every_stage():
-    params = bench.load_params(ROOT / "params.yaml")
-    for profile in params["profiles"]:
-        for mode in params["bench"]["modes"]:
-            cfg = bench.config_from_params(params, mode, profile=profile)
+    repo_params = params.load_params(ROOT / "params.yaml")
+    for profile in repo_params["profiles"]:
+        for mode in repo_params["bench"]["modes"]:
+            cfg = params.config_from_params(repo_params, mode, profile=profile)
             assert cfg.seams and set(cfg.seams) <= set(bench.KNOWN_SEAMS)

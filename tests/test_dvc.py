@@ -84,7 +84,7 @@ def test_profile_switch_is_one_line(tmp_path):
     params.write_text(text.replace("\nprofile: cpu\n", "\nprofile: h200\n"))
     listing = dvc(project, "stage", "list")
     assert "outputs/h200/bench_eager.json" in listing and "outputs/cpu/" not in listing
-    from alignatt.bench import config_from_params, load_params
+    from alignatt.params import config_from_params, load_params
 
     cfg = config_from_params(load_params(params), "cudagraph")
     assert (cfg.model, cfg.device, cfg.vllm_mode) == ("gemma4-e4b-synthetic", "cuda", "cudagraph")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 import jinja2
@@ -71,7 +70,7 @@ def test_historical_rows_and_the_corrupt_graphed_run(tree):
 
 
 def report_params(tree):
-    from alignatt.bench import load_params
+    from alignatt.params import load_params
 
     return load_params(tree / "params.yaml")
 
