@@ -97,6 +97,8 @@ def provenance_gaps(artifact) -> list[str]:
         gaps.append("git commit not recorded")
     elif p.git_dirty:
         gaps.append(f"measured from uncommitted changes on top of {p.git_commit[:12]}")
+    elif p.git_dirty is None:
+        gaps.append(f"unknown whether the code differed from {p.git_commit[:12]} (ALIGNATT_GIT_DIRTY)")
     if p.container_image != HOST and not p.container_digest:
         gaps.append(f"container image {p.container_image!r} without a digest")
     if isinstance(artifact, (BenchArtifact, ServerSmokeArtifact)) and not p.model_id:

@@ -391,7 +391,7 @@ def format_summary(artifact: BenchArtifact) -> str:
     return "\n".join(lines)
 
 
-# ---- worker entry point -----------------------------------------------------------------------
+# ---- entry points without the typer CLI (worker; GPU hosts with a minimal environment) ---------
 
 
 def _import_factory(spec: str) -> SeamFactory:
@@ -399,8 +399,8 @@ def _import_factory(spec: str) -> SeamFactory:
     return getattr(importlib.import_module(module), attr)
 
 
-def worker_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m alignatt.bench")
+def worker_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m alignatt.bench --worker")
     parser.add_argument("--worker", action="store_true", required=True)
     parser.add_argument("--seam", required=True)
     parser.add_argument("--config", required=True)
@@ -414,5 +414,32 @@ def worker_main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def run_main(argv: list[str]) -> int:
+    """`python -m alignatt.bench --mode M [--profile P] --out F`: `alignatt bench` for hosts
+    whose Python has the inference stack but not the CLI's dependencies (typer)."""
+    from alignatt.params import bench_config
+
+    parser = argparse.ArgumentParser(prog="python -m alignatt.bench")
+    parser.add_argument("--mode", default="eager")
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--profile")
+    parser.add_argument("--repeats", type=int)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--metrics")
+    parser.add_argument("--plot")
+    args = parser.parse_args(argv)
+    try:
+        config = bench_config(args.params, args.mode, args.profile, repeats=args.repeats)
+        artifact = run_bench(config)
+        write_bench_outputs(artifact, args.out, args.metrics, args.plot)
+    except AlignattError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(format_summary(artifact))
+    print(f"wrote {args.out}")
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(worker_main())
+    argv = sys.argv[1:]
+    sys.exit(worker_main(argv) if "--worker" in argv else run_main(argv))

@@ -25,6 +25,10 @@ NOT_INSTALLED = "not installed"
 HOST = "host"
 CONTAINER_IMAGE_ENV = "ALIGNATT_CONTAINER_IMAGE"
 CONTAINER_DIGEST_ENV = "ALIGNATT_CONTAINER_DIGEST"
+# For a checkout copied to a host without its .git (e.g. a GPU host reached by file copy): the
+# commit (and "1"/"0" for uncommitted changes) as git reports them where the copy was made.
+GIT_COMMIT_ENV = "ALIGNATT_GIT_COMMIT"
+GIT_DIRTY_ENV = "ALIGNATT_GIT_DIRTY"
 
 # Paths a pipeline run writes itself; changes there do not make the *code* dirty.
 GENERATED_PATHS = ("outputs/", "reports/BENCHMARKS.md", "dvc.lock")
@@ -95,13 +99,16 @@ def _run(args: list[str], cwd: Path | None = None, strip: bool = True) -> str | 
 
 
 def git_state(repo: Path | None = None) -> tuple[str | None, bool | None]:
-    """(commit, dirty) of the checkout, or (None, None) outside a git work tree."""
+    """(commit, dirty) of the checkout; outside a git work tree, what ALIGNATT_GIT_COMMIT /
+    ALIGNATT_GIT_DIRTY declare, else (None, None)."""
     repo = repo or Path.cwd()
     # safe.directory: inside a container the mounted checkout belongs to another uid.
     git = ["git", "-c", "safe.directory=*"]
     commit = _run([*git, "rev-parse", "HEAD"], cwd=repo)
     if commit is None:
-        return None, None
+        declared = os.environ.get(GIT_COMMIT_ENV) or None
+        dirty_flag = os.environ.get(GIT_DIRTY_ENV)
+        return declared, (dirty_flag == "1") if dirty_flag in ("0", "1") and declared else None
     # modified, staged or untracked files (an untracked module is measured code too);
     # -z: "XY path\0" entries, no quoting
     status = _run([*git, "status", "--porcelain", "-z", "--untracked-files=all"], cwd=repo, strip=False)
@@ -235,3 +242,27 @@ def _hf_cache_revision(repo_id: str) -> str | None:
         return ref.read_text().strip() or None
     except OSError:
         return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m alignatt.provenance --out F [--model M]`: `alignatt env` without the CLI."""
+    import argparse
+
+    from alignatt.artifacts import env_artifact, write_artifact
+    from alignatt.errors import AlignattError
+
+    parser = argparse.ArgumentParser(prog="python -m alignatt.provenance")
+    parser.add_argument("--out", default="outputs/env.json")
+    parser.add_argument("--model")
+    args = parser.parse_args(argv)
+    try:
+        write_artifact(args.out, env_artifact(args.model))
+    except AlignattError as e:
+        print(f"error: {e}")
+        return 2
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -52,8 +52,13 @@ def _git(repo: Path, *args: str) -> None:
     subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
 
 
-def test_git_state_clean_dirty_and_generated_paths(tmp_path):
+def test_git_state_clean_dirty_and_generated_paths(tmp_path, monkeypatch):
     assert git_state(tmp_path) == (None, None)  # not a work tree
+    monkeypatch.setenv(provenance.GIT_COMMIT_ENV, "a" * 40)  # a copy made elsewhere says which
+    monkeypatch.setenv(provenance.GIT_DIRTY_ENV, "0")
+    assert git_state(tmp_path) == ("a" * 40, False)
+    monkeypatch.setenv(provenance.GIT_DIRTY_ENV, "maybe")
+    assert git_state(tmp_path) == ("a" * 40, None)
     _git(tmp_path, "init", "-q")
     (tmp_path / "code.py").write_text("x = 1\n")
     (tmp_path / "outputs").mkdir()
@@ -61,7 +66,7 @@ def test_git_state_clean_dirty_and_generated_paths(tmp_path):
     _git(tmp_path, "add", ".")
     _git(tmp_path, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init")
     commit, dirty = git_state(tmp_path)
-    assert len(commit) == 40 and dirty is False
+    assert len(commit) == 40 and commit != "a" * 40 and dirty is False  # git itself wins
     (tmp_path / "outputs" / "a.json").write_text('{"new": 1}\n')
     assert git_state(tmp_path)[1] is False  # a pipeline output is not a code change
     (tmp_path / "new_module.py").write_text("y = 1\n")
