@@ -369,7 +369,20 @@ def synthetic_tokenizer() -> Any:
         return AutoTokenizer.from_pretrained("google/gemma-4-E4B-it", local_files_only=True)
     except OSError:
         pass
-    return AutoTokenizer.from_pretrained(ensure_embedded_model(), local_files_only=True)
+    converted = embedded_model_dir()
+    if (converted / "config.json").exists() and _cache_stamp(converted) == EMBEDDED_CACHE_STAMP:
+        return AutoTokenizer.from_pretrained(converted, local_files_only=True)
+    # Only the tokenizer is needed: build it from the GGUF (~15 s) instead of converting the model.
+    target = cache_dir() / "tokenizers" / "gemma3"
+    if _cache_stamp(target) != EMBEDDED_CACHE_STAMP:
+        gguf_path = _assembled_gguf()
+        tokenizer = gguf_tokenizer(gguf_path)
+        gguf_path.unlink(missing_ok=True)
+        target.mkdir(parents=True, exist_ok=True)
+        tokenizer.save_pretrained(target)
+        (target / _STAMP_FILE).write_text(EMBEDDED_CACHE_STAMP + "\n")
+        return tokenizer
+    return AutoTokenizer.from_pretrained(target, local_files_only=True)
 
 
 # ---- tiny-gemma4: random weights + a byte-level tokenizer, all built in memory ----

@@ -1,0 +1,102 @@
+"""Prompt building: chat / few-shot style, and the exact token positions of every source word."""
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from alignatt.capture import DraftRequest
+from alignatt.errors import AlignattError
+from alignatt.models import tiny_tokenizer
+from alignatt.prompt import build_prompt
+
+TOKENIZER = tiny_tokenizer()
+
+words_strategy = st.lists(
+    st.text(
+        alphabet=st.characters(blacklist_categories=("Cs", "Cc", "Zs", "Zl", "Zp"), blacklist_characters="<>"),
+        min_size=1, max_size=8,
+    ).filter(lambda w: w.strip() == w and not any(c.isspace() for c in w)),
+    min_size=1, max_size=12,
+)
+
+
+def check_source_spans(tokenizer, request, layout):
+    words = request.source_words
+    assert layout.source_token_positions == sorted(layout.source_token_positions)
+    assert len(set(layout.source_token_positions)) == len(layout.source_token_positions)
+    assert len(layout.source_token_positions) == len(layout.source_word_of_token)
+    assert layout.source_word_of_token == sorted(layout.source_word_of_token)  # words in order
+    for w, word in enumerate(words):
+        positions = layout.word_token_positions(w)
+        assert positions, f"word {w} {word!r} has no token"
+        text = tokenizer.decode([layout.input_ids[p] for p in positions])
+        assert text.strip() == word
+    # nothing after the source region is claimed, and the prefix region is never source
+    assert max(layout.source_token_positions) < layout.prefix_start <= len(layout.input_ids)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(words=words_strategy, prefix=st.sampled_from(["", "Der Anfang", "Ünïcode – ok"]))
+def test_every_source_word_maps_to_its_own_tokens(words, prefix):
+    request = DraftRequest(source_words=words, committed_words=len(words), target_prefix=prefix)
+    layout = build_prompt(TOKENIZER, request)
+    check_source_spans(TOKENIZER, request, layout)
+
+
+def test_chat_prompt_has_instruction_source_and_continued_prefix():
+    request = DraftRequest(source_words="the cat sat".split(), committed_words=2, target_prefix="Die Katze")
+    layout = build_prompt(TOKENIZER, request)
+    assert layout.style == "chat" and not layout.stop_at_newline
+    assert "Translate the following English text into German" in layout.text
+    assert layout.text.endswith("<start_of_turn>model\nDie Katze")  # the assistant turn continues
+    assert TOKENIZER.decode(layout.input_ids[layout.prefix_start:]) == "Die Katze"
+    assert TOKENIZER.decode(layout.input_ids) == layout.text
+
+    no_prefix = build_prompt(TOKENIZER, DraftRequest(source_words="the cat sat".split(), committed_words=2))
+    assert no_prefix.prefix_start == len(no_prefix.input_ids)
+    assert no_prefix.source_token_positions == layout.source_token_positions  # prefix comes after
+
+
+def test_prefix_trailing_whitespace_is_not_part_of_the_prompt():
+    a = build_prompt(TOKENIZER, DraftRequest(source_words=["hi"], committed_words=1, target_prefix="Hallo "))
+    b = build_prompt(TOKENIZER, DraftRequest(source_words=["hi"], committed_words=1, target_prefix="Hallo"))
+    assert a.input_ids == b.input_ids
+
+
+def test_bad_source_words_are_rejected():
+    with pytest.raises(AlignattError, match="empty or contains whitespace"):
+        build_prompt(TOKENIZER, DraftRequest(source_words=["a", "", "b"], committed_words=1))
+    with pytest.raises(AlignattError, match="empty or contains whitespace"):
+        build_prompt(TOKENIZER, DraftRequest(source_words=["a b"], committed_words=1))
+    with pytest.raises(ValueError, match="empty source"):
+        DraftRequest(source_words=[], committed_words=0)
+
+
+def test_unknown_language_code_is_used_verbatim():
+    request = DraftRequest(source_words=["x"], committed_words=1, source_lang="xx", target_lang="de")
+    assert "Translate the following xx text into German" in build_prompt(TOKENIZER, request).text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prefix", ["", "Der Premierminister"])
+def test_embedded_gemma3_few_shot_prompt_spans(gemma3_270m, prefix):
+    tok = gemma3_270m.tokenizer
+    words = "The Prime-Minister's résumé, 2,500 € — was well-known in 1999.".split()
+    request = DraftRequest(source_words=words, committed_words=3, target_prefix=prefix)
+    layout = build_prompt(tok, request)
+    assert layout.style == "few_shot" and layout.stop_at_newline
+    assert layout.input_ids[0] == tok.bos_token_id
+    assert layout.text.endswith("German:" + (" " + prefix if prefix else ""))
+    check_source_spans(tok, request, layout)
+    if prefix:
+        assert tok.decode(layout.input_ids[layout.prefix_start:]).strip() == prefix
+
+
+@pytest.mark.slow
+def test_embedded_tokenizer_is_subword_not_characters(gemma3_270m):
+    """transformers' GGUF loader yields a character-level tokenizer; ours must be Gemma's BPE."""
+    tok = gemma3_270m.tokenizer
+    ids = tok("The house is small and the translation works.", add_special_tokens=False)["input_ids"]
+    assert len(ids) <= 10
+    assert tok.convert_ids_to_tokens(tok(" house", add_special_tokens=False)["input_ids"]) == ["▁house"]
+    assert tok("<start_of_turn>", add_special_tokens=False)["input_ids"] == [tok.convert_tokens_to_ids("<start_of_turn>")]
