@@ -5,7 +5,8 @@ target is teacher-forced as the assistant continuation, and ONE eager forward pa
 layer's attention (KV-shared layers included: eager attention returns their weights too). For
 each target token inside an aligned target word, a head *hits* if its argmax over the source
 token positions lands on a token of an aligned source word. The translation score (TS) of a head
-is hits / scored target tokens over all pairs (micro-average, the published score's definition).
+is hits / scored target tokens over all pairs (a micro-average over tokens; the published E4B set
+reports its pair and target-token counts the same way).
 
 The row of target token t is the attention of the query that *predicts* t, i.e. of the position
 before t: that is the row a drafting seam captures for a drafted token, so the calibrated heads

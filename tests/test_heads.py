@@ -235,3 +235,14 @@ def test_local_e4b_checkpoint_dir_gets_the_published_set(tmp_path):
     (other / "config.json").write_text(tiny_config_path().read_text())
     with pytest.raises(AlignattError, match="no default head set for model"):
         default_heads(str(other), 4)
+
+
+def test_shipped_gemma3_270m_set_is_our_own_full_calibration():
+    s = load_head_set("gemma-3-270m_en-de")
+    assert (s.model, s.direction, s.num_layers, s.num_heads) == ("gemma3-270m", "en-de", 18, 4)
+    assert len(s.heads) == 72 and s.score_name == "paper_translation_score_argmax"
+    run = s.calibration_run
+    assert run is not None and not run.synthetic_weights and run.pairs_offered >= 200
+    assert s.used_pairs == run.pairs_offered - run.pairs_skipped
+    assert all(h.count == s.used_pairs for h in s.heads)
+    assert default_heads("gemma3-270m", 4) == s.top_k(4)
