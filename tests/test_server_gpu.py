@@ -1,0 +1,36 @@
+"""The MT server on a GPU: the E4B architecture through the vLLM capture seam (skipped without CUDA).
+
+Run on the GPU host:  pytest tests/test_server_gpu.py -m gpu -q -s
+"""
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+    pytest.mark.filterwarnings("ignore:connect\\(\\) must be used:DeprecationWarning"),
+]
+
+
+@pytest.mark.parametrize("seam", ["vllm_capture", "hf_qk_fast"])
+def test_two_sentences_on_the_e4b_architecture(tmp_path, seam):
+    if seam == "vllm_capture":
+        pytest.importorskip("vllm")
+    from alignatt.smoke import SmokeOptions, load_stream, run_smoke, summary_line
+
+    stream = load_stream()
+    short = tmp_path / "stream.json"
+    text = " ".join(stream.text.split(". ")[:2]) + "."
+    short.write_text(json.dumps({**stream.model_dump(), "text": text}))
+    a = run_smoke(
+        SmokeOptions(model="gemma4-e4b-synthetic", seam=seam, device="cuda", speed=1.0,
+                     client="native", stream=str(short)),
+        tmp_path / "smoke.json",
+    )
+    print(summary_line(a))
+    assert a.finals == 2 and a.retractions == 0
+    assert a.fast_path_events and all(e.engine_calls == 0 for e in a.fast_path_events)
+    assert a.rtt_ms_p50 is not None
