@@ -24,7 +24,7 @@ from alignatt.capture import Head
 from alignatt.errors import AlignattError
 
 FORMAT_VERSION = 1
-TS_SCORE_NAME = "paper_translation_score_argmax"  # the published score; ours is computed the same way
+TS_SCORE_NAME = "paper_translation_score_argmax"  # the published name for the argmax-hit rate
 SPREAD_SCORE_NAME = "uncalibrated_layer_kind_spread"
 
 # Model names / ids that resolve to a bundled calibrated set, per direction.
