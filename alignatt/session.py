@@ -47,7 +47,7 @@ class SessionConfig(BaseModel):
 
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     max_new_tokens: int = Field(16, ge=1, description="tokens per partial draft")
-    final_tokens_per_word: float = Field(3.0, gt=0, description="final draft budget per word")
+    final_tokens_per_word: float = Field(3.0, gt=0, description="final budget per uncovered word")
     final_extra_tokens: int = Field(8, ge=1)
     final_max_new_tokens: int = Field(256, ge=1)
     max_utterance_words: int = Field(80, ge=1, description="partials past this force a final")
@@ -321,9 +321,12 @@ class Session:
 
     def _final_draft(self, words: list[str]) -> tuple[PolicyResult, str]:
         cfg = self.config
+        # The committed text already covers part of the source: budget only the rest, so a final
+        # stays about as quick as a partial (clients time out on slow ones).
+        uncovered = max(len(words) - self._open.covered_source_units, 1)
         budget = min(
             cfg.final_max_new_tokens,
-            int(cfg.final_tokens_per_word * len(words)) + cfg.final_extra_tokens,
+            int(cfg.final_tokens_per_word * uncovered) + cfg.final_extra_tokens,
         )
         draft = self._draft(words, len(words), self._open.committed_text, budget)
         result = decide(draft, len(words), cfg.policy, final=True)

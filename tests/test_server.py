@@ -171,3 +171,41 @@ def test_server_config_from_options_and_file(tmp_path):
     path.write_text(json.dumps({"directions": {"en-de": {"modle": "m"}}}))
     with pytest.raises(AlignattError, match="bad server config"):
         server_config(config_path=str(path))
+
+
+def test_foreground_serve_answers_and_stops_on_interrupt(tmp_path):
+    """`serve()` (what `alignatt serve` runs) in a subprocess: listens, answers, exits on Ctrl-C."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.server_client import fake_config
+
+    cfg = fake_config(tmp_path)
+    script = (
+        "import sys\n"
+        "from alignatt.server import ServerConfig, serve\n"
+        "from tests.server_client import FakeFactory\n"
+        "cfg = ServerConfig.model_validate_json(sys.argv[1])\n"
+        "serve(cfg, FakeFactory(), on_ready=lambda s: print('port', s.port, flush=True))\n"
+        "print('stopped', flush=True)\n"
+    )
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([sys.executable, "-c", script, cfg.model_dump_json()], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=root)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("port "), (line, proc.stderr.read() if proc.poll() is not None else "")
+        with Client(f"ws://127.0.0.1:{int(line.split()[1])}") as c:
+            assert c.init()["type"] == "init_ok"
+            assert c.ask(SRC[:3])["committed_text"] == "W0:the W1:causal"
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=20)
+        assert proc.returncode == 0 and "stopped" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -84,6 +84,8 @@ def test_final_continues_committed_text_and_stops_at_the_sentence_end():
     assert "nächste" not in f.committed_text and f.buffer_text == ""
     assert f.covered_source_units == len(WORDS)
     assert seam.requests[-1].source_words == WORDS and seam.requests[-1].committed_words == len(WORDS)
+    # the final's token budget covers only the words the committed text does not cover yet
+    assert p.covered_source_units == 5 and seam.requests[-1].max_new_tokens == 3 * (7 - 5) + 8
     # a new utterance starts empty; the finished one is in the history
     assert s.utterance_id == 1 and s.committed_text == ""
     assert s.history[-1] == (" ".join(WORDS), f.committed_text)
