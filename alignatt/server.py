@@ -111,6 +111,9 @@ class ServerLimits(BaseModel):
     hard_frame_factor: int = Field(4, ge=1, description="frames past factor x limit close the socket")
     max_utterance_words: int = Field(80, ge=1, description="longer utterances are forced final")
     max_tail_words: int = Field(64, ge=0, description="tail words past this are ignored")
+    # Past the forced final no honest client gets near these; they bound what one update can cost.
+    max_update_words: int = Field(400, ge=1, description="updates with more committed words are refused")
+    max_word_chars: int = Field(200, ge=1, description="updates with longer words are refused")
 
 
 class DirectionRoute(BaseModel):
@@ -444,6 +447,19 @@ class _Connection:
         if self.last_seq is not None and update.seq <= self.last_seq:
             raise ProtocolError(
                 BAD_PROTOCOL, f"seq {update.seq} does not follow seq {self.last_seq}", seq=update.seq
+            )
+        if len(update.words) > self.limits.max_update_words:
+            raise ProtocolError(
+                BAD_PROTOCOL,
+                f"{len(update.words)} committed words in one update; the limit is "
+                f"{self.limits.max_update_words} (utterances close at {self.limits.max_utterance_words})",
+                seq=update.seq,
+            )
+        longest = max((len(w) for w in update.words + update.tail_words), default=0)
+        if longest > self.limits.max_word_chars:
+            raise ProtocolError(
+                BAD_PROTOCOL, f"a word of {longest} characters; the limit is {self.limits.max_word_chars}",
+                seq=update.seq,
             )
         self.last_seq = update.seq
         # Every update carries the open utterance's whole state: queued partials are stale now.

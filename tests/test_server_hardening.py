@@ -198,3 +198,15 @@ def test_queued_partials_coalesce_but_finals_are_never_dropped(tmp_path):
         final = next(r for r in replies if r["seq"] == 6)
         assert final["final"] and final["committed_text"].startswith("W0:the")
         assert srv.call(lambda: srv.server.stats.coalesced) == 8 - len(seqs)
+
+
+def test_updates_past_the_word_limits_are_refused(tmp_path):
+    with fake_server(tmp_path, max_update_words=50, max_word_chars=20) as srv, Client(srv.url) as c:
+        c.init()
+        c.update([f"w{i}" for i in range(51)])
+        err = c.recv()
+        assert err["code"] == "bad_protocol" and "limit is 50" in err["message"] and err["seq"] == 1
+        c.update(["x" * 21])
+        assert "21 characters" in c.recv()["message"]
+        r = c.ask([f"w{i}" for i in range(50)])  # at the limit: translated
+        assert r["type"] == "translation"
