@@ -35,6 +35,15 @@ def key_positions(query_position: int, n_keys: int, device: Any) -> torch.Tensor
     return torch.arange(n_keys, device=device) + (query_position - n_keys + 1)
 
 
+def decoder_layers(model: Any) -> list[Any]:
+    """The text decoder's layers, for a causal LM or a multimodal wrapper (Gemma-4 -it)."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
+    layers = getattr(decoder, "layers", None)
+    if layers is None:
+        raise AlignattError(f"cannot find the decoder layers of {type(model).__name__}")
+    return list(layers)
+
+
 class HFCaptureSeam:
     """Base of `hf_eager` and `hf_qk_fast`: greedy drafting with the HF KV cache."""
 
@@ -53,6 +62,10 @@ class HFCaptureSeam:
             self.by_layer[layer] = (idx, q_heads, [loaded.layout[layer].kv_head(h) for h in q_heads])
         self.device = torch.device(loaded.device)
         self.stop_ids = set(loaded.stop_token_ids)
+        # Where each selected layer's rows go in the [n_heads] axis, as a device index.
+        self.row_index = {
+            layer: torch.tensor(idx, device=self.device) for layer, (idx, _, _) in self.by_layer.items()
+        }
 
     # ---- what a seam provides ----
     def forward_kwargs(self) -> dict[str, Any]:

@@ -23,7 +23,7 @@ class HFEagerSeam(HFCaptureSeam):
 
     def __init__(self, loaded: LoadedModel, heads: list[Head]):
         super().__init__(loaded, heads)
-        self._steps: list[list[tuple[list[int], torch.Tensor, torch.Tensor]]] = []
+        self._steps: list[list[tuple[int, torch.Tensor, torch.Tensor]]] = []
 
     def forward_kwargs(self) -> dict[str, Any]:
         return {"output_attentions": True}
@@ -34,17 +34,17 @@ class HFEagerSeam(HFCaptureSeam):
     def capture(self, outputs: Any, query_position: int) -> None:
         step = []
         for layer in self.layers:
-            idx, q_heads, _ = self.by_layer[layer]
+            _, q_heads, _ = self.by_layer[layer]
             weights = outputs.attentions[layer]  # [1, H, q_len, n_keys]
             rows = weights[0, q_heads, -1, :].float()  # a copy: the step's tensors can go
-            step.append((idx, rows, key_positions(query_position, rows.shape[-1], rows.device)))
+            step.append((layer, rows, key_positions(query_position, rows.shape[-1], rows.device)))
         self._steps.append(step)
 
     def reconstruct(self, n_steps: int, n_positions: int) -> torch.Tensor:
         full = rows_buffer(n_steps, len(self.heads), n_positions, self.device)
         for s in range(n_steps):
-            for idx, rows, positions in self._steps[s]:
-                full[s, torch.tensor(idx, device=self.device)[:, None], positions[None, :]] = rows
+            for layer, rows, positions in self._steps[s]:
+                full[s, self.row_index[layer][:, None], positions[None, :]] = rows
         return full
 
     def end(self) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from alignatt.capture import Head, attention_row
-from alignatt.hf_decode import HFCaptureSeam, key_positions, rows_buffer
+from alignatt.hf_decode import HFCaptureSeam, decoder_layers, key_positions, rows_buffer
 from alignatt.models import LoadedModel
 from alignatt.prompt import PromptLayout
 
@@ -32,7 +32,7 @@ def _recording_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: 
 
     seam = _ACTIVE.get()
     if seam is not None:
-        seam.record(module.layer_idx, query, key)
+        seam.record(module, query, key)
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
@@ -62,6 +62,11 @@ class HFQKFastSeam(HFCaptureSeam):
             )
             for layer, (_, q_heads, kv_heads) in self.by_layer.items()
         }
+        # Recognise the selected layers by module identity: a multimodal wrapper's vision or
+        # audio towers run through the same kernel name with layer indices of their own.
+        self._layer_of = {
+            id(layer.self_attn): i for i, layer in enumerate(decoder_layers(loaded.model)) if i in self._index
+        }
         self._query_position = 0
         self._step: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._steps: list[tuple[int, dict[int, tuple[torch.Tensor, torch.Tensor]]]] = []
@@ -75,12 +80,12 @@ class HFQKFastSeam(HFCaptureSeam):
         self._query_position = query_position
         self._step = {}
 
-    def record(self, layer: int, query: torch.Tensor, key: torch.Tensor) -> None:
+    def record(self, module: Any, query: torch.Tensor, key: torch.Tensor) -> None:
         """In-forward: keep the last query of the selected heads and the keys they read."""
-        index = self._index.get(layer)
-        if index is None:
+        layer = self._layer_of.get(id(module))
+        if layer is None:
             return
-        q_heads, kv_heads = index
+        q_heads, kv_heads = self._index[layer]
         # query [1, H, q_len, D], key [1, KV, n_keys, D]; index_select copies, so the
         # recorded tensors stay valid whatever the cache does next.
         q = query[0, :, -1, :].index_select(0, q_heads)
@@ -100,8 +105,7 @@ class HFQKFastSeam(HFCaptureSeam):
                 la = layout[layer]
                 positions = key_positions(query_position, k.shape[1], k.device)
                 rows = attention_row(q, k, positions, query_position, la.scaling, la.sliding_window, la.softcap)
-                idx = torch.tensor(self.by_layer[layer][0], device=self.device)
-                full[s, idx[:, None], positions[None, :]] = rows
+                full[s, self.row_index[layer][:, None], positions[None, :]] = rows
         return full
 
     def end(self) -> None:

@@ -33,7 +33,7 @@ def _register_recording_eager():
     def recording_eager(module, query, key, value, attention_mask, **kwargs):
         seam = hq._ACTIVE.get()
         if seam is not None:
-            seam.record(module.layer_idx, query, key)
+            seam.record(module, query, key)
         return eager_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
     AttentionInterface.register("alignatt_qk_eager_test", recording_eager)
