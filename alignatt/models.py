@@ -367,7 +367,7 @@ def synthetic_tokenizer() -> Any:
 
     try:
         return AutoTokenizer.from_pretrained("google/gemma-4-E4B-it", local_files_only=True)
-    except OSError:
+    except (OSError, ValueError):
         pass
     converted = embedded_model_dir()
     if (converted / "config.json").exists() and _cache_stamp(converted) == EMBEDDED_CACHE_STAMP:
@@ -375,7 +375,13 @@ def synthetic_tokenizer() -> Any:
     # Only the tokenizer is needed: build it from the GGUF (~15 s) instead of converting the model.
     target = cache_dir() / "tokenizers" / "gemma3"
     if _cache_stamp(target) != EMBEDDED_CACHE_STAMP:
-        gguf_path = _assembled_gguf()
+        try:
+            gguf_path = _assembled_gguf()
+        except AlignattError as e:
+            raise AlignattError(
+                "gemma4-e4b-synthetic needs a Gemma tokenizer: google/gemma-4-E4B-it in the local HF "
+                f"cache, or the embedded Gemma-3 one ({EMBEDDED_INSTALL_HINT}); {e}"
+            ) from None
         tokenizer = gguf_tokenizer(gguf_path)
         gguf_path.unlink(missing_ok=True)
         target.mkdir(parents=True, exist_ok=True)
