@@ -99,7 +99,7 @@ def embedded_model_dir() -> Path:
     return cache_dir() / "models" / "gemma3-270m"
 
 
-_LOADED: dict[tuple[str, str, str | None], LoadedModel] = {}
+_LOADED: dict[tuple[str, str, str], LoadedModel] = {}
 
 
 def load_model(
@@ -111,10 +111,14 @@ def load_model(
     head selection and calibration of one run share one copy (`reuse=False` loads afresh).
     Seams set the attention implementation they need before every draft.
     """
+    preset = check_model_name(name_or_path)
+    dtype = dtype or (preset.default_dtype if preset and device == "cpu" else None) or (
+        "bfloat16" if device.startswith("cuda") else "float32"
+    )
     key = (name_or_path, device, dtype)
     if reuse and key in _LOADED:
         return _LOADED[key]
-    loaded = _load_model(name_or_path, device, dtype)
+    loaded = _load_model(name_or_path, preset, device, dtype)
     if reuse:
         _LOADED[key] = loaded
     return loaded
@@ -131,7 +135,7 @@ def check_model_name(name_or_path: str) -> ModelPreset | None:
     return preset
 
 
-def _load_model(name_or_path: str, device: str, dtype: str | None) -> LoadedModel:
+def _load_model(name_or_path: str, preset: ModelPreset | None, device: str, dtype: str) -> LoadedModel:
     import torch
     from transformers.utils import logging as hf_logging
 
@@ -139,15 +143,11 @@ def _load_model(name_or_path: str, device: str, dtype: str | None) -> LoadedMode
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise AlignattError(f"device {device!r} asked for but CUDA is not available here")
-    preset = check_model_name(name_or_path)
-    dtype = dtype or (preset.default_dtype if preset and device == "cpu" else None) or (
-        "bfloat16" if device.startswith("cuda") else "float32"
-    )
     torch_dtype = _torch_dtype(dtype)
     started = time.perf_counter()
     synthetic = False
     if preset is None:
-        model, tokenizer = _load_pretrained(name_or_path, torch_dtype)
+        model, tokenizer = _load_pretrained(name_or_path, torch_dtype, device)
         name, model_id = name_or_path, str(Path(name_or_path).resolve())
     else:
         name, model_id = preset.name, preset.model_id
@@ -157,7 +157,7 @@ def _load_model(name_or_path: str, device: str, dtype: str | None) -> LoadedMode
             model, tokenizer = _build_tiny_gemma4(torch_dtype)
             synthetic = True
         elif preset.source == "pretrained":
-            model, tokenizer = _load_pretrained(preset.model_id, torch_dtype)
+            model, tokenizer = _load_pretrained(preset.model_id, torch_dtype, device)
         else:
             model, tokenizer = _load_synthetic_e4b(torch_dtype, device)
             synthetic = True
@@ -329,13 +329,14 @@ def default_output_path(package: Any) -> Path:
     return cache_dir() / "gguf" / package.MODEL_NAME
 
 
-def _load_pretrained(name_or_path: str, torch_dtype: Any) -> tuple[Any, Any]:
+def _load_pretrained(name_or_path: str, torch_dtype: Any, device: str = "cpu") -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(
-            name_or_path, local_files_only=True, dtype=torch_dtype
+            name_or_path, local_files_only=True, dtype=torch_dtype,
+            device_map=None if device == "cpu" else device,  # straight onto the GPU
         )
     except OSError as e:
         raise AlignattError(
