@@ -21,7 +21,7 @@ reported back (`ignored_fields`), never silently dropped.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -135,9 +135,10 @@ class UpdateFrame(_Incoming):
 
 class _Outgoing(BaseModel):
     model_config = ConfigDict(extra="allow")
+    _optional: ClassVar[frozenset[str]] = frozenset()  # left out of the frame when None
 
     def to_json(self) -> str:
-        return self.model_dump_json(exclude_none=True)
+        return self.model_dump_json(exclude={k for k in self._optional if getattr(self, k) is None})
 
 
 class InitOk(_Outgoing):
@@ -170,6 +171,7 @@ class TranslationFrame(_Outgoing):
     compute_ms: float = 0.0  # inside the session (drafting included)
     server_ms: float = 0.0  # frame received -> reply sent (queueing included)
     ignored_fields: list[str] | None = None
+    _optional: ClassVar[frozenset[str]] = frozenset({"ignored_fields"})
 
 
 class ErrorFrame(_Outgoing):
@@ -178,6 +180,7 @@ class ErrorFrame(_Outgoing):
     message: str
     seq: int | None = None
     supported: list[Any] | None = None
+    _optional: ClassVar[frozenset[str]] = frozenset({"seq", "supported"})
 
 
 def _best_effort_seq(data: Any) -> int | None:

@@ -139,7 +139,8 @@ def _retractions(events: list[dict[str, Any]]) -> int:
         text = e.get("committed_text")
         if text is None:
             continue
-        key = e.get("utterance_id")
+        # A reconnected client starts a new server session seeded with the text it showed.
+        key = (e.get("connection"), e.get("utterance_id"))
         if not text.startswith(shown.get(key, "")):
             count += 1
         shown[key] = text
@@ -285,13 +286,21 @@ def replay_wlk(url: str, stream: SmokeStream, speed: float, preset: str, latency
     max_lag = 0.0
     start = time.perf_counter()
 
+    disconnects: list[dict[str, Any]] = []
+
     def process(stream_s: float, lag: float) -> None:
-        seq_before = client._seq  # read-only peek: which updates this call sent
+        seq_before = client._seq  # read-only peeks: which updates this call sent, and whether
+        was_up = client._ws is not None  # the client dropped its connection (it then retries)
         began = time.perf_counter()
         segment, buffer = client.process()
         took = (time.perf_counter() - began) * 1000.0
-        if client._ws is None and client._down_warned:
-            raise AlignattError("the WhisperLiveKit client lost the server (see the log)")
+        if not client._connected_once:
+            raise AlignattError("the WhisperLiveKit client could not open a session (see the log)")
+        if was_up and client._ws is None:
+            # e.g. a reply slower than the client's 15 s call timeout; it reconnects with its
+            # accepted text as accepted_target_prefix, which the artifact then shows.
+            disconnects.append({"client": "wlk", "event": "disconnect", "stream_s": round(stream_s, 3),
+                                "after_ms": round(took, 3)})
         records.append({
             "client": "wlk", "stream_s": round(stream_s, 3), "lag_s": round(lag, 3),
             "sent_seqs": list(range(seq_before + 1, client._seq + 1)),
@@ -323,9 +332,12 @@ def replay_wlk(url: str, stream: SmokeStream, speed: float, preset: str, latency
             items.append(timed.HypothesisTail(start=None, end=horizon, text=tail))
         client.insert_tokens(items)
         process(horizon, lag)
-    for _ in range(len(words)):  # remaining finals: one per process() call, like WhisperLiveKit
-        if not client._pending_finals:
-            break
+    # Remaining finals go one per process() call, like WhisperLiveKit; a client that dropped its
+    # connection gets its backoff time to come back (bounded).
+    deadline = time.monotonic() + 120.0
+    while client._pending_finals and time.monotonic() < deadline:
+        if client._ws is None:
+            time.sleep(max(client._retry_at - time.monotonic(), 0.0) + 0.05)
         process(horizon, 0.0)
     wall = time.perf_counter() - start
     if client._ws is not None:
@@ -341,6 +353,9 @@ def replay_wlk(url: str, stream: SmokeStream, speed: float, preset: str, latency
             events.append({"client": "wlk", "stream_s": r["stream_s"], "lag_s": r["lag_s"],
                            "process_ms": r["process_ms"], "segment": r["segment"],
                            "buffer": r["buffer"], **s})
+    events += disconnects
+    if client._pending_finals:
+        events.append({"client": "wlk", "event": "unsent_finals", "count": len(client._pending_finals)})
     return RunRecord("wlk", events, wall, max_lag)
 
 
@@ -348,7 +363,8 @@ def replay_wlk(url: str, stream: SmokeStream, speed: float, preset: str, latency
 
 
 def _summary(run: RunRecord) -> dict[str, Any]:
-    ev = run.events
+    disconnects = sum(1 for e in run.events if e.get("event") == "disconnect")
+    ev = [e for e in run.events if "event" not in e]  # replies only
     partial_drafts = [e for e in ev if e.get("path") == "draft" and not e.get("final")]
     fast = [e for e in ev if e.get("path") == "fast_path"]
     rtt_key = "rtt_ms" if run.client == "native" else "process_ms"
@@ -357,6 +373,7 @@ def _summary(run: RunRecord) -> dict[str, Any]:
         "updates": len(ev),
         "finals": sum(1 for e in ev if e.get("final")),
         "errors": sum(1 for e in ev if e.get("error")),
+        "disconnects": disconnects,
         "retractions": _retractions(ev),
         "partial_drafts": len(partial_drafts),
         "partial_draft_rtt_ms_p50": percentile([e[rtt_key] for e in partial_drafts], 0.5),
@@ -404,7 +421,7 @@ def run_smoke(options: SmokeOptions, out: str | Path | None = "outputs/server_sm
             else:
                 conn = handle.server.stats.connections + 1
                 log = lambda: handle.call(  # noqa: E731
-                    lambda: [s for s in handle.server.step_log if s["connection"] == conn])
+                    lambda: [s for s in handle.server.step_log if s["connection"] >= conn])
                 runs.append(replay_wlk(handle.url, stream, speed, preset, options.wlk_latency, log))
     summaries = [_summary(r) for r in runs]
     primary, head = runs[0], summaries[0]
@@ -449,7 +466,7 @@ def summary_line(artifact) -> str:
     for s in artifact.config.get("summaries", []):
         parts.append(
             f"[{s['client']}] updates {s['updates']}, finals {s['finals']}, retractions {s['retractions']}, "
-            f"errors {s['errors']}; partial-draft RTT p50 {s['partial_draft_rtt_ms_p50']} ms / p95 "
+            f"errors {s['errors']}, disconnects {s['disconnects']}; partial-draft RTT p50 {s['partial_draft_rtt_ms_p50']} ms / p95 "
             f"{s['partial_draft_rtt_ms_p95']} ms; fast path {s['fast_path_events']} events, "
             f"{s['fast_path_releases']} releases, p50 {s['fast_path_server_ms_p50']} ms server-side, "
             f"{s['fast_path_engine_calls']} engine calls; engine calls {s['engine_calls']}; "

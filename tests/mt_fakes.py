@@ -32,12 +32,14 @@ class FakeSeam:
         delay_s: float = 0.0,
         leak: str = "",
         fail_when=None,
+        slow_when=None,
     ) -> None:
         self.heads = heads or [Head(0, 0), Head(0, 1)]
         self.look_ahead = look_ahead
         self.delay_s = delay_s
         self.leak = leak
         self.fail_when = fail_when  # callable(request) -> bool: raise on that draft
+        self.slow_when = slow_when  # callable(request) -> seconds of extra delay for that draft
         self.calls = 0
         self.requests: list[DraftRequest] = []
         self.threads: set[str] = set()
@@ -50,6 +52,8 @@ class FakeSeam:
             self.threads.add(threading.current_thread().name)
         if self.delay_s:
             time.sleep(self.delay_s)
+        if self.slow_when is not None:
+            time.sleep(self.slow_when(request))
         if self.fail_when is not None and self.fail_when(request):
             raise RuntimeError("fake engine failure")
         words = request.source_words

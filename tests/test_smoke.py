@@ -111,3 +111,26 @@ def test_smoke_on_the_embedded_model(tmp_path):
     assert all(s["errors"] == 0 and s["finals"] == 1 and s["retractions"] == 0 for s in a.config["summaries"])
     assert a.fast_path_events and all(e.engine_calls == 0 for e in a.fast_path_events)
     assert a.rtt_ms_p50 is not None
+
+
+@pytest.mark.skipif(not wlk_available(), reason="WhisperLiveKit client not installed")
+@pytest.mark.filterwarnings("ignore:connect\\(\\) must be used:DeprecationWarning")
+def test_wlk_client_that_times_out_reconnects_and_the_smoke_goes_on(tmp_path, monkeypatch):
+    from alignatt.smoke import load_wlk_client
+
+    # one slow final (past the client's call timeout, shortened here) drops the connection
+    monkeypatch.setattr(load_wlk_client(), "_CALL_TIMEOUT_SECONDS", 0.5)
+    slow = {"done": False}
+
+    def slow_when(request):
+        if request.source_words[-1] == "grows." and not slow["done"]:
+            slow["done"] = True
+            return 1.0
+        return 0.0
+
+    a = run_smoke(SmokeOptions(**FAKE, speed=60.0, client="wlk"), None,
+                  seam_factory=FakeFactory(slow_when=slow_when))
+    s = a.config["summaries"][0]
+    assert s["client"] == "wlk" and s["disconnects"] == 1 and s["retractions"] == 0
+    assert s["finals"] == 6  # the final is sent again after the reconnect
+    assert len({e["connection"] for e in a.events if "connection" in e}) == 2

@@ -1,0 +1,104 @@
+"""Protocol v1 frames: the one parser, its error messages, overrides, and what goes on the wire."""
+
+import json
+
+import pytest
+
+from alignatt.protocol import (
+    BAD_PROTOCOL,
+    ErrorFrame,
+    InitFrame,
+    InitOk,
+    ProtocolError,
+    TranslationFrame,
+    UpdateFrame,
+    override_policy_fields,
+    parse_frame,
+)
+
+LIMIT = 10_000
+
+
+def parse(obj):
+    return parse_frame(json.dumps(obj), LIMIT)
+
+
+def test_init_as_the_whisperlivekit_client_sends_it():
+    f = parse({"type": "init", "protocol_version": 1, "source_lang": "EN", "target_lang": "de",
+               "overrides": {"translation_alignatt_hold_back_target_units": 1},
+               "history": [["Hello.", "Hallo."]], "accepted_target_prefix": "Wir"})
+    assert isinstance(f, InitFrame) and f.direction == "en-de"
+    assert f.history == [("Hello.", "Hallo.")] and f.accepted_target_prefix == "Wir"
+    assert f.preset is None and f.unknown_fields() == []
+
+
+def test_update_words_and_tail():
+    f = parse({"type": "update", "seq": 3, "utterance_id": 1,
+               "words": [["The", 0.0, 400.0], ["causal", 400, None]],
+               "tail": {"words": [["encoder", None, None]]}, "clock_ms": 800.0, "is_final": False})
+    assert isinstance(f, UpdateFrame)
+    assert f.words == ["The", "causal"] and f.tail_words == ["encoder"] and not f.is_final
+    bare = parse({"type": "update", "seq": 4, "words": ["a", ["b"]]})
+    assert bare.words == ["a", "b"] and bare.tail_words == [] and bare.utterance_id == 0
+
+
+@pytest.mark.parametrize(
+    "raw, fragment, seq",
+    [
+        (b"\xff", "not valid UTF-8", None),
+        ("{", "invalid JSON", None),
+        ("null", "JSON object", None),
+        ('{"type": "hello"}', "unknown frame type 'hello'", None),
+        ('{"type": "init", "protocol_version": 2}', "protocol_version 2 is not supported", None),
+        ('{"type": "init", "protocol_version": 1, "source_lang": "en"}', "target_lang", None),
+        ('{"type": "init", "protocol_version": 1, "source_lang": "", "target_lang": "de"}', "source_lang", None),
+        ('{"type": "update", "seq": 1.5}', "seq", None),
+        ('{"type": "update", "seq": true}', "seq", None),
+        ('{"type": "update", "seq": 2, "words": "a b"}', "words", 2),
+        ('{"type": "update", "seq": 2, "words": [["a", 1, 2, 3]]}', "a word must be", 2),
+        ('{"type": "update", "seq": 2, "words": [["a", true, 2]]}', "timestamps", 2),
+        ('{"type": "update", "seq": 2, "tail": {"words": [[7]]}}', "tail", 2),
+        ('{"type": "update", "seq": 2, "clock_ms": "now"}', "clock_ms", 2),
+    ],
+)
+def test_bad_frames_say_what_is_wrong(raw, fragment, seq):
+    with pytest.raises(ProtocolError) as e:
+        parse_frame(raw, LIMIT)
+    assert e.value.code == BAD_PROTOCOL and fragment in e.value.message and e.value.seq == seq
+
+
+def test_frame_size_limit_counts_bytes():
+    text = json.dumps({"type": "update", "seq": 1, "words": ["ü" * 3000]})  # 6000+ bytes, 3000+ chars
+    with pytest.raises(ProtocolError, match="exceeds the 5000-byte limit"):
+        parse_frame(text, 5000)
+
+
+def test_unknown_fields_are_kept_for_reporting():
+    f = parse({"type": "update", "seq": 1, "confidence": 1, "tail": {"words": [], "stable": True}})
+    assert f.unknown_fields() == ["confidence", "tail.stable"]
+
+
+def test_overrides_map_to_policy_fields_and_unknown_keys_come_back():
+    fields, unknown = override_policy_fields({
+        "translation_alignatt_hold_back_target_units": 0,
+        "translation_alignatt_min_emit_target_units": 2,
+        "translation_alignatt_beam": 4,
+    })
+    assert fields == {"hold_back_words": 0, "min_emit_words": 2}
+    assert unknown == ["translation_alignatt_beam"]
+    for bad in (-1, 1.5, "1", True, None):
+        with pytest.raises(ProtocolError, match="non-negative integer"):
+            override_policy_fields({"translation_alignatt_hold_back_target_units": bad})
+
+
+def test_outgoing_frames():
+    t = json.loads(TranslationFrame(seq=1, utterance_id=0, final=False, committed_text="Die",
+                                    committed_delta="Die", buffer_text=" Katze",
+                                    covered_source_units=1).to_json())
+    assert t["type"] == "translation" and "ignored_fields" not in t and t["forced_final"] is False
+    assert t["stop_reason"] is None  # part of the translation frame even when there is none
+    e = json.loads(ProtocolError(BAD_PROTOCOL, "nope", seq=3, supported=[1]).frame().to_json())
+    assert e == {"type": "error", "code": "bad_protocol", "message": "nope", "seq": 3, "supported": [1]}
+    assert "seq" not in json.loads(ErrorFrame(code="busy", message="full").to_json())
+    ok = json.loads(InitOk(direction="en-de", preset="balanced", model="m").to_json())
+    assert ok["type"] == "init_ok" and ok["protocol_version"] == 1
