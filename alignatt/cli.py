@@ -149,14 +149,14 @@ def heads_calibrate(
 def _server_config(
     config: str | None, host: str, port: int, model: str, seam: str, preset: str, direction: str,
     heads: str | None, top_k: int, device: str, dtype: str | None, max_sessions: int,
-    max_utterance_words: int,
+    max_utterance_words: int, vllm_mode: str | None,
 ):
     from alignatt.server import server_config
 
     return server_config(
         config_path=config, host=host, port=port, model=model, seam=seam, preset=preset,
         direction=direction, heads=heads, top_k=top_k, device=device, dtype=dtype,
-        max_sessions=max_sessions, max_utterance_words=max_utterance_words,
+        max_sessions=max_sessions, max_utterance_words=max_utterance_words, vllm_mode=vllm_mode,
     )
 
 
@@ -174,6 +174,7 @@ def serve_cmd(
     dtype: str = typer.Option(None, help="float32 | bfloat16 (default: the model's)"),
     max_sessions: int = typer.Option(8, help="concurrent sessions; more get `busy`"),
     max_utterance_words: int = typer.Option(80, help="longer utterances are forced final"),
+    vllm_mode: str = typer.Option(None, help="vllm_capture only: eager | cudagraph | compiled (default cudagraph)"),
     config: str = typer.Option(None, help="ServerConfig JSON (several directions); replaces the options above"),
 ) -> None:
     """Run the MT server (WhisperLiveKit `alignatt` protocol v1) until interrupted."""
@@ -184,7 +185,7 @@ def serve_cmd(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         cfg = _server_config(config, host, port, model, seam, preset, direction, heads, top_k,
-                             device, dtype, max_sessions, max_utterance_words)
+                             device, dtype, max_sessions, max_utterance_words, vllm_mode)
         typer.echo(f"loading {', '.join(f'{d}: {r.model}/{r.seam}' for d, r in cfg.directions.items())} ...")
         serve(cfg, on_ready=lambda s: typer.echo(
             f"alignatt-mt-server listening on ws://{cfg.host}:{s.port} (preset {cfg.default_preset})"))
@@ -203,6 +204,7 @@ def smoke_cmd(
     heads: str = typer.Option(None, help="head-set file or bundled name (default: the model's)"),
     speed: float = typer.Option(None, help="replay speed (default: the stream file's, 4x)"),
     client: str = typer.Option("auto", help="native | wlk | both | auto (both when WhisperLiveKit imports)"),
+    vllm_mode: str = typer.Option(None, help="vllm_capture only: eager | cudagraph | compiled (default cudagraph)"),
     stream: str = typer.Option(None, help="stream JSON (default: the bundled smoke stream)"),
     out: str = typer.Option("outputs/server_smoke.json", help="where to write the smoke artifact"),
 ) -> None:
@@ -211,7 +213,8 @@ def smoke_cmd(
 
     try:
         options = SmokeOptions(model=model, seam=seam, preset=preset, device=device, dtype=dtype,
-                               top_k=top_k, heads=heads, speed=speed, client=client, stream=stream)
+                               top_k=top_k, heads=heads, speed=speed, client=client, stream=stream,
+                               vllm_mode=vllm_mode)
         artifact = run_smoke(options, out)
     except AlignattError as e:
         fail(str(e))

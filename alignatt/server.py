@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -127,6 +128,7 @@ class DirectionRoute(BaseModel):
     top_k: int = Field(4, ge=1)
     device: str = "cpu"
     dtype: str | None = None
+    seam_options: dict[str, Any] = Field(default_factory=dict, description="e.g. {'vllm_mode': 'eager'}")
 
 
 class ServerConfig(BaseModel):
@@ -154,6 +156,7 @@ def server_config(
     dtype: str | None = None,
     max_sessions: int = 8,
     max_utterance_words: int = 80,
+    vllm_mode: str | None = None,
 ) -> ServerConfig:
     """A ServerConfig from a JSON file, or from one direction's options (the CLI's)."""
     from pathlib import Path
@@ -168,7 +171,9 @@ def server_config(
                 raise AlignattError(f"cannot read server config {config_path}: {e.strerror}") from None
             cfg = ServerConfig.model_validate_json(text)
         else:
-            route = DirectionRoute(model=model, seam=seam, heads=heads, top_k=top_k, device=device, dtype=dtype)
+            options = {"vllm_mode": vllm_mode} if vllm_mode else {}
+            route = DirectionRoute(model=model, seam=seam, heads=heads, top_k=top_k, device=device,
+                                   dtype=dtype, seam_options=options)
             cfg = ServerConfig(
                 host=host,
                 port=port,
@@ -204,7 +209,8 @@ SeamFactory = Callable[[DirectionRoute, list[Head]], Seam]
 def default_seam_factory(route: DirectionRoute, heads: list[Head]) -> Seam:
     from alignatt.seams import make_seam
 
-    return make_seam(route.seam, model=route.model, heads=heads, device=route.device, dtype=route.dtype)
+    return make_seam(route.seam, model=route.model, heads=heads, device=route.device, dtype=route.dtype,
+                     **route.seam_options)
 
 
 # ---- engines ----
@@ -242,7 +248,8 @@ class EngineRegistry:
 
     def get(self, route: DirectionRoute, direction: str) -> Engine:
         heads = resolve_heads(route, direction)
-        key = (route.model, route.seam, route.device, route.dtype, tuple(heads))
+        key = (route.model, route.seam, route.device, route.dtype, tuple(heads),
+               json.dumps(route.seam_options, sort_keys=True, default=str))
         with self._lock:  # loads are rare and slow; one at a time
             engine = self._engines.get(key)
             if engine is None:

@@ -120,6 +120,7 @@ class SmokeOptions(BaseModel):
     speed: float | None = Field(None, gt=0, description="None: the stream file's replay speed")
     client: Literal["auto", "native", "wlk", "both"] = "auto"
     wlk_latency: Literal["quality", "balanced", "low"] = "balanced"
+    vllm_mode: str | None = None  # vllm_capture's mode (its default: cudagraph)
     stream: str | None = None
 
 
@@ -409,7 +410,8 @@ def run_smoke(options: SmokeOptions, out: str | Path | None = "outputs/server_sm
     if "wlk" in clients:
         load_wlk_client()  # a clear error before loading any model
     route = DirectionRoute(model=options.model, seam=options.seam, heads=options.heads,
-                           top_k=options.top_k, device=options.device, dtype=options.dtype)
+                           top_k=options.top_k, device=options.device, dtype=options.dtype,
+                           seam_options={"vllm_mode": options.vllm_mode} if options.vllm_mode else {})
     config = ServerConfig(host="127.0.0.1", port=0, default_preset=preset, directions={"en-de": route})
     runs: list[RunRecord] = []
     with ServerThread(config, seam_factory) as handle:
@@ -435,6 +437,7 @@ def run_smoke(options: SmokeOptions, out: str | Path | None = "outputs/server_sm
         config={
             "model": options.model, "seam": options.seam, "preset": preset,
             "device": options.device, "dtype": options.dtype, "heads": heads, "top_k": options.top_k,
+            "seam_options": route.seam_options,
             "replay_speed": speed, "stream": options.stream or "alignatt/data/mt_server_smoke_stream.json",
             "stream_words": len(stream.words),
             "stream_sentences": sum(1 for w in stream.words if ends_sentence(w)),

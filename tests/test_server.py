@@ -160,7 +160,9 @@ def test_session_limit_answers_busy(tmp_path):
 
 def test_server_config_from_options_and_file(tmp_path):
     cfg = server_config(model="gemma4-e4b-synthetic", seam="vllm_capture", device="cuda", port=0)
-    assert cfg.directions["en-de"].seam == "vllm_capture"
+    assert cfg.directions["en-de"].seam == "vllm_capture" and cfg.directions["en-de"].seam_options == {}
+    eager = server_config(seam="vllm_capture", vllm_mode="eager").directions["en-de"]
+    assert eager.seam_options == {"vllm_mode": "eager"}
     path = tmp_path / "server.json"
     path.write_text(json.dumps({"directions": {"en-de": {"model": "m"}, "en-fr": {"model": "n"}}}))
     assert sorted(server_config(config_path=str(path)).directions) == ["en-de", "en-fr"]
