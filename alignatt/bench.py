@@ -296,12 +296,17 @@ def _run_teeing_stderr(cmd: list[str], keep: int = 8) -> tuple[int, list[str]]:
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     assert proc.stderr is not None
     pending = b""
-    for chunk in iter(lambda: proc.stderr.read1(4096), b""):
-        sys.stderr.buffer.write(chunk)
-        sys.stderr.flush()
-        pending += chunk
-        *lines, pending = pending.replace(b"\r", b"\n").split(b"\n")
-        tail.extend(line.decode("utf-8", "replace") for line in lines)
+    try:
+        for chunk in iter(lambda: proc.stderr.read1(4096), b""):
+            sys.stderr.buffer.write(chunk)
+            sys.stderr.flush()
+            pending += chunk
+            *lines, pending = pending.replace(b"\r", b"\n").split(b"\n")
+            tail.extend(line.decode("utf-8", "replace") for line in lines)
+    except BaseException:  # interrupted: never leave a worker measuring on its own
+        proc.kill()
+        proc.wait()
+        raise
     if pending:
         tail.append(pending.decode("utf-8", "replace"))
     return proc.wait(), list(tail)
