@@ -240,6 +240,49 @@ def rebuild_output(plan: LayerPlan, probs: torch.Tensor, values: torch.Tensor) -
     return torch.einsum("thl,hld->thd", probs.float(), v_sel)
 
 
+# A row of attention output is a convex combination of value rows, and Gemma-4's values are
+# RMS-normalised without a scale (per-element RMS 1): a real layer's output cannot fall below this
+# per-element RMS. Rows under it are dead activations, where any relative error means nothing.
+TINY_OUTPUT_RMS = 1e-3
+
+
+def consistency_stats(own: torch.Tensor, rebuilt: torch.Tensor) -> dict:
+    """Compare a layer's own attention output with softmax(q K) V rebuilt from the capture.
+
+    own, rebuilt: [..., D] (one row per token and head). Per row: relative error
+    ||own - rebuilt|| / max(||rebuilt||, tiny) with tiny = TINY_OUTPUT_RMS * sqrt(D), and cosine
+    only on rows whose rebuilt norm is not tiny ("live" rows).
+    """
+    if own.shape != rebuilt.shape:
+        raise ValueError(f"output {tuple(own.shape)} vs rebuilt {tuple(rebuilt.shape)}")
+    d = own.shape[-1]
+    a = own.reshape(-1, d).double()
+    b = rebuilt.reshape(-1, d).double()
+    tiny = TINY_OUTPUT_RMS * math.sqrt(d)
+    nb = b.norm(dim=-1)
+    rel = (a - b).norm(dim=-1) / nb.clamp_min(tiny)
+    live = nb >= tiny
+    cos = torch.nn.functional.cosine_similarity(a[live], b[live], dim=-1) if bool(live.any()) else None
+    return {
+        "rows": int(a.shape[0]),
+        "live_rows": int(live.sum()),
+        "max_rel_err": float(rel.max()) if rel.numel() else None,
+        "mean_rel_err": float(rel.mean()) if rel.numel() else None,
+        "min_cos": float(cos.min()) if cos is not None else None,
+        "max_abs_err": float((a - b).abs().max()) if a.numel() else None,
+        "output_rms": float(a.pow(2).mean().sqrt()) if a.numel() else None,
+        "rebuilt_rms": float(b.pow(2).mean().sqrt()) if b.numel() else None,
+    }
+
+
+def judge_consistency(stats: dict, max_rel_err: float, min_cos: float, min_live_fraction: float = 0.5) -> str:
+    """'passed', 'failed' or 'degenerate activations' (most rows dead: the check would be empty)."""
+    if not stats["rows"] or stats["live_rows"] < min_live_fraction * stats["rows"]:
+        return "degenerate activations"
+    ok = stats["max_rel_err"] <= max_rel_err and stats["min_cos"] is not None and stats["min_cos"] >= min_cos
+    return "passed" if ok else "failed"
+
+
 @dataclass
 class SplitRows:
     rows: torch.Tensor  # fp32 [T, heads, S]: mass on each source token position

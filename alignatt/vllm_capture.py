@@ -35,6 +35,7 @@ import torch
 from alignatt.capture import Draft, DraftRequest, Head, Timings, TokenCapture
 from alignatt.errors import AlignattError
 from alignatt.layout import AttentionLayout
+from alignatt.synthetic_init import HFLikeInit, hf_like_init
 from alignatt.qcache import (
     LayerPlan,
     QueryCache,
@@ -89,6 +90,10 @@ class _Hooks:
 
 
 _HOOKS: Optional[_Hooks] = None
+# Synthetic weights: (init, pad token id) to apply once the next engine has loaded its model;
+# the summary of what was applied lands in _INIT_REPORT.
+_PENDING_INIT: Optional[tuple[HFLikeInit, Optional[int]]] = None
+_INIT_REPORT: Optional[dict] = None
 _LIB: Any = None
 _forward_context: Any = None  # vllm.forward_context, bound once the op is registered
 
@@ -274,9 +279,30 @@ def _allocate(runner: Any, hooks: _Hooks) -> None:
     log(f"query caches: {total / 2**20:.1f} MiB for {len(hooks.caches)} layers")
 
 
+def _apply_synthetic_init(runner: Any) -> None:
+    """Right after the dummy load, before the KV cache exists and before any graph is captured:
+    rewrite the weights like a fresh transformers Gemma-4 (in place: same tensors)."""
+    global _PENDING_INIT, _INIT_REPORT
+    init, pad = _PENDING_INIT
+    _PENDING_INIT = None
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("alignatt: synthetic weights must be written before CUDA graph capture")
+    started = time.perf_counter()
+    report = hf_like_init(runner.get_model(), init, pad_token_id=pad, strict=False)
+    _sync(next(runner.get_model().parameters()).device)
+    report["seconds"] = round(time.perf_counter() - started, 2)
+    _INIT_REPORT = report
+    log(f"synthetic weights re-initialised {init.describe()}: {report['tensors']} tensors, "
+        f"{report['elements'] / 1e9:.2f} G elements, padding rows zeroed in {report['pad_rows_zeroed']} "
+        f"({report['seconds']} s)")
+    if report["unknown"]:
+        log(f"WARNING: no init rule for {len(report['unknown'])} state-dict entries; they keep the dummy "
+            f"loader's values: {report['unknown'][:20]}")
+
+
 def _install_runner_hooks() -> None:
     """Wrap three GPUModelRunner methods (class level, idempotent); they act only for the runner
-    that `_HOOKS` is attached to."""
+    that `_HOOKS` is attached to (and, for synthetic weights, the first runner to load a model)."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner as Runner
 
     if getattr(Runner, "_alignatt_hooked", False):
@@ -288,6 +314,8 @@ def _install_runner_hooks() -> None:
 
     def hooked_load_model(self, *args, **kwargs):  # noqa: ANN001, ANN202
         load_model(self, *args, **kwargs)
+        if _PENDING_INIT is not None:
+            _apply_synthetic_init(self)
         if _HOOKS is not None and _HOOKS.runner is None:
             _attach(self, _HOOKS)
 
@@ -430,7 +458,7 @@ class VllmCaptureSeam:
         seed: int = 0,
         **engine_kwargs: Any,
     ) -> None:
-        global _HOOKS
+        global _HOOKS, _PENDING_INIT, _INIT_REPORT
         engine_options(vllm_mode)  # validates the mode
         if not str(device).startswith("cuda"):
             raise AlignattError(f"vllm_capture runs on CUDA only, not {device!r}")
@@ -460,6 +488,7 @@ class VllmCaptureSeam:
         self.capture_output = capture_output
         self.reconstruct = reconstruct
         self.keep_raw = keep_raw
+        self.kv_cache_memory_gib = kv_cache_memory_gib
         self.raw: dict[str, RawCapture] = {}
         self.spec = _resolve_model(model)
         self.synthetic_weights = self.spec.synthetic
@@ -471,7 +500,14 @@ class VllmCaptureSeam:
         self.heads = self.layout.validate_heads(heads)
         self.plans = plan_capture(self.layout, self.heads)
         self.order = head_order(self.plans, self.heads)
-        self.stop_ids = _stop_ids(hf_config.get_text_config(), self.tokenizer)
+        text_config = hf_config.get_text_config()
+        self.stop_ids = _stop_ids(text_config, self.tokenizer)
+        # Synthetic weights: the dummy loader's are degenerate for Gemma-4 (see synthetic_init).
+        self.synthetic_init = (
+            HFLikeInit(std=float(getattr(text_config, "initializer_range", None) or 0.02), seed=seed)
+            if self.spec.synthetic else None
+        )
+        self.synthetic_init_report: Optional[dict] = None
         self._newline_ids = {i for t, i in self.tokenizer.get_vocab().items() if "\n" in t or "Ċ" in t}
 
         # In-process engine on the V1 runner: the hooks below wrap that runner's methods.
@@ -483,8 +519,12 @@ class VllmCaptureSeam:
             # The compile cache keys on source files, not on which layers are patched: a cached
             # graph from another head set would call the op on the wrong layers.
             os.environ["VLLM_DISABLE_COMPILE_CACHE"] = "1"
-        if capture:
+        if capture or self.synthetic_init:
             _install_runner_hooks()
+        if self.synthetic_init:
+            _PENDING_INIT = (self.synthetic_init, getattr(text_config, "pad_token_id", None))
+            _INIT_REPORT = None
+        if capture:
             _register_op()
             _HOOKS = _Hooks(plans=self.plans, capture_output=capture_output)
         from vllm import LLM
@@ -509,9 +549,14 @@ class VllmCaptureSeam:
                 **engine_kwargs,
             )
         except Exception:
-            _HOOKS = None
+            _HOOKS = _PENDING_INIT = None
             raise
         self.engine_start_s = time.perf_counter() - started
+        if self.synthetic_init:
+            if _INIT_REPORT is None:
+                raise RuntimeError("alignatt: the engine never loaded its model through the hooked "
+                                   "GPUModelRunner.load_model, so the synthetic weights were not re-initialised")
+            self.synthetic_init_report = _INIT_REPORT
         if capture:
             self._check_attached()
         log(f"engine ready in {self.engine_start_s:.1f} s")
@@ -723,6 +768,11 @@ class VllmCaptureSeam:
             "vllm_mode": self.vllm_mode,
             "model": self.spec.name,
             "synthetic_weights": self.synthetic_weights,
+            "synthetic_init": self.synthetic_init.describe() if self.synthetic_init else None,
+            "synthetic_init_tensors": (self.synthetic_init_report or {}).get("tensors"),
+            "synthetic_init_unknown": (self.synthetic_init_report or {}).get("unknown"),
+            "dtype": self.dtype,
+            "kv_cache_memory_gib": self.kv_cache_memory_gib,
             "heads": [[h.layer, h.head] for h in self.heads],
             "capture": self.capture,
             "engine_start_s": round(self.engine_start_s, 2),
@@ -732,7 +782,7 @@ class VllmCaptureSeam:
         }
 
     def close(self) -> None:
-        global _HOOKS
+        global _HOOKS, _PENDING_INIT
         llm = getattr(self, "llm", None)
         if llm is not None:
             core = getattr(llm.llm_engine, "engine_core", None)
@@ -742,7 +792,7 @@ class VllmCaptureSeam:
                 except Exception as e:  # noqa: BLE001 - best effort at teardown
                     log(f"engine shutdown: {e}")
             self.llm = None
-        _HOOKS = None
+        _HOOKS = _PENDING_INIT = None
         if self.spec.tmp_dir:
             shutil.rmtree(self.spec.tmp_dir, ignore_errors=True)
         gc.collect()

@@ -1,22 +1,35 @@
 """GPU correctness checks for `vllm_capture` (issue 3), each writing into one JSON artifact.
 
-    python -m alignatt.vllm_checks all --out OUT/vllm_checks.json [--only demo,exact,...]
+    python -m alignatt.vllm_checks all --part a --workdir W --out OUT/vllm_checks_a.json
+    python -m alignatt.vllm_checks all --part b --workdir W --out OUT/vllm_checks_b.json
 
-Checks, in order (each vLLM engine runs in its own subprocess: a crash or a timeout loses only
-that check, and the artifact is rewritten after every check):
+(`all` without --part runs both parts in one go; `--only demo,exact,...` picks checks.) Each vLLM
+engine runs in its own subprocess: a crash or a timeout loses only that check, and the artifact
+is rewritten after every check. The two parts share --workdir (part b compares with part a's
+eager drafts and reuses its reduced checkpoint).
+
+Part a:
 - demo:      naive vs fixed capture under real CUDA-graph replay (plain torch) and on CPU.
-- exact:     E4B synthetic weights, 16 benchmark prompts x (1 warm-up + 3 repeats), 20 tokens:
-             full decode graphs without torch.compile vs eager: identical drafts, identical
-             emit/hold decisions, bit-identical rows on all 48 rows; plus the batch check (three
-             different requests in one step, decode padded 3 -> 4) in both modes, and eager
-             self-consistency (q and cached K/V reproduce the layer's own attention output).
-- parity:    a reduced-depth Gemma-4 (sliding, full and KV-shared layers), random weights saved
-             once as safetensors, loaded by vLLM (eager) and by transformers: rows, aligned source
-             positions, and per-layer q/k agreement (teacher-forced on vLLM's tokens), plus the
-             real `hf_qk_fast` seam's drafts on the same weights.
-- compiled:  torch.compile + graphs: self-consistency and its differences from eager.
+- exact:     E4B architecture, synthetic weights initialised like transformers (vLLM's own dummy
+             weights are degenerate for Gemma-4: see alignatt/synthetic_init.py), 16 benchmark
+             prompts x (1 warm-up + 3 repeats), 20 tokens: full decode graphs without
+             torch.compile vs eager: identical drafts, identical emit/hold decisions, bit-identical
+             rows on all 48 rows; the batch check (three different requests in one step, decode
+             padded 3 -> 4) in both modes; self-consistency of both modes.
+- parity:    a reduced-depth Gemma-4 loaded by vLLM (eager) and by transformers, compared
+             teacher-forced on vLLM's tokens: float32 is the strict test, bfloat16 is reported
+             beside transformers' own bf16-vs-fp32 noise (alignatt/vllm_parity.py).
 - speed:     captured vs uncaptured decode, full decode graphs (top-8 heads, 20 tokens).
-- speed_compiled: the same for the compiled mode (slow engine start; not in `all` by default).
+- compiled_reduced: torch.compile + graphs on the reduced checkpoint: self-consistency, drafts
+             vs the eager ones.
+Part b:
+- compiled:  torch.compile + graphs on synthetic E4B: self-consistency and differences from eager.
+- speed_compiled: captured vs uncaptured decode in the compiled mode.
+
+Self-consistency: in the same step, the layer's own attention output for the captured heads
+(written by the same op after the attention) must equal softmax(q K) V rebuilt from the
+captured q and the cached K/V, by norm-relative error and cosine; a layer whose outputs are
+~0 reports "degenerate activations" instead of passing or failing.
 """
 
 import argparse
@@ -36,21 +49,30 @@ from typing import Any, Optional
 
 import numpy as np
 
-SCHEMA_VERSION = 1
-DEFAULT_CHECKS = ("demo", "exact", "parity", "compiled", "speed")
-ALL_CHECKS = DEFAULT_CHECKS + ("speed_compiled",)
+SCHEMA_VERSION = 2
+PARTS = {
+    "a": ("demo", "exact", "parity", "speed", "compiled_reduced"),
+    "b": ("compiled", "speed_compiled"),
+}
+ALL_CHECKS = PARTS["a"] + PARTS["b"]
 # Published top-8 E4B en->de heads, plus two heads on KV-shared layers (29: full, reads layer 23;
 # 26: sliding, reads layer 22) so graphs vs eager is also proven there. Decisions use the top 8.
 E4B_TOP8 = [(11, 3), (6, 5), (17, 3), (20, 0), (5, 0), (11, 2), (10, 0), (10, 4)]
 E4B_SHARED = [(29, 2), (26, 5)]
 # Reduced Gemma-4 for parity: 12 layers, s s s s s F s s | s s s F (last 4 KV-shared: sliding
-# ones read layer 7, the full one reads layer 5). Heads on every layer kind.
-PARITY_HEADS = [(0, 1), (2, 5), (5, 2), (5, 6), (7, 3), (8, 0), (9, 4), (11, 3), (11, 7)]
+# ones read layer 7, the full one reads layer 5). A head on every layer, so the first layer where
+# the engines part is visible.
+PARITY_HEADS = [(0, 1), (1, 2), (2, 5), (3, 4), (4, 0), (5, 2), (5, 6), (6, 1), (7, 3), (8, 0), (9, 4),
+                (10, 6), (11, 3), (11, 7)]
 BATCH_IDS = ["short_01", "medium_02_prefill", "long_01"]  # three lengths: decode batch 3 -> graph 4
-SELF_CONSISTENCY_REL_TOL = 0.02  # bf16 output vs fp32 rebuild, relative to the output's max |x|
+SELF_CONSISTENCY_REL_TOL = 0.02  # ||own - rebuilt|| / ||rebuilt|| per row: bf16 output vs fp32 rebuild
 SELF_CONSISTENCY_MIN_COS = 0.999
-ROW_TOL_MAX, ROW_TOL_MEAN = 0.05, 0.005  # "within bf16 tolerance" for rows across engines
 ALIGN_AGREEMENT_MIN = 0.95
+# KV cache per engine: what the checks need (one 4096-token request fits with room; the batch
+# check runs three short ones), not 4 GiB: the query cache has a row per KV slot, so its size
+# follows (E4B: 4096 blocks; the reduced model: 4096 blocks in bf16 and in fp32).
+E4B_KV_GIB = 1.0
+REDUCED_KV_GIB = {"bfloat16": 0.25, "float32": 0.5}
 
 
 def say(message: str) -> None:
@@ -133,29 +155,57 @@ def self_consistency(seam: Any, internal_ids: list[str]) -> dict:
 
     from alignatt.qcache import rebuild_output
 
-    per_layer: dict[int, dict] = {}
+    own: dict[int, list] = {}
+    rebuilt: dict[int, list] = {}
     for rid in internal_ids:
         raw = seam.raw.get(rid)
         if raw is None:
             continue
         for layer, d in raw.layers.items():
-            plan = seam.plans[layer]
             probs = torch.from_numpy(d["probs"])
-            rebuilt = rebuild_output(plan, probs, torch.from_numpy(d["values"]))
-            out = torch.from_numpy(d["out"])
-            err = (rebuilt - out).abs().max().item()
-            scale = max(out.abs().max().item(), 1e-6)
-            cos = torch.nn.functional.cosine_similarity(rebuilt.flatten(0, 1), out.flatten(0, 1), dim=-1)
-            s = per_layer.setdefault(layer, {"max_abs_err": 0.0, "max_rel_err": 0.0, "min_cos": 1.0, "rows": 0})
-            s["max_abs_err"] = max(s["max_abs_err"], err)
-            s["max_rel_err"] = max(s["max_rel_err"], err / scale)
-            s["min_cos"] = min(s["min_cos"], float(cos.min()))
-            s["rows"] += int(out.shape[0] * out.shape[1])
-    for s in per_layer.values():
-        s["passed"] = s["max_rel_err"] <= SELF_CONSISTENCY_REL_TOL and s["min_cos"] >= SELF_CONSISTENCY_MIN_COS
-    return {"layers": {str(k): v for k, v in sorted(per_layer.items())},
-            "passed": bool(per_layer) and all(s["passed"] for s in per_layer.values()),
-            "tolerance": {"max_rel_err": SELF_CONSISTENCY_REL_TOL, "min_cos": SELF_CONSISTENCY_MIN_COS}}
+            rebuilt.setdefault(layer, []).append(rebuild_output(seam.plans[layer], probs, torch.from_numpy(d["values"])))
+            own.setdefault(layer, []).append(torch.from_numpy(d["out"]).float())
+    return summarize_consistency(own, rebuilt)
+
+
+def summarize_consistency(own: dict, rebuilt: dict) -> dict:
+    """Per layer: norm-relative error and cosine (live rows only) of the layer's own output vs the
+    rebuild; overall status 'passed', 'failed' or 'degenerate activations'."""
+    import torch
+
+    from alignatt.qcache import TINY_OUTPUT_RMS, consistency_stats, judge_consistency
+
+    layers = {}
+    for layer in sorted(own):
+        stats = consistency_stats(torch.cat(own[layer]), torch.cat(rebuilt[layer]))
+        stats["status"] = judge_consistency(stats, SELF_CONSISTENCY_REL_TOL, SELF_CONSISTENCY_MIN_COS)
+        stats["passed"] = stats["status"] == "passed"
+        layers[str(layer)] = stats
+    degenerate = [int(k) for k, v in layers.items() if v["status"] == "degenerate activations"]
+    if not layers:
+        status = "no rows captured"
+    elif degenerate:
+        status = "degenerate activations"
+        say(f"SELF-CONSISTENCY: DEGENERATE ACTIVATIONS on layers {degenerate}: the attention outputs are ~0, "
+            "so this check cannot say anything (are the weights the dummy loader's?)")
+    else:
+        status = "passed" if all(v["passed"] for v in layers.values()) else "failed"
+    return {"layers": layers, "status": status, "passed": status == "passed", "degenerate_layers": degenerate,
+            "tolerance": {"max_rel_err": SELF_CONSISTENCY_REL_TOL, "min_cos": SELF_CONSISTENCY_MIN_COS,
+                          "tiny_output_rms": TINY_OUTPUT_RMS, "min_live_fraction": 0.5}}
+
+
+def draft_variety(drafts: list[dict]) -> dict:
+    """Are the drafts real text or one token over and over (as with degenerate weights)?"""
+    tokens = [t for r in drafts for t in r["token_ids"]]
+    if not tokens:
+        return {"tokens": 0, "distinct_tokens": 0, "most_common_fraction": None, "degenerate": True}
+    counts: dict[int, int] = {}
+    for t in tokens:
+        counts[t] = counts.get(t, 0) + 1
+    top = max(counts.values()) / len(tokens)
+    return {"tokens": len(tokens), "distinct_tokens": len(counts), "most_common_fraction": round(top, 4),
+            "degenerate": len(counts) <= 2 or top >= 0.9}
 
 
 def worker_drafts(spec: dict) -> dict:
@@ -169,6 +219,7 @@ def worker_drafts(spec: dict) -> dict:
         fixed_length=spec.get("fixed_length", True), capture=spec.get("capture", True),
         capture_output=spec.get("capture_output", False), keep_raw=spec.get("capture_output", False),
         tokenizer=tokenizer, max_model_len=spec.get("max_model_len", 4096),
+        kv_cache_memory_gib=spec.get("kv_cache_memory_gib", E4B_KV_GIB),
     )
     result: dict = {"describe": seam.describe(), "tokenizer": tok_name, "drafts": []}
     requests = bench_requests(spec["tokens"])
@@ -182,17 +233,27 @@ def worker_drafts(spec: dict) -> dict:
         for rep in range(spec.get("repeats", 3)):
             for pid, req in requests:
                 d = seam.draft(req)
+                rec = draft_record(pid, rep, d, k)
                 if seam.keep_raw:
                     ids.append(seam.last_raw_id)
-                result["drafts"].append(draft_record(pid, rep, d, k))
+                    if rep == 0 and pid in BATCH_IDS:
+                        rec["probe"] = identity_probe(seam.raw[seam.last_raw_id], d.prompt_token_count)
+                result["drafts"].append(rec)
             say(f"{spec['mode']}: repeat {rep + 1} done")
         if seam.capture_output:
             result["self_consistency"] = self_consistency(seam, ids)
         if spec.get("batch_check"):
             chosen = [(pid, req) for pid, req in requests if pid in BATCH_IDS]
             seam.raw.clear()
+            before = set(seam.raw)
             batch = seam.draft_many([req for _, req in chosen])
             result["batch"] = [draft_record(pid, -1, d, k) for (pid, _), d in zip(chosen, batch)]
+            if seam.keep_raw:  # draft_many finishes requests in any order: match raw captures by prompt length
+                raws = {int(seam.raw[r].query_positions[0]): seam.raw[r] for r in seam.raw if r not in before}
+                for rec, d in zip(result["batch"], batch):
+                    raw = raws.get(d.prompt_token_count - 1)
+                    if raw is not None:
+                        rec["probe"] = identity_probe(raw, d.prompt_token_count)
             if seam.capture_output:
                 result["batch_self_consistency"] = self_consistency(seam, list(seam.raw))
     finally:
@@ -200,211 +261,13 @@ def worker_drafts(spec: dict) -> dict:
     return result
 
 
-REDUCED_SIZES = {"hidden_size": 1024, "intermediate_size": 4096, "hidden_size_per_layer_input": 64}
-
-
-def build_reduced_checkpoint(target: Path, tokenizer: Any, sizes: Optional[dict] = None, device: str = "") -> dict:
-    """A 12-layer Gemma-4 with E4B head geometry, random bf16 weights, saved as safetensors.
-
-    transformers 5.13.1 builds no k_norm on KV-shared layers (they reuse keys), but vLLM 0.22.1's
-    Gemma-4 has one on every layer and refuses a checkpoint without it: add ones (unused there).
-    """
-    import torch
-    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
-
-    from alignatt.models import e4b_config_path
-
-    fields = json.loads(e4b_config_path().read_text())
-    for key in ("architectures", "model_type"):
-        fields.pop(key, None)
-    pattern = fields["layer_types"][:6]
-    fields.update(num_hidden_layers=12, layer_types=pattern * 2, num_kv_shared_layers=4, **(sizes or REDUCED_SIZES))
-    config = Gemma4TextConfig(**fields)
-    config.architectures = ["Gemma4ForCausalLM"]
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    with torch.random.fork_rng(devices=[]), torch.device(device):
-        torch.manual_seed(0)
-        model = Gemma4ForCausalLM(config).to(torch.bfloat16)
-    first_shared = config.num_hidden_layers - config.num_kv_shared_layers
-    added = []
-    for i, layer in enumerate(model.model.layers):
-        attn = layer.self_attn
-        if i >= first_shared and not hasattr(attn, "k_norm"):
-            norm = type(attn.q_norm)(attn.head_dim, eps=config.rms_norm_eps)
-            norm.weight.data.fill_(1.0)
-            attn.k_norm = norm.to(attn.q_norm.weight.device, torch.bfloat16)
-            added.append(i)
-    target.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(target, safe_serialization=True)
-    tokenizer.save_pretrained(target)
-    del model
-    return {"dir": str(target), "layers": 12, "kv_shared": list(range(first_shared, 12)),
-            "k_norm_added_on": added, **(sizes or REDUCED_SIZES)}
-
-
-def register_recording_attention(plans: dict, recorded: dict) -> str:
-    """An attention function for transformers that keeps each planned layer's full post-RoPE
-    query and the keys its kernel received (a KV-shared layer gets its donor's), then runs sdpa."""
-    from transformers import AttentionInterface
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
-
-    name = "alignatt_parity"
-
-    def recording(module, query, key, value, attention_mask, **kwargs):  # noqa: ANN001, ANN202
-        if module.layer_idx in plans:
-            recorded[module.layer_idx] = (query[0].detach(), key[0].detach())  # [H,T,D], [KV,T,D]
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-
-    AttentionInterface.register(name, recording)
-    if name not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
-        AttentionMaskInterface.register(name, sdpa_mask)
-    return name
-
-
-def teacher_forced_qk(model: Any, plans: dict, prompt_ids: list[int], drafted: list[int]) -> dict:
-    """One transformers forward over prompt + drafted tokens (the last one is never fed): per
-    planned layer, the q of the drafted tokens' producing positions [n, heads, D] and all keys
-    [T, kv_heads, D]."""
-    import torch
-
-    recorded: dict = {}
-    name = register_recording_attention(plans, recorded)
-    if model.config._attn_implementation != name:
-        model.set_attn_implementation(name)
-    device = next(model.parameters()).device
-    ids = torch.tensor([list(prompt_ids) + list(drafted[:-1])], device=device)
-    with torch.inference_mode():
-        model(input_ids=ids, use_cache=False)
-    n_prompt = len(prompt_ids)
-    qpos = torch.arange(n_prompt - 1, n_prompt - 1 + len(drafted), device=device)
-    out = {}
-    for layer, plan in plans.items():
-        hq, hk = recorded[layer]
-        q = hq.index_select(0, torch.tensor(plan.heads, device=device))[:, qpos].permute(1, 0, 2)
-        out[layer] = (q, hk.permute(1, 0, 2), qpos)
-    return out
-
-
-def worker_parity(spec: dict) -> dict:
-    import torch
-
-    from alignatt.capture import Head
-    from alignatt.prompt import build_prompt
-    from alignatt.qcache import rebuild_rows, split_rows
-    from alignatt.vllm_capture import VllmCaptureSeam
-
-    tokenizer, tok_name = choose_tokenizer(spec.get("tokenizer", "auto"))
-    ckpt = Path(spec["checkpoint"])
-    result: dict = {"tokenizer": tok_name}
-    t = time.perf_counter()
-    result["checkpoint"] = build_reduced_checkpoint(ckpt, tokenizer)
-    result["checkpoint"]["build_s"] = round(time.perf_counter() - t, 1)
-    say(f"parity: checkpoint built in {result['checkpoint']['build_s']} s")
-    heads = [Head(l, h) for l, h in spec["heads"]]
-    requests = bench_requests(spec["tokens"])
-
-    # 1. vLLM eager on the checkpoint: drafts, raw q/K per layer, self-consistency.
-    seam = VllmCaptureSeam(str(ckpt), heads, vllm_mode="eager", fixed_length=True, capture_output=True,
-                           keep_raw=True, tokenizer=tokenizer)
-    vllm_runs = []
-    try:
-        for pid, req in requests:
-            d = seam.draft(req)
-            vllm_runs.append((pid, req, d, seam.raw[seam.last_raw_id]))
-        result["vllm_self_consistency"] = self_consistency(seam, list(seam.raw))
-        result["vllm"] = seam.describe()
-        plans = seam.plans
-    finally:
-        seam.close()
-
-    # 2. transformers on the same files, teacher-forced on vLLM's tokens, recording q and k.
-    from alignatt.models import load_model
-
-    loaded = load_model(str(ckpt), device="cuda", dtype="bfloat16")
-    model = loaded.model
-    layers: dict[int, dict] = {}
-    for pid, req, d, raw in vllm_runs:
-        prompt = build_prompt(tokenizer, req)
-        toks = [t.token_id for t in d.tokens]
-        hf_qk = teacher_forced_qk(model, plans, prompt.input_ids, toks)
-        for layer, plan in plans.items():
-            q_hf, k_hf, qpos = hf_qk[layer]
-            kpos = torch.arange(k_hf.shape[0], device="cuda")
-            probs = rebuild_rows(plan, q_hf, qpos, k_hf, kpos)
-            split = split_rows(probs, 0, prompt.source_token_positions, prompt.prefix_start)
-            v = raw.layers[layer]
-            q_v = torch.from_numpy(v["q"]).cuda()
-            lo = v["key_lo"]
-            k_v = torch.from_numpy(v["keys"]).cuda()
-            k_h = k_hf[lo: lo + k_v.shape[0]].float()
-            vsplit = split_rows(torch.from_numpy(v["probs"]).cuda(), lo, prompt.source_token_positions,
-                                prompt.prefix_start)
-            s = layers.setdefault(layer, {"q_min_cos": 1.0, "q_max_abs": 0.0, "k_min_cos": 1.0, "k_max_abs": 0.0,
-                                          "row_max_abs": 0.0, "row_abs_sum": 0.0, "row_count": 0,
-                                          "aligned_same": 0, "aligned_total": 0})
-            cos = torch.nn.functional.cosine_similarity
-            s["q_min_cos"] = min(s["q_min_cos"], float(cos(q_v.flatten(0, 1), q_hf.float().flatten(0, 1), -1).min()))
-            s["q_max_abs"] = max(s["q_max_abs"], float((q_v - q_hf.float()).abs().max()))
-            s["k_min_cos"] = min(s["k_min_cos"], float(cos(k_v.flatten(0, 1), k_h.flatten(0, 1), -1).min()))
-            s["k_max_abs"] = max(s["k_max_abs"], float((k_v - k_h).abs().max()))
-            diff = (vsplit.rows - split.rows).abs()
-            s["row_max_abs"] = max(s["row_max_abs"], float(diff.max()))
-            s["row_abs_sum"] += float(diff.sum())
-            s["row_count"] += diff.numel()
-            s["aligned_same"] += int((vsplit.rows.argmax(-1) == split.rows.argmax(-1)).sum())
-            s["aligned_total"] += int(vsplit.rows.shape[0] * vsplit.rows.shape[1])
-    for layer, s in layers.items():
-        s["row_mean_abs"] = s.pop("row_abs_sum") / max(s.pop("row_count"), 1)
-        s["aligned_agreement"] = s["aligned_same"] / max(s["aligned_total"], 1)
-        s["rows_within_bf16_tol"] = s["row_max_abs"] <= ROW_TOL_MAX and s["row_mean_abs"] <= ROW_TOL_MEAN
-        s["inputs_agree"] = s["q_min_cos"] >= 0.999 and s["k_min_cos"] >= 0.999
-        if s["aligned_agreement"] >= ALIGN_AGREEMENT_MIN:
-            s["verdict"] = "agree"
-        elif not s["inputs_agree"]:
-            s["verdict"] = "numerics: the engines' q/k inputs to this layer already differ"
-        else:
-            s["verdict"] = "capture: q/k agree but rows differ"
-    result["layers"] = {str(k): v for k, v in sorted(layers.items())}
-    first = [l for l in sorted(layers)][:2]
-    result["first_layers"] = first
-    result["passed_rows_first_layers"] = all(layers[l]["rows_within_bf16_tol"] for l in first)
-    result["passed_alignment_all_layers"] = all(s["aligned_agreement"] >= ALIGN_AGREEMENT_MIN for s in layers.values())
-    result["no_capture_fault"] = all(not s["verdict"].startswith("capture") for s in layers.values())
-    del model, loaded
-    torch.cuda.empty_cache()
-
-    # 3. The real hf_qk_fast seam on the same weights: its own greedy drafts vs vLLM's.
-    try:
-        from alignatt.seams import make_seam
-
-        hf = make_seam("hf_qk_fast", model=str(ckpt), heads=heads, device="cuda", dtype="bfloat16")
-        same_prefix, total, row_max = 0, 0, 0.0
-        for pid, req, d, _ in vllm_runs:
-            h = hf.draft(req)
-            a, b = [t.token_id for t in d.tokens], [t.token_id for t in h.tokens]
-            n = 0
-            while n < min(len(a), len(b)) and a[n] == b[n]:
-                n += 1
-            same_prefix += n
-            total += len(a)
-            if n:
-                ra = np.stack([t.rows for t in d.tokens[:n]])
-                rb = np.stack([t.rows for t in h.tokens[:n]])
-                row_max = max(row_max, float(np.abs(ra - rb).max()))
-        result["hf_qk_fast_seam"] = {"tokens_in_common_prefix": same_prefix, "vllm_tokens": total,
-                                     "row_max_abs_on_common_prefix": row_max}
-    except Exception as e:  # noqa: BLE001 - report, the teacher-forced comparison above stands
-        result["hf_qk_fast_seam"] = {"error": f"{type(e).__name__}: {e}"}
-    result["passed"] = bool(result["passed_rows_first_layers"] and result["passed_alignment_all_layers"]
-                            and result["vllm_self_consistency"]["passed"])
-    return result
-
-
 def worker_main(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     try:
-        result = {"drafts": worker_drafts, "parity": worker_parity}[spec["task"]](spec)
+        from alignatt.vllm_parity import worker_parity_hf, worker_parity_vllm
+
+        tasks = {"drafts": worker_drafts, "parity_vllm": worker_parity_vllm, "parity_hf": worker_parity_hf}
+        result = tasks[spec["task"]](spec)
         result["ok"] = True
     except Exception as e:  # noqa: BLE001 - the parent records it
         traceback.print_exc()
@@ -425,8 +288,9 @@ def run_worker(spec: dict, workdir: Path, timeout_s: float) -> dict:
     say(f"worker {name}: start (timeout {timeout_s:.0f} s)")
     started = time.perf_counter()
     try:
+        env = dict(os.environ, **spec.get("env", {}))
         proc = subprocess.run([sys.executable, "-m", "alignatt.vllm_checks", "worker", str(spec_path)],
-                              timeout=timeout_s)
+                              timeout=timeout_s, env=env)
         rc = proc.returncode
     except subprocess.TimeoutExpired:
         return {"ok": False, "error": f"timed out after {timeout_s:.0f} s", "wall_s": timeout_s}
@@ -473,8 +337,37 @@ def compare_drafts(a: list[dict], b: list[dict]) -> dict:
             "differing": differing[:48]}
 
 
+def identity_probe(raw: Any, prompt_tokens: int) -> dict:
+    """What identifies a request's capture on its shallowest captured layer: the first drafted
+    token's q (all captured heads) and the prompt's keys, as read back through its block table."""
+    layer = min(raw.layers)
+    d = raw.layers[layer]
+    return {"layer": int(layer), "q0": np.asarray(d["q"][0], dtype=np.float32),
+            "keys": np.asarray(d["keys"][: max(0, prompt_tokens - int(d["key_lo"]))], dtype=np.float32),
+            "key_lo": int(d["key_lo"])}
+
+
+def _min_cos(a: np.ndarray, b: np.ndarray) -> Optional[float]:
+    a = a.reshape(-1, a.shape[-1]).astype(np.float64)
+    b = b.reshape(-1, b.shape[-1]).astype(np.float64)
+    if a.shape != b.shape or not a.size:
+        return None
+    cos = (a * b).sum(-1) / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), 1e-30)
+    return float(cos.min())
+
+
+BATCH_IDENTITY_MIN_COS = 0.9  # own capture: ~1 (batch numerics at most); another request's: ~0
+
+
 def compare_batch(batch: list[dict], singles: list[dict]) -> dict:
-    """Each request of a batched step vs the same request drafted alone (repeat 0)."""
+    """Each request of a batched step vs the same request drafted alone (repeat 0).
+
+    Own rows are judged on identity, not equality: a random-weight Gemma-4 amplifies the tiny
+    numeric differences of batched GEMMs with depth, so a batched draft may part from the alone
+    one. What cannot differ is whose q and keys were read: on the shallowest captured layer the
+    first drafted token's q and the prompt's keys must match the request's own (cosine ~1; another
+    request's are unrelated, ~0). Rows and tokens vs the alone draft are reported beside it.
+    """
     alone = {r["id"]: r for r in singles if r["repeat"] == 0}
     out = []
     for rb in batch:
@@ -487,12 +380,21 @@ def compare_batch(batch: list[dict], singles: list[dict]) -> dict:
         if n:
             d = np.abs(ra["rows"][:n] - rb["rows"][:n])
             entry["row_max_abs"] = float(d.max())
+            entry["bit_identical_on_prefix"] = bool(np.array_equal(ra["rows"][:n], rb["rows"][:n]))
             entry["aligned_agreement"] = float((ra["rows"][:n].argmax(-1) == rb["rows"][:n].argmax(-1)).mean())
-            entry["own_rows"] = entry["aligned_agreement"] >= ALIGN_AGREEMENT_MIN
-        else:
-            entry["own_rows"] = False
+        pa, pb = ra.get("probe"), rb.get("probe")
+        if pa is not None and pb is not None:
+            entry["probe_layer"] = pb["layer"]
+            entry["q0_min_cos"] = _min_cos(pb["q0"], pa["q0"])
+            entry["prompt_keys_min_cos"] = _min_cos(pb["keys"], pa["keys"]) if pa["key_lo"] == pb["key_lo"] else None
+            entry["own_rows"] = bool(entry["q0_min_cos"] is not None and entry["q0_min_cos"] >= BATCH_IDENTITY_MIN_COS
+                                     and entry["prompt_keys_min_cos"] is not None
+                                     and entry["prompt_keys_min_cos"] >= BATCH_IDENTITY_MIN_COS)
+        else:  # no raw capture kept: fall back to agreement with the alone draft
+            entry["own_rows"] = bool(n and entry["aligned_agreement"] >= ALIGN_AGREEMENT_MIN)
         out.append(entry)
-    return {"requests": out, "passed": bool(out) and all(e["own_rows"] for e in out)}
+    return {"requests": out, "passed": bool(out) and all(e["own_rows"] for e in out),
+            "identity_min_cos": BATCH_IDENTITY_MIN_COS}
 
 
 def timing_summary(drafts: list[dict]) -> dict:
@@ -541,8 +443,8 @@ def _e4b_spec(name: str, mode: str, args: argparse.Namespace, **kw: Any) -> dict
 def check_exact(args: argparse.Namespace, workdir: Path) -> dict:
     eager = run_worker(_e4b_spec("exact_eager", "eager", args, capture_output=True, batch_check=True),
                        workdir, args.worker_timeout)
-    graph = run_worker(_e4b_spec("exact_cudagraph", "cudagraph", args, batch_check=True), workdir,
-                       args.worker_timeout)
+    graph = run_worker(_e4b_spec("exact_cudagraph", "cudagraph", args, capture_output=True, batch_check=True),
+                       workdir, args.worker_timeout)
     out: dict = {"eager": _worker_summary(eager), "cudagraph": _worker_summary(graph)}
     if eager.get("ok"):
         (workdir / "eager_drafts.pkl").write_bytes(pickle.dumps(eager["drafts"]))
@@ -551,28 +453,89 @@ def check_exact(args: argparse.Namespace, workdir: Path) -> dict:
         return out
     cmp = compare_drafts(graph["drafts"], eager["drafts"])
     out["cudagraph_vs_eager"] = cmp
+    out["draft_variety"] = draft_variety(eager["drafts"])
+    consistency = {"eager": eager.get("self_consistency"), "cudagraph": graph.get("self_consistency"),
+                   "eager_batch": eager.get("batch_self_consistency"),
+                   "cudagraph_batch": graph.get("batch_self_consistency")}
+    out["self_consistency"] = consistency
     out["batch"] = {"eager": compare_batch(eager["batch"], eager["drafts"]),
-                    "cudagraph": compare_batch(graph["batch"], graph["drafts"]),
-                    "eager_self_consistency": eager.get("batch_self_consistency")}
-    out["eager_self_consistency"] = eager.get("self_consistency")
+                    "cudagraph": compare_batch(graph["batch"], graph["drafts"])}
     n = cmp["rows"]
-    out["passed_exact"] = n == 16 * args.repeats and cmp["identical_drafts"] == cmp["identical_decisions"] == cmp[
-        "bit_identical_rows"] == n
-    out["passed_batch"] = out["batch"]["eager"]["passed"] and out["batch"]["cudagraph"]["passed"] and bool(
-        (eager.get("batch_self_consistency") or {}).get("passed"))
-    out["passed"] = bool(out["passed_exact"] and out["passed_batch"]
-                         and (eager.get("self_consistency") or {}).get("passed"))
+    # Equality only means something on real activations: varied drafts, live attention outputs.
+    out["passed_exact"] = bool(n == 16 * args.repeats and not out["draft_variety"]["degenerate"]
+                               and cmp["identical_drafts"] == cmp["identical_decisions"] == cmp["bit_identical_rows"] == n)
+    out["passed_batch"] = bool(out["batch"]["eager"]["passed"] and out["batch"]["cudagraph"]["passed"])
+    out["passed_self_consistency"] = all((c or {}).get("passed") for c in consistency.values())
+    out["degenerate"] = sorted({k for k, c in consistency.items() if (c or {}).get("status") == "degenerate activations"}
+                               | ({"drafts"} if out["draft_variety"]["degenerate"] else set()))
+    out["passed"] = bool(out["passed_exact"] and out["passed_batch"] and out["passed_self_consistency"])
     return out
 
 
-def check_parity(args: argparse.Namespace, workdir: Path) -> dict:
-    spec = {"name": "parity", "task": "parity", "checkpoint": str(workdir / "reduced-gemma4"),
-            "heads": [list(h) for h in PARITY_HEADS], "tokens": args.tokens, "tokenizer": args.tokenizer}
-    res = run_worker(spec, workdir, args.worker_timeout)
+def _reduced_spec(name: str, mode: str, dtype: str, args: argparse.Namespace, workdir: Path) -> dict:
+    spec = {"name": name, "task": "parity_vllm", "checkpoint": str(workdir / "reduced-gemma4"), "mode": mode,
+            "dtype": dtype, "heads": [list(h) for h in PARITY_HEADS], "tokens": args.tokens,
+            "tokenizer": args.tokenizer, "kv_cache_memory_gib": REDUCED_KV_GIB[dtype]}
+    if dtype == "float32":
+        # Triton's tl.dot takes fp32 inputs as TF32 unless told otherwise: the strict test wants IEEE
+        # fp32 in vLLM's attention kernel too (fresh kernel cache, so no TF32 build is reused).
+        spec["env"] = {"TRITON_F32_DEFAULT": "ieee", "TRITON_CACHE_DIR": str(workdir / "triton-cache-ieee")}
+    return spec
+
+
+def _vllm_parity_summary(res: dict) -> dict:
     if not res.get("ok"):
-        return {"passed": False, "error": res.get("error"), "traceback": res.get("traceback")}
-    res.pop("ok", None)
-    return res
+        return {"ok": False, "error": res.get("error"), "traceback": res.get("traceback")}
+    runs = res.get("runs") or []
+    return {"ok": True, "wall_s": res.get("wall_s"), "describe": res.get("describe"), "checkpoint": res.get("checkpoint"),
+            "triton_f32_default": res.get("triton_f32_default"), "self_consistency": res.get("self_consistency"),
+            "draft_variety": draft_variety(runs), "drafts": len(runs)}
+
+
+def check_parity(args: argparse.Namespace, workdir: Path) -> dict:
+    v16 = run_worker(_reduced_spec("parity_vllm_bf16", "eager", "bfloat16", args, workdir), workdir, args.worker_timeout)
+    v32 = run_worker(_reduced_spec("parity_vllm_fp32", "eager", "float32", args, workdir), workdir, args.worker_timeout)
+    out: dict = {"vllm_bf16": _vllm_parity_summary(v16), "vllm_fp32": _vllm_parity_summary(v32)}
+    if not (v16.get("ok") or v32.get("ok")):
+        out["passed"] = False
+        return out
+    spec = {"name": "parity_hf", "task": "parity_hf", "checkpoint": str(workdir / "reduced-gemma4"),
+            "heads": [list(h) for h in PARITY_HEADS], "tokens": args.tokens, "tokenizer": args.tokenizer,
+            "vllm_bf16": str(workdir / "parity_vllm_bf16.pkl") if v16.get("ok") else None,
+            "vllm_fp32": str(workdir / "parity_vllm_fp32.pkl") if v32.get("ok") else None}
+    hf = run_worker(spec, workdir, args.worker_timeout)
+    if not hf.get("ok"):
+        out.update(passed=False, error=hf.get("error"), traceback=hf.get("traceback"))
+        return out
+    for key in ("fp32", "bf16", "hf_qk_fast_seam"):
+        out[key] = hf.get(key)
+    out["hf_wall_s"] = hf.get("wall_s")
+    consistency = [out[k].get("self_consistency") or {} for k in ("vllm_bf16", "vllm_fp32")]
+    out["passed_fp32_strict"] = bool(v32.get("ok") and (out["fp32"] or {}).get("passed"))
+    out["passed_self_consistency"] = all(c.get("passed") for c in consistency)
+    out["degenerate"] = [k for k, c in zip(("vllm_bf16", "vllm_fp32"), consistency)
+                         if c.get("status") == "degenerate activations"]
+    out["passed"] = bool(out["passed_fp32_strict"] and out["passed_self_consistency"])
+    return out
+
+
+def check_compiled_reduced(args: argparse.Namespace, workdir: Path) -> dict:
+    """torch.compile + graphs on the reduced checkpoint: self-consistency, and its drafts vs the
+    eager bf16 ones of the parity check (same work dir)."""
+    res = run_worker(_reduced_spec("compiled_reduced", "compiled", "bfloat16", args, workdir), workdir,
+                     args.worker_timeout_compiled)
+    out = _vllm_parity_summary(res)
+    if not res.get("ok"):
+        return {"compiled": out, "passed": False}
+    eager_path = workdir / "parity_vllm_bf16.pkl"
+    if eager_path.exists():
+        with open(eager_path, "rb") as f:
+            eager = {r["id"]: r["token_ids"] for r in (pickle.load(f).get("runs") or [])}
+        same = [r["id"] for r in res["runs"] if eager.get(r["id"]) == r["token_ids"]]
+        out["identical_drafts_vs_eager"] = f"{len(same)}/{len(res['runs'])}"
+    sc = out["self_consistency"] or {}
+    return {"compiled": out, "self_consistency": sc, "passed": bool(sc.get("passed")),
+            "degenerate": ["compiled"] if sc.get("status") == "degenerate activations" else []}
 
 
 def check_compiled(args: argparse.Namespace, workdir: Path) -> dict:
@@ -582,13 +545,17 @@ def check_compiled(args: argparse.Namespace, workdir: Path) -> dict:
     if not res.get("ok"):
         out["passed"] = False
         return out
-    out["self_consistency"] = res.get("self_consistency")
+    sc = res.get("self_consistency") or {}
+    out["self_consistency"] = sc
+    out["draft_variety"] = draft_variety(res["drafts"])
     eager_path = workdir / "eager_drafts.pkl"
     if eager_path.exists():
         out["compiled_vs_eager"] = compare_drafts(res["drafts"], pickle.loads(eager_path.read_bytes()))
     else:
         out["compiled_vs_eager"] = "eager drafts unavailable (run the exact check first in the same --workdir)"
-    out["passed"] = bool((res.get("self_consistency") or {}).get("passed"))
+    out["degenerate"] = (["self_consistency"] if sc.get("status") == "degenerate activations" else []) + (
+        ["drafts"] if out["draft_variety"]["degenerate"] else [])
+    out["passed"] = bool(sc.get("passed"))
     return out
 
 
@@ -618,11 +585,13 @@ def _worker_summary(res: dict) -> dict:
     if res.get("drafts"):
         summary["timing"] = timing_summary(res["drafts"])
         summary["example_draft"] = res["drafts"][0]["text"][:200]
+        summary["draft_variety"] = draft_variety(res["drafts"])
     return summary
 
 
 CHECK_FUNCS = {
     "demo": check_demo, "exact": check_exact, "parity": check_parity, "compiled": check_compiled,
+    "compiled_reduced": check_compiled_reduced,
     "speed": lambda a, w: _check_speed(a, w, "cudagraph"),
     "speed_compiled": lambda a, w: _check_speed(a, w, "compiled"),
 }
@@ -642,13 +611,40 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
+def summary_word(result: dict) -> str:
+    if result.get("passed"):
+        return "passed"
+    if "error" in result:
+        return "error"
+    return "failed (degenerate activations)" if result.get("degenerate") else "failed"
+
+
+def select_checks(check: str, only: str, part: Optional[str]) -> list[str]:
+    """The checks one invocation runs, in order; raises ValueError naming unknown ones."""
+    if check != "all":
+        if only or part:
+            raise ValueError("--only and --part go with 'all'")
+        return [check]
+    if only and part:
+        raise ValueError("give --only or --part, not both")
+    if part:
+        return list(PARTS[part])
+    checks = [c.strip() for c in only.split(",") if c.strip()] or list(ALL_CHECKS)
+    unknown = [c for c in checks if c not in ALL_CHECKS]
+    if unknown:
+        raise ValueError(f"unknown checks {unknown}: use {', '.join(ALL_CHECKS)}")
+    return checks
+
+
 def run_checks(checks: list[str], out_path: Path, args: argparse.Namespace) -> dict:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="alignatt-vllm-checks-"))
     workdir.mkdir(parents=True, exist_ok=True)
     artifact: dict = {"artifact": "vllm_checks", "schema_version": SCHEMA_VERSION, "checks": {}, "summary": {},
                       "config": {"tokens": args.tokens, "repeats": args.repeats, "tokenizer": args.tokenizer,
                                  "e4b_heads": E4B_TOP8, "e4b_shared_heads": E4B_SHARED,
-                                 "parity_heads": PARITY_HEADS, "weights": "synthetic (random)"}}
+                                 "parity_heads": PARITY_HEADS, "checks": list(checks),
+                                 "weights": "synthetic (random), initialised like transformers (alignatt.synthetic_init)",
+                                 "kv_cache_memory_gib": {"e4b": E4B_KV_GIB, "reduced": REDUCED_KV_GIB}}}
     try:
         from alignatt.provenance import collect_provenance
 
@@ -672,8 +668,7 @@ def run_checks(checks: list[str], out_path: Path, args: argparse.Namespace) -> d
             result = {"passed": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]}
         result["wall_s"] = round(time.perf_counter() - t, 1)
         artifact["checks"][name] = result
-        artifact["summary"][name] = "passed" if result.get("passed") else (
-            "error" if "error" in result else "failed")
+        artifact["summary"][name] = summary_word(result)
         say(f"check {name}: {artifact['summary'][name]} in {result['wall_s']} s")
         out_path.parent.mkdir(parents=True, exist_ok=True)
         out_path.write_text(json.dumps(_jsonable(artifact), indent=1) + "\n")
@@ -690,22 +685,24 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("check", choices=("all",) + ALL_CHECKS)
     parser.add_argument("--out", required=True, type=Path, help="the JSON artifact to write")
     parser.add_argument("--only", default="", help=f"comma-separated subset of {','.join(ALL_CHECKS)} (with 'all')")
+    parser.add_argument("--part", choices=sorted(PARTS), help="with 'all': one of the two halves that each fit in "
+                        "one ~9-minute GPU call (" + "; ".join(f"{k}: {','.join(v)}" for k, v in PARTS.items()) + ")")
     parser.add_argument("--workdir", default=os.environ.get("ALIGNATT_CHECKS_WORKDIR"),
                         help="scratch dir shared by the checks (eager drafts feed the compiled check)")
     parser.add_argument("--tokens", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tokenizer", choices=("auto", "tiny"), default="auto")
-    parser.add_argument("--budget-s", type=float, default=570.0, help="start no new check after this")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="start no new check after this many seconds (default 450 for one part, 900 for both)")
     parser.add_argument("--worker-timeout", type=float, default=300.0)
     parser.add_argument("--worker-timeout-compiled", type=float, default=420.0)
     args = parser.parse_args(argv)
-    if args.check == "all":
-        checks = [c.strip() for c in args.only.split(",") if c.strip()] or list(DEFAULT_CHECKS)
-        unknown = [c for c in checks if c not in ALL_CHECKS]
-        if unknown:
-            parser.error(f"unknown checks {unknown}: use {', '.join(ALL_CHECKS)}")
-    else:
-        checks = [args.check]
+    try:
+        checks = select_checks(args.check, args.only, args.part)
+    except ValueError as e:
+        parser.error(str(e))
+    if args.budget_s is None:
+        args.budget_s = 450.0 if any(set(checks) <= set(p) for p in PARTS.values()) else 900.0
     artifact = run_checks(checks, args.out, args)
     say("summary: " + ", ".join(f"{k}={v}" for k, v in artifact["summary"].items()))
     return 0 if all(v == "passed" for v in artifact["summary"].values()) else 1

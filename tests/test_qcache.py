@@ -322,3 +322,36 @@ def test_cpu_replay_graph_reruns_tensor_ops_into_captured_memory_only():
     g.replay()
     g.replay()
     assert seen == [1] and torch.equal(x, torch.full((3,), 3.0))
+
+
+# ---- self-consistency: the layer's own output vs softmax(q K) V from the capture ----
+
+
+def test_consistency_stats_are_norm_relative_and_skip_dead_rows():
+    from alignatt.qcache import TINY_OUTPUT_RMS, consistency_stats, judge_consistency
+
+    g = torch.Generator().manual_seed(1)
+    rebuilt = torch.randn(30, 2, 64, generator=g)
+    own = rebuilt.to(torch.bfloat16).float()  # what a bf16 kernel writes
+    s = consistency_stats(own, rebuilt)
+    assert s["rows"] == 60 and s["live_rows"] == 60
+    assert 0 < s["max_rel_err"] < 0.01 and s["min_cos"] > 0.9999
+    assert judge_consistency(s, 0.02, 0.999) == "passed"
+
+    # a few dead rows (e.g. a head attending to ~nothing) are left out of the cosine...
+    dead = rebuilt.clone()
+    dead[:3] = 0
+    s = consistency_stats(dead.clone(), dead)
+    assert s["live_rows"] == 54 and s["min_cos"] == pytest.approx(1.0)
+    assert judge_consistency(s, 0.02, 0.999) == "passed"
+    # ...but a layer of dead rows says so instead of passing or failing on meaningless numbers
+    tiny = TINY_OUTPUT_RMS * 1e-6
+    s = consistency_stats(rebuilt * tiny, rebuilt * tiny * 1.5)
+    assert s["live_rows"] == 0 and s["min_cos"] is None and s["max_rel_err"] < 1e-5
+    assert judge_consistency(s, 0.02, 0.999) == "degenerate activations"
+
+    # a wrong capture (other rows) fails on both measures
+    s = consistency_stats(rebuilt.flip(0), rebuilt)
+    assert s["max_rel_err"] > 0.5 and judge_consistency(s, 0.02, 0.999) == "failed"
+    with pytest.raises(ValueError):
+        consistency_stats(rebuilt[:2], rebuilt)

@@ -1,91 +1,29 @@
-"""The CPU-runnable parts of the vLLM capture checks: the reduced Gemma-4 checkpoint (with the
-k_norm vLLM needs), the transformers teacher-forced q/k recorder (checked against the real
-`hf_qk_fast` seam), draft comparisons, and clean refusals where CUDA or vLLM is missing."""
+"""The CPU-runnable parts of the vLLM capture checks: draft comparisons, the self-consistency
+verdicts (incl. "degenerate activations"), draft variety, check selection per part, and clean
+refusals where CUDA or vLLM is missing. (Cross-engine parity: tests/test_vllm_parity.py.)"""
 
 import json
 
 import numpy as np
 import pytest
 import torch
-from safetensors import safe_open
 
 from alignatt.capture import Head
 from alignatt.errors import AlignattError
 from alignatt.vllm_checks import (
-    PARITY_HEADS,
-    build_reduced_checkpoint,
+    ALL_CHECKS,
+    PARTS,
     compare_batch,
     compare_drafts,
     draft_record,
+    draft_variety,
     main,
-    teacher_forced_qk,
+    select_checks,
+    summarize_consistency,
+    summary_word,
     timing_summary,
 )
 from tests.drafts import make_draft
-
-TINY_SIZES = {"hidden_size": 64, "intermediate_size": 128, "hidden_size_per_layer_input": 8,
-              "vocab_size": 512, "vocab_size_per_layer_input": 512}
-
-
-@pytest.fixture(scope="module")
-def reduced(tmp_path_factory):
-    from alignatt.models import tiny_tokenizer
-
-    target = tmp_path_factory.mktemp("reduced") / "ckpt"
-    info = build_reduced_checkpoint(target, tiny_tokenizer(), sizes=TINY_SIZES, device="cpu")
-    return target, info
-
-
-def test_reduced_checkpoint_has_every_layer_kind_and_k_norm_on_shared_layers(reduced):
-    target, info = reduced
-    config = json.loads((target / "config.json").read_text())
-    assert config["architectures"] == ["Gemma4ForCausalLM"] and config["model_type"] == "gemma4_text"
-    kinds = config["layer_types"]
-    assert kinds == ["sliding_attention"] * 5 + ["full_attention"] + ["sliding_attention"] * 5 + ["full_attention"]
-    assert info["kv_shared"] == [8, 9, 10, 11] and info["k_norm_added_on"] == [8, 9, 10, 11]
-    keys = set()
-    for f in target.glob("*.safetensors"):
-        with safe_open(str(f), "pt") as st:
-            keys |= set(st.keys())
-    for layer in range(12):
-        assert f"model.layers.{layer}.self_attn.k_norm.weight" in keys
-    assert "model.layers.9.self_attn.k_proj.weight" not in keys  # shared layers own no keys
-    with safe_open(str(next(target.glob("*.safetensors"))), "pt") as st:
-        if "model.layers.10.self_attn.k_norm.weight" in st.keys():
-            assert torch.equal(st.get_tensor("model.layers.10.self_attn.k_norm.weight").float(), torch.ones(256))
-
-
-@pytest.mark.slow
-def test_teacher_forced_recorder_rebuilds_the_hf_qk_fast_seam_rows(reduced):
-    """The transformers side of the parity check, on CPU: recording q/k over prompt + the seam's
-    own drafted tokens and rebuilding rows reproduces what `hf_qk_fast` returned."""
-    from alignatt.capture import DraftRequest
-    from alignatt.prompt import build_prompt
-    from alignatt.qcache import plan_capture, rebuild_rows, split_rows
-    from alignatt.seams import make_seam
-
-    target, _ = reduced
-    heads = [Head(l, h) for l, h in PARITY_HEADS]
-    seam = make_seam("hf_qk_fast", model=str(target), heads=heads, device="cpu", dtype="float32")
-    req = DraftRequest(source_words="the model gives itself more context".split(), committed_words=4,
-                       max_new_tokens=6)
-    draft = seam.draft(req)
-    assert draft.tokens, "the random model stopped at once; pick another prompt"
-    plans = plan_capture(seam.loaded.layout, heads)
-    prompt = build_prompt(seam.loaded.tokenizer, req)
-    qk = teacher_forced_qk(seam.loaded.model, plans, prompt.input_ids, [t.token_id for t in draft.tokens])
-    order = [(h.layer, plans[h.layer].heads.index(h.head)) for h in heads]
-    rebuilt = {}
-    for layer, plan in plans.items():
-        q, k, qpos = qk[layer]
-        probs = rebuild_rows(plan, q, qpos, k, torch.arange(k.shape[0]))
-        rebuilt[layer] = split_rows(probs, 0, prompt.source_token_positions, prompt.prefix_start)
-    rows = torch.stack([rebuilt[l].rows[:, i] for l, i in order], dim=1).numpy()
-    want = np.stack([t.rows for t in draft.tokens])
-    assert rows.shape == want.shape
-    # one full-sequence forward vs the seam's incremental decode: fp32 GEMMs of other shapes
-    assert np.abs(rows - want).max() <= 1e-4
-    assert np.array_equal(rows.argmax(-1), want.argmax(-1))
 
 
 def _record(pid, draft, repeat=0):
@@ -116,12 +54,83 @@ def test_compare_batch_wants_each_requests_own_rows():
     assert not compare_batch(swapped, alone)["passed"]
 
 
+def test_compare_batch_judges_identity_by_q_and_keys_when_numerics_part_the_drafts():
+    from types import SimpleNamespace
+
+    from alignatt.vllm_checks import identity_probe
+
+    g = np.random.default_rng(0)
+    words = "a b c d".split()
+
+    def raw(q, keys):  # a RawCapture-like object: shallowest layer 5 (full: keys from position 0)
+        return SimpleNamespace(layers={5: {"q": q, "keys": keys, "key_lo": 0}, 11: {"q": q, "keys": keys, "key_lo": 0}})
+
+    q1, k1 = g.standard_normal((2, 2, 16)), g.standard_normal((12, 2, 16))  # request p1: 2 tokens, 10-token prompt
+    q2, k2 = g.standard_normal((2, 2, 16)), g.standard_normal((12, 2, 16))
+    alone = _record("p1", make_draft(words, [" x", " y"], [0, 1]))
+    alone["probe"] = identity_probe(raw(q1, k1), 10)
+    assert alone["probe"]["layer"] == 5 and alone["probe"]["keys"].shape == (10, 2, 16)
+
+    # batched: other numerics -> another second token and other rows, but its own q and keys
+    parted = _record("p1", make_draft(words, [" x", " z"], [1, 2]), -1)
+    parted["token_ids"][1] = 999
+    parted["probe"] = identity_probe(raw(q1 + 1e-3 * g.standard_normal(q1.shape), k1), 10)
+    res = compare_batch([parted], [alone])
+    entry = res["requests"][0]
+    assert res["passed"] and entry["same_token_prefix"] == 1 and entry["q0_min_cos"] > 0.99
+    assert not entry["bit_identical_on_prefix"]
+
+    # batched with the other request's q (a slot mix-up) or keys (a block-table mix-up): not its own
+    for q, k in ((q2, k1), (q1, k2)):
+        mixed = _record("p1", make_draft(words, [" x", " y"], [0, 1]), -1)
+        mixed["probe"] = identity_probe(raw(q, k), 10)
+        assert not compare_batch([mixed], [alone])["passed"]
+
+
 def test_timing_summary_defines_per_token_once():
     d = make_draft("a b".split(), [" x", " y", " z"], [0, 1, 1])
     d.timings.prefill_ms, d.timings.decode_ms, d.timings.capture_ms, d.timings.reconstruct_ms = 30, 20, 3, 7
     s = timing_summary([_record("p", d)])
     assert s["per_token_ms"] == 20.0 and s["decode_ms_per_token"] == 10.0
     assert s["fetch_ms"] == 3 and s["reconstruct_ms"] == 7
+
+
+def test_self_consistency_passes_live_outputs_and_names_degenerate_ones():
+    g = torch.Generator().manual_seed(0)
+    live = torch.randn(20, 2, 256, generator=g)  # unit-RMS outputs, like Gemma-4's normed values
+    own = {5: [live.to(torch.bfloat16).float()], 6: [live * 1e-12]}  # layer 6: the dummy weights' ~0
+    rebuilt = {5: [live], 6: [live * 1e-12]}
+    res = summarize_consistency(own, rebuilt)
+    assert res["layers"]["5"]["status"] == "passed" and res["layers"]["5"]["max_rel_err"] < 0.01
+    assert res["layers"]["6"]["status"] == "degenerate activations" and res["layers"]["6"]["live_rows"] == 0
+    assert res["status"] == "degenerate activations" and not res["passed"] and res["degenerate_layers"] == [6]
+    assert summary_word({"passed": False, "degenerate": ["compiled"]}) == "failed (degenerate activations)"
+
+    wrong = summarize_consistency({5: [live.roll(1, dims=0)]}, {5: [live]})  # another token's output
+    assert wrong["status"] == "failed" and wrong["layers"]["5"]["min_cos"] < 0.5
+    assert summarize_consistency({5: [live]}, {5: [live]})["passed"]
+
+
+def test_draft_variety_flags_one_token_over_and_over():
+    pads = [{"token_ids": [0] * 20} for _ in range(3)]
+    assert draft_variety(pads)["degenerate"] and draft_variety(pads)["distinct_tokens"] == 1
+    text = [{"token_ids": list(range(i, i + 20))} for i in range(3)]
+    v = draft_variety(text)
+    assert not v["degenerate"] and v["distinct_tokens"] == 22 and v["tokens"] == 60
+    assert draft_variety([])["degenerate"]
+
+
+def test_the_two_parts_cover_every_check_once():
+    a, b = select_checks("all", "", "a"), select_checks("all", "", "b")
+    assert sorted(a + b) == sorted(ALL_CHECKS) and not set(a) & set(b)
+    assert a[0] == "demo" and b[0] == "compiled"  # part b compares with part a's eager drafts
+    assert select_checks("all", "", None) == list(ALL_CHECKS)
+    assert select_checks("all", "exact,parity", None) == ["exact", "parity"]
+    assert select_checks("parity", "", None) == ["parity"]
+    for bad in (("all", "exact", "a"), ("parity", "", "a"), ("all", "exact,bogus", None)):
+        with pytest.raises(ValueError):
+            select_checks(*bad)
+    assert set(PARTS) == {"a", "b"}
 
 
 def test_demo_check_writes_its_artifact_without_cuda(tmp_path):
