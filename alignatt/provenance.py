@@ -52,6 +52,9 @@ class Provenance(BaseModel):
     python: str
     cpu: str | None
     cpu_count: int | None
+    # 1/5/15-minute load averages when the block was collected (after the measurement): other
+    # work on the machine inflates timings, most of all on a small shared CPU; None off Unix
+    load_average: tuple[float, float, float] | None
     gpu_count: int
     gpus: list[GpuInfo]
     driver: str | None  # NVIDIA driver version; None without a GPU
@@ -129,6 +132,13 @@ def _cpu_model() -> str | None:
     return platform.processor() or None
 
 
+def _load_average() -> tuple[float, float, float] | None:
+    try:
+        return tuple(round(x, 2) for x in os.getloadavg())
+    except (AttributeError, OSError):
+        return None
+
+
 def _cuda_runtime_version() -> str | None:
     """Version of the libcudart this process can load (torch wheels bring their own)."""
     for lib in ("libcudart.so", "libcudart.so.13", "libcudart.so.12"):
@@ -187,6 +197,7 @@ def collect_provenance(
         python=platform.python_version(),
         cpu=_cpu_model(),
         cpu_count=os.cpu_count(),
+        load_average=_load_average(),
         gpu_count=len(gpus),
         gpus=gpus,
         driver=driver,

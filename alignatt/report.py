@@ -26,7 +26,7 @@ from alignatt.artifacts import (
     read_published,
 )
 from alignatt.errors import AlignattError
-from alignatt.report_rows import ResultRow, machine_of, our_rows, published_rows
+from alignatt.report_rows import ResultRow, load_note, machine_of, our_rows, published_rows
 
 TEMPLATE = "BENCHMARKS.md.j2"
 
@@ -137,8 +137,8 @@ def smoke_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
             retractions=a.retractions, p50=ms(a.rtt_ms_p50), p95=ms(a.rtt_ms_p95),
             fast_events=len(a.fast_path_events), fast_p50=ms(_percentile(latencies, 0.5)),
             fast_calls=str(sum(e.engine_calls for e in a.fast_path_events)), source=rel,
-            note="fast-path releases measured server-side" if a.fast_path_events
-            else "no commit-only updates released held text",
+            note="; ".join(["fast-path releases measured server-side" if a.fast_path_events
+                            else "no commit-only updates released held text", *load_note(a)]),
         ))
     return sorted(rows, key=lambda r: (r["date"], r["source"]))
 

@@ -58,6 +58,16 @@ def disagreements(sources: list[SourceFacts]) -> list[str]:
     return out
 
 
+def load_note(a: BenchArtifact | ServerSmokeArtifact) -> list[str]:
+    """A busy machine inflates timings (most of all a small shared CPU): say so when it was."""
+    p = a.provenance
+    if p.load_average is None or not p.cpu_count or p.load_average[2] <= 0.5 * p.cpu_count:
+        return []
+    loads = ", ".join(f"{x:g}" for x in p.load_average)
+    return [f"machine busy while measuring (load average {loads} over 1/5/15 min on "
+            f"{p.cpu_count} cores): timings inflated"]
+
+
 def machine_of(a: BenchArtifact | ServerSmokeArtifact | EnvArtifact) -> str:
     p = a.provenance
     if p.gpus:
@@ -189,6 +199,7 @@ def our_rows(runs: dict[str, dict[str, tuple[str, BenchArtifact]]]) -> list[Resu
                 ev = eager.seam("vllm_capture")
                 eager_rows = [r.model_dump() for r in ev.rows] if ev else []
             notes = [f"{s.seam} skipped: {s.skip_reason}" for s in a.seams if s.status == "skipped"]
+            notes += load_note(a)
             graph_notes, corrupt = _graph_check(
                 mode, [r.model_dump() for r in v.rows] if v else [], eager_rows, eager_rel)
             if a.synthetic_weights:

@@ -50,7 +50,7 @@ PARAMS = {
 def provenance(gpu: bool, model_id: str, revision: str, date: str = "2026-12-01") -> Provenance:
     return Provenance(
         schema_version=1, timestamp_utc=f"{date}T10:00:00Z", os="Linux-test", python="3.11.7",
-        cpu="Test CPU", cpu_count=2, gpu_count=1 if gpu else 0,
+        cpu="Test CPU", cpu_count=2, load_average=(0.5, 0.4, 0.3), gpu_count=1 if gpu else 0,
         gpus=[GpuInfo(name="NVIDIA H200", memory_mib=143771, compute_capability="9.0")] if gpu else [],
         driver="580.159.04" if gpu else None, cuda_runtime="13.0" if gpu else None,
         torch="2.11.0+cu130" if gpu else "2.13.0+cpu", torch_cuda_build="13.0" if gpu else None,

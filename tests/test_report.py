@@ -107,6 +107,15 @@ def test_graphed_run_that_diverges_is_marked_corrupt(tree):
     assert "No `cudagraph` row with a measured vLLM figure yet" in report.render_report(tree)
 
 
+def test_a_busy_machine_is_noted(tree):
+    path = tree / "outputs" / "cpu" / "bench_eager.json"
+    art = load_artifact(path)
+    art.provenance.load_average = (7.4, 6.6, 6.4)
+    write_artifact(path, art)
+    row = _row(report.collect_inputs(tree, report_params(tree)).rows(), "2026-12-01", "eager", historical=False)
+    assert any("machine busy" in n and "6.4" in n for n in row.notes)
+
+
 def test_smoke_section_reads_published_and_ours(tree):
     text = report.render_report(tree)
     assert "fast_path_events: 0" in text and "empty-source update" in text
