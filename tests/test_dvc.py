@@ -119,3 +119,21 @@ def test_pipeline_runs_end_to_end_on_fake_seams(tmp_path):
         ("bench_cudagraph.json", "provenance"), ("bench_eager.json", "provenance"),
     ], result.as_text()
     assert all("not alignatt's own seams" in f.message for f in result.findings)
+
+
+def test_gpu_host_runner_writes_what_the_stages_write(tmp_path):
+    """stages/gpu-run (no DVC, no typer on the H200 host) produces the dvc stage's files."""
+    out = tmp_path / "h200"
+    env = {**os.environ, "ALIGNATT_PYTHON": sys.executable, "PYTHONPATH": str(ROOT),
+           "ALIGNATT_BENCH_SEAM_FACTORY": "tests.bench_fakes:make_fake_seam", "ALIGNATT_PROFILE": "cpu"}
+    for stage in ("env", "cudagraph"):
+        done = subprocess.run([str(ROOT / "stages" / "gpu-run"), stage, str(out)], cwd=ROOT,
+                              capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in out.iterdir()) == [
+        "bench_cudagraph.json", "bench_cudagraph_metrics.json", "env.json", "latency_cudagraph.csv"]
+    from alignatt.artifacts import BenchArtifact, load_artifact
+
+    art = load_artifact(out / "bench_cudagraph.json")
+    assert isinstance(art, BenchArtifact) and art.config.vllm_mode == "cudagraph"
+    assert art.seams[0].status == "skipped"  # the fake factory has no vLLM, like this machine
