@@ -15,6 +15,11 @@ Modes: `eager` (enforce_eager), `cudagraph` (full decode CUDA graphs, no torch.c
 bit-exact scored mode) and `compiled` (vLLM's default torch.compile + graphs). Everything
 vLLM-specific is imported lazily: this module imports on a CPU machine without vLLM.
 
+Synthetic weights (`gemma4-e4b-synthetic`): vLLM's dummy loader makes Gemma-4's activations
+vanish with depth, so right after the model loads (before the KV cache and any graph) the
+weights are rewritten in place the way transformers initialises a fresh Gemma-4
+(alignatt.synthetic_init); `describe()` records it.
+
 Pinned against vLLM 0.22.1 (V1 GPU model runner, in-process engine, TRITON_ATTN KV layout
 [num_blocks, 2, block_size, num_kv_heads, head_size]); every internal it touches is checked at
 engine start and a mismatch raises naming what differed.
