@@ -151,7 +151,7 @@ def _server_config(
     heads: str | None, top_k: int, device: str, dtype: str | None, max_sessions: int,
     max_utterance_words: int, vllm_mode: str | None,
 ):
-    from alignatt.server import server_config
+    from alignatt.server_config import server_config
 
     return server_config(
         config_path=config, host=host, port=port, model=model, seam=seam, preset=preset,

@@ -8,7 +8,8 @@ from contextlib import contextmanager
 from websockets.sync.client import connect
 
 from alignatt.heads import HeadSet, RankedHead, write_head_set
-from alignatt.server import DirectionRoute, ServerConfig, ServerLimits, ServerThread
+from alignatt.server import ServerThread
+from alignatt.server_config import DirectionRoute, ServerConfig, ServerLimits
 from tests.mt_fakes import FakeSeam
 
 

@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from alignatt.errors import AlignattError
-from alignatt.server import SESSION_PRESETS, resolve_preset, server_config
+from alignatt.server_config import SESSION_PRESETS, resolve_preset, server_config
 from tests.server_client import Client, fake_server
 
 SRC = "the causal encoder processes each block once.".split()

@@ -8,15 +8,9 @@ from typer.testing import CliRunner
 from alignatt.artifacts import ServerSmokeArtifact, load_artifact
 from alignatt.cli import app
 from alignatt.errors import AlignattError
-from alignatt.smoke import (
-    SmokeOptions,
-    asr_events,
-    ends_sentence,
-    load_stream,
-    percentile,
-    run_smoke,
-    wlk_available,
-)
+from alignatt.replay import asr_events, count_retractions, ends_sentence, load_stream
+from alignatt.smoke import SmokeOptions, percentile, run_smoke
+from alignatt.wlk_client import wlk_available
 from tests.server_client import FakeFactory
 
 # A model name whose default head set is bundled, so the fake engine gets real head coordinates.
@@ -43,6 +37,18 @@ def test_percentile():
     assert percentile([], 0.5) is None
     assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0
     assert percentile([0.0, 10.0], 0.95) == 9.5
+
+
+def test_retractions_are_counted_per_session_and_utterance():
+    events = [
+        {"utterance_id": 0, "committed_text": "Die"},
+        {"utterance_id": 0, "committed_text": "Die Katze"},
+        {"utterance_id": 0, "committed_text": "Die Hunde"},  # a retraction
+        {"utterance_id": 1, "committed_text": ""},  # a new utterance starts empty
+        {"connection": 7, "utterance_id": 0, "committed_text": "Wir"},  # a new session
+        {"error": "processing_failed"},
+    ]
+    assert count_retractions(events) == 1
 
 
 def test_smoke_artifact_with_a_fake_engine(tmp_path):
@@ -116,7 +122,7 @@ def test_smoke_on_the_embedded_model(tmp_path):
 @pytest.mark.skipif(not wlk_available(), reason="WhisperLiveKit client not installed")
 @pytest.mark.filterwarnings("ignore:connect\\(\\) must be used:DeprecationWarning")
 def test_wlk_client_that_times_out_reconnects_and_the_smoke_goes_on(tmp_path, monkeypatch):
-    from alignatt.smoke import load_wlk_client
+    from alignatt.wlk_client import load_wlk_client
 
     # one slow final (past the client's call timeout, shortened here) drops the connection
     monkeypatch.setattr(load_wlk_client(), "_CALL_TIMEOUT_SECONDS", 0.5)
