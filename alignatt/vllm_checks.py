@@ -284,6 +284,7 @@ def worker_main(spec_path: str) -> int:
 def run_worker(spec: dict, workdir: Path, timeout_s: float) -> dict:
     name = spec["name"]
     spec = dict(spec, result=str(workdir / f"{name}.pkl"))
+    Path(spec["result"]).unlink(missing_ok=True)  # a rerun in the same work dir must not read the last result
     spec_path = workdir / f"{name}.json"
     spec_path.write_text(json.dumps(spec))
     say(f"worker {name}: start (timeout {timeout_s:.0f} s)")
@@ -609,6 +610,8 @@ def _jsonable(x: Any) -> Any:
         return None if math.isnan(float(x)) else float(x)
     if isinstance(x, (np.integer,)):
         return int(x)
+    if isinstance(x, np.bool_):
+        return bool(x)
     return x
 
 

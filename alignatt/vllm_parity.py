@@ -318,6 +318,7 @@ def worker_parity_hf(spec: dict) -> dict:
     torch.set_float32_matmul_precision("highest")
     tokenizer, _ = choose_tokenizer(spec.get("tokenizer", "auto"))
     ckpt = spec["checkpoint"]
+    device = spec.get("device", "cuda")
     heads = [Head(l, h) for l, h in spec["heads"]]
     prompts = {pid: build_prompt(tokenizer, req) for pid, req in bench_requests(spec["tokens"])}
     runs32, runs16 = _load_runs(spec.get("vllm_fp32")), _load_runs(spec.get("vllm_bf16"))
@@ -327,7 +328,7 @@ def worker_parity_hf(spec: dict) -> dict:
     noise_stats: dict[int, Agreement] = {}
     hf32_on_bf16_tokens: dict[str, dict] = {}
 
-    m32 = load_model(ckpt, device="cuda", dtype="float32", reuse=False)
+    m32 = load_model(ckpt, device=device, dtype="float32", reuse=False)
     plans = plan_capture(m32.layout, heads)
     for run in runs32 or []:
         hf = hf_layer_captures(m32.model, plans, prompts[run["id"]], run["token_ids"])
@@ -338,7 +339,7 @@ def worker_parity_hf(spec: dict) -> dict:
         hf32_on_bf16_tokens[run["id"]] = hf_layer_captures(m32.model, plans, prompts[run["id"]], run["token_ids"])
     del m32
     torch.cuda.empty_cache()
-    m16 = load_model(ckpt, device="cuda", dtype="bfloat16", reuse=False)
+    m16 = load_model(ckpt, device=device, dtype="bfloat16", reuse=False)
     for run in runs16 or []:
         hf = hf_layer_captures(m16.model, plans, prompts[run["id"]], run["token_ids"])
         v = vllm_layer_captures(run, prompts[run["id"]])
@@ -374,18 +375,18 @@ def worker_parity_hf(spec: dict) -> dict:
     result["hf_qk_fast_seam"] = {}
     for dtype, runs in (("float32", runs32), ("bfloat16", runs16)):
         if runs:
-            result["hf_qk_fast_seam"][dtype] = hf_seam_drafts(ckpt, heads, dtype, runs, spec["tokens"])
+            result["hf_qk_fast_seam"][dtype] = hf_seam_drafts(ckpt, heads, dtype, runs, spec["tokens"], device)
     return result
 
 
-def hf_seam_drafts(ckpt: str, heads: list, dtype: str, runs: list[dict], tokens: int) -> dict:
+def hf_seam_drafts(ckpt: str, heads: list, dtype: str, runs: list[dict], tokens: int, device: str = "cuda") -> dict:
     """The real `hf_qk_fast` seam's own greedy drafts vs vLLM's (reported: greedy paths part at
     the first near-tie, after which rows are not comparable)."""
     from alignatt.seams import make_seam
     from alignatt.vllm_checks import bench_requests
 
     try:
-        seam = make_seam("hf_qk_fast", model=ckpt, heads=heads, device="cuda", dtype=dtype)
+        seam = make_seam("hf_qk_fast", model=ckpt, heads=heads, device=device, dtype=dtype)
         requests = dict(bench_requests(tokens))
         same_prefix = total = identical = 0
         row_max = 0.0

@@ -161,3 +161,67 @@ def test_vllm_seam_refuses_cleanly_without_cuda():
         VllmCaptureSeam("gemma4-e4b-synthetic", [Head(11, 3)])
     with pytest.raises(AlignattError, match="unknown vllm_mode"):
         VllmCaptureSeam("gemma4-e4b-synthetic", [Head(11, 3)], vllm_mode="turbo")
+
+
+def test_parent_side_of_every_check_with_stand_in_workers(monkeypatch, tmp_path):
+    """The checks' own logic (what they ask of workers, how they judge and write the artifact)
+    with workers replaced by stand-ins shaped like the real ones' results."""
+    import argparse
+    import pickle
+
+    import alignatt.vllm_checks as vc
+
+    words = "a b c d".split()
+    live = torch.randn(40, 1, 64)
+    good = summarize_consistency({5: [live]}, {5: [live]})
+    asked = []
+
+    def drafts(n_repeats):
+        recs = []
+        for rep in range(n_repeats):
+            for i in range(16):
+                r = _record(f"p{i}" if i >= 3 else vc.BATCH_IDS[i], make_draft(words, [" x", " y"], [i % 4, 1]), rep)
+                r["token_ids"] = [7 + i, 9]
+                r["timings"] = {"prefill_ms": 30.0, "decode_ms": 5.0, "capture_ms": 1.0, "reconstruct_ms": 2.0}
+                recs.append(r)
+        return recs
+
+    def fake_run_worker(spec, workdir, timeout_s):
+        asked.append((spec["name"], spec.get("mode"), spec.get("dtype"), spec.get("env", {}).get("TRITON_F32_DEFAULT"),
+                      spec.get("kv_cache_memory_gib"), spec.get("capture_output")))
+        if spec["task"] == "drafts":
+            res = {"ok": True, "describe": {"vllm_mode": spec["mode"]}, "tokenizer": "t", "drafts": drafts(spec["repeats"])}
+            if spec.get("capture_output"):
+                res["self_consistency"] = good
+            if spec.get("batch_check"):
+                res["batch"] = [dict(r, repeat=-1) for r in res["drafts"][:3]]
+                res["batch_self_consistency"] = good
+            return res
+        if spec["task"] == "parity_vllm":
+            res = {"ok": True, "runs": [{"id": "p3", "token_ids": [1, 2]}], "self_consistency": good,
+                   "describe": {}, "checkpoint": {}, "triton_f32_default": spec.get("env", {}).get("TRITON_F32_DEFAULT")}
+            (workdir / f"{spec['name']}.pkl").write_bytes(pickle.dumps(res))
+            return res
+        assert spec["task"] == "parity_hf" and spec["vllm_fp32"] and spec["vllm_bf16"]
+        return {"ok": True, "fp32": {"passed": True, "layers": {}}, "bf16": {"layers": {}}, "hf_qk_fast_seam": {}}
+
+    monkeypatch.setattr(vc, "run_worker", fake_run_worker)
+    args = argparse.Namespace(workdir=str(tmp_path / "w"), tokens=20, repeats=3, tokenizer="auto", budget_s=1e9,
+                              worker_timeout=1.0, worker_timeout_compiled=1.0)
+    out = tmp_path / "a.json"
+    checks = ["exact", "parity", "speed", "compiled_reduced", "compiled"]
+    art = vc.run_checks(checks, out, args)
+    assert art["summary"] == {c: "passed" for c in checks}, json.dumps(art["checks"], indent=1, default=str)
+    data = json.loads(out.read_text())
+    assert data["checks"]["exact"]["cudagraph_vs_eager"]["bit_identical_rows"] == 48
+    assert data["checks"]["compiled"]["compiled_vs_eager"]["rows"] == 48  # read part a's eager drafts
+    assert data["checks"]["compiled_reduced"]["compiled"]["identical_drafts_vs_eager"] == "1/1"
+    # the strict parity run is fp32 with IEEE Triton dots; both E4B exact runs keep the attention output
+    assert ("parity_vllm_fp32", "eager", "float32", "ieee", 0.5, None) in asked
+    assert [a[5] for a in asked if a[0].startswith("exact_")] == [True, True]
+
+    # degenerate activations fail loudly, by name
+    bad = summarize_consistency({5: [live * 1e-12]}, {5: [live * 1e-12]})
+    good.update(bad)
+    art = vc.run_checks(["exact"], tmp_path / "b.json", args)
+    assert art["summary"]["exact"] == "failed (degenerate activations)"

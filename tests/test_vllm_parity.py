@@ -175,3 +175,60 @@ def test_noise_verdict_compares_the_cross_engine_gap_with_one_engines_bf16_noise
     # one engine computes something else: far beyond its own rounding
     assert noise_verdict(stats(0.90, 0.60), stats(0.9999, 0.99)) == "beyond bf16 noise"
     assert noise_verdict(stats(None, None), stats(0.9, 0.9)) == "not compared"
+
+
+@pytest.mark.slow
+def test_transformers_worker_end_to_end_on_cpu_with_stand_in_vllm_runs(reduced, tmp_path):
+    """The whole transformers side of the parity check (worker_parity_hf) on CPU, fed "vLLM" runs
+    made from transformers fp32 captures of the real hf_qk_fast seam's drafts: the strict fp32
+    comparison must pass with ~0 differences, the bf16 one must come with its noise reference,
+    and the seam comparison must find the same drafts."""
+    import pickle
+
+    from alignatt.models import load_model
+    from alignatt.prompt import build_prompt
+    from alignatt.qcache import plan_capture, rebuild_rows
+    from alignatt.seams import make_seam
+    from alignatt.vllm_checks import bench_requests, choose_tokenizer
+    from alignatt.vllm_parity import worker_parity_hf
+
+    target = str(reduced[0])
+    heads = [Head(l, h) for l, h in PARITY_HEADS]
+    tokenizer, _ = choose_tokenizer("tiny")
+    seam = make_seam("hf_qk_fast", model=target, heads=heads, device="cpu", dtype="float32")
+    model = load_model(target, device="cpu", dtype="float32")
+    plans = plan_capture(model.layout, heads)
+    order = [(h.layer, plans[h.layer].heads.index(h.head)) for h in heads]
+    runs = []
+    for pid, req in bench_requests(3)[:2]:
+        draft = seam.draft(req)
+        tokens = [t.token_id for t in draft.tokens]
+        prompt = build_prompt(tokenizer, req)
+        caps = hf_layer_captures(model.model, plans, prompt, tokens)
+        qpos = torch.arange(len(prompt.input_ids) - 1, len(prompt.input_ids) - 1 + len(tokens))
+        layers = {}
+        for layer, plan in plans.items():
+            c = caps[layer]
+            probs = rebuild_rows(plan, c["q"], qpos, c["keys"], torch.arange(c["keys"].shape[0]))
+            layers[layer] = {"q": c["q"].numpy(), "keys": c["keys"].numpy(), "key_lo": 0, "probs": probs.numpy()}
+        rows = torch.stack([caps[l]["rows"][:, i] for l, i in order], dim=1).numpy()
+        runs.append({"id": pid, "token_ids": tokens, "rows": rows, "layers": layers})
+    path = tmp_path / "vllm.pkl"
+    path.write_bytes(pickle.dumps({"ok": True, "runs": runs}))
+    spec = {"checkpoint": target, "heads": [list(h) for h in PARITY_HEADS], "tokens": 3, "tokenizer": "tiny",
+            "device": "cpu", "vllm_fp32": str(path), "vllm_bf16": str(path)}
+    res = worker_parity_hf(spec)
+
+    fp32 = res["fp32"]
+    assert fp32["passed"] and sorted(int(k) for k in fp32["layers"]) == list(range(12))
+    for s in fp32["layers"].values():
+        assert s["row_max_abs"] < 1e-4 and s["aligned_agreement"] == 1.0 and s["verdict"] == "agree"
+    bf16 = res["bf16"]["layers"]
+    assert set(bf16) == set(fp32["layers"])
+    for s in bf16.values():  # "vLLM" here is fp32, transformers bf16: the gap is bf16 rounding
+        assert s["noise_verdict"] in ("within bf16 noise", "beyond bf16 noise")
+        assert s["hf_bf16_vs_hf_fp32"]["q_mean_cos"] is not None
+    assert res["hf_qk_fast_seam"]["float32"]["identical_drafts"] == 2
+    # the seam decodes incrementally, the recorder runs one full-sequence forward: fp32 GEMMs of
+    # other shapes, so not bit-equal
+    assert res["hf_qk_fast_seam"]["float32"]["row_max_abs_on_common_prefix"] < 1e-3
