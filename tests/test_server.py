@@ -211,3 +211,10 @@ def test_foreground_serve_answers_and_stops_on_interrupt(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_console_script_main_reports_bad_options(capsys):
+    from alignatt.server import main
+
+    assert main(["--preset", "turbo"]) == 2
+    assert "error: unknown preset 'turbo'" in capsys.readouterr().err

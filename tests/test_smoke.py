@@ -95,6 +95,12 @@ def test_bad_options_fail_clearly(tmp_path):
     r = CliRunner().invoke(app, ["smoke", "--preset", "turbo", "--out", str(tmp_path / "x.json")])
     assert r.exit_code == 2 and "error: unknown preset 'turbo'" in r.output
     assert not (tmp_path / "x.json").exists()
+    # `python -m alignatt.smoke` (no typer) behaves the same
+    from alignatt.smoke import main
+
+    assert main(["--preset", "turbo", "--out", str(tmp_path / "x.json")]) == 2
+    assert main(["--client", "telepathy", "--out", str(tmp_path / "x.json")]) == 2
+    assert not (tmp_path / "x.json").exists()
 
 
 @pytest.mark.slow
