@@ -40,7 +40,6 @@ import torch
 from alignatt.capture import Draft, DraftRequest, Head, Timings, TokenCapture
 from alignatt.errors import AlignattError
 from alignatt.layout import AttentionLayout
-from alignatt.synthetic_init import HFLikeInit, hf_like_init
 from alignatt.qcache import (
     LayerPlan,
     QueryCache,
@@ -53,6 +52,7 @@ from alignatt.qcache import (
     slots_for_positions,
     split_rows,
 )
+from alignatt.synthetic_init import HFLikeInit, hf_like_init
 
 PINNED_VLLM = "0.22.1"
 VLLM_MODES = ("eager", "cudagraph", "compiled")
