@@ -12,6 +12,9 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q '$(TORCH_SPEC)'
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	# The unmodified WhisperLiveKit client, for the protocol tests and the smoke; its own heavy
+	# dependencies (ASR models) are not needed for the client module.
+	$(PY) -m pip install -q --no-deps whisperlivekit==0.2.26
 	touch $@
 
 install: $(VENV)/.installed
