@@ -135,7 +135,8 @@ def smoke_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
             model=str(a.config.get("model", "—")) + (" (synthetic weights)" if synthetic else ""),
             seam=str(a.config.get("seam", "—")), updates=a.updates, finals=a.finals,
             retractions=a.retractions, p50=ms(a.rtt_ms_p50), p95=ms(a.rtt_ms_p95),
-            fast_events=len(a.fast_path_events), fast_p50=ms(_percentile(latencies, 0.5)),
+            fast_events=f"{len(a.fast_path_events)} ({sum(bool(e.released_text) for e in a.fast_path_events)})",
+            fast_p50=ms(_percentile(latencies, 0.5)),
             fast_calls=str(sum(e.engine_calls for e in a.fast_path_events)), source=rel,
             note="; ".join(["fast-path releases measured server-side" if a.fast_path_events
                             else "no commit-only updates released held text", *load_note(a)]),

@@ -61,7 +61,9 @@ def disagreements(sources: list[SourceFacts]) -> list[str]:
 def load_note(a: BenchArtifact | ServerSmokeArtifact) -> list[str]:
     """A busy machine inflates timings (most of all a small shared CPU): say so when it was."""
     p = a.provenance
-    if p.load_average is None or not p.cpu_count or p.load_average[2] <= 0.5 * p.cpu_count:
+    # the 5-minute average spans a typical run; above the core count, work waited for a core
+    # (the measuring process itself accounts for about one core's worth)
+    if p.load_average is None or not p.cpu_count or p.load_average[1] <= p.cpu_count:
         return []
     loads = ", ".join(f"{x:g}" for x in p.load_average)
     return [f"machine busy while measuring (load average {loads} over 1/5/15 min on "

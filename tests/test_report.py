@@ -110,7 +110,7 @@ def test_graphed_run_that_diverges_is_marked_corrupt(tree):
 def test_a_busy_machine_is_noted(tree):
     path = tree / "outputs" / "cpu" / "bench_eager.json"
     art = load_artifact(path)
-    art.provenance.load_average = (7.4, 6.6, 6.4)
+    art.provenance.load_average = (7.4, 6.6, 6.4)  # 5-min 6.6 > 2 cores
     write_artifact(path, art)
     row = _row(report.collect_inputs(tree, report_params(tree)).rows(), "2026-12-01", "eager", historical=False)
     assert any("machine busy" in n and "6.4" in n for n in row.notes)
@@ -119,7 +119,7 @@ def test_a_busy_machine_is_noted(tree):
 def test_smoke_section_reads_published_and_ours(tree):
     text = report.render_report(tree)
     assert "fast_path_events: 0" in text and "empty-source update" in text
-    assert "| 2026-12-01 | CPU: Test CPU (2 cores) | gemma3-270m | hf_qk_fast | 42 | 6 | 0 | 180.50 | 420.25 | 3 | 0.40 | 0 |" in text
+    assert "| 2026-12-01 | CPU: Test CPU (2 cores) | gemma3-270m | hf_qk_fast | 42 | 6 | 0 | 180.50 | 420.25 | 3 (3) | 0.40 | 0 |" in text
 
 
 def test_check_detects_a_stale_document(tree):
