@@ -11,6 +11,7 @@ they carry (often only a date).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -199,6 +200,15 @@ def parse_artifact(data: Any) -> AnyArtifact:
             f"(this alignatt reads version {ARTIFACT_SCHEMA_VERSION})"
         )
     return _ARTIFACT.validate_python(data)
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex SHA-256 of a file, read in blocks (artifacts here; multi-GB images in the wrapper)."""
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            sha.update(block)
+    return sha.hexdigest()
 
 
 def load_json(path: str | Path) -> Any:

@@ -17,7 +17,6 @@ Exit status: 0 clean, 1 findings.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from alignatt.artifacts import (
     load_json,
     parse_artifact,
     read_published,
+    sha256_file,
 )
 from alignatt.errors import AlignattError
 from alignatt.provenance import HOST, NOT_INSTALLED
@@ -78,10 +78,6 @@ def read_manifest(path: Path) -> dict[str, str]:
             digest, _, name = line.strip().partition("  ")
             entries[name.lstrip("*")] = digest.lower()
     return entries
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 # ---- one artifact ----------------------------------------------------------------------------
@@ -179,7 +175,7 @@ def audit_manifest(manifest: Path, result: AuditResult) -> set[Path]:
         if not path.exists():
             result.add(str(path), "hash", f"listed in {manifest} but missing")
             continue
-        actual = _sha256(path)
+        actual = sha256_file(path)
         if actual != digest:
             result.add(str(path), "hash", f"SHA-256 {actual[:16]}… is not {digest[:16]}… from {manifest}: "
                        "historical artifacts must stay byte for byte as published")

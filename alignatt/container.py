@@ -16,7 +16,6 @@ parameter, so this is how a stage follows `profile:` without naming it twice.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
@@ -28,6 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from alignatt.artifacts import sha256_file
 from alignatt.errors import AlignattError
 from alignatt.provenance import CONTAINER_DIGEST_ENV, CONTAINER_IMAGE_ENV
 
@@ -125,14 +125,10 @@ def docker_digest(image: str) -> str:
 
 
 def file_digest(path: str) -> str:
-    sha = hashlib.sha256()
     try:
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                sha.update(block)
+        return "sha256:" + sha256_file(path)
     except OSError as e:
         raise AlignattError(f"apptainer image {path}: {e.strerror}") from None
-    return "sha256:" + sha.hexdigest()
 
 
 def _passthrough(names: list[str], environ: dict[str, str]) -> dict[str, str]:

@@ -9,8 +9,8 @@ committed document is stale. Which artifacts make a results row: `alignatt.repor
 
 from __future__ import annotations
 
-import hashlib
 import re
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from alignatt.artifacts import (
     ServerSmokeArtifact,
     load_artifact,
     read_published,
+    sha256_file,
 )
 from alignatt.errors import AlignattError
 from alignatt.report_rows import ResultRow, load_note, machine_of, our_rows, published_rows
@@ -95,19 +96,6 @@ def ratio(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}×"
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
-
-
 def smoke_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
     rows = []
     for rel, a in inputs.published:
@@ -136,7 +124,7 @@ def smoke_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
             seam=str(a.config.get("seam", "—")), updates=a.updates, finals=a.finals,
             retractions=a.retractions, p50=ms(a.rtt_ms_p50), p95=ms(a.rtt_ms_p95),
             fast_events=f"{len(a.fast_path_events)} ({sum(bool(e.released_text) for e in a.fast_path_events)})",
-            fast_p50=ms(_percentile(latencies, 0.5)),
+            fast_p50=ms(statistics.median(latencies) if latencies else None),
             fast_calls=str(sum(e.engine_calls for e in a.fast_path_events)), source=rel,
             note="; ".join(["fast-path releases measured server-side" if a.fast_path_events
                             else "no commit-only updates released held text", *load_note(a)]),
@@ -150,14 +138,14 @@ def artifact_list(inputs: ReportInputs) -> list[dict[str, str]]:
         items.append(dict(path=rel, kind=a.kind, schema="published (pre-schema)", date=a.date or "—",
                           torch=a.versions.get("torch") or "not recorded",
                           vllm=a.versions.get("vllm") or "not recorded", transformers="not recorded",
-                          sha256=_sha256(inputs.root / rel)[:12]))
+                          sha256=sha256_file(inputs.root / rel)[:12]))
     ours = [(rel, a) for rel, a in inputs.envs + inputs.smokes + inputs.measurements]
     ours += [v for runs in inputs.runs.values() for v in runs.values()]
     for rel, a in sorted(ours, key=lambda t: t[0]):
         p = a.provenance
         items.append(dict(path=rel, kind=a.kind, schema=f"v{a.schema_version}", date=p.date,
                           torch=p.torch, vllm=p.vllm, transformers=p.transformers,
-                          sha256=_sha256(inputs.root / rel)[:12]))
+                          sha256=sha256_file(inputs.root / rel)[:12]))
     return items
 
 
