@@ -237,9 +237,16 @@ def run_audit(paths: list[str] | None = None, root: str | Path = ".", report: bo
     for manifest in manifests:
         covered |= audit_manifest(manifest, result)
     for f in files:
-        if f.resolve() in covered or f.name.endswith("_metrics.json"):
+        if f.resolve() in covered or f.name.endswith("_metrics.json") or f.name == MANIFEST:
             continue  # metrics are checked with the bench artifact they derive from
         audit_artifact(f, result)
-    if report and (root / "params.yaml").exists():
-        audit_report(root, result)
+    if (root / "params.yaml").exists():
+        from alignatt.params import load_params
+
+        published = root / ((load_params(root / "params.yaml").get("report") or {})
+                            .get("published", "outputs/published"))
+        if published.is_dir() and not (published / MANIFEST).exists():
+            result.add(str(published), "hash", f"no {MANIFEST}: the historical artifacts cannot be checked")
+        if report:
+            audit_report(root, result)
     return result

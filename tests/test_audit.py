@@ -60,6 +60,13 @@ def test_an_unlisted_or_missing_historical_file_is_found(tree):
     assert ("mt_server_smoke_a100_20260709.json", "hash") in checks
 
 
+def test_a_deleted_manifest_is_found(tree):
+    (tree / "outputs/published/SHA256SUMS").unlink()
+    result = _audit(tree)
+    assert ("published", "hash") in _checks(result)
+    assert any("no SHA256SUMS" in f.message for f in result.findings)
+
+
 def test_a_missing_provenance_field_is_a_schema_finding(tree):
     _edit_json(tree / "outputs/h200/bench_eager.json", lambda d: d["provenance"].pop("vllm"))
     result = _audit(tree)
