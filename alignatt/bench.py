@@ -337,6 +337,26 @@ def run_bench(config: BenchConfig, runner: SeamRunner | None = None) -> BenchArt
     )
 
 
+def merge_bench(base: BenchArtifact, part: BenchArtifact) -> BenchArtifact:
+    """Add the seams of `part` to `base`: one stage measured in several calls (a GPU host that
+    limits a command's time). Both must be the same session: same config apart from the seams,
+    same day, machine, versions, commit and model. The provenance kept is `base`'s."""
+    a, b = base.config.model_dump(exclude={"seams"}), part.config.model_dump(exclude={"seams"})
+    differ = sorted(k for k in a if a[k] != b[k])
+    pa, pb = base.provenance, part.provenance
+    facts = ("date", "gpus", "torch", "vllm", "transformers", "git_commit", "git_dirty",
+             "model_id", "model_revision", "container_digest")
+    differ += sorted(f"provenance.{k}" for k in facts if getattr(pa, k) != getattr(pb, k))
+    if base.seam_factory != part.seam_factory:
+        differ.append("seam_factory")
+    if differ:
+        raise AlignattError(f"cannot add to a bench artifact of another session: {', '.join(differ)} differ")
+    replaced = {s.seam for s in part.seams}
+    seams = [s for s in base.seams if s.seam not in replaced] + part.seams
+    config = base.config.model_copy(update={"seams": [s.seam for s in seams]})
+    return base.model_copy(update={"config": config, "seams": seams, "divergences": find_divergences(seams)})
+
+
 # ---- small derived outputs for DVC (metrics, plot data) ---------------------------------------
 
 
@@ -366,20 +386,24 @@ def latency_csv(artifact: BenchArtifact) -> str:
 
 def write_bench_outputs(
     artifact: BenchArtifact, out: str | Path, metrics: str | Path | None = None,
-    plot: str | Path | None = None,
-) -> list[Path]:
-    from alignatt.artifacts import write_artifact
+    plot: str | Path | None = None, add: bool = False,
+) -> BenchArtifact:
+    """Write the artifact (merged into an existing `out` when `add`) and its derived files."""
+    from alignatt.artifacts import load_artifact, write_artifact
 
-    written = [write_artifact(out, artifact)]
+    if add and Path(out).exists():
+        base = load_artifact(out)
+        if not isinstance(base, BenchArtifact):
+            raise AlignattError(f"{out} is a {base.kind} artifact, not a bench artifact")
+        artifact = merge_bench(base, artifact)
+    write_artifact(out, artifact)
     if metrics is not None:
         Path(metrics).parent.mkdir(parents=True, exist_ok=True)
         Path(metrics).write_text(json.dumps(bench_metrics(artifact), indent=1) + "\n", encoding="utf-8")
-        written.append(Path(metrics))
     if plot is not None:
         Path(plot).parent.mkdir(parents=True, exist_ok=True)
         Path(plot).write_text(latency_csv(artifact), encoding="utf-8")
-        written.append(Path(plot))
-    return written
+    return artifact
 
 
 def format_summary(artifact: BenchArtifact) -> str:
@@ -429,14 +453,16 @@ def run_main(argv: list[str]) -> int:
     parser.add_argument("--params", default="params.yaml")
     parser.add_argument("--profile")
     parser.add_argument("--repeats", type=int)
+    parser.add_argument("--seams", help="comma-separated subset of the mode's seams")
+    parser.add_argument("--add", action="store_true", help="add these seams to an existing --out")
     parser.add_argument("--out", required=True)
     parser.add_argument("--metrics")
     parser.add_argument("--plot")
     args = parser.parse_args(argv)
     try:
-        config = bench_config(args.params, args.mode, args.profile, repeats=args.repeats)
-        artifact = run_bench(config)
-        write_bench_outputs(artifact, args.out, args.metrics, args.plot)
+        seams = [s.strip() for s in args.seams.split(",") if s.strip()] if args.seams else None
+        config = bench_config(args.params, args.mode, args.profile, repeats=args.repeats, seams=seams)
+        artifact = write_bench_outputs(run_bench(config), args.out, args.metrics, args.plot, args.add)
     except AlignattError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -261,6 +261,7 @@ def bench_cmd(
     out: str = typer.Option("outputs/bench.json", help="the bench artifact"),
     metrics: str = typer.Option(None, help="also write headline metrics JSON here"),
     plot: str = typer.Option(None, help="also write the per-seam latency CSV here"),
+    add: bool = typer.Option(False, "--add", help="add these seams to the existing --out (same session)"),
     progress: bool = typer.Option(True, help="progress bars on stderr"),
 ) -> None:
     """Measure the capture seams on the published protocol; each seam in its own subprocess."""
@@ -274,7 +275,7 @@ def bench_cmd(
             seams=[s.strip() for s in seams.split(",") if s.strip()] if seams else None,
         )
         artifact = bench.run_bench(config, bench.SubprocessRunner(progress=progress))
-        bench.write_bench_outputs(artifact, out, metrics, plot)
+        artifact = bench.write_bench_outputs(artifact, out, metrics, plot, add)
     except AlignattError as e:
         fail(str(e))
     typer.echo(bench.format_summary(artifact))

@@ -149,3 +149,19 @@ def test_repo_params_give_a_valid_config_for_every_stage():
         for mode in repo_params["bench"]["modes"]:
             cfg = params.config_from_params(repo_params, mode, profile=profile)
             assert cfg.seams and set(cfg.seams) <= set(bench.KNOWN_SEAMS)
+
+
+def test_a_stage_measured_in_parts_merges_into_one_artifact(tmp_path):
+    runner = bench.in_process_runner(make_fake_seam)
+    out = tmp_path / "bench_eager.json"
+    first = bench.run_bench(config(seams=["hf_eager"], repeats=1), runner=runner)
+    bench.write_bench_outputs(first, out)
+    second = bench.run_bench(config(seams=["hf_qk_fast", "vllm_capture"], repeats=1), runner=runner)
+    merged = bench.write_bench_outputs(second, out, plot=tmp_path / "latency.csv", add=True)
+    assert [s.seam for s in merged.seams] == ["hf_eager", "hf_qk_fast", "vllm_capture"]
+    assert merged.config.seams == ["hf_eager", "hf_qk_fast", "vllm_capture"]
+    assert merged.provenance == first.provenance and load_artifact(out) == merged
+    assert (tmp_path / "latency.csv").read_text().splitlines()[0].endswith("hf_qk_fast_ms,vllm_capture_ms")
+    other = bench.run_bench(config(seams=["hf_qk_fast"], repeats=2), runner=runner)
+    with pytest.raises(AlignattError, match="another session: repeats"):
+        bench.write_bench_outputs(other, out, add=True)

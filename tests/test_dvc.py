@@ -126,14 +126,18 @@ def test_gpu_host_runner_writes_what_the_stages_write(tmp_path):
     out = tmp_path / "h200"
     env = {**os.environ, "ALIGNATT_PYTHON": sys.executable, "PYTHONPATH": str(ROOT),
            "ALIGNATT_BENCH_SEAM_FACTORY": "tests.bench_fakes:make_fake_seam", "ALIGNATT_PROFILE": "cpu"}
-    for stage in ("env", "cudagraph"):
-        done = subprocess.run([str(ROOT / "stages" / "gpu-run"), stage, str(out)], cwd=ROOT,
-                              capture_output=True, text=True, env=env, timeout=300)
+    # the eager stage split in two calls, as on a host that limits a command's time
+    for args in (["env"], ["cudagraph"], ["eager", "hf_qk_fast"], ["eager", "vllm_capture"]):
+        done = subprocess.run([str(ROOT / "stages" / "gpu-run"), args[0], str(out), *args[1:]],
+                              cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
         assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in out.iterdir()) == [
-        "bench_cudagraph.json", "bench_cudagraph_metrics.json", "env.json", "latency_cudagraph.csv"]
+        "bench_cudagraph.json", "bench_cudagraph_metrics.json", "bench_eager.json",
+        "bench_eager_metrics.json", "env.json", "latency_cudagraph.csv", "latency_eager.csv"]
     from alignatt.artifacts import BenchArtifact, load_artifact
 
     art = load_artifact(out / "bench_cudagraph.json")
     assert isinstance(art, BenchArtifact) and art.config.vllm_mode == "cudagraph"
     assert art.seams[0].status == "skipped"  # the fake factory has no vLLM, like this machine
+    eager = load_artifact(out / "bench_eager.json")
+    assert [(s.seam, s.status) for s in eager.seams] == [("hf_qk_fast", "ok"), ("vllm_capture", "skipped")]
