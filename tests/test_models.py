@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from alignatt.errors import AlignattError
-from alignatt import models
+from alignatt import embedded, models
 from alignatt.models import MODEL_PRESETS, load_model
 
 
@@ -69,7 +69,7 @@ def test_cache_dir_follows_the_environment(tmp_path, monkeypatch):
 def test_embedded_gemma3_loads_from_the_cache(gemma3_270m):
     assert gemma3_270m.layout.family == "gemma3_text"
     assert not gemma3_270m.synthetic_weights
-    assert models._cache_stamp(models.embedded_model_dir()) == models.EMBEDDED_CACHE_STAMP
+    assert embedded._cache_stamp(embedded.embedded_model_dir()) == embedded.EMBEDDED_CACHE_STAMP
     assert 1 in gemma3_270m.stop_token_ids and 106 in gemma3_270m.stop_token_ids  # <eos>, <end_of_turn>
     assert gemma3_270m.model.config.num_hidden_layers == 18
 
