@@ -162,6 +162,28 @@ def test_a_stop_token_ends_the_draft(tiny_gemma4):
     assert [t.token_id for t in stopped.tokens] == ids[:k]
 
 
+def test_seams_run_on_the_multimodal_wrapper_of_it_checkpoints(tiny_gemma4):
+    """google/gemma-4-E4B-it loads as Gemma4ForConditionalGeneration: same text model inside."""
+    import dataclasses
+
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
+
+    from alignatt.layout import AttentionLayout
+
+    with torch.random.fork_rng(devices=[]):
+        wrapper = Gemma4ForConditionalGeneration(Gemma4Config(text_config=tiny_gemma4.model.config)).eval()
+    wrapper.model.language_model.load_state_dict(tiny_gemma4.model.model.state_dict())
+    loaded = dataclasses.replace(tiny_gemma4, model=wrapper, layout=AttentionLayout.from_config(wrapper.config))
+    heads = loaded.layout.all_heads()
+    _, request = some_requests(6)[0]
+    eager = HFEagerSeam(loaded, heads).draft(request)
+    fast = HFQKFastSeam(loaded, heads).draft(request)
+    plain = HFQKFastSeam(tiny_gemma4, heads).draft(request)
+    compared, rows, _, same = compare_drafts(eager, fast)
+    assert same and compared > 0 and rows <= PARITY_TOLERANCE
+    assert [t.token_id for t in fast.tokens] == [t.token_id for t in plain.tokens]
+
+
 def test_make_seam_errors():
     assert SEAMS == ("hf_eager", "hf_qk_fast", "vllm_capture")
     with pytest.raises(AlignattError, match="unknown seam 'nope'"):
