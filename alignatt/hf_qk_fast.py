@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
 from alignatt.capture import Head, attention_row
 from alignatt.hf_decode import HFCaptureSeam, decoder_layers, key_positions, rows_buffer
 from alignatt.models import LoadedModel
@@ -28,8 +30,6 @@ _ACTIVE: ContextVar["HFQKFastSeam | None"] = ContextVar("alignatt_qk_active", de
 
 def _recording_sdpa(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     attention_mask: Any, **kwargs: Any) -> tuple[torch.Tensor, Any]:
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     seam = _ACTIVE.get()
     if seam is not None:
         seam.record(module, query, key)
