@@ -12,6 +12,10 @@ Findings, each with the file and a plain message:
 - `combined-row`: a report row built from several artifacts that disagree on date, GPU, model
   or versions;
 - `report`: a `reports/BENCHMARKS.md` that is stale (or that cannot be rendered).
+A finding that was examined and explained can be *accepted* in `outputs/accepted-findings.yaml`
+(path, check, a substring of the message, and the reason): it is then printed as accepted and
+does not fail the audit. An acceptance that matches no finding is itself a finding (`accepted`),
+so the list cannot outlive what it explains.
 Exit status: 0 clean, 1 findings.
 """
 
@@ -36,6 +40,7 @@ from alignatt.errors import AlignattError
 from alignatt.provenance import HOST, NOT_INSTALLED
 
 MANIFEST = "SHA256SUMS"
+ACCEPTED = "outputs/accepted-findings.yaml"
 
 
 @dataclass
@@ -46,9 +51,22 @@ class Finding:
 
 
 @dataclass
+class Acceptance:
+    path: str
+    check: str
+    message: str  # a substring of the finding's message
+    reason: str
+
+    def matches(self, f: Finding, root: Path) -> bool:
+        same_file = (root / f.path).resolve() == (root / self.path).resolve()
+        return same_file and f.check == self.check and self.message in f.message
+
+
+@dataclass
 class AuditResult:
     checked: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    accepted: list[tuple[Finding, str]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -59,14 +77,17 @@ class AuditResult:
 
     def as_json(self) -> str:
         return json.dumps(
-            {"ok": self.ok, "checked": self.checked, "findings": [asdict(f) for f in self.findings]},
+            {"ok": self.ok, "checked": self.checked, "findings": [asdict(f) for f in self.findings],
+             "accepted": [{**asdict(f), "reason": why} for f, why in self.accepted]},
             indent=1,
         )
 
     def as_text(self) -> str:
-        lines = [f"FAIL {f.path}: [{f.check}] {f.message}" for f in self.findings]
+        lines = [f"ACCEPTED {f.path}: [{f.check}] {f.message} (why: {why})" for f, why in self.accepted]
+        lines += [f"FAIL {f.path}: [{f.check}] {f.message}" for f in self.findings]
         verdict = "ok" if self.ok else f"{len(self.findings)} finding(s)"
-        lines.append(f"audit: {len(self.checked)} file(s) checked, {verdict}")
+        extra = f", {len(self.accepted)} accepted" if self.accepted else ""
+        lines.append(f"audit: {len(self.checked)} file(s) checked, {verdict}{extra}")
         return "\n".join(lines)
 
 
@@ -249,4 +270,29 @@ def run_audit(paths: list[str] | None = None, root: str | Path = ".", report: bo
             result.add(str(published), "hash", f"no {MANIFEST}: the historical artifacts cannot be checked")
         if report:
             audit_report(root, result)
+    apply_acceptances(root, result)
     return result
+
+
+def load_acceptances(path: Path) -> list[Acceptance]:
+    import yaml
+
+    if not path.exists():
+        return []
+    try:
+        entries = yaml.safe_load(path.read_text(encoding="utf-8")) or []
+        return [Acceptance(**{k: str(e[k]) for k in ("path", "check", "message", "reason")}) for e in entries]
+    except (yaml.YAMLError, KeyError, TypeError) as e:
+        raise AlignattError(f"{path}: each entry needs path, check, message and reason ({e})") from None
+
+
+def apply_acceptances(root: Path, result: AuditResult) -> None:
+    """Move explained findings to `accepted`; an acceptance that explains nothing is a finding."""
+    path = root / ACCEPTED
+    for acc in load_acceptances(path):
+        hits = [f for f in result.findings if acc.matches(f, root)]
+        if not hits:
+            result.add(str(path), "accepted", f"accepts no current finding: {acc.path} [{acc.check}] {acc.message!r}")
+        for f in hits:
+            result.findings.remove(f)
+            result.accepted.append((f, acc.reason))

@@ -674,11 +674,42 @@ def run_checks(checks: list[str], out_path: Path, args: argparse.Namespace) -> d
         artifact["checks"][name] = result
         artifact["summary"][name] = summary_word(result)
         say(f"check {name}: {artifact['summary'][name]} in {result['wall_s']} s")
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text(json.dumps(_jsonable(artifact), indent=1) + "\n")
+        write_checks(out_path, artifact)
     artifact["total_s"] = round(time.perf_counter() - started, 1)
-    out_path.write_text(json.dumps(_jsonable(artifact), indent=1) + "\n")
+    write_checks(out_path, artifact)
     return artifact
+
+
+def as_measurement(raw: dict):
+    """The checks' running record as the shared artifact schema (kind `measurement`)."""
+    from alignatt.artifacts import ARTIFACT_SCHEMA_VERSION, Check, MeasurementArtifact
+
+    raw = _jsonable(raw)
+    return MeasurementArtifact(
+        schema_version=ARTIFACT_SCHEMA_VERSION,
+        provenance=raw["provenance"],
+        name="vllm_checks",
+        description="vllm_capture correctness and overhead on the GPU (issue 3): "
+        + ", ".join(raw["config"].get("checks", [])),
+        config=raw["config"],
+        results={"checks": raw["checks"], "total_s": raw.get("total_s")},
+        checks=[Check(name=k, passed=v == "passed", detail=v) for k, v in raw["summary"].items()],
+        synthetic_weights=True,
+    )
+
+
+def write_checks(out_path: Path, raw: dict) -> None:
+    """Rewritten after every check, so a timeout loses only the check that was running."""
+    from pydantic import ValidationError
+
+    from alignatt.artifacts import write_artifact
+
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        write_artifact(out_path, as_measurement(raw))
+    except ValidationError as e:  # e.g. provenance could not be collected: keep the results anyway
+        say(f"WARNING: results written in raw form, not as an artifact ({e.error_count()} schema errors)")
+        out_path.write_text(json.dumps(_jsonable(raw), indent=1) + "\n")
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -138,3 +138,30 @@ def test_cli_json_output_and_exit_codes(tree, monkeypatch):
 def test_the_repository_passes_its_own_audit():
     result = run_audit(root=ROOT)
     assert result.ok, result.as_text()
+
+
+def _dirty_env(tree: Path) -> Path:
+    env = tree / "outputs/cpu/env.json"
+    _edit_json(env, lambda d: d["provenance"].update(git_dirty=True))
+    report.write_report(tree)
+    return env
+
+
+def test_an_explained_finding_can_be_accepted(tree):
+    env = _dirty_env(tree)
+    assert (env.name, "provenance") in _checks(_audit(tree))
+    (tree / "outputs/accepted-findings.yaml").write_text(
+        f"- path: {env.relative_to(tree)}\n  check: provenance\n  message: uncommitted changes\n  reason: examined\n")
+    result = _audit(tree)
+    assert result.ok, result.as_text()
+    assert [(Path(f.path).name, why) for f, why in result.accepted] == [(env.name, "examined")]
+    assert "ACCEPTED" in result.as_text()
+
+
+def test_an_acceptance_that_explains_nothing_is_a_finding(tree):
+    (tree / "outputs/accepted-findings.yaml").write_text(
+        "- path: outputs/cpu/env.json\n  check: provenance\n  message: x\n  reason: stale\n")
+    assert ("accepted-findings.yaml", "accepted") in _checks(_audit(tree))
+    (tree / "outputs/accepted-findings.yaml").write_text("- path: only-a-path\n")
+    with pytest.raises(Exception, match="needs path, check, message and reason"):
+        _audit(tree)
