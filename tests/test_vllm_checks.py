@@ -137,10 +137,12 @@ def test_demo_check_writes_its_artifact_without_cuda(tmp_path):
     out = tmp_path / "checks.json"
     rc = main(["demo", "--out", str(out), "--workdir", str(tmp_path / "w")])
     data = json.loads(out.read_text())
-    demo = data["checks"]["demo"]
+    assert data["kind"] == "measurement" and data["name"] == "vllm_checks"  # the shared schema
+    demo = data["results"]["checks"]["demo"]
     assert demo["cpu_replayed"]["fixed"]["ok"] and not demo["cpu_replayed"]["naive_list"]["ok"]
     if not torch.cuda.is_available():
-        assert rc == 1 and data["summary"]["demo"] == "failed" and "no CUDA" in demo["note"]
+        assert rc == 1 and data["checks"] == [{"name": "demo", "passed": False, "detail": "failed"}]
+        assert "no CUDA" in demo["note"]
     assert "provenance" in data
 
 
@@ -212,7 +214,7 @@ def test_parent_side_of_every_check_with_stand_in_workers(monkeypatch, tmp_path)
     checks = ["exact", "parity", "speed", "compiled_reduced", "compiled"]
     art = vc.run_checks(checks, out, args)
     assert art["summary"] == {c: "passed" for c in checks}, json.dumps(art["checks"], indent=1, default=str)
-    data = json.loads(out.read_text())
+    data = json.loads(out.read_text())["results"]
     assert data["checks"]["exact"]["cudagraph_vs_eager"]["bit_identical_rows"] == 48
     assert data["checks"]["compiled"]["compiled_vs_eager"]["rows"] == 48  # read part a's eager drafts
     assert data["checks"]["compiled_reduced"]["compiled"]["identical_drafts_vs_eager"] == "1/1"
