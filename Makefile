@@ -7,13 +7,13 @@ EXTRAS ?= embedded,pipeline,dev
 
 .PHONY: install pipeline test
 
+# Last step: the unmodified WhisperLiveKit client, for the protocol tests and the smoke (its own
+# heavy ASR dependencies are not needed for the client module).
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q '$(TORCH_SPEC)'
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
-	# The unmodified WhisperLiveKit client, for the protocol tests and the smoke; its own heavy
-	# dependencies (ASR models) are not needed for the client module.
 	$(PY) -m pip install -q --no-deps whisperlivekit==0.2.26
 	touch $@
 
