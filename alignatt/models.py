@@ -171,8 +171,13 @@ def _load_model(name_or_path: str, preset: ModelPreset | None, device: str, dtyp
 
 def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
     """EOS plus end-of-turn tokens: a draft ends at any of them."""
+    return eos_and_turn_ids([getattr(model, "generation_config", None), model.config], tokenizer)
+
+
+def eos_and_turn_ids(configs: list[Any], tokenizer: Any) -> list[int]:
+    """The EOS ids the configs and tokenizer declare, plus the chat templates' end-of-turn markers."""
     ids: set[int] = set()
-    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+    for source in (*configs, tokenizer):
         eos = getattr(source, "eos_token_id", None)
         if isinstance(eos, int):
             ids.add(eos)

@@ -411,21 +411,6 @@ def _load_tokenizer(spec: _ModelSpec, tokenizer: Any) -> Any:
         raise AlignattError(f"no tokenizer for {spec.name}: {str(e).splitlines()[0]}") from None
 
 
-def _stop_ids(config: Any, tokenizer: Any) -> set[int]:
-    ids: set[int] = set()
-    for source in (config, tokenizer):
-        eos = getattr(source, "eos_token_id", None)
-        if isinstance(eos, int):
-            ids.add(eos)
-        elif isinstance(eos, (list, tuple)):
-            ids.update(int(e) for e in eos)
-    vocab = tokenizer.get_vocab()
-    for marker in ("<end_of_turn>", "<turn|>", "<|turn_end|>", "<eos>"):
-        if marker in vocab:
-            ids.add(vocab[marker])
-    return ids
-
-
 # ---- the seam ----
 
 
@@ -506,7 +491,9 @@ class VllmCaptureSeam:
         self.plans = plan_capture(self.layout, self.heads)
         self.order = head_order(self.plans, self.heads)
         text_config = hf_config.get_text_config()
-        self.stop_ids = _stop_ids(text_config, self.tokenizer)
+        from alignatt.models import eos_and_turn_ids
+
+        self.stop_ids = set(eos_and_turn_ids([text_config], self.tokenizer))
         # Synthetic weights: the dummy loader's are degenerate for Gemma-4 (see synthetic_init).
         self.synthetic_init = (
             HFLikeInit(std=float(getattr(text_config, "initializer_range", None) or 0.02), seed=seed)
