@@ -106,8 +106,38 @@ class Draft:
 
     def aligned_word(self, i: int) -> int:
         """Source word that drafted token i attends to most (head-averaged argmax)."""
-        row = self.tokens[i].rows.mean(axis=0)
-        return int(self.source_word_of_token[int(np.argmax(row))])
+        return int(self.aligned_words()[i])
+
+    def _stacked(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        # rows [T, H, S], other [T, H], generated [T, H]; built once per draft because the
+        # fast path re-judges the same draft at every frontier move.
+        key = tuple(map(id, self.tokens))
+        cached = self.__dict__.get("_stack")
+        if cached is None or cached[0] != key:
+            n_src = len(self.source_word_of_token)
+            rows = np.stack([t.rows for t in self.tokens]) if self.tokens else np.zeros((0, 0, n_src))
+            other = np.stack([t.other_prompt_mass for t in self.tokens]) if self.tokens else np.zeros((0, 0))
+            gen = np.stack([t.generated_mass for t in self.tokens]) if self.tokens else np.zeros((0, 0))
+            cached = (key, (rows, other, gen))
+            self.__dict__["_stack"] = cached
+        return cached[1]
+
+    def aligned_words(self) -> np.ndarray:
+        """For every drafted token, the source word its heads attend to most (head-averaged)."""
+        rows = self._stacked()[0]
+        if not len(rows):
+            return np.zeros(0, dtype=int)
+        return np.asarray(self.source_word_of_token)[rows.mean(axis=1).argmax(axis=-1)]
+
+    def mass_split(self, committed_words: int) -> np.ndarray:
+        """[T, 4] head-averaged mass per token, in `MASS_KEYS` order, for this frontier."""
+        rows, other, gen = self._stacked()
+        if not len(rows):
+            return np.zeros((0, len(MASS_KEYS)))
+        settled = np.asarray(self.source_word_of_token) < committed_words
+        accessible = rows[:, :, settled].sum(axis=-1)
+        inaccessible = rows[:, :, ~settled].sum(axis=-1)
+        return np.stack([accessible, inaccessible, other, gen], axis=-1).mean(axis=1)
 
 
 class Seam(Protocol):

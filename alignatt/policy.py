@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from alignatt.capture import Draft
+from alignatt.capture import MASS_KEYS, Draft
 
 
 class PolicyConfig(BaseModel):
@@ -99,7 +99,8 @@ def decide(
         raise ValueError(f"committed_words={committed_words} outside 0..{n_words}")
     pieces = [t.piece for t in draft.tokens]
     n = len(pieces)
-    aligned = [draft.aligned_word(i) for i in range(n)]
+    aligned = [int(w) for w in draft.aligned_words()]
+    masses = draft.mass_split(committed_words)
 
     # 1. Attention scan: first token looking at the tail or the border stops emission.
     reasons = [EMIT] * n
@@ -151,7 +152,7 @@ def decide(
                 piece=tok.piece,
                 aligned_word=w,
                 aligned_text=draft.request.source_words[w],
-                mass=tok.mass(draft.source_word_of_token, committed_words),
+                mass={k: float(v) for k, v in zip(MASS_KEYS, masses[i])},
                 emit=i < cut,
                 reason=reasons[i],
             )

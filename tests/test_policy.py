@@ -112,3 +112,15 @@ def test_bad_frontier_and_config_are_rejected():
 def test_presets_are_ordered_by_latency():
     lo, mid, hi = (POLICY_PRESETS[k] for k in ("low_latency", "balanced", "high_latency"))
     assert lo.border_words <= mid.border_words <= hi.border_words
+
+
+def test_vectorised_mass_and_alignment_match_the_per_token_definitions():
+    d = make_draft(SRC, ["Das", " Modell", " gibt", " sich"], [0, 1, 3, 5])
+    for committed in (0, 3, 6):
+        split = d.mass_split(committed)
+        for i, tok in enumerate(d.tokens):
+            per_token = tok.mass(d.source_word_of_token, committed)
+            assert list(split[i]) == pytest.approx(list(per_token.values()))
+    assert list(d.aligned_words()) == [0, 1, 3, 5]
+    d.tokens = d.tokens[:2]  # a changed token list is not served from the cache
+    assert list(d.aligned_words()) == [0, 1] and d.mass_split(3).shape == (2, 4)
