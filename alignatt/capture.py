@@ -81,11 +81,9 @@ class TokenCapture:
 
     def mass(self, source_word_of_token: Sequence[int], committed_words: int) -> dict[str, float]:
         """Head-averaged mass split for a frontier of `committed_words` source words."""
-        word = np.asarray(source_word_of_token)
-        accessible = self.rows[:, word < committed_words].sum(axis=1)
-        inaccessible = self.rows[:, word >= committed_words].sum(axis=1)
-        parts = (accessible, inaccessible, self.other_prompt_mass, self.generated_mass)
-        return {k: float(np.mean(v)) for k, v in zip(MASS_KEYS, parts)}
+        split = mass_split(self.rows[None], self.other_prompt_mass[None], self.generated_mass[None],
+                           source_word_of_token, committed_words)[0]
+        return {k: float(v) for k, v in zip(MASS_KEYS, split)}
 
 
 @dataclass
@@ -109,18 +107,15 @@ class Draft:
         return int(self.aligned_words()[i])
 
     def _stacked(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        # rows [T, H, S], other [T, H], generated [T, H]; built once per draft because the
-        # fast path re-judges the same draft at every frontier move.
-        key = tuple(map(id, self.tokens))
-        cached = self.__dict__.get("_stack")
-        if cached is None or cached[0] != key:
+        """rows [T, H, S], other-prompt mass [T, H], generated mass [T, H]."""
+        if not self.tokens:
             n_src = len(self.source_word_of_token)
-            rows = np.stack([t.rows for t in self.tokens]) if self.tokens else np.zeros((0, 0, n_src))
-            other = np.stack([t.other_prompt_mass for t in self.tokens]) if self.tokens else np.zeros((0, 0))
-            gen = np.stack([t.generated_mass for t in self.tokens]) if self.tokens else np.zeros((0, 0))
-            cached = (key, (rows, other, gen))
-            self.__dict__["_stack"] = cached
-        return cached[1]
+            return np.zeros((0, 0, n_src)), np.zeros((0, 0)), np.zeros((0, 0))
+        return (
+            np.stack([t.rows for t in self.tokens]),
+            np.stack([t.other_prompt_mass for t in self.tokens]),
+            np.stack([t.generated_mass for t in self.tokens]),
+        )
 
     def aligned_words(self) -> np.ndarray:
         """For every drafted token, the source word its heads attend to most (head-averaged)."""
@@ -131,13 +126,23 @@ class Draft:
 
     def mass_split(self, committed_words: int) -> np.ndarray:
         """[T, 4] head-averaged mass per token, in `MASS_KEYS` order, for this frontier."""
-        rows, other, gen = self._stacked()
-        if not len(rows):
-            return np.zeros((0, len(MASS_KEYS)))
-        settled = np.asarray(self.source_word_of_token) < committed_words
-        accessible = rows[:, :, settled].sum(axis=-1)
-        inaccessible = rows[:, :, ~settled].sum(axis=-1)
-        return np.stack([accessible, inaccessible, other, gen], axis=-1).mean(axis=1)
+        return mass_split(*self._stacked(), self.source_word_of_token, committed_words)
+
+
+def mass_split(
+    rows: np.ndarray,
+    other_prompt: np.ndarray,
+    generated: np.ndarray,
+    source_word_of_token: Sequence[int],
+    committed_words: int,
+) -> np.ndarray:
+    """Head-averaged mass split [T, 4] (`MASS_KEYS` order) of rows [T, H, S] for a frontier."""
+    if not len(rows):
+        return np.zeros((0, len(MASS_KEYS)))
+    settled = np.asarray(source_word_of_token) < committed_words
+    accessible = rows[:, :, settled].sum(axis=-1)
+    inaccessible = rows[:, :, ~settled].sum(axis=-1)
+    return np.stack([accessible, inaccessible, other_prompt, generated], axis=-1).mean(axis=1)
 
 
 class Seam(Protocol):

@@ -122,5 +122,5 @@ def test_vectorised_mass_and_alignment_match_the_per_token_definitions():
             per_token = tok.mass(d.source_word_of_token, committed)
             assert list(split[i]) == pytest.approx(list(per_token.values()))
     assert list(d.aligned_words()) == [0, 1, 3, 5]
-    d.tokens = d.tokens[:2]  # a changed token list is not served from the cache
+    d.tokens = d.tokens[:2]  # derived from the current tokens, never a stale copy
     assert list(d.aligned_words()) == [0, 1] and d.mass_split(3).shape == (2, 4)
