@@ -157,26 +157,29 @@ def attention_row(
     q: torch.Tensor,
     keys: torch.Tensor,
     key_positions: torch.Tensor,
-    query_position: int,
+    query_position: int | torch.Tensor,
     scaling: float,
     sliding_window: int | None,
     softcap: float | None = None,
 ) -> torch.Tensor:
-    """Rebuild softmax attention of one query over keys exactly as the model's kernel does.
+    """Rebuild softmax attention of queries over keys exactly as the model's kernel does.
 
-    q: [H, D] post-RoPE query of the new token for the selected heads.
+    q: [H, D] post-RoPE query of one new token for the selected heads, or [T, H, D] for T tokens
+    (then `query_position` is a tensor [T]).
     keys: [H, L, D] the keys those heads read (already mapped query head -> KV head).
     key_positions: [L] absolute position of each key (-1 for an empty cache slot).
-    Returns fp32 [H, L]; masked positions get exactly 0.
+    Returns fp32 [H, L] (or [T, H, L]); masked positions get exactly 0.
 
     Visibility is the model's own: causal (pos <= query_position) and, on sliding layers,
     pos > query_position - sliding_window (HF and vLLM both keep `window` keys incl. the query).
     """
-    scores = torch.einsum("hd,hld->hl", q.float(), keys.float()) * scaling
+    scores = torch.einsum("...hd,hld->...hl", q.float(), keys.float()) * scaling
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
-    visible = (key_positions >= 0) & (key_positions <= query_position)
+    qp = torch.as_tensor(query_position, device=key_positions.device)
+    if qp.ndim:
+        qp = qp[:, None, None]  # one position per query token
+    visible = (key_positions >= 0) & (key_positions <= qp)
     if sliding_window is not None:
-        visible &= key_positions > query_position - sliding_window
-    scores = scores.masked_fill(~visible, -math.inf)
-    return torch.softmax(scores, dim=-1)
+        visible = visible & (key_positions > qp - sliding_window)
+    return torch.softmax(scores.masked_fill(~visible, -math.inf), dim=-1)
