@@ -29,16 +29,21 @@ def make_seam(
     if name not in SEAMS:
         raise AlignattError(f"unknown seam {name!r}: use one of {', '.join(SEAMS)}")
     if name == "vllm_capture":
-        return _make_vllm(model, heads, device, dtype, **options)
+        _check_vllm_can_run()
+    if heads is None:
+        from alignatt.heads import default_heads
+
+        heads = default_heads(model, 4)
+    if name == "vllm_capture":
+        from alignatt import vllm_capture
+
+        device = "cuda" if device == "cpu" else device
+        return vllm_capture.make_seam(model=model, heads=heads, device=device, dtype=dtype, **options)
     if options:
         raise AlignattError(f"seam {name} takes no options, got {', '.join(sorted(options))}")
     from alignatt.models import load_model
 
     loaded = load_model(model, device=device, dtype=dtype)
-    if heads is None:
-        from alignatt.heads import default_heads
-
-        heads = default_heads(model, 4)
     if name == "hf_eager":
         from alignatt.hf_eager import HFEagerSeam
 
@@ -48,7 +53,7 @@ def make_seam(
     return HFQKFastSeam(loaded, heads)
 
 
-def _make_vllm(model: str, heads: list[Head] | None, device: str, dtype: str | None, **options: Any) -> Seam:
+def _check_vllm_can_run() -> None:
     reason = ""
     try:
         import torch
@@ -59,21 +64,11 @@ def _make_vllm(model: str, heads: list[Head] | None, device: str, dtype: str | N
         reason = str(e)
     if not reason:
         try:
-            from alignatt import vllm_capture
+            import alignatt.vllm_capture  # noqa: F401 - vLLM itself is imported when the engine starts
         except ImportError as e:
             reason = f"cannot import it ({e})"
     if reason:
         raise AlignattError(f"vllm_capture needs CUDA and vLLM 0.22.1: {reason}")
-    if heads is None:
-        from alignatt.heads import default_heads
-
-        heads = default_heads(model, 4)
-    device = "cuda" if device == "cpu" else device
-    # alignatt.vllm_capture is written separately: accept a `make_seam` factory or the seam class.
-    factory = getattr(vllm_capture, "make_seam", None) or getattr(vllm_capture, "VLLMCaptureSeam", None)
-    if factory is None:
-        raise AlignattError("vllm_capture needs CUDA and vLLM 0.22.1: alignatt.vllm_capture has no seam factory")
-    return factory(model=model, heads=heads, device=device, dtype=dtype, **options)
 
 
 # ---- one draft + AlignAtt decision, for `alignatt translate` ----

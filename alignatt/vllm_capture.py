@@ -791,9 +791,6 @@ class VllmCaptureSeam:
         torch.cuda.empty_cache()
 
 
-VLLMCaptureSeam = VllmCaptureSeam  # the name alignatt.seams looks up
-
-
 def make_seam(model: str, heads: list[Head], device: str = "cuda", dtype: Optional[str] = None,
               vllm_mode: str = "cudagraph", **options: Any) -> VllmCaptureSeam:
     return VllmCaptureSeam(model, heads, vllm_mode=vllm_mode, dtype=dtype, device=device, **options)
