@@ -98,6 +98,7 @@ class SeamResult(_Strict):
     skip_reason: str | None = None
     heads: list[tuple[int, int]] = Field(default_factory=list)
     load_s: float | None = None  # seam construction (model load) wall time, unmeasured
+    variant: str | None = None  # how the seam ran when it has choices, e.g. hf_qk_fast's decode loop
     rows: list[BenchRow] = Field(default_factory=list)
     median_per_token_ms: float | None = None  # the headline: median over every measured row
     median_timings_ms: dict[str, float] = Field(default_factory=dict)

@@ -102,40 +102,10 @@ class HFCaptureSeam:
         if model.config._attn_implementation != self.attn_implementation:
             model.set_attn_implementation(self.attn_implementation)
         timings = Timings()
-        drafted: list[int] = []
-        stop_reason = "max_new_tokens"
         self.begin(prompt)
         try:
             with torch.inference_mode():
-                ids = torch.tensor([prompt.input_ids], device=self.device)
-                cache = None
-                for step in range(request.max_new_tokens):
-                    query_position = n_prompt - 1 + step
-                    self.before_step(query_position)
-                    self._sync()
-                    t0 = time.perf_counter()
-                    out = model(
-                        input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1,
-                        **self.forward_kwargs(),
-                    )
-                    token = int(out.logits[0, -1].argmax())  # the one host sync per step
-                    t1 = time.perf_counter()
-                    if step == 0:
-                        timings.prefill_ms += (t1 - t0) * 1e3
-                    else:
-                        timings.decode_ms += (t1 - t0) * 1e3
-                    self.capture(out, query_position)
-                    self._sync()
-                    timings.capture_ms += (time.perf_counter() - t1) * 1e3
-                    cache = out.past_key_values
-                    if token in self.stop_ids or (
-                        prompt.stop_at_newline and "\n" in tokenizer.decode([token])
-                    ):
-                        stop_reason = "eos"
-                        break
-                    drafted.append(token)
-                    ids = torch.tensor([[token]], device=self.device)
-                del out, cache
+                drafted, stop_reason = self.decode(prompt, request.max_new_tokens, timings)
                 t2 = time.perf_counter()
                 tokens = self._tokens(prompt, drafted)
                 self._sync()
@@ -153,6 +123,43 @@ class HFCaptureSeam:
             timings=timings,
             seam=self.name,
         )
+
+    def is_stop(self, prompt: PromptLayout, token: int) -> bool:
+        return token in self.stop_ids or (
+            prompt.stop_at_newline and "\n" in self.loaded.tokenizer.decode([token])
+        )
+
+    def decode(self, prompt: PromptLayout, max_new_tokens: int, timings: Timings) -> tuple[list[int], str]:
+        """The greedy loop on transformers' dynamic cache; returns (drafted ids, stop reason)."""
+        n_prompt = len(prompt.input_ids)
+        ids = torch.tensor([prompt.input_ids], device=self.device)
+        drafted: list[int] = []
+        cache = None
+        for step in range(max_new_tokens):
+            query_position = n_prompt - 1 + step
+            self.before_step(query_position)
+            self._sync()
+            t0 = time.perf_counter()
+            out = self.loaded.model(
+                input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1,
+                **self.forward_kwargs(),
+            )
+            token = int(out.logits[0, -1].argmax())  # the one host sync per step
+            t1 = time.perf_counter()
+            if step == 0:
+                timings.prefill_ms += (t1 - t0) * 1e3
+            else:
+                timings.decode_ms += (t1 - t0) * 1e3
+            self.capture(out, query_position)
+            self._sync()
+            timings.capture_ms += (time.perf_counter() - t1) * 1e3
+            cache = out.past_key_values
+            del out
+            if self.is_stop(prompt, token):
+                return drafted, "eos"
+            drafted.append(token)
+            ids = torch.tensor([[token]], device=self.device)
+        return drafted, "max_new_tokens"
 
     def _tokens(self, prompt: PromptLayout, drafted: list[int]) -> list[TokenCapture]:
         if not drafted:

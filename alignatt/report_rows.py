@@ -202,6 +202,7 @@ def our_rows(runs: dict[str, dict[str, tuple[str, BenchArtifact]]]) -> list[Resu
                 eager_rows = [r.model_dump() for r in ev.rows] if ev else []
             notes = [f"{s.seam} skipped: {s.skip_reason}" for s in a.seams if s.status == "skipped"]
             notes += load_note(a)
+            notes += [f"{s.seam}: {s.variant}" for s in a.seams if s.variant]
             graph_notes, corrupt = _graph_check(
                 mode, [r.model_dump() for r in v.rows] if v else [], eager_rows, eager_rel)
             if a.synthetic_weights:

@@ -39,8 +39,9 @@ def make_seam(
 
         device = "cuda" if device == "cpu" else device
         return vllm_capture.make_seam(model=model, heads=heads, device=device, dtype=dtype, **options)
-    if options:
-        raise AlignattError(f"seam {name} takes no options, got {', '.join(sorted(options))}")
+    allowed = {"decode"} if name == "hf_qk_fast" else set()
+    if set(options) - allowed:
+        raise AlignattError(f"seam {name} does not take {', '.join(sorted(set(options) - allowed))}")
     from alignatt.models import load_model
 
     loaded = load_model(model, device=device, dtype=dtype)
@@ -50,7 +51,7 @@ def make_seam(
         return HFEagerSeam(loaded, heads)
     from alignatt.hf_qk_fast import HFQKFastSeam
 
-    return HFQKFastSeam(loaded, heads)
+    return HFQKFastSeam(loaded, heads, decode=options.get("decode"))
 
 
 def _check_vllm_can_run() -> None:

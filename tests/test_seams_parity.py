@@ -49,7 +49,7 @@ class RebuildFromEagerForward(HFQKFastSeam):
 
     def __init__(self, loaded, heads):
         _register_recording_eager()
-        super().__init__(loaded, heads)
+        super().__init__(loaded, heads, decode="dynamic")  # eager wants additive masks, not the static path's
 
 
 def max_row_diff(a, b):
@@ -188,7 +188,7 @@ def test_make_seam_errors():
     assert SEAMS == ("hf_eager", "hf_qk_fast", "vllm_capture")
     with pytest.raises(AlignattError, match="unknown seam 'nope'"):
         make_seam("nope", model="tiny-gemma4")
-    with pytest.raises(AlignattError, match="takes no options"):
+    with pytest.raises(AlignattError, match="does not take vllm_mode"):
         make_seam("hf_eager", model="tiny-gemma4", heads=[Head(0, 0)], vllm_mode="eager")
     with pytest.raises(AlignattError, match="out of range"):
         make_seam("hf_qk_fast", model="tiny-gemma4", heads=[Head(0, 9)])
