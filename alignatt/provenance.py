@@ -102,14 +102,18 @@ def _run(args: list[str], cwd: Path | None = None, strip: bool = True) -> str | 
 
 
 def git_state(repo: Path | None = None) -> tuple[str | None, bool | None]:
-    """(commit, dirty) of the checkout; outside a git work tree, what ALIGNATT_GIT_COMMIT /
-    ALIGNATT_GIT_DIRTY declare, else (None, None)."""
+    """(commit, dirty) of the checkout. What ALIGNATT_GIT_COMMIT / ALIGNATT_GIT_DIRTY declare is
+    used outside a git work tree, and also when the work tree's .git does not even hold the declared
+    commit: a copied tree can carry a stale .git (seen on the GPU host), whose status would call
+    every change since then dirty. A declared commit the repo does know loses to git's own facts."""
     repo = repo or Path.cwd()
     # safe.directory: inside a container the mounted checkout belongs to another uid.
     git = ["git", "-c", "safe.directory=*"]
     commit = _run([*git, "rev-parse", "HEAD"], cwd=repo)
-    if commit is None:
-        declared = os.environ.get(GIT_COMMIT_ENV) or None
+    declared = os.environ.get(GIT_COMMIT_ENV) or None
+    stale = (commit is not None and declared and declared != commit
+             and _run([*git, "cat-file", "-e", f"{declared}^{{commit}}"], cwd=repo) is None)
+    if commit is None or stale:
         dirty_flag = os.environ.get(GIT_DIRTY_ENV)
         return declared, (dirty_flag == "1") if dirty_flag in ("0", "1") and declared else None
     # modified, staged or untracked files (an untracked module is measured code too);

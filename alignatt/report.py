@@ -157,9 +157,19 @@ def measurement_items(inputs: ReportInputs) -> list[dict[str, Any]]:
             path=rel, name=a.name, date=a.provenance.date, machine=machine_of(a),
             description=a.description, synthetic=a.synthetic_weights,
             results=[f"{k} = {v:.4g}" if isinstance(v, float) else f"{k} = {v}" for k, v in scalars.items()],
-            checks=[("✓" if c.passed else "✗", c.name, c.detail) for c in a.checks],
+            checks=[("✓" if c.passed else "✗", c.name, _check_detail(c.detail, a.results, c.name)) for c in a.checks],
         ))
     return items
+
+
+def _check_detail(detail: str | None, results: dict[str, Any], name: str) -> str | None:
+    """The check's verdict plus the figures it recorded at its top level (ratios, times)."""
+    raw = (results.get("checks") or {}).get(name)
+    if not isinstance(raw, dict):
+        return detail
+    figures = [f"{k} {v:.4g}" for k, v in raw.items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool)][:8]
+    return "; ".join(x for x in [detail, ", ".join(figures)] if x) or None
 
 
 def methodology(inputs: ReportInputs) -> dict[str, Any]:

@@ -48,8 +48,8 @@ def test_a_missing_key_or_an_extra_key_fails_validation():
         Provenance.model_validate(data)
 
 
-def _git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
 
 
 def test_git_state_clean_dirty_and_generated_paths(tmp_path, monkeypatch):
@@ -65,8 +65,15 @@ def test_git_state_clean_dirty_and_generated_paths(tmp_path, monkeypatch):
     (tmp_path / "outputs" / "a.json").write_text("{}\n")
     _git(tmp_path, "add", ".")
     _git(tmp_path, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init")
+    monkeypatch.setenv(provenance.GIT_DIRTY_ENV, "0")
+    # a commit this .git does not hold: the tree was copied with a stale .git, the declaration wins
+    assert git_state(tmp_path) == ("a" * 40, False)
+    first = _git(tmp_path, "rev-parse", "HEAD").strip()
+    (tmp_path / "code.py").write_text("x = 0\n")
+    _git(tmp_path, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qam", "second")
+    monkeypatch.setenv(provenance.GIT_COMMIT_ENV, first)  # a commit git knows: git itself wins
     commit, dirty = git_state(tmp_path)
-    assert len(commit) == 40 and commit != "a" * 40 and dirty is False  # git itself wins
+    assert len(commit) == 40 and commit != first and dirty is False
     (tmp_path / "outputs" / "a.json").write_text('{"new": 1}\n')
     assert git_state(tmp_path)[1] is False  # a pipeline output is not a code change
     (tmp_path / "new_module.py").write_text("y = 1\n")
