@@ -6,19 +6,29 @@ Expected failures (`AlignattError`) become one clear line on stderr and exit cod
 
 from __future__ import annotations
 
-import sys
 from typing import NoReturn
 
 import typer
+from typer.core import TyperGroup
 
 from alignatt.errors import AlignattError
-
-app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
-
 
 def fail(message: str) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(2)
+
+
+class _Commands(TyperGroup):
+    """Every command's expected failure (`AlignattError`) becomes one line and exit code 2."""
+
+    def invoke(self, ctx):  # noqa: ANN001, ANN201 - click's signature
+        try:
+            return super().invoke(ctx)
+        except AlignattError as e:
+            fail(str(e))
+
+
+app = typer.Typer(cls=_Commands, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
 
 # ---- capture core: translate, parity (alignatt.seams / models / prompt) ----
@@ -45,14 +55,11 @@ def translate_cmd(
 
     from alignatt import seams
 
-    try:
-        result = seams.translate(
-            source, committed_words=committed_words, prefix=prefix, seam=seam, model=model,
-            heads_k=heads, heads=seams.parse_heads(head) if head else None,
-            max_new_tokens=max_new_tokens, policy=policy, final=final, device=device, dtype=dtype,
-        )
-    except AlignattError as e:
-        fail(str(e))
+    result = seams.translate(
+        source, committed_words=committed_words, prefix=prefix, seam=seam, model=model,
+        heads_k=heads, heads=seams.parse_heads(head) if head else None,
+        max_new_tokens=max_new_tokens, policy=policy, final=final, device=device, dtype=dtype,
+    )
     if as_json:
         typer.echo(json.dumps(result.as_dict(), ensure_ascii=False, indent=2))
     else:
@@ -73,19 +80,16 @@ def parity_cmd(
     """Compare the attention rows and drafts of two or more seams on the same prompts."""
     from alignatt import parity, seams
 
-    try:
-        names = [s.strip() for s in seams_csv.split(",") if s.strip()]
-        for name in names:
-            if name not in seams.SEAMS:
-                raise AlignattError(f"unknown seam {name!r}: use one of {', '.join(seams.SEAMS)}")
-        if limit is not None and limit < 1:
-            raise AlignattError(f"--limit must be >= 1, got {limit}")
-        report = parity.run_parity(
-            model=model, seams=names, heads=seams.parse_heads(head) if head else None, device=device,
-            dtype=dtype, max_new_tokens=max_new_tokens, limit=limit,
-        )
-    except AlignattError as e:
-        fail(str(e))
+    names = [s.strip() for s in seams_csv.split(",") if s.strip()]
+    for name in names:
+        if name not in seams.SEAMS:
+            raise AlignattError(f"unknown seam {name!r}: use one of {', '.join(seams.SEAMS)}")
+    if limit is not None and limit < 1:
+        raise AlignattError(f"--limit must be >= 1, got {limit}")
+    report = parity.run_parity(
+        model=model, seams=names, heads=seams.parse_heads(head) if head else None, device=device,
+        dtype=dtype, max_new_tokens=max_new_tokens, limit=limit,
+    )
     typer.echo(report.model_dump_json(indent=2) if as_json else parity.describe(report))
 
 # ---- heads: heads calibrate, heads show (alignatt.heads / calibrate) ----
@@ -105,19 +109,16 @@ def heads_show(
     """Show a head set (ranked heads and calibration facts), or list the bundled ones."""
     from alignatt import heads
 
-    try:
-        if name is None and model is None:
-            typer.echo(heads.describe_bundled())
-            return
-        head_set = heads.default_head_set(model, direction) if model else heads.load_head_set(name)
-        if top < 0:
-            raise AlignattError(f"--top must be >= 0, got {top}")
-        if as_json:
-            typer.echo(head_set.to_json(), nl=False)
-        else:
-            typer.echo(heads.describe_head_set(head_set, top or None))
-    except AlignattError as e:
-        fail(str(e))
+    if name is None and model is None:
+        typer.echo(heads.describe_bundled())
+        return
+    head_set = heads.default_head_set(model, direction) if model else heads.load_head_set(name)
+    if top < 0:
+        raise AlignattError(f"--top must be >= 0, got {top}")
+    if as_json:
+        typer.echo(head_set.to_json(), nl=False)
+    else:
+        typer.echo(heads.describe_head_set(head_set, top or None))
 
 
 @heads_app.command("calibrate")
@@ -134,11 +135,8 @@ def heads_calibrate(
     from alignatt.calibrate import calibrate
     from alignatt.heads import describe_head_set, write_head_set
 
-    try:
-        head_set = calibrate(model, pairs, max_pairs=max_pairs, device=device, dtype=dtype)
-        path = write_head_set(out, head_set)
-    except AlignattError as e:
-        fail(str(e))
+    head_set = calibrate(model, pairs, max_pairs=max_pairs, device=device, dtype=dtype)
+    path = write_head_set(out, head_set)
     typer.echo(describe_head_set(head_set, max(top, 1)))
     typer.echo(f"wrote {path}")
 
@@ -183,14 +181,11 @@ def serve_cmd(
     from alignatt.server import serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    try:
-        cfg = _server_config(config, host, port, model, seam, preset, direction, heads, top_k,
-                             device, dtype, max_sessions, max_utterance_words, vllm_mode)
-        typer.echo(f"loading {', '.join(f'{d}: {r.model}/{r.seam}' for d, r in cfg.directions.items())} ...")
-        serve(cfg, on_ready=lambda s: typer.echo(
-            f"alignatt-mt-server listening on ws://{cfg.host}:{s.port} (preset {cfg.default_preset})"))
-    except AlignattError as e:
-        fail(str(e))
+    cfg = _server_config(config, host, port, model, seam, preset, direction, heads, top_k,
+                         device, dtype, max_sessions, max_utterance_words, vllm_mode)
+    typer.echo(f"loading {', '.join(f'{d}: {r.model}/{r.seam}' for d, r in cfg.directions.items())} ...")
+    serve(cfg, on_ready=lambda s: typer.echo(
+        f"alignatt-mt-server listening on ws://{cfg.host}:{s.port} (preset {cfg.default_preset})"))
 
 
 @app.command("smoke")
@@ -211,13 +206,10 @@ def smoke_cmd(
     """Start the server on loopback, replay the smoke stream through a real client, write the artifact."""
     from alignatt.smoke import SmokeOptions, run_smoke, summary_line
 
-    try:
-        options = SmokeOptions(model=model, seam=seam, preset=preset, device=device, dtype=dtype,
-                               top_k=top_k, heads=heads, speed=speed, client=client, stream=stream,
-                               vllm_mode=vllm_mode)
-        artifact = run_smoke(options, out)
-    except AlignattError as e:
-        fail(str(e))
+    options = SmokeOptions(model=model, seam=seam, preset=preset, device=device, dtype=dtype,
+                           top_k=top_k, heads=heads, speed=speed, client=client, stream=stream,
+                           vllm_mode=vllm_mode)
+    artifact = run_smoke(options, out)
     typer.echo(summary_line(artifact))
     typer.echo(f"wrote {out}")
 
@@ -232,11 +224,8 @@ def env_cmd(
     """Record this machine's provenance (GPU, driver, CUDA, torch, vLLM, git, container)."""
     from alignatt.artifacts import env_artifact, write_artifact
 
-    try:
-        artifact = env_artifact(model)
-        write_artifact(out, artifact)
-    except AlignattError as e:
-        fail(str(e))
+    artifact = env_artifact(model)
+    write_artifact(out, artifact)
     p = artifact.provenance
     gpu = f"{p.gpu_count} x {p.gpu_name}" if p.gpus else "no GPU"
     typer.echo(f"wrote {out}: {gpu}; torch {p.torch}, vLLM {p.vllm}, transformers {p.transformers}; "
@@ -268,16 +257,13 @@ def bench_cmd(
     from alignatt import bench
     from alignatt.params import bench_config
 
-    try:
-        config = bench_config(
-            params, mode, profile, model=model, device=device, dtype=dtype, repeats=repeats,
-            warmup=warmup, max_new_tokens=max_new_tokens, heads_k=heads_k, prompts_file=prompts,
-            seams=[s.strip() for s in seams.split(",") if s.strip()] if seams else None,
-        )
-        artifact = bench.run_bench(config, bench.SubprocessRunner(progress=progress))
-        artifact = bench.write_bench_outputs(artifact, out, metrics, plot, add)
-    except AlignattError as e:
-        fail(str(e))
+    config = bench_config(
+        params, mode, profile, model=model, device=device, dtype=dtype, repeats=repeats,
+        warmup=warmup, max_new_tokens=max_new_tokens, heads_k=heads_k, prompts_file=prompts,
+        seams=[s.strip() for s in seams.split(",") if s.strip()] if seams else None,
+    )
+    artifact = bench.run_bench(config, bench.SubprocessRunner(progress=progress))
+    artifact = bench.write_bench_outputs(artifact, out, metrics, plot, add)
     typer.echo(bench.format_summary(artifact))
     typer.echo(f"wrote {out}")
 
@@ -290,17 +276,14 @@ def report_cmd(
     """Render reports/BENCHMARKS.md from params.yaml and the artifacts (byte-stable)."""
     from alignatt.report import stale_report, write_report
 
-    try:
-        if check:
-            stale = stale_report(root)
-            if stale:
-                typer.echo(stale, err=True)
-                raise typer.Exit(1)
-            typer.echo("report is up to date")
-            return
-        path = write_report(root)
-    except AlignattError as e:
-        fail(str(e))
+    if check:
+        stale = stale_report(root)
+        if stale:
+            typer.echo(stale, err=True)
+            raise typer.Exit(1)
+        typer.echo("report is up to date")
+        return
+    path = write_report(root)
     typer.echo(f"wrote {path}")
 
 
@@ -314,21 +297,14 @@ def audit_cmd(
     """Validate artifacts, provenance, historical hashes and the report; exit 1 on any finding."""
     from alignatt.audit import run_audit
 
-    try:
-        result = run_audit(paths or None, root, report)
-    except AlignattError as e:
-        fail(str(e))
+    result = run_audit(paths or None, root, report)
     typer.echo(result.as_json() if as_json else result.as_text())
     if not result.ok:
         raise typer.Exit(1)
 
 
 def main() -> None:
-    try:
-        app()
-    except AlignattError as e:  # raised outside a command's own handling
-        typer.echo(f"error: {e}", err=True)
-        sys.exit(2)
+    app()
 
 
 if __name__ == "__main__":

@@ -261,7 +261,7 @@ def worker_parity_vllm(spec: dict) -> dict:
     self-consistency of its captures."""
     from alignatt.capture import Head
     from alignatt.vllm_capture import VllmCaptureSeam
-    from alignatt.vllm_checks import bench_requests, choose_tokenizer, say, self_consistency
+    from alignatt.vllm_worker import bench_requests, choose_tokenizer, say, self_consistency
 
     tokenizer, tok_name = choose_tokenizer(spec.get("tokenizer", "auto"))
     ckpt = Path(spec["checkpoint"])
@@ -311,7 +311,7 @@ def worker_parity_hf(spec: dict) -> dict:
     from alignatt.models import load_model
     from alignatt.prompt import build_prompt
     from alignatt.qcache import plan_capture
-    from alignatt.vllm_checks import bench_requests, choose_tokenizer, say
+    from alignatt.vllm_worker import bench_requests, choose_tokenizer, say
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -383,7 +383,7 @@ def hf_seam_drafts(ckpt: str, heads: list, dtype: str, runs: list[dict], tokens:
     """The real `hf_qk_fast` seam's own greedy drafts vs vLLM's (reported: greedy paths part at
     the first near-tie, after which rows are not comparable)."""
     from alignatt.seams import make_seam
-    from alignatt.vllm_checks import bench_requests
+    from alignatt.vllm_worker import bench_requests
 
     try:
         seam = make_seam("hf_qk_fast", model=ckpt, heads=heads, device=device, dtype=dtype)

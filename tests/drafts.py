@@ -7,6 +7,16 @@ import numpy as np
 from alignatt.capture import Draft, DraftRequest, Head, TokenCapture
 
 
+def peaked_token(token_id: int, piece: str, n_heads: int, n_src: int, peak_at: int, base: float,
+                 peak: float, other: float, generated: float) -> TokenCapture:
+    """A token whose every head spreads `base` evenly over the source and adds `peak` at one position."""
+    rows = np.full((n_heads, n_src), base / n_src, dtype=np.float32)
+    rows[:, peak_at] += peak
+    return TokenCapture(token_id=token_id, piece=piece, rows=rows,
+                        other_prompt_mass=np.full(n_heads, other, dtype=np.float32),
+                        generated_mass=np.full(n_heads, generated, dtype=np.float32))
+
+
 def make_draft(
     source_words: list[str],
     pieces: list[str],
@@ -23,19 +33,9 @@ def make_draft(
     )
     word_of_token = [w for w in range(len(source_words)) for _ in range(tokens_per_word)]
     n_src = len(word_of_token)
-    tokens = []
-    for i, (piece, w) in enumerate(zip(pieces, aligned)):
-        rows = np.full((n_heads, n_src), 0.1 / n_src, dtype=np.float32)
-        rows[:, w * tokens_per_word] += 0.5  # the peak sits on the first token of word w
-        tokens.append(
-            TokenCapture(
-                token_id=100 + i,
-                piece=piece,
-                rows=rows,
-                other_prompt_mass=np.full(n_heads, 0.3, dtype=np.float32),
-                generated_mass=np.full(n_heads, 0.1, dtype=np.float32),
-            )
-        )
+    # the peak sits on the first token of word w
+    tokens = [peaked_token(100 + i, piece, n_heads, n_src, w * tokens_per_word, 0.1, 0.5, 0.3, 0.1)
+              for i, (piece, w) in enumerate(zip(pieces, aligned))]
     return Draft(
         request=request,
         heads=[Head(0, h) for h in range(n_heads)],

@@ -13,9 +13,8 @@ from __future__ import annotations
 import threading
 import time
 
-import numpy as np
-
-from alignatt.capture import Draft, DraftRequest, Head, TokenCapture
+from alignatt.capture import Draft, DraftRequest, Head
+from tests.drafts import peaked_token
 
 
 def target_word(i: int, word: str) -> str:
@@ -69,19 +68,8 @@ class FakeSeam:
         if len(pieces) > request.max_new_tokens:
             pieces, stop = pieces[: request.max_new_tokens], "max_new_tokens"
         n_heads = len(self.heads)
-        tokens = []
-        for j, (piece, w) in enumerate(pieces):
-            rows = np.full((n_heads, n), 0.2 / n, dtype=np.float32)
-            rows[:, min(w + self.look_ahead, n - 1)] += 0.6
-            tokens.append(
-                TokenCapture(
-                    token_id=1000 + j,
-                    piece=piece,
-                    rows=rows,
-                    other_prompt_mass=np.full(n_heads, 0.1, dtype=np.float32),
-                    generated_mass=np.full(n_heads, 0.1, dtype=np.float32),
-                )
-            )
+        tokens = [peaked_token(1000 + j, piece, n_heads, n, min(w + self.look_ahead, n - 1), 0.2, 0.6, 0.1, 0.1)
+                  for j, (piece, w) in enumerate(pieces)]
         return Draft(
             request=request,
             heads=list(self.heads),

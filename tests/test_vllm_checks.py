@@ -15,14 +15,12 @@ from alignatt.vllm_checks import (
     PARTS,
     compare_batch,
     compare_drafts,
-    draft_record,
-    draft_variety,
     main,
     select_checks,
-    summarize_consistency,
     summary_word,
     timing_summary,
 )
+from alignatt.vllm_worker import BATCH_IDS, draft_record, draft_variety, identity_probe, summarize_consistency
 from tests.drafts import make_draft
 
 
@@ -56,8 +54,6 @@ def test_compare_batch_wants_each_requests_own_rows():
 
 def test_compare_batch_judges_identity_by_q_and_keys_when_numerics_part_the_drafts():
     from types import SimpleNamespace
-
-    from alignatt.vllm_checks import identity_probe
 
     g = np.random.default_rng(0)
     words = "a b c d".split()
@@ -182,7 +178,7 @@ def test_parent_side_of_every_check_with_stand_in_workers(monkeypatch, tmp_path)
         recs = []
         for rep in range(n_repeats):
             for i in range(16):
-                r = _record(f"p{i}" if i >= 3 else vc.BATCH_IDS[i], make_draft(words, [" x", " y"], [i % 4, 1]), rep)
+                r = _record(f"p{i}" if i >= 3 else BATCH_IDS[i], make_draft(words, [" x", " y"], [i % 4, 1]), rep)
                 r["token_ids"] = [7 + i, 9]
                 r["timings"] = {"prefill_ms": 30.0, "decode_ms": 5.0, "capture_ms": 1.0, "reconstruct_ms": 2.0}
                 recs.append(r)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import alignatt.vllm_capture as vc
+import alignatt.vllm_hooks as vh
 from alignatt.capture import Head, attention_row
 from alignatt.layout import AttentionLayout, LayerAttention
 from alignatt.qcache import QueryCache, head_order, kernel_block_ids, plan_capture, slots_for_positions
@@ -55,15 +56,15 @@ def engine(monkeypatch):
             kv[g][slots // groups[g].block_size, 0, slots % groups[g].block_size] = src
     attn = {0: SimpleNamespace(kv_cache=kv[0]), 1: SimpleNamespace(kv_cache=kv[1]), 2: SimpleNamespace(kv_cache=kv[0])}
     runner = SimpleNamespace(input_batch=SimpleNamespace(block_table=[groups[0], groups[1]]))
-    hooks = vc._Hooks(plans=plans, capture_output=False, runner=runner, attn=attn, group=group_of, caches=caches,
+    hooks = vh.Hooks(plans=plans, capture_output=False, runner=runner, attn=attn, group=group_of, caches=caches,
                       block_ids={"req-1": block_ids})
-    monkeypatch.setattr(vc, "_HOOKS", hooks)
+    monkeypatch.setattr(vh, "_HOOKS", hooks)
     from alignatt.models import tiny_tokenizer
 
     seam = object.__new__(vc.VllmCaptureSeam)
     seam.plans, seam.order, seam.heads = plans, head_order(plans, heads), heads
     seam.tokenizer, seam.capture, seam.capture_output = tiny_tokenizer(), True, False
-    seam.keep_raw, seam.reconstruct, seam.raw = True, "batched", {}
+    seam.keep_raw, seam.reconstruct, seam.raw, seam.hooks = True, "batched", {}, hooks
     source = [3, 4, 5, 7, 9, 10]
     prompt = SimpleNamespace(input_ids=list(range(100, 100 + n_prompt)), source_token_positions=source,
                              prefix_start=12)

@@ -189,7 +189,7 @@ def test_transformers_worker_end_to_end_on_cpu_with_stand_in_vllm_runs(reduced, 
     from alignatt.prompt import build_prompt
     from alignatt.qcache import plan_capture, rebuild_rows
     from alignatt.seams import make_seam
-    from alignatt.vllm_checks import bench_requests, choose_tokenizer
+    from alignatt.vllm_worker import bench_requests, choose_tokenizer
     from alignatt.vllm_parity import worker_parity_hf
 
     target = str(reduced[0])
