@@ -13,6 +13,7 @@ from typer.core import TyperGroup
 
 from alignatt.errors import AlignattError
 
+
 def fail(message: str) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(2)

@@ -75,7 +75,6 @@ MODEL_PRESETS: dict[str, ModelPreset] = {
 }
 
 
-
 @dataclass
 class LoadedModel:
     name: str  # preset name, or the local path / HF id it was loaded from

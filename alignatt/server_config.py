@@ -17,6 +17,7 @@ from alignatt.errors import AlignattError
 from alignatt.policy import POLICY_PRESETS, PolicyConfig
 from alignatt.protocol import UNKNOWN_PRESET, ProtocolError
 
+
 class SessionPreset(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
