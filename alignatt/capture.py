@@ -145,6 +145,12 @@ def mass_split(
     return np.stack([accessible, inaccessible, other_prompt, generated], axis=-1).mean(axis=1)
 
 
+def sync(device: torch.device) -> None:
+    """Wait for the device, so that a wall-clock reading covers the work queued on it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class Seam(Protocol):
     """A capture seam. Loading happens in the constructor; `draft` runs one greedy draft."""
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from alignatt.capture import Draft, DraftRequest, Head, Timings, TokenCapture
+from alignatt.capture import Draft, DraftRequest, Head, Timings, TokenCapture, sync
 from alignatt.errors import AlignattError
 from alignatt.models import LoadedModel
 from alignatt.prompt import PromptLayout, build_prompt
@@ -89,8 +89,7 @@ class HFCaptureSeam:
 
     # ---- the shared loop ----
     def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        sync(self.device)
 
     def draft(self, request: DraftRequest) -> Draft:
         model, tokenizer = self.loaded.model, self.loaded.tokenizer

@@ -38,7 +38,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
-from alignatt.capture import Draft, DraftRequest, Head, Timings, TokenCapture
+from alignatt.capture import Draft, DraftRequest, Head, Timings, TokenCapture, sync
 from alignatt.errors import AlignattError
 from alignatt.layout import AttentionLayout
 from alignatt import vllm_hooks
@@ -53,7 +53,7 @@ from alignatt.qcache import (
     split_rows,
 )
 from alignatt.synthetic_init import HFLikeInit
-from alignatt.vllm_hooks import PINNED_VLLM, log, sync
+from alignatt.vllm_hooks import PINNED_VLLM, log
 
 VLLM_MODES = ("eager", "cudagraph", "compiled")
 SUPPORTED_MODELS = ("gemma4-e4b", "gemma4-e4b-synthetic")  # or a local Gemma-4 checkpoint directory
@@ -186,7 +186,8 @@ class VllmCaptureSeam:
                 f"vllm_capture is written against vLLM {PINNED_VLLM}'s internals, found {vllm.__version__} "
                 "(set ALIGNATT_VLLM_ANY_VERSION=1 to try anyway)"
             )
-        if vllm_hooks.active() is not None and vllm_hooks.active().runner is not None:
+        running = vllm_hooks.active()
+        if running is not None and running.runner is not None:
             raise AlignattError("one vllm_capture engine per process: close() the other one first")
         if reconstruct not in ("batched", "reference"):
             raise AlignattError(f"reconstruct must be 'batched' or 'reference', not {reconstruct!r}")

@@ -19,6 +19,7 @@ from typing import Any, Optional
 
 import torch
 
+from alignatt.capture import sync
 from alignatt.qcache import LayerPlan, QueryCache
 from alignatt.synthetic_init import HFLikeInit, hf_like_init
 
@@ -291,11 +292,6 @@ def _install_runner_hooks() -> None:
     Runner.initialize_kv_cache = hooked_initialize_kv_cache
     Runner._update_states = hooked_update_states
     Runner._alignatt_hooked = True
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 # ---- what the seam calls ----

@@ -1,8 +1,6 @@
 """hf_qk_fast on a static cache (the loop its CUDA graph replays): same drafts and rows as eager,
 and a step body that a graph can replay (no host value read inside it)."""
 
-import dataclasses
-
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -12,14 +10,14 @@ from alignatt.errors import AlignattError
 from alignatt.hf_eager import HFEagerSeam
 from alignatt.hf_qk_fast import HFQKFastSeam
 from alignatt.hf_static import BUCKET, bucket_length
-from alignatt.parity import PARITY_TOLERANCE, compare_drafts, default_requests
+from alignatt.parity import PARITY_TOLERANCE, compare_drafts
+from tests import hf_cases
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 def some_requests(max_new_tokens=10):
-    every = default_requests(max_new_tokens)
-    return [every[i][1] for i in (0, 1, len(every) - 2, len(every) - 1)]
+    return [request for _, request in hf_cases.some_requests(max_new_tokens)]
 
 
 def check_static_matches_eager(loaded, heads, requests):
@@ -42,14 +40,7 @@ def test_static_decode_matches_eager_on_every_layer_kind(tiny_gemma4):
 
 
 def test_static_decode_on_the_multimodal_wrapper(tiny_gemma4):
-    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
-
-    from alignatt.layout import AttentionLayout
-
-    with torch.random.fork_rng(devices=[]):
-        wrapper = Gemma4ForConditionalGeneration(Gemma4Config(text_config=tiny_gemma4.model.config)).eval()
-    wrapper.model.language_model.load_state_dict(tiny_gemma4.model.model.state_dict())
-    loaded = dataclasses.replace(tiny_gemma4, model=wrapper, layout=AttentionLayout.from_config(wrapper.config))
+    loaded = hf_cases.in_multimodal_wrapper(tiny_gemma4)
     assert check_static_matches_eager(loaded, loaded.layout.all_heads(), some_requests(6)[:1]) > 0
 
 

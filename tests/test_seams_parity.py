@@ -8,16 +8,11 @@ from alignatt.capture import DraftRequest, Head
 from alignatt.errors import AlignattError
 from alignatt.hf_eager import HFEagerSeam
 from alignatt.hf_qk_fast import HFQKFastSeam
-from alignatt.parity import PARITY_TOLERANCE, compare_drafts, default_requests, run_parity
+from alignatt.parity import PARITY_TOLERANCE, compare_drafts, run_parity
 from alignatt.seams import SEAMS, make_seam
+from tests.hf_cases import in_multimodal_wrapper, some_requests
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-
-
-def some_requests(max_new_tokens=10):
-    """Short and long sources, each without and with a target prefix (from the capture benchmark)."""
-    every = default_requests(max_new_tokens)
-    return [every[i] for i in (0, 1, len(every) - 2, len(every) - 1)]
 
 
 # ---- a recording *eager* kernel: rebuild vs the weights of the very same forward ----
@@ -164,16 +159,7 @@ def test_a_stop_token_ends_the_draft(tiny_gemma4):
 
 def test_seams_run_on_the_multimodal_wrapper_of_it_checkpoints(tiny_gemma4):
     """google/gemma-4-E4B-it loads as Gemma4ForConditionalGeneration: same text model inside."""
-    import dataclasses
-
-    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
-
-    from alignatt.layout import AttentionLayout
-
-    with torch.random.fork_rng(devices=[]):
-        wrapper = Gemma4ForConditionalGeneration(Gemma4Config(text_config=tiny_gemma4.model.config)).eval()
-    wrapper.model.language_model.load_state_dict(tiny_gemma4.model.model.state_dict())
-    loaded = dataclasses.replace(tiny_gemma4, model=wrapper, layout=AttentionLayout.from_config(wrapper.config))
+    loaded = in_multimodal_wrapper(tiny_gemma4)
     heads = loaded.layout.all_heads()
     _, request = some_requests(6)[0]
     eager = HFEagerSeam(loaded, heads).draft(request)
