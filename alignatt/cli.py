@@ -11,7 +11,7 @@ from typing import NoReturn
 import typer
 from typer.core import TyperGroup
 
-from alignatt.errors import AlignattError
+from alignatt.core.errors import AlignattError
 
 
 def fail(message: str) -> NoReturn:
@@ -32,7 +32,7 @@ class _Commands(TyperGroup):
 app = typer.Typer(cls=_Commands, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
 
-# ---- capture core: translate, parity (alignatt.seams / models / prompt) ----
+# ---- capture core: translate, parity (alignatt.capture.registry / models / prompt) ----
 
 
 @app.command("translate")
@@ -54,7 +54,7 @@ def translate_cmd(
     """Draft a translation once and show what AlignAtt emits, what it holds and why."""
     import json
 
-    from alignatt import seams
+    from alignatt.capture import registry as seams
 
     result = seams.translate(
         source, committed_words=committed_words, prefix=prefix, seam=seam, model=model,
@@ -79,7 +79,8 @@ def parity_cmd(
     as_json: bool = typer.Option(False, "--json", help="print the parity report as JSON"),
 ) -> None:
     """Compare the attention rows and drafts of two or more seams on the same prompts."""
-    from alignatt import parity, seams
+    from alignatt.checks import seam_parity as parity
+    from alignatt.capture import registry as seams
 
     names = [s.strip() for s in seams_csv.split(",") if s.strip()]
     for name in names:
@@ -93,7 +94,7 @@ def parity_cmd(
     )
     typer.echo(report.model_dump_json(indent=2) if as_json else parity.describe(report))
 
-# ---- heads: heads calibrate, heads show (alignatt.heads / calibrate) ----
+# ---- heads: heads calibrate, heads show (alignatt.heads.sets / calibrate) ----
 
 heads_app = typer.Typer(no_args_is_help=True, help="Alignment head sets: show and calibrate.")
 app.add_typer(heads_app, name="heads")
@@ -108,7 +109,7 @@ def heads_show(
     as_json: bool = typer.Option(False, "--json", help="print the head set as JSON"),
 ) -> None:
     """Show a head set (ranked heads and calibration facts), or list the bundled ones."""
-    from alignatt import heads
+    from alignatt.heads import sets as heads
 
     if name is None and model is None:
         typer.echo(heads.describe_bundled())
@@ -133,8 +134,8 @@ def heads_calibrate(
     dtype: str = typer.Option(None, "--dtype", help="float32 | bfloat16 (default: the model's)"),
 ) -> None:
     """Score every head by how often its source argmax hits the aligned word; write a head set."""
-    from alignatt.calibrate import calibrate
-    from alignatt.heads import describe_head_set, write_head_set
+    from alignatt.heads.calibrate import calibrate
+    from alignatt.heads.sets import describe_head_set, write_head_set
 
     head_set = calibrate(model, pairs, max_pairs=max_pairs, device=device, dtype=dtype)
     path = write_head_set(out, head_set)
@@ -142,7 +143,7 @@ def heads_calibrate(
     typer.echo(f"wrote {path}")
 
 
-# ---- server: serve, smoke (alignatt.server / smoke) ----
+# ---- server: serve, smoke (alignatt.serve.server / smoke) ----
 
 
 def _server_config(
@@ -150,7 +151,7 @@ def _server_config(
     heads: str | None, top_k: int, device: str, dtype: str | None, max_sessions: int,
     max_utterance_words: int, vllm_mode: str | None,
 ):
-    from alignatt.server_config import server_config
+    from alignatt.serve.config import server_config
 
     return server_config(
         config_path=config, host=host, port=port, model=model, seam=seam, preset=preset,
@@ -179,7 +180,7 @@ def serve_cmd(
     """Run the MT server (WhisperLiveKit `alignatt` protocol v1) until interrupted."""
     import logging
 
-    from alignatt.server import serve
+    from alignatt.serve.server import serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cfg = _server_config(config, host, port, model, seam, preset, direction, heads, top_k,
@@ -205,7 +206,7 @@ def smoke_cmd(
     out: str = typer.Option("outputs/server_smoke.json", help="where to write the smoke artifact"),
 ) -> None:
     """Start the server on loopback, replay the smoke stream through a real client, write the artifact."""
-    from alignatt.smoke import SmokeOptions, run_smoke, summary_line
+    from alignatt.pipeline.smoke import SmokeOptions, run_smoke, summary_line
 
     options = SmokeOptions(model=model, seam=seam, preset=preset, device=device, dtype=dtype,
                            top_k=top_k, heads=heads, speed=speed, client=client, stream=stream,
@@ -214,7 +215,7 @@ def smoke_cmd(
     typer.echo(summary_line(artifact))
     typer.echo(f"wrote {out}")
 
-# ---- pipeline: env, bench, report, audit (alignatt.provenance / bench / report / audit) ----
+# ---- pipeline: env, bench, report, audit (alignatt.pipeline.provenance / bench / report / audit) ----
 
 
 @app.command("env")
@@ -223,7 +224,7 @@ def env_cmd(
     model: str = typer.Option(None, help="model preset / HF id / path whose identity to record"),
 ) -> None:
     """Record this machine's provenance (GPU, driver, CUDA, torch, vLLM, git, container)."""
-    from alignatt.artifacts import env_artifact, write_artifact
+    from alignatt.pipeline.artifacts import env_artifact, write_artifact
 
     artifact = env_artifact(model)
     write_artifact(out, artifact)
@@ -255,8 +256,8 @@ def bench_cmd(
     progress: bool = typer.Option(True, help="progress bars on stderr"),
 ) -> None:
     """Measure the capture seams on the published protocol; each seam in its own subprocess."""
-    from alignatt import bench
-    from alignatt.params import bench_config
+    from alignatt.pipeline import bench
+    from alignatt.pipeline.params import bench_config
 
     config = bench_config(
         params, mode, profile, model=model, device=device, dtype=dtype, repeats=repeats,
@@ -275,7 +276,7 @@ def report_cmd(
     root: str = typer.Option(".", help="project root (params.yaml, outputs/, reports/)"),
 ) -> None:
     """Render reports/BENCHMARKS.md from params.yaml and the artifacts (byte-stable)."""
-    from alignatt.report import stale_report, write_report
+    from alignatt.pipeline.report import stale_report, write_report
 
     if check:
         stale = stale_report(root)
@@ -296,7 +297,7 @@ def audit_cmd(
     report: bool = typer.Option(True, help="also check combined report rows and report staleness"),
 ) -> None:
     """Validate artifacts, provenance, historical hashes and the report; exit 1 on any finding."""
-    from alignatt.audit import run_audit
+    from alignatt.pipeline.audit import run_audit
 
     result = run_audit(paths or None, root, report)
     typer.echo(result.as_json() if as_json else result.as_text())

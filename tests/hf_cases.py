@@ -7,7 +7,7 @@ import dataclasses
 
 import torch
 
-from alignatt.parity import default_requests
+from alignatt.checks.seam_parity import default_requests
 
 
 def some_requests(max_new_tokens: int = 10) -> list:
@@ -20,7 +20,7 @@ def in_multimodal_wrapper(tiny):
     """google/gemma-4-E4B-it loads as Gemma4ForConditionalGeneration: the same text model inside."""
     from transformers import Gemma4Config, Gemma4ForConditionalGeneration
 
-    from alignatt.layout import AttentionLayout
+    from alignatt.core.layout import AttentionLayout
 
     with torch.random.fork_rng(devices=[]):
         wrapper = Gemma4ForConditionalGeneration(Gemma4Config(text_config=tiny.model.config)).eval()

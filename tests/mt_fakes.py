@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 
-from alignatt.capture import Draft, DraftRequest, Head
+from alignatt.core.draft import Draft, DraftRequest, Head
 from tests.drafts import peaked_token
 
 

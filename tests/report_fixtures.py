@@ -13,8 +13,8 @@ from pathlib import Path
 
 import yaml
 
-from alignatt import bench
-from alignatt.artifacts import (
+from alignatt.pipeline import bench
+from alignatt.pipeline.artifacts import (
     ARTIFACT_SCHEMA_VERSION,
     BenchArtifact,
     BenchConfig,
@@ -25,9 +25,9 @@ from alignatt.artifacts import (
     ServerSmokeArtifact,
     write_artifact,
 )
-from alignatt.capture import Head
-from alignatt.params import config_from_params
-from alignatt.provenance import GpuInfo, Provenance
+from alignatt.core.draft import Head
+from alignatt.pipeline.params import config_from_params
+from alignatt.pipeline.provenance import GpuInfo, Provenance
 from tests.bench_fakes import FakeSeam
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,7 +65,7 @@ def provenance(gpu: bool, model_id: str, revision: str, date: str = "2026-12-01"
 
 def _factory(decode_ms: dict[str, float], diverge: str | None = None):
     def make(name: str, config: BenchConfig) -> FakeSeam:
-        from alignatt.errors import AlignattError
+        from alignatt.core.errors import AlignattError
 
         if name not in decode_ms:
             raise AlignattError(f"{name} needs CUDA and vLLM 0.22.1: CUDA is not available here")

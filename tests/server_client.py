@@ -7,9 +7,9 @@ from contextlib import contextmanager
 
 from websockets.sync.client import connect
 
-from alignatt.heads import HeadSet, RankedHead, write_head_set
-from alignatt.server import ServerThread
-from alignatt.server_config import DirectionRoute, ServerConfig, ServerLimits
+from alignatt.heads.sets import HeadSet, RankedHead, write_head_set
+from alignatt.serve.server import ServerThread
+from alignatt.serve.config import DirectionRoute, ServerConfig, ServerLimits
 from tests.mt_fakes import FakeSeam
 
 

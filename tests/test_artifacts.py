@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from alignatt.artifacts import (
+from alignatt.pipeline.artifacts import (
     PUBLISHED_SEAM_NAMES,
     Check,
     EnvArtifact,
@@ -24,8 +24,8 @@ from alignatt.artifacts import (
     read_published,
     write_artifact,
 )
-from alignatt.errors import AlignattError
-from alignatt.provenance import collect_provenance
+from alignatt.core.errors import AlignattError
+from alignatt.pipeline.provenance import collect_provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 PUBLISHED = ROOT / "outputs" / "published"

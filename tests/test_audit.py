@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from alignatt import report
-from alignatt.audit import run_audit
+from alignatt.pipeline import report
+from alignatt.pipeline.audit import run_audit
 from alignatt.cli import app
 from tests.report_fixtures import bench_artifact, build_tree, write_run
 

@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from alignatt import bench, params
-from alignatt.artifacts import BenchArtifact, BenchConfig, load_artifact, write_artifact
-from alignatt.errors import AlignattError
+from alignatt.pipeline import bench
+
+from alignatt.pipeline import params
+from alignatt.pipeline.artifacts import BenchArtifact, BenchConfig, load_artifact, write_artifact
+from alignatt.core.errors import AlignattError
 from tests.bench_fakes import make_fake_seam
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from alignatt.calibrate import (
+from alignatt.heads.calibrate import (
     AlignedPair,
     argmax_hits,
     load_pairs,
@@ -13,8 +13,8 @@ from alignatt.calibrate import (
     token_words,
     word_char_spans,
 )
-from alignatt.errors import AlignattError
-from alignatt.heads import HeadSet, load_head_set
+from alignatt.core.errors import AlignattError
+from alignatt.heads.sets import HeadSet, load_head_set
 
 PAIR = {
     "pair_id": 1,
@@ -142,7 +142,7 @@ def test_bad_pairs_files_are_clear_errors(tmp_path):
 
 
 def test_split_half_check_compares_even_and_odd_pairs():
-    from alignatt.calibrate import split_half_check
+    from alignatt.heads.calibrate import split_half_check
 
     # 4 pairs, 1 layer x 3 heads, 10 tokens each. Head 0 is good in both halves; heads 1 and 2
     # swap places between the halves.
@@ -162,14 +162,14 @@ def test_split_half_check_compares_even_and_odd_pairs():
 
 @pytest.fixture(scope="module")
 def tiny():
-    from alignatt.models import load_model
+    from alignatt.models.presets import load_model
 
     return load_model("tiny-gemma4")
 
 
 def _check_scored_tokens_lie_in_their_words(loaded, pairs):
     """Every scored token decodes to a piece of a target word aligned with its source words."""
-    from alignatt.calibrate import pair_inputs
+    from alignatt.heads.calibrate import pair_inputs
 
     for pair in pairs:
         x = pair_inputs(loaded.tokenizer, pair)
@@ -190,7 +190,7 @@ def test_scored_tokens_map_onto_aligned_target_words_tiny(tiny):
 
 
 def test_calibration_on_tiny_gemma4_ranks_every_head(tiny):
-    from alignatt.calibrate import calibrate
+    from alignatt.heads.calibrate import calibrate
 
     pairs = load_pairs()[:4]
     s = calibrate(tiny, pairs, progress=False)
@@ -214,7 +214,7 @@ def test_calibration_scores_match_a_direct_recount_from_output_attentions(tiny):
     """Recount hits for one pair straight from the model's attentions, independently of the slicer."""
     import torch
 
-    from alignatt.calibrate import calibrate, pair_inputs
+    from alignatt.heads.calibrate import calibrate, pair_inputs
 
     pair = load_pairs()[2]
     s = calibrate(tiny, [pair], progress=False)
@@ -254,8 +254,8 @@ def test_calibrate_cli_writes_a_loadable_set_and_rejects_bad_input(tmp_path):
 
 @pytest.mark.slow
 def test_calibration_on_the_embedded_gemma3_270m():
-    from alignatt.calibrate import calibrate
-    from alignatt.models import load_model
+    from alignatt.heads.calibrate import calibrate
+    from alignatt.models.presets import load_model
 
     loaded = load_model("gemma3-270m")
     pairs = load_pairs()[:6]

@@ -6,7 +6,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from alignatt import models
+from alignatt.models import presets as models
 from alignatt.cli import app
 
 runner = CliRunner()

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from alignatt import container
-from alignatt.errors import AlignattError
-from alignatt.provenance import CONTAINER_DIGEST_ENV, CONTAINER_IMAGE_ENV, collect_provenance
+from alignatt.pipeline import container
+from alignatt.core.errors import AlignattError
+from alignatt.pipeline.provenance import CONTAINER_DIGEST_ENV, CONTAINER_IMAGE_ENV, collect_provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "containers" / "Dockerfile"
@@ -175,7 +175,7 @@ def test_run_stage_script_on_the_host_and_through_a_fake_docker(tmp_path):
                                       "container": {"engine": "docker", "image": "alignatt:0.1.0"}}))
     log = tmp_path / "docker.log"
     env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}", "FAKE_DOCKER_LOG": str(log)}
-    done = subprocess.run([sys.executable, "-m", "alignatt.container", "--params", str(params), "--",
+    done = subprocess.run([sys.executable, "-m", "alignatt.pipeline.container", "--params", str(params), "--",
                            "alignatt", "env", "--model", "{model}"],
                           cwd=ROOT, capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr

@@ -84,7 +84,7 @@ def test_profile_switch_is_one_line(tmp_path):
     params.write_text(text.replace("\nprofile: cpu\n", "\nprofile: h200\n"))
     listing = dvc(project, "stage", "list")
     assert "outputs/h200/bench_eager.json" in listing and "outputs/cpu/" not in listing
-    from alignatt.params import config_from_params, load_params
+    from alignatt.pipeline.params import config_from_params, load_params
 
     cfg = config_from_params(load_params(params), "cudagraph")
     assert (cfg.model, cfg.device, cfg.vllm_mode) == ("gemma4-e4b-synthetic", "cuda", "cudagraph")
@@ -112,7 +112,7 @@ def test_pipeline_runs_end_to_end_on_fake_seams(tmp_path):
     assert "| eager | gemma3-270m |" in page and "2026-07-02 (published)" in page
     assert "metrics" in dvc(project, "metrics", "show", "--json", env=env)
 
-    from alignatt.audit import run_audit
+    from alignatt.pipeline.audit import run_audit
 
     result = run_audit(root=project)
     assert sorted((Path(f.path).name, f.check) for f in result.findings) == [
@@ -134,7 +134,7 @@ def test_gpu_host_runner_writes_what_the_stages_write(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == [
         "bench_cudagraph.json", "bench_cudagraph_metrics.json", "bench_eager.json",
         "bench_eager_metrics.json", "env.json", "latency_cudagraph.csv", "latency_eager.csv"]
-    from alignatt.artifacts import BenchArtifact, load_artifact
+    from alignatt.pipeline.artifacts import BenchArtifact, load_artifact
 
     art = load_artifact(out / "bench_cudagraph.json")
     assert isinstance(art, BenchArtifact) and art.config.vllm_mode == "cudagraph"

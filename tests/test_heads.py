@@ -6,9 +6,9 @@ from importlib import resources
 
 import pytest
 
-from alignatt.capture import Head
-from alignatt.errors import AlignattError
-from alignatt.heads import (
+from alignatt.core.draft import Head
+from alignatt.core.errors import AlignattError
+from alignatt.heads.sets import (
     HeadSet,
     RankedHead,
     bundled_head_set_names,
@@ -210,7 +210,7 @@ def test_spread_set_is_a_valid_uncalibrated_set():
 
 
 def test_tiny_gemma4_default_heads_cover_every_layer_kind():
-    from alignatt.models import load_model
+    from alignatt.models.presets import load_model
 
     layout = load_model("tiny-gemma4").layout
     kinds = {(la.kind, la.kv_shared) for la in layout.layers}
@@ -224,7 +224,7 @@ def test_tiny_gemma4_default_heads_cover_every_layer_kind():
 
 
 def test_local_e4b_checkpoint_dir_gets_the_published_set(tmp_path):
-    from alignatt.models import e4b_config_path, tiny_config_path
+    from alignatt.models.presets import e4b_config_path, tiny_config_path
 
     e4b = tmp_path / "my-e4b"
     e4b.mkdir()

@@ -5,12 +5,12 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from alignatt.capture import DraftRequest, Head
-from alignatt.errors import AlignattError
-from alignatt.hf_eager import HFEagerSeam
-from alignatt.hf_qk_fast import HFQKFastSeam
-from alignatt.hf_static import BUCKET, bucket_length
-from alignatt.parity import PARITY_TOLERANCE, compare_drafts
+from alignatt.core.draft import DraftRequest, Head
+from alignatt.core.errors import AlignattError
+from alignatt.capture.hf.eager import HFEagerSeam
+from alignatt.capture.hf.qk_fast import HFQKFastSeam
+from alignatt.capture.hf.static_decode import BUCKET, bucket_length
+from alignatt.checks.seam_parity import PARITY_TOLERANCE, compare_drafts
 from tests import hf_cases
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -86,7 +86,7 @@ class HostReads(TorchDispatchMode):
 
 
 def test_the_step_body_reads_no_host_values(tiny_gemma4):
-    import alignatt.hf_qk_fast as hq
+    import alignatt.capture.hf.qk_fast as hq
 
     seam = HFQKFastSeam(tiny_gemma4, tiny_gemma4.layout.all_heads(), decode="static")
     request = some_requests(4)[0]
@@ -131,7 +131,7 @@ def test_a_prompt_longer_than_the_model_allows_is_refused(tiny_gemma4):
 @pytest.mark.gpu
 @needs_cuda
 def test_graph_replay_is_bit_identical_to_the_uncaptured_step():
-    from alignatt.models import load_model
+    from alignatt.models.presets import load_model
 
     loaded = load_model("tiny-gemma4", device="cuda", dtype="float32")
     heads = loaded.layout.all_heads()

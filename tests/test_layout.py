@@ -2,10 +2,10 @@
 
 import pytest
 
-from alignatt.capture import Head
-from alignatt.errors import AlignattError
-from alignatt.layout import AttentionLayout
-from alignatt.models import e4b_config_path
+from alignatt.core.draft import Head
+from alignatt.core.errors import AlignattError
+from alignatt.core.layout import AttentionLayout
+from alignatt.models.presets import e4b_config_path
 
 
 @pytest.fixture(scope="module")

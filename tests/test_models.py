@@ -5,9 +5,10 @@ import sys
 import pytest
 import torch
 
-from alignatt.errors import AlignattError
-from alignatt import embedded, models
-from alignatt.models import MODEL_PRESETS, load_model
+from alignatt.core.errors import AlignattError
+from alignatt.models.presets import embedded
+from alignatt.models import presets as models
+from alignatt.models.presets import MODEL_PRESETS, load_model
 
 
 def test_presets_are_the_documented_four():

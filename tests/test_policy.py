@@ -2,7 +2,7 @@
 
 import pytest
 
-from alignatt.policy import POLICY_PRESETS, PolicyConfig, decide, word_starts
+from alignatt.core.policy import POLICY_PRESETS, PolicyConfig, decide, word_starts
 from tests.drafts import make_draft
 
 SRC = "the model gives itself more context".split()  # 6 words

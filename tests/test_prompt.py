@@ -4,10 +4,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from alignatt.capture import DraftRequest
-from alignatt.errors import AlignattError
-from alignatt.models import tiny_tokenizer
-from alignatt.prompt import build_prompt
+from alignatt.core.draft import DraftRequest
+from alignatt.core.errors import AlignattError
+from alignatt.models.presets import tiny_tokenizer
+from alignatt.core.prompt import build_prompt
 
 TOKENIZER = tiny_tokenizer()
 

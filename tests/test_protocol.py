@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from alignatt.protocol import (
+from alignatt.serve.protocol import (
     BAD_PROTOCOL,
     ErrorFrame,
     InitFrame,

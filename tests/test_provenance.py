@@ -10,8 +10,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from alignatt import provenance
-from alignatt.provenance import NOT_INSTALLED, Provenance, collect_provenance, git_state, model_identity
+from alignatt.pipeline import provenance
+from alignatt.pipeline.provenance import NOT_INSTALLED, Provenance, collect_provenance, git_state, model_identity
 
 
 def test_collect_records_every_field_and_this_machine():

@@ -11,11 +11,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from alignatt.capture import Head, attention_row
-from alignatt.errors import AlignattError
-from alignatt.graph_replay import CpuReplayGraph, naive_vs_fixed
-from alignatt.layout import AttentionLayout
-from alignatt.qcache import (
+from alignatt.core.draft import Head, attention_row
+from alignatt.core.errors import AlignattError
+from alignatt.checks.graph_replay import CpuReplayGraph, naive_vs_fixed
+from alignatt.core.layout import AttentionLayout
+from alignatt.capture.vllm.qcache import (
     QueryCache,
     gather_kv,
     head_order,
@@ -177,7 +177,7 @@ def brute_force_row(q, k, query_pos, window, scaling, softcap):
 
 @pytest.mark.parametrize("window,softcap", [(None, None), (6, None), (None, 5.0), (6, 5.0)])
 def test_rebuild_rows_batched_and_reference_match_brute_force(window, softcap):
-    from alignatt.qcache import LayerPlan
+    from alignatt.capture.vllm.qcache import LayerPlan
 
     torch.manual_seed(0)
     plan = LayerPlan(layer=0, heads=(1, 2, 7), kv_heads=(0, 1, 3), n_heads=8, n_kv_heads=4, head_dim=8,
@@ -200,7 +200,7 @@ def test_rebuild_rows_batched_and_reference_match_brute_force(window, softcap):
 
 
 def test_rebuild_output_is_probs_times_values_of_the_mapped_kv_head():
-    from alignatt.qcache import LayerPlan
+    from alignatt.capture.vllm.qcache import LayerPlan
 
     plan = LayerPlan(layer=0, heads=(0, 5), kv_heads=(0, 1), n_heads=6, n_kv_heads=2, head_dim=4,
                      scaling=1.0, sliding_window=None, softcap=None, kv_source_layer=0)
@@ -284,7 +284,7 @@ def test_replayed_padded_batch_rebuilds_every_requests_own_rows():
 
 
 def e4b_like_layout(n_heads, kv_heads, dim) -> AttentionLayout:
-    from alignatt.layout import LayerAttention
+    from alignatt.core.layout import LayerAttention
 
     return AttentionLayout(family="gemma4_text", layers=[LayerAttention(
         layer=0, kind="full", head_dim=dim, n_heads=n_heads, n_kv_heads=kv_heads, scaling=1.0,
@@ -328,7 +328,7 @@ def test_cpu_replay_graph_reruns_tensor_ops_into_captured_memory_only():
 
 
 def test_consistency_stats_are_norm_relative_and_skip_dead_rows():
-    from alignatt.qcache import TINY_OUTPUT_RMS, consistency_stats, judge_consistency
+    from alignatt.capture.vllm.qcache import TINY_OUTPUT_RMS, consistency_stats, judge_consistency
 
     g = torch.Generator().manual_seed(1)
     rebuilt = torch.randn(30, 2, 64, generator=g)

@@ -10,8 +10,8 @@ import jinja2
 import pytest
 from typer.testing import CliRunner
 
-from alignatt import report
-from alignatt.artifacts import load_artifact, write_artifact
+from alignatt.pipeline import report
+from alignatt.pipeline.artifacts import load_artifact, write_artifact
 from alignatt.cli import app
 from tests.report_fixtures import bench_artifact, build_tree, write_run
 
@@ -70,7 +70,7 @@ def test_historical_rows_and_the_corrupt_graphed_run(tree):
 
 
 def report_params(tree):
-    from alignatt.params import load_params
+    from alignatt.pipeline.params import load_params
 
     return load_params(tree / "params.yaml")
 

@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from alignatt.capture import DraftRequest, Head
-from alignatt.errors import AlignattError
-from alignatt.hf_eager import HFEagerSeam
-from alignatt.hf_qk_fast import HFQKFastSeam
-from alignatt.parity import PARITY_TOLERANCE, compare_drafts, run_parity
-from alignatt.seams import SEAMS, make_seam
+from alignatt.core.draft import DraftRequest, Head
+from alignatt.core.errors import AlignattError
+from alignatt.capture.hf.eager import HFEagerSeam
+from alignatt.capture.hf.qk_fast import HFQKFastSeam
+from alignatt.checks.seam_parity import PARITY_TOLERANCE, compare_drafts, run_parity
+from alignatt.capture.registry import SEAMS, make_seam
 from tests.hf_cases import in_multimodal_wrapper, some_requests
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -23,7 +23,7 @@ def _register_recording_eager():
     from transformers.masking_utils import AttentionMaskInterface, eager_mask
     from transformers.models.gemma4.modeling_gemma4 import eager_attention_forward
 
-    import alignatt.hf_qk_fast as hq
+    import alignatt.capture.hf.qk_fast as hq
 
     def recording_eager(module, query, key, value, attention_mask, **kwargs):
         seam = hq._ACTIVE.get()
@@ -84,7 +84,7 @@ def test_rebuild_equals_eager_weights_of_the_same_forward(tiny_gemma4):
 
 def test_parity_catches_a_wrong_cache_index_to_position_map(tiny_gemma4, monkeypatch):
     """Control: the check can fail. Treat the decode-time sliding keys as positions 0..n-1."""
-    import alignatt.hf_qk_fast as hq
+    import alignatt.capture.hf.qk_fast as hq
 
     monkeypatch.setattr(hq, "key_positions", lambda qpos, n, device: torch.arange(n, device=device))
     sliding = [h for h in tiny_gemma4.layout.all_heads() if tiny_gemma4.layout[h.layer].kind == "sliding"]
@@ -227,7 +227,7 @@ def test_tiny_parity_on_cuda_fp32():
 @needs_cuda
 def test_e4b_architecture_rebuild_equals_eager_weights_on_cuda_fp32():
     """Full E4B geometry (head dims 256/512, GQA 8/2, KV-shared layers 24-41) in fp32 on CUDA."""
-    from alignatt.models import load_model
+    from alignatt.models.presets import load_model
 
     loaded = load_model("gemma4-e4b-synthetic", device="cuda", dtype="float32")
     layout = loaded.layout
@@ -245,7 +245,7 @@ def test_e4b_architecture_rebuild_equals_eager_weights_on_cuda_fp32():
 @pytest.mark.gpu
 @needs_cuda
 def test_e4b_architecture_bf16_seams_draft_on_cuda():
-    from alignatt.models import load_model
+    from alignatt.models.presets import load_model
 
     loaded = load_model("gemma4-e4b-synthetic", device="cuda", dtype="bfloat16")
     heads = [Head(22, 3), Head(23, 1), Head(29, 4), Head(41, 6)]

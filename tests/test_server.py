@@ -5,8 +5,8 @@ import threading
 
 import pytest
 
-from alignatt.errors import AlignattError
-from alignatt.server_config import SESSION_PRESETS, resolve_preset, server_config
+from alignatt.core.errors import AlignattError
+from alignatt.serve.config import SESSION_PRESETS, resolve_preset, server_config
 from tests.server_client import Client, fake_server
 
 SRC = "the causal encoder processes each block once.".split()
@@ -188,7 +188,7 @@ def test_foreground_serve_answers_and_stops_on_interrupt(tmp_path):
     cfg = fake_config(tmp_path)
     script = (
         "import sys\n"
-        "from alignatt.server import ServerConfig, serve\n"
+        "from alignatt.serve.server import ServerConfig, serve\n"
         "from tests.server_client import FakeFactory\n"
         "cfg = ServerConfig.model_validate_json(sys.argv[1])\n"
         "serve(cfg, FakeFactory(), on_ready=lambda s: print('port', s.port, flush=True))\n"
@@ -214,7 +214,7 @@ def test_foreground_serve_answers_and_stops_on_interrupt(tmp_path):
 
 
 def test_console_script_main_reports_bad_options(capsys):
-    from alignatt.server import main
+    from alignatt.serve.server import main
 
     assert main(["--preset", "turbo"]) == 2
     assert "error: unknown preset 'turbo'" in capsys.readouterr().err

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from alignatt.policy import PolicyConfig
-from alignatt.session import (
+from alignatt.core.policy import PolicyConfig
+from alignatt.serve.session import (
     DRAFT,
     FAST_PATH,
     FINAL,

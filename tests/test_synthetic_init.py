@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from alignatt.synthetic_init import HFLikeInit, hf_like_init, init_rule, tensor_seed
+from alignatt.models.synthetic_init import HFLikeInit, hf_like_init, init_rule, tensor_seed
 
 SMALL = {"hidden_size": 64, "intermediate_size": 128, "hidden_size_per_layer_input": 8,
          "vocab_size": 512, "vocab_size_per_layer_input": 512}
@@ -18,7 +18,7 @@ def gemma4(layers: int = 42, seed: int = 0):
     """A transformers Gemma-4 with E4B's layer plan (sliding/full, KV-shared tail), small widths."""
     from transformers import Gemma4ForCausalLM, Gemma4TextConfig
 
-    from alignatt.models import e4b_config_path
+    from alignatt.models.presets import e4b_config_path
 
     fields = json.loads(e4b_config_path().read_text())
     for key in ("architectures", "model_type"):

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from alignatt.capture import Head
-from alignatt.errors import AlignattError
-from alignatt.vllm_checks import (
+from alignatt.core.draft import Head
+from alignatt.core.errors import AlignattError
+from alignatt.checks.vllm_checks import (
     ALL_CHECKS,
     PARTS,
     compare_batch,
@@ -20,7 +20,7 @@ from alignatt.vllm_checks import (
     summary_word,
     timing_summary,
 )
-from alignatt.vllm_worker import BATCH_IDS, draft_record, draft_variety, identity_probe, summarize_consistency
+from alignatt.checks.worker import BATCH_IDS, draft_record, draft_variety, identity_probe, summarize_consistency
 from tests.drafts import make_draft
 
 
@@ -150,8 +150,8 @@ def test_unknown_check_names_are_refused(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_vllm_seam_refuses_cleanly_without_cuda():
-    from alignatt.seams import make_seam
-    from alignatt.vllm_capture import VllmCaptureSeam
+    from alignatt.capture.registry import make_seam
+    from alignatt.capture.vllm.seam import VllmCaptureSeam
 
     with pytest.raises(AlignattError, match="CUDA"):
         make_seam("vllm_capture", model="gemma4-e4b-synthetic", heads=[Head(11, 3)], vllm_mode="cudagraph")
@@ -167,7 +167,7 @@ def test_parent_side_of_every_check_with_stand_in_workers(monkeypatch, tmp_path)
     import argparse
     import pickle
 
-    import alignatt.vllm_checks as vc
+    import alignatt.checks.vllm_checks as vc
 
     words = "a b c d".split()
     live = torch.randn(40, 1, 64)

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-import alignatt.vllm_capture as vc
-import alignatt.vllm_hooks as vh
-from alignatt.capture import Head, attention_row
-from alignatt.layout import AttentionLayout, LayerAttention
-from alignatt.qcache import QueryCache, head_order, kernel_block_ids, plan_capture, slots_for_positions
+import alignatt.capture.vllm.seam as vc
+import alignatt.capture.vllm.hooks as vh
+from alignatt.core.draft import Head, attention_row
+from alignatt.core.layout import AttentionLayout, LayerAttention
+from alignatt.capture.vllm.qcache import QueryCache, head_order, kernel_block_ids, plan_capture, slots_for_positions
 
 
 def layout() -> AttentionLayout:
@@ -59,7 +59,7 @@ def engine(monkeypatch):
     hooks = vh.Hooks(plans=plans, capture_output=False, runner=runner, attn=attn, group=group_of, caches=caches,
                       block_ids={"req-1": block_ids})
     monkeypatch.setattr(vh, "_HOOKS", hooks)
-    from alignatt.models import tiny_tokenizer
+    from alignatt.models.presets import tiny_tokenizer
 
     seam = object.__new__(vc.VllmCaptureSeam)
     seam.plans, seam.order, seam.heads = plans, head_order(plans, heads), heads
@@ -73,7 +73,7 @@ def engine(monkeypatch):
 
 
 def test_fetch_rebuilds_each_heads_rows_through_block_tables_and_donor_caches(engine):
-    from alignatt.capture import Timings
+    from alignatt.core.draft import Timings
 
     seam, prompt, n, n_prompt = engine["seam"], engine["prompt"], engine["n"], engine["n_prompt"]
     tokens = [ord(c) for c in "hallo"][:n]
@@ -102,7 +102,7 @@ def test_fetch_rebuilds_each_heads_rows_through_block_tables_and_donor_caches(en
 
 
 def test_fetch_without_a_recorded_block_table_fails_loudly(engine):
-    from alignatt.capture import Timings
+    from alignatt.core.draft import Timings
 
     engine["hooks"].block_ids.clear()
     with pytest.raises(RuntimeError, match="no block table was recorded"):

@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from alignatt.capture import Head
-from alignatt.vllm_checks import PARITY_HEADS
-from alignatt.vllm_parity import (
+from alignatt.core.draft import Head
+from alignatt.checks.vllm_checks import PARITY_HEADS
+from alignatt.checks.cross_engine import (
     FP32_INPUTS_MIN_COS,
     FP32_ROW_MAX_ABS,
     FP32_ROW_MEAN_ABS,
@@ -31,7 +31,7 @@ TINY_SIZES = {"hidden_size": 64, "intermediate_size": 128, "hidden_size_per_laye
 
 @pytest.fixture(scope="module")
 def reduced(tmp_path_factory):
-    from alignatt.models import tiny_tokenizer
+    from alignatt.models.presets import tiny_tokenizer
 
     target = tmp_path_factory.mktemp("reduced") / "ckpt"
     info = build_reduced_checkpoint(target, tiny_tokenizer(), sizes=TINY_SIZES, device="cpu")
@@ -61,9 +61,9 @@ def test_reduced_checkpoint_has_every_layer_kind_and_k_norm_on_shared_layers(red
 
 
 def _draft_on_tiny(target):
-    from alignatt.capture import DraftRequest
-    from alignatt.prompt import build_prompt
-    from alignatt.seams import make_seam
+    from alignatt.core.draft import DraftRequest
+    from alignatt.core.prompt import build_prompt
+    from alignatt.capture.registry import make_seam
 
     heads = [Head(l, h) for l, h in PARITY_HEADS]
     seam = make_seam("hf_qk_fast", model=str(target), heads=heads, device="cpu", dtype="float32")
@@ -78,7 +78,7 @@ def _draft_on_tiny(target):
 def test_teacher_forced_recorder_rebuilds_the_hf_qk_fast_seam_rows(reduced):
     """The transformers side of the parity check, on CPU: recording q/k over prompt + the seam's
     own drafted tokens and rebuilding rows reproduces what `hf_qk_fast` returned."""
-    from alignatt.qcache import plan_capture
+    from alignatt.capture.vllm.qcache import plan_capture
 
     seam, heads, draft, prompt = _draft_on_tiny(reduced[0])
     plans = plan_capture(seam.loaded.layout, heads)
@@ -96,7 +96,7 @@ def test_teacher_forced_recorder_rebuilds_the_hf_qk_fast_seam_rows(reduced):
 def test_a_window_limited_vllm_capture_compares_with_the_full_transformers_one(reduced):
     """vLLM keeps only the keys a sliding layer can see (from key_lo); the comparison must line
     the two key ranges up by position, and identical inputs must agree exactly."""
-    from alignatt.qcache import key_span, plan_capture, rebuild_rows
+    from alignatt.capture.vllm.qcache import key_span, plan_capture, rebuild_rows
 
     seam, heads, draft, prompt = _draft_on_tiny(reduced[0])
     plans = plan_capture(seam.loaded.layout, heads)
@@ -185,12 +185,12 @@ def test_transformers_worker_end_to_end_on_cpu_with_stand_in_vllm_runs(reduced, 
     and the seam comparison must find the same drafts."""
     import pickle
 
-    from alignatt.models import load_model
-    from alignatt.prompt import build_prompt
-    from alignatt.qcache import plan_capture, rebuild_rows
-    from alignatt.seams import make_seam
-    from alignatt.vllm_worker import bench_requests, choose_tokenizer
-    from alignatt.vllm_parity import worker_parity_hf
+    from alignatt.models.presets import load_model
+    from alignatt.core.prompt import build_prompt
+    from alignatt.capture.vllm.qcache import plan_capture, rebuild_rows
+    from alignatt.capture.registry import make_seam
+    from alignatt.checks.worker import bench_requests, choose_tokenizer
+    from alignatt.checks.cross_engine import worker_parity_hf
 
     target = str(reduced[0])
     heads = [Head(l, h) for l, h in PARITY_HEADS]

@@ -3,7 +3,7 @@ capture checks of issue 3 (full graphs vs eager bit-exact, batch, cross-engine p
 bf16, compiled self-consistency on E4B and on the reduced checkpoint). Skipped without CUDA; the
 vLLM ones also without vLLM 0.22.1.
 
-The vLLM checks are the same functions `python -m alignatt.vllm_checks` runs; each starts its
+The vLLM checks are the same functions `python -m alignatt.checks.vllm_checks` runs; each starts its
 engines in subprocesses, so run this file alone: `pytest tests/gpu -m gpu -x -q`."""
 
 import argparse
@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from alignatt.graph_replay import naive_vs_fixed
+from alignatt.checks.graph_replay import naive_vs_fixed
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -38,7 +38,7 @@ def check_args(tmp_path_factory):
 def _run(name, check_args):
     from pathlib import Path
 
-    from alignatt.vllm_checks import run_checks
+    from alignatt.checks.vllm_checks import run_checks
 
     out = Path(check_args.workdir) / f"{name}.json"
     artifact = run_checks([name], out, check_args)

@@ -1,0 +1,1 @@
+"""Capture seams: the registry that builds any seam by name, and the transformers and vLLM implementations."""

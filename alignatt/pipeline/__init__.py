@@ -1,0 +1,1 @@
+"""The reproducibility pipeline: artifacts and provenance, bench, smoke, report and audit."""

@@ -1,0 +1,407 @@
+"""The one versioned schema family for every JSON artifact under `outputs/`.
+
+Writer (`alignatt env` / `bench` / `smoke`), auditor and report renderer all use these models, so
+an artifact that the auditor accepts is one the report can render. Each artifact carries `kind`,
+`schema_version` and a full `Provenance` block.
+
+The four historical artifacts in `outputs/published/` predate this schema; they are read as they
+are by `read_published` (never rewritten) into a small normalised view with whatever provenance
+they carry (often only a date).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from alignatt.core.errors import AlignattError
+from alignatt.pipeline.provenance import Provenance
+
+ARTIFACT_SCHEMA_VERSION = 1
+VLLM_MODES = ("eager", "cudagraph", "compiled")
+KNOWN_SEAMS = ("hf_eager", "hf_qk_fast", "vllm_capture")
+BENCH_FILE = re.compile(r"^bench_([a-z0-9]+)\.json$")  # outputs/<profile>/bench_<vLLM mode>.json
+TIMING_KEYS = ("prefill_ms", "decode_ms", "capture_ms", "reconstruct_ms")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---- benchmark -------------------------------------------------------------------------------
+
+
+class BenchPrompt(_Strict):
+    id: str
+    length_bin: str
+    source_text: str
+    assistant_prefill: str = ""
+    accessible_units: int = Field(ge=0)  # committed source words; the rest is the unstable tail
+
+
+class BenchConfig(_Strict):
+    profile: str | None = None  # the params.yaml profile it came from, if any
+    model: str
+    seams: list[str]
+    vllm_mode: Literal["eager", "cudagraph", "compiled"] = "eager"
+    device: str = "cpu"
+    dtype: str | None = None
+    max_new_tokens: int = Field(20, ge=1)
+    heads_k: int = Field(8, ge=1)
+    warmup: int = Field(1, ge=0)
+    repeats: int = Field(3, ge=1)
+    prompts_file: str | None = None  # None: the packaged 16 published prompts
+    policy: dict[str, int] = Field(default_factory=dict)  # PolicyConfig overrides ({} = defaults)
+
+
+class BenchRow(_Strict):
+    id: str
+    repeat: int
+    length_bin: str
+    prompt_tokens: int
+    generated_tokens: int
+    draft_text: str
+    emitted_text: str
+    emit_count: int
+    draft_stop_reason: str  # the seam's: eos | max_new_tokens
+    policy_stop_reason: str  # AlignAtt's: alignatt:source_frontier, draft_end, ...
+    aligned_words: list[int]  # per drafted token, the source word its heads attend to most
+    prefill_ms: float
+    decode_ms: float
+    capture_ms: float
+    reconstruct_ms: float
+    total_ms: float
+    per_token_ms: float  # Timings.per_token_ms: total_ms / generated_tokens
+
+
+class MedianSummary(_Strict):
+    rows: int
+    median_per_token_ms: float
+    median_total_ms: float
+
+
+class PromptSummary(MedianSummary):
+    draft_text: str  # the modal draft over repeats
+    emitted_text: str  # the modal emitted text over repeats
+    unstable_repeats: int  # repeats whose draft or emitted text differs from the modal one
+
+
+class SeamResult(_Strict):
+    seam: str
+    status: Literal["ok", "skipped"]
+    skip_reason: str | None = None
+    heads: list[tuple[int, int]] = Field(default_factory=list)
+    load_s: float | None = None  # seam construction (model load) wall time, unmeasured
+    variant: str | None = None  # how the seam ran when it has choices, e.g. hf_qk_fast's decode loop
+    rows: list[BenchRow] = Field(default_factory=list)
+    median_per_token_ms: float | None = None  # the headline: median over every measured row
+    median_timings_ms: dict[str, float] = Field(default_factory=dict)
+    by_length_bin: dict[str, MedianSummary] = Field(default_factory=dict)
+    by_prompt: dict[str, PromptSummary] = Field(default_factory=dict)
+
+
+class Divergence(_Strict):
+    id: str
+    kinds: list[Literal["draft", "decision"]]
+    drafts_by_seam: dict[str, str]
+    emitted_by_seam: dict[str, str]
+
+
+# ---- server smoke (filled by `alignatt smoke`) -----------------------------------------------
+
+
+class FastPathEvent(_Strict):
+    seq: int
+    utterance_id: str | int | None = None
+    latency_ms: float  # server-side, update received -> translation sent
+    engine_calls: int  # engine calls made for this update (0 on a real fast-path release)
+    released_text: str = ""  # committed text newly released by the frontier move
+
+
+# ---- artifacts -------------------------------------------------------------------------------
+
+
+class _Artifact(_Strict):
+    kind: str  # each artifact narrows this to its Literal (kept first in the JSON)
+    schema_version: int
+    provenance: Provenance
+
+
+class EnvArtifact(_Artifact):
+    kind: Literal["env"] = "env"
+
+
+class BenchArtifact(_Artifact):
+    kind: Literal["bench"] = "bench"
+    config: BenchConfig
+    synthetic_weights: bool
+    seam_factory: str  # module:function that built the seams (the default: alignatt's own)
+    prompt_count: int
+    seams: list[SeamResult]
+    divergences: list[Divergence]
+
+    def seam(self, name: str) -> SeamResult | None:
+        return next((s for s in self.seams if s.seam == name), None)
+
+
+class ServerSmokeArtifact(_Artifact):
+    kind: Literal["server_smoke"] = "server_smoke"
+    config: dict[str, Any]  # model, seam, preset, replay speed, stream file...
+    updates: int
+    finals: int
+    retractions: int
+    rtt_ms_p50: float | None  # partial-draft round trip, client side
+    rtt_ms_p95: float | None
+    fast_path_events: list[FastPathEvent]
+    events: list[dict[str, Any]] = Field(default_factory=list)  # per-update trace, free-form
+
+
+class Check(_Strict):
+    name: str
+    passed: bool
+    detail: str = ""
+
+
+class MeasurementArtifact(_Artifact):
+    """Any other measurement (a speed ratio, a correctness check on the GPU...), with provenance.
+
+    For results that are not a bench run: e.g. captured-vs-uncaptured decode ratios or the
+    bit-exactness of graphed capture. The report lists its checks; the audit checks its schema and
+    provenance like any other artifact.
+    """
+
+    kind: Literal["measurement"] = "measurement"
+    name: str  # short identifier, e.g. "vllm_graph_capture_overhead"
+    description: str
+    config: dict[str, Any]
+    results: dict[str, Any]
+    checks: list[Check] = Field(default_factory=list)
+    synthetic_weights: bool = False
+
+
+Artifact = Annotated[
+    Union[EnvArtifact, BenchArtifact, ServerSmokeArtifact, MeasurementArtifact],
+    Field(discriminator="kind"),
+]
+AnyArtifact = Union[EnvArtifact, BenchArtifact, ServerSmokeArtifact, MeasurementArtifact]
+_ARTIFACT = TypeAdapter(Artifact)
+
+
+def parse_artifact(data: Any) -> AnyArtifact:
+    """Validate a decoded JSON document; raises pydantic's ValidationError with every problem."""
+    if isinstance(data, dict) and data.get("schema_version") not in (None, ARTIFACT_SCHEMA_VERSION):
+        raise AlignattError(
+            f"schema_version {data.get('schema_version')!r} is not supported "
+            f"(this alignatt reads version {ARTIFACT_SCHEMA_VERSION})"
+        )
+    return _ARTIFACT.validate_python(data)
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex SHA-256 of a file, read in blocks (artifacts here; multi-GB images in the wrapper)."""
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            sha.update(block)
+    return sha.hexdigest()
+
+
+def load_json(path: str | Path) -> Any:
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise AlignattError(f"{path}: no such file") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise AlignattError(f"{path}: not valid JSON ({e})") from None
+
+
+def load_artifact(path: str | Path) -> AnyArtifact:
+    try:
+        return parse_artifact(load_json(path))
+    except ValidationError as e:
+        raise AlignattError(f"{path}: not a valid alignatt artifact:\n{e}") from None
+
+
+def artifact_json(artifact: BaseModel) -> str:
+    """Deterministic text: field order from the schema, no NaN, a trailing newline."""
+    data = artifact.model_dump(mode="json")
+    return json.dumps(data, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def env_artifact(model: str | None = None) -> EnvArtifact:
+    """What `alignatt env` writes: this machine's provenance (and the model's identity)."""
+    from alignatt.pipeline.provenance import collect_provenance, model_identity
+
+    model_id, revision = model_identity(model) if model else (None, None)
+    return EnvArtifact(
+        schema_version=ARTIFACT_SCHEMA_VERSION,
+        provenance=collect_provenance(model_id=model_id, model_revision=revision),
+    )
+
+
+def measurement_artifact(
+    name: str,
+    description: str,
+    config: dict[str, Any],
+    results: dict[str, Any],
+    checks: list[Check] | None = None,
+    model: str | None = None,
+) -> MeasurementArtifact:
+    """A `MeasurementArtifact` stamped with this machine's provenance (and the model's identity)."""
+    from alignatt.pipeline.provenance import collect_provenance, model_identity
+
+    model_id, revision = model_identity(model) if model else (None, None)
+    return MeasurementArtifact(
+        schema_version=ARTIFACT_SCHEMA_VERSION,
+        provenance=collect_provenance(model_id=model_id, model_revision=revision),
+        name=name,
+        description=description,
+        config=config,
+        results=results,
+        checks=checks or [],
+        synthetic_weights=revision == "random weights",
+    )
+
+
+def write_artifact(path: str | Path, artifact: BaseModel) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(artifact_json(artifact), encoding="utf-8")
+    tmp.replace(path)  # never leave a half-written artifact behind
+    return path
+
+
+# ---- the historical (published) artifacts, read as they are ----------------------------------
+
+# The published tool named its seams differently; ours are the same three measurements.
+PUBLISHED_SEAM_NAMES = {
+    "transformers_eager": "hf_eager",
+    "transformers_qk_fast": "hf_qk_fast",
+    "vllm_qk_fast": "vllm_capture",
+}
+KNOWN_GPU_TOKENS = {  # a GPU named only in a published file's name
+    "a100": "NVIDIA A100 (per file name)",
+    "h100": "NVIDIA H100 (per file name)",
+    "h200": "NVIDIA H200 (per file name)",
+}
+
+
+class _Loose(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class PublishedSeamStats(_Loose):
+    median_per_generated_token_ms: float
+    median_total_ms: float
+    by_length_bin: dict[str, dict[str, Any]]
+    by_spec: dict[str, dict[str, Any]]
+    rows: list[dict[str, Any]]
+
+
+class PublishedBenchConfig(_Loose):
+    vllm_mode: str
+    model: str
+    vllm_version: str
+    torch_version: str
+    gpu_name: str
+    timestamp: str
+
+
+class PublishedBenchFile(_Loose):
+    seams: dict[str, PublishedSeamStats]
+    divergences: list[dict[str, Any]]
+    config: PublishedBenchConfig | None = None
+
+
+class PublishedSmokeSummary(_Loose):
+    events: int
+    finals: int
+    retractions: int
+    fast_path_events: int
+    fast_path_rtt_ms_median: float | None
+    commit_rtt_ms_median: float | None
+    rtt_ms_p95: float | None
+
+
+class PublishedSmokeFile(_Loose):
+    summary: PublishedSmokeSummary
+    events: list[dict[str, Any]]
+
+
+@dataclass
+class PublishedArtifact:
+    """A normalised, read-only view of one historical artifact."""
+
+    path: Path
+    kind: Literal["bench", "server_smoke"]
+    date: str | None  # from config.timestamp, else from the file name
+    gpu: str | None
+    vllm_mode: str | None
+    versions: dict[str, str | None]  # vllm / torch as recorded, None where not recorded
+    provenance_fields: list[str]  # which provenance facts the file itself records
+    bench: PublishedBenchFile | None = None
+    smoke: PublishedSmokeFile | None = None
+    seam_medians: dict[str, float] = field(default_factory=dict)  # our seam names
+
+    def seam_rows(self, seam: str) -> list[dict[str, Any]]:
+        if self.bench is None:
+            return []
+        for published, ours in PUBLISHED_SEAM_NAMES.items():
+            if ours == seam and published in self.bench.seams:
+                return self.bench.seams[published].rows
+        return []
+
+
+def _date_from_name(name: str) -> str | None:
+    m = re.search(r"(\d{4})(\d{2})(\d{2})\.json$", name)
+    return f"{m[1]}-{m[2]}-{m[3]}" if m else None
+
+
+def _name_token(name: str, choices) -> str | None:
+    tokens = re.split(r"[_.\-]", name.lower())
+    return next((t for t in tokens if t in choices), None)
+
+
+def read_published(path: str | Path) -> PublishedArtifact:
+    path = Path(path)
+    data = load_json(path)
+    try:
+        if isinstance(data, dict) and "summary" in data:
+            smoke = PublishedSmokeFile.model_validate(data)
+            gpu_token = _name_token(path.name, KNOWN_GPU_TOKENS)
+            return PublishedArtifact(
+                path=path,
+                kind="server_smoke",
+                date=_date_from_name(path.name),
+                gpu=KNOWN_GPU_TOKENS[gpu_token] if gpu_token else None,
+                vllm_mode=None,
+                versions={"vllm": None, "torch": None},
+                provenance_fields=[],
+                smoke=smoke,
+            )
+        bench = PublishedBenchFile.model_validate(data)
+    except ValidationError as e:
+        raise AlignattError(f"{path}: not in the shape of a published artifact:\n{e}") from None
+    cfg = bench.config
+    return PublishedArtifact(
+        path=path,
+        kind="bench",
+        date=cfg.timestamp[:10] if cfg else _date_from_name(path.name),
+        gpu=cfg.gpu_name if cfg else None,
+        vllm_mode=cfg.vllm_mode if cfg else _name_token(path.name, VLLM_MODES),
+        versions={"vllm": cfg.vllm_version if cfg else None, "torch": cfg.torch_version if cfg else None},
+        provenance_fields=sorted(cfg.model_dump(exclude_unset=True)) if cfg else [],
+        bench=bench,
+        seam_medians={
+            PUBLISHED_SEAM_NAMES.get(name, name): stats.median_per_generated_token_ms
+            for name, stats in bench.seams.items()
+        },
+    )

@@ -1,0 +1,298 @@
+"""`alignatt audit [PATHS]`: check every artifact, the historical hashes and the report.
+
+Findings, each with the file and a plain message:
+- `schema`: an artifact that does not validate against `alignatt.pipeline.artifacts` (or a published
+  file that lost its published shape), or an unsupported schema version;
+- `provenance`: a provenance block missing what the measurement needs (torch, transformers, git
+  commit, model id; vLLM when a vLLM seam ran; GPU and driver when it ran on CUDA; the digest of
+  a container image) or measured from uncommitted code;
+- `hash`: a historical artifact whose SHA-256 is not the one in its `SHA256SUMS`, a listed file
+  that is missing, or a JSON file beside a manifest that the manifest does not list;
+- `derived`: DVC metrics / plot data that no longer match the bench artifact beside them;
+- `combined-row`: a report row built from several artifacts that disagree on date, GPU, model
+  or versions;
+- `report`: a `reports/BENCHMARKS.md` that is stale (or that cannot be rendered).
+A finding that was examined and explained can be *accepted* in `outputs/accepted-findings.yaml`
+(path, check, a substring of the message, and the reason): it is then printed as accepted and
+does not fail the audit. An acceptance that matches no finding is itself a finding (`accepted`),
+so the list cannot outlive what it explains.
+Exit status: 0 clean, 1 findings.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from alignatt.pipeline.artifacts import (
+    BENCH_FILE,
+    BenchArtifact,
+    ServerSmokeArtifact,
+    load_json,
+    parse_artifact,
+    read_published,
+    sha256_file,
+)
+from alignatt.core.errors import AlignattError
+from alignatt.pipeline.provenance import HOST, NOT_INSTALLED
+
+MANIFEST = "SHA256SUMS"
+ACCEPTED = "outputs/accepted-findings.yaml"
+
+
+@dataclass
+class Finding:
+    path: str
+    check: str
+    message: str
+
+
+@dataclass
+class Acceptance:
+    path: str
+    check: str
+    message: str  # a substring of the finding's message
+    reason: str
+
+    def matches(self, f: Finding, root: Path) -> bool:
+        same_file = (root / f.path).resolve() == (root / self.path).resolve()
+        return same_file and f.check == self.check and self.message in f.message
+
+
+@dataclass
+class AuditResult:
+    checked: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    accepted: list[tuple[Finding, str]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    def add(self, path: str, check: str, message: str) -> None:
+        self.findings.append(Finding(path, check, message))
+
+    def as_json(self) -> str:
+        return json.dumps(
+            {"ok": self.ok, "checked": self.checked, "findings": [asdict(f) for f in self.findings],
+             "accepted": [{**asdict(f), "reason": why} for f, why in self.accepted]},
+            indent=1,
+        )
+
+    def as_text(self) -> str:
+        lines = [f"ACCEPTED {f.path}: [{f.check}] {f.message} (why: {why})" for f, why in self.accepted]
+        lines += [f"FAIL {f.path}: [{f.check}] {f.message}" for f in self.findings]
+        verdict = "ok" if self.ok else f"{len(self.findings)} finding(s)"
+        extra = f", {len(self.accepted)} accepted" if self.accepted else ""
+        lines.append(f"audit: {len(self.checked)} file(s) checked, {verdict}{extra}")
+        return "\n".join(lines)
+
+
+def read_manifest(path: Path) -> dict[str, str]:
+    """name -> sha256 from a `sha256sum` manifest."""
+    entries = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            digest, _, name = line.strip().partition("  ")
+            entries[name.lstrip("*")] = digest.lower()
+    return entries
+
+
+# ---- one artifact ----------------------------------------------------------------------------
+
+
+def provenance_gaps(artifact) -> list[str]:
+    p = artifact.provenance
+    gaps = []
+    for name in ("torch", "transformers"):
+        if getattr(p, name) == NOT_INSTALLED:
+            gaps.append(f"{name} not recorded (\"{NOT_INSTALLED}\")")
+    if not p.git_commit:
+        gaps.append("git commit not recorded")
+    elif p.git_dirty:
+        gaps.append(f"measured from uncommitted changes on top of {p.git_commit[:12]}")
+    elif p.git_dirty is None:
+        gaps.append(f"unknown whether the code differed from {p.git_commit[:12]} (ALIGNATT_GIT_DIRTY)")
+    if p.container_image != HOST and not p.container_digest:
+        gaps.append(f"container image {p.container_image!r} without a digest")
+    if isinstance(artifact, (BenchArtifact, ServerSmokeArtifact)) and not p.model_id:
+        gaps.append("model id not recorded")
+    if isinstance(artifact, BenchArtifact):
+        from alignatt.pipeline.bench import OWN_FACTORIES
+
+        if artifact.seam_factory not in OWN_FACTORIES:
+            gaps.append(f"seams built by {artifact.seam_factory!r}, not alignatt's own seams")
+        ran = [s.seam for s in artifact.seams if s.status == "ok"]
+        if "vllm_capture" in ran and p.vllm == NOT_INSTALLED:
+            gaps.append("a vLLM seam ran but the vLLM version is not recorded")
+        if artifact.config.device.startswith("cuda"):
+            if p.gpu_count == 0:
+                gaps.append("ran on CUDA but no GPU is recorded")
+            if not p.driver:
+                gaps.append("ran on CUDA but the driver version is not recorded")
+            if not p.torch_cuda_build:
+                gaps.append("ran on CUDA but torch's CUDA build is not recorded")
+    return gaps
+
+
+def _check_derived(path: Path, artifact: BenchArtifact, rel: str, result: AuditResult) -> None:
+    """DVC metrics and plot data beside a bench artifact must still be derived from it."""
+    from alignatt.pipeline.bench import bench_metrics, latency_csv
+
+    mode = BENCH_FILE.match(path.name)
+    if mode is None:
+        return
+    metrics = path.with_name(f"bench_{mode[1]}_metrics.json")
+    if metrics.exists():
+        result.checked.append(str(metrics))
+        try:
+            same = json.loads(metrics.read_text(encoding="utf-8")) == bench_metrics(artifact)
+        except json.JSONDecodeError:
+            same = False
+        if not same:
+            result.add(str(metrics), "derived", f"metrics do not match {rel}: re-run the bench stage")
+    plot = path.with_name(f"latency_{mode[1]}.csv")
+    if plot.exists():
+        result.checked.append(str(plot))
+        if plot.read_text(encoding="utf-8") != latency_csv(artifact):
+            result.add(str(plot), "derived", f"plot data do not match {rel}: re-run the bench stage")
+
+
+def audit_artifact(path: Path, result: AuditResult) -> None:
+    rel = str(path)
+    result.checked.append(rel)
+    try:
+        artifact = parse_artifact(load_json(path))
+    except AlignattError as e:
+        result.add(rel, "schema", str(e))
+        return
+    except ValidationError as e:
+        for err in e.errors():
+            where = ".".join(str(x) for x in err["loc"]) or "(document)"
+            result.add(rel, "schema", f"{where}: {err['msg']}")
+        return
+    for gap in provenance_gaps(artifact):
+        result.add(rel, "provenance", gap)
+    if isinstance(artifact, BenchArtifact):
+        _check_derived(path, artifact, rel, result)
+
+
+def audit_manifest(manifest: Path, result: AuditResult) -> set[Path]:
+    """Check every file a manifest lists; return the paths it covers."""
+    folder = manifest.parent
+    covered = set()
+    try:
+        entries = read_manifest(manifest)
+    except (OSError, UnicodeDecodeError) as e:
+        result.add(str(manifest), "hash", f"unreadable manifest: {e}")
+        return covered
+    for name, digest in sorted(entries.items()):
+        path = folder / name
+        covered.add(path.resolve())
+        result.checked.append(str(path))
+        if not path.exists():
+            result.add(str(path), "hash", f"listed in {manifest} but missing")
+            continue
+        actual = sha256_file(path)
+        if actual != digest:
+            result.add(str(path), "hash", f"SHA-256 {actual[:16]}… is not {digest[:16]}… from {manifest}: "
+                       "historical artifacts must stay byte for byte as published")
+            continue
+        try:
+            read_published(path)
+        except AlignattError as e:
+            result.add(str(path), "schema", str(e))
+    for stray in sorted(folder.glob("*.json")):
+        if stray.resolve() not in covered:
+            result.add(str(stray), "hash", f"beside {manifest} but not listed in it")
+            covered.add(stray.resolve())
+    return covered
+
+
+# ---- the whole tree --------------------------------------------------------------------------
+
+
+def _json_files(paths: list[Path]) -> list[Path]:
+    files = []
+    for p in paths:
+        if p.is_dir():
+            files += sorted(p.rglob("*.json"))
+        elif p.exists():
+            files.append(p)
+        else:
+            raise AlignattError(f"{p}: no such file or directory")
+    return files
+
+
+def audit_report(root: Path, result: AuditResult) -> None:
+    """Combined rows must agree; the committed report must equal a fresh render."""
+    from alignatt.pipeline.params import load_params
+    from alignatt.pipeline.report import collect_inputs, report_path, stale_report
+
+    try:
+        params = load_params(root / "params.yaml")
+        for row in collect_inputs(root, params).rows():
+            for conflict in row.conflicts:
+                where = ", ".join(s.path for s in row.sources)
+                result.add(where, "combined-row", f"{row.date} {row.mode} row: {conflict}")
+        result.checked.append(str(report_path(root, params)))
+        stale = stale_report(root)
+    except AlignattError as e:
+        result.add(str(root), "report", f"cannot render the report: {e}")
+        return
+    if stale:
+        result.add(str(report_path(root, params)), "report", stale)
+
+
+def run_audit(paths: list[str] | None = None, root: str | Path = ".", report: bool = True) -> AuditResult:
+    root = Path(root)
+    targets = [Path(p) for p in paths] if paths else [root / "outputs"]
+    result = AuditResult()
+    files = _json_files(targets)
+    covered: set[Path] = set()
+    manifests = sorted({f.parent / MANIFEST for f in files if (f.parent / MANIFEST).exists()})
+    manifests += [t for t in targets if t.name == MANIFEST and t not in manifests]
+    for manifest in manifests:
+        covered |= audit_manifest(manifest, result)
+    for f in files:
+        if f.resolve() in covered or f.name.endswith("_metrics.json") or f.name == MANIFEST:
+            continue  # metrics are checked with the bench artifact they derive from
+        audit_artifact(f, result)
+    if (root / "params.yaml").exists():
+        from alignatt.pipeline.params import load_params
+
+        published = root / ((load_params(root / "params.yaml").get("report") or {})
+                            .get("published", "outputs/published"))
+        if published.is_dir() and not (published / MANIFEST).exists():
+            result.add(str(published), "hash", f"no {MANIFEST}: the historical artifacts cannot be checked")
+        if report:
+            audit_report(root, result)
+    apply_acceptances(root, result)
+    return result
+
+
+def load_acceptances(path: Path) -> list[Acceptance]:
+    import yaml
+
+    if not path.exists():
+        return []
+    try:
+        entries = yaml.safe_load(path.read_text(encoding="utf-8")) or []
+        return [Acceptance(**{k: str(e[k]) for k in ("path", "check", "message", "reason")}) for e in entries]
+    except (yaml.YAMLError, KeyError, TypeError) as e:
+        raise AlignattError(f"{path}: each entry needs path, check, message and reason ({e})") from None
+
+
+def apply_acceptances(root: Path, result: AuditResult) -> None:
+    """Move explained findings to `accepted`; an acceptance that explains nothing is a finding."""
+    path = root / ACCEPTED
+    for acc in load_acceptances(path):
+        hits = [f for f in result.findings if acc.matches(f, root)]
+        if not hits:
+            result.add(str(path), "accepted", f"accepts no current finding: {acc.path} [{acc.check}] {acc.message!r}")
+        for f in hits:
+            result.findings.remove(f)
+            result.accepted.append((f, acc.reason))

@@ -1,0 +1,241 @@
+"""The stage wrapper: every DVC stage runs `stages/run-stage CMD...`, which lands here.
+
+With `container.engine: none` (params.yaml) the command runs on the host, with this Python's
+bin directory first on PATH (so `alignatt` is the one of this checkout's environment). With
+`docker` or `apptainer` it runs inside the configured image, with the checkout bind-mounted at
+the same absolute path and first on PYTHONPATH (the code measured is the code committed, not an
+older copy baked into the image), and with the image reference and digest exported as
+`ALIGNATT_CONTAINER_IMAGE` / `ALIGNATT_CONTAINER_DIGEST`, which provenance records.
+
+Profile placeholders: an argument `{model}`, `{device}`, `{dtype}` or `{profile}` is replaced by
+the selected profile's value, and an argument that is exactly `{smoke}` expands to that
+profile's `smoke:` options as `--key value` flags. DVC cannot index a mapping by another
+parameter, so this is how a stage follows `profile:` without naming it twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from alignatt.pipeline.artifacts import sha256_file
+from alignatt.core.errors import AlignattError
+from alignatt.pipeline.provenance import CONTAINER_DIGEST_ENV, CONTAINER_IMAGE_ENV
+
+# Host variables a containerised stage still needs: offline switches, caches, device selection.
+DEFAULT_PASSTHROUGH = [
+    "ALIGNATT_CACHE", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
+    "CUDA_VISIBLE_DEVICES", "PYTHONUNBUFFERED", "VLLM_*",
+]
+
+
+class ContainerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    engine: Literal["none", "docker", "apptainer"] = "none"
+    image: str = ""  # docker image reference, or path to an Apptainer .sif
+    mounts: list[str] = Field(default_factory=list)  # extra host paths bound at the same path
+    env: list[str] = Field(default_factory=lambda: list(DEFAULT_PASSTHROUGH))
+
+
+def load_container_config(params: dict[str, Any]) -> ContainerConfig:
+    try:
+        cfg = ContainerConfig.model_validate(params.get("container") or {})
+    except ValidationError as e:
+        raise AlignattError(f"container params: {e}") from None
+    if cfg.engine != "none" and not cfg.image:
+        raise AlignattError(f"container.engine is {cfg.engine!r} but container.image is empty")
+    return cfg
+
+
+# ---- profile placeholders ---------------------------------------------------------------------
+
+_PLACEHOLDER = re.compile(r"\{(\w+)\}")
+
+
+def flags(options: dict[str, Any]) -> list[str]:
+    """{"replay_speed": 4, "fast": true} -> ["--replay-speed", "4", "--fast"]."""
+    out: list[str] = []
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            out.append(flag)
+        elif value is False or value is None:
+            continue
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def expand_placeholders(args: list[str], profile_name: str, profile: dict[str, Any]) -> list[str]:
+    values = {"profile": profile_name, **profile}
+    out: list[str] = []
+    for arg in args:
+        whole = _PLACEHOLDER.fullmatch(arg)
+        if whole and isinstance(values.get(whole[1]), dict):
+            out += flags(values[whole[1]])
+            continue
+
+        def scalar(m: re.Match) -> str:
+            if m[1] not in values:
+                raise AlignattError(f"stage argument {arg!r}: the profile has no {m[1]!r}")
+            if isinstance(values[m[1]], dict):
+                raise AlignattError(f"stage argument {arg!r}: {{{m[1]}}} must stand alone")
+            return "" if values[m[1]] is None else str(values[m[1]])
+
+        out.append(_PLACEHOLDER.sub(scalar, arg))
+    return out
+
+
+# ---- images -----------------------------------------------------------------------------------
+
+
+def _require(binary: str) -> str:
+    path = shutil.which(binary)
+    if path is None:
+        raise AlignattError(
+            f"container.engine needs {binary!r}, which is not on PATH here; "
+            "set container.engine: none in params.yaml to run on the host"
+        )
+    return path
+
+
+def docker_digest(image: str) -> str:
+    """The registry digest of a pulled image, else the local image id (both sha256:...)."""
+    done = subprocess.run(
+        [_require("docker"), "image", "inspect", image], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise AlignattError(
+            f"docker image {image!r} not found: build it with "
+            f"`docker build -f containers/Dockerfile -t {image} .` (or pull it)"
+        )
+    info = json.loads(done.stdout)[0]
+    repo_digests = info.get("RepoDigests") or []
+    return repo_digests[0].split("@", 1)[1] if repo_digests else info["Id"]
+
+
+def file_digest(path: str) -> str:
+    try:
+        return "sha256:" + sha256_file(path)
+    except OSError as e:
+        raise AlignattError(f"apptainer image {path}: {e.strerror}") from None
+
+
+def _passthrough(names: list[str], environ: dict[str, str]) -> dict[str, str]:
+    picked = {}
+    for key, value in sorted(environ.items()):
+        if any(key == n or (n.endswith("*") and key.startswith(n[:-1])) for n in names):
+            picked[key] = value
+    return picked
+
+
+def container_command(
+    cfg: ContainerConfig,
+    args: list[str],
+    root: Path,
+    digest: str,
+    environ: dict[str, str],
+    gpus: bool = False,
+    uid_gid: str | None = None,
+) -> list[str]:
+    """The full docker/apptainer command line that runs `args` inside the image."""
+    root_s = str(root)
+    env = {
+        **_passthrough(cfg.env, environ),
+        CONTAINER_IMAGE_ENV: cfg.image,
+        CONTAINER_DIGEST_ENV: digest,
+        "PYTHONPATH": root_s,
+    }
+    binds = [root_s, *cfg.mounts]
+    if cfg.engine == "docker":
+        cmd = ["docker", "run", "--rm", "--init"]
+        if gpus:
+            cmd += ["--gpus", "all"]
+        if uid_gid:  # outputs in the checkout stay owned by the user, not root
+            cmd += ["--user", uid_gid, "-e", "HOME=/tmp"]
+        for b in binds:
+            cmd += ["-v", f"{b}:{b}"]
+        cmd += ["-w", root_s]
+        for key, value in env.items():
+            cmd += ["-e", f"{key}={value}"]
+        return [*cmd, cfg.image, *args]
+    if cfg.engine == "apptainer":
+        cmd = ["apptainer", "exec"]
+        if gpus:
+            cmd.append("--nv")
+        for b in binds:
+            cmd += ["--bind", b]
+        cmd += ["--pwd", root_s]
+        for key, value in env.items():
+            cmd += ["--env", f"{key}={value}"]
+        return [*cmd, cfg.image, *args]
+    raise AlignattError(f"no container command for engine {cfg.engine!r}")
+
+
+def host_environment(environ: dict[str, str]) -> dict[str, str]:
+    env = dict(environ)
+    env.pop(CONTAINER_IMAGE_ENV, None)  # a host run must not inherit a stale image name
+    env.pop(CONTAINER_DIGEST_ENV, None)
+    bindir = str(Path(sys.executable).parent)
+    env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def stage_command(
+    args: list[str], params: dict[str, Any], root: Path, environ: dict[str, str] | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """(argv, environment) to run one stage command as params.yaml configures it."""
+    from alignatt.pipeline.params import profile_of
+
+    environ = dict(os.environ if environ is None else environ)
+    if not args:
+        raise AlignattError("run-stage: no command given")
+    name, profile = profile_of(params)
+    args = expand_placeholders(args, name, profile.model_dump())
+    cfg = load_container_config(params)
+    if cfg.engine == "none":
+        return args, host_environment(environ)
+    _require(cfg.engine)
+    digest = docker_digest(cfg.image) if cfg.engine == "docker" else file_digest(cfg.image)
+    uid_gid = f"{os.getuid()}:{os.getgid()}" if hasattr(os, "getuid") else None
+    gpus = profile.device.startswith("cuda")  # a GPU profile gets the GPUs in the container
+    return container_command(cfg, args, root, digest, environ, gpus, uid_gid), environ
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="stages/run-stage",
+        description="Run one pipeline stage command on the host or in the configured container.",
+    )
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    ns = parser.parse_args(argv)
+    args = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
+    from alignatt.pipeline.params import load_params
+
+    try:
+        params = load_params(ns.params)
+        cmd, env = stage_command(args, params, Path.cwd().resolve())
+    except AlignattError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print("run-stage: " + " ".join(cmd), file=sys.stderr, flush=True)
+    try:
+        return subprocess.run(cmd, env=env).returncode
+    except FileNotFoundError:
+        print(f"error: command not found: {cmd[0]}", file=sys.stderr)
+        return 127
+
+
+if __name__ == "__main__":
+    sys.exit(main())

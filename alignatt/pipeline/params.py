@@ -1,0 +1,114 @@
+"""params.yaml: the pipeline's knobs, hardware profiles, and the bench config of each stage.
+
+`profile:` selects one of `profiles:` (model, device, dtype, protocol overrides, smoke options);
+`bench:` holds the published protocol and `modes:` (one DVC stage per vLLM mode, with the seams
+it measures). `config_from_params` turns them into the `BenchConfig` of one stage.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from alignatt.pipeline.artifacts import KNOWN_SEAMS, BenchConfig
+from alignatt.core.errors import AlignattError
+
+
+class Profile(BaseModel):
+    """A hardware profile of params.yaml: which model runs where, and protocol overrides."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    device: str = "cpu"
+    dtype: str | None = None
+    bench: dict[str, Any] = Field(default_factory=dict)  # overrides of the `bench:` section
+    smoke: dict[str, Any] = Field(default_factory=dict)  # options of the smoke stage
+    note: str = ""  # why the profile deviates from the protocol, shown in the methodology
+
+
+class BenchParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_new_tokens: int = 20
+    heads_k: int = 8
+    warmup: int = 1
+    repeats: int = 3
+    prompts: str | None = None
+    policy: dict[str, int] = Field(default_factory=dict)
+    modes: dict[str, list[str]]  # vLLM mode -> seams measured in that stage
+
+
+def load_params(path: str | Path = "params.yaml") -> dict[str, Any]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise AlignattError(f"{path}: no such params file") from None
+    except yaml.YAMLError as e:
+        raise AlignattError(f"{path}: not valid YAML ({e})") from None
+    if not isinstance(data, dict):
+        raise AlignattError(f"{path}: expected a mapping at the top level")
+    return data
+
+
+def profile_of(params: dict[str, Any], profile: str | None = None) -> tuple[str, Profile]:
+    name = profile or params.get("profile")
+    profiles = params.get("profiles") or {}
+    if name not in profiles:
+        raise AlignattError(f"unknown profile {name!r}: params define {', '.join(profiles) or 'none'}")
+    try:
+        return name, Profile.model_validate(profiles[name])
+    except ValidationError as e:
+        raise AlignattError(f"profile {name!r} in params: {e}") from None
+
+
+def config_from_params(
+    params: dict[str, Any], mode: str, profile: str | None = None, **overrides: Any
+) -> BenchConfig:
+    """The bench config of one stage (`bench@<mode>`): `bench:` + the profile's overrides."""
+    name, prof = profile_of(params, profile)
+    try:
+        section = BenchParams.model_validate({**params.get("bench", {}), **prof.bench})
+    except ValidationError as e:
+        raise AlignattError(f"bench params: {e}") from None
+    if mode not in section.modes:
+        raise AlignattError(f"unknown bench mode {mode!r}: params define {', '.join(section.modes)}")
+    fields = {
+        "profile": name,
+        "model": prof.model,
+        "device": prof.device,
+        "dtype": prof.dtype,
+        "seams": section.modes[mode],
+        "vllm_mode": mode,
+        "max_new_tokens": section.max_new_tokens,
+        "heads_k": section.heads_k,
+        "warmup": section.warmup,
+        "repeats": section.repeats,
+        "prompts_file": section.prompts,
+        "policy": section.policy,
+    }
+    fields.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return BenchConfig.model_validate(fields)
+    except ValidationError as e:
+        raise AlignattError(f"bench config: {e}") from None
+
+
+def bench_config(
+    params_path: str | Path | None, mode: str = "eager", profile: str | None = None, **overrides: Any
+) -> BenchConfig:
+    """The config of one run: from params.yaml when there is one, else the built-in defaults."""
+    if params_path is not None and Path(params_path).exists():
+        return config_from_params(load_params(params_path), mode, profile, **overrides)
+    if params_path is not None and profile is not None:
+        raise AlignattError(f"--profile {profile} needs a params file; {params_path} does not exist")
+    fields = {"model": "gemma3-270m", "seams": list(KNOWN_SEAMS), "vllm_mode": mode}
+    fields.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return BenchConfig.model_validate(fields)
+    except ValidationError as e:
+        raise AlignattError(f"bench config: {e}") from None

@@ -1,0 +1,296 @@
+"""`alignatt report`: render reports/BENCHMARKS.md from params.yaml and the artifacts.
+
+Everything in the document comes from files: the methodology from params.yaml and the artifacts'
+configs, one results row per measurement (historical rows from `outputs/published/`, ours from
+`outputs/<profile>/`), notes computed from the rows. Rendering is byte-stable (no render-time
+clock, sorted inputs, fixed number formats), so `alignatt report --check` can tell whether the
+committed document is stale. Which artifacts make a results row: `alignatt.pipeline.report_rows`.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from alignatt.pipeline.artifacts import (
+    BENCH_FILE,
+    BenchArtifact,
+    EnvArtifact,
+    MeasurementArtifact,
+    PublishedArtifact,
+    ServerSmokeArtifact,
+    load_artifact,
+    read_published,
+    sha256_file,
+)
+from alignatt.core.errors import AlignattError
+from alignatt.pipeline.report_rows import ResultRow, load_note, machine_of, our_rows, published_rows
+
+TEMPLATE = "BENCHMARKS.md.j2"
+
+
+# ---- collecting the inputs -------------------------------------------------------------------
+
+
+@dataclass
+class ReportInputs:
+    root: Path
+    params: dict[str, Any]
+    published: list[tuple[str, PublishedArtifact]]
+    runs: dict[str, dict[str, tuple[str, BenchArtifact]]]
+    smokes: list[tuple[str, ServerSmokeArtifact]]
+    envs: list[tuple[str, EnvArtifact]]
+    measurements: list[tuple[str, MeasurementArtifact]]
+
+    def rows(self) -> list[ResultRow]:
+        return sorted(published_rows(self.published) + our_rows(self.runs), key=lambda r: r.sort_key)
+
+
+def _rel(root: Path, path: Path) -> str:
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def collect_inputs(root: Path, params: dict[str, Any]) -> ReportInputs:
+    report = params.get("report") or {}
+    published_dir = root / report.get("published", "outputs/published")
+    outputs = published_dir.parent
+    published = [(_rel(root, p), read_published(p)) for p in sorted(published_dir.glob("*.json"))]
+    runs: dict[str, dict[str, tuple[str, BenchArtifact]]] = {}
+    smokes, envs, measurements = [], [], []
+    for path in sorted(outputs.rglob("*.json")):
+        if path.parent == published_dir or path.name.endswith("_metrics.json"):
+            continue  # historical (read above) / DVC metrics derived from a bench artifact
+        try:
+            artifact = load_artifact(path)
+        except AlignattError:
+            continue  # not a valid artifact: `alignatt audit` reports it; the page shows the rest
+        rel = _rel(root, path)
+        if isinstance(artifact, BenchArtifact):
+            # a pipeline folder is one session (its modes share HF figures); any other bench
+            # file is a session of its own
+            session = _rel(root, path.parent) if BENCH_FILE.match(path.name) else rel
+            runs.setdefault(session, {})[artifact.config.vllm_mode] = (rel, artifact)
+        elif isinstance(artifact, ServerSmokeArtifact):
+            smokes.append((rel, artifact))
+        elif isinstance(artifact, EnvArtifact):
+            envs.append((rel, artifact))
+        else:
+            measurements.append((rel, artifact))
+    return ReportInputs(root, params, published, runs, smokes, envs, measurements)
+
+
+# ---- view model for the template -------------------------------------------------------------
+
+
+def ms(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}"
+
+
+def ratio(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}×"
+
+
+def smoke_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
+    rows = []
+    for rel, a in inputs.published:
+        if a.kind != "server_smoke" or a.smoke is None:
+            continue
+        s, events = a.smoke.summary, a.smoke.events
+        fastest = min(events, key=lambda e: e.get("rtt_ms", float("inf"))) if events else None
+        note = f"{s.fast_path_events} fast-path events recorded"
+        if fastest is not None and s.fast_path_events == 0:
+            note = (f"fast_path_events: {s.fast_path_events}: its fastest update "
+                    f"({fastest.get('rtt_ms')} ms) is event {events.index(fastest)}, with "
+                    f"{fastest.get('committed_words')} committed and {fastest.get('tail_words')} tail "
+                    "words, i.e. the first, empty-source update, not a measured commit release")
+        note += "; RTT p50 is the published commit_rtt_ms_median"
+        rows.append(dict(date=a.date or "unknown", machine=a.gpu or "not recorded", model="not recorded",
+                         seam="vllm (published)", updates=s.events, finals=s.finals,
+                         retractions=s.retractions, p50=ms(s.commit_rtt_ms_median), p95=ms(s.rtt_ms_p95),
+                         fast_events=s.fast_path_events, fast_p50="—", fast_calls="—", source=rel,
+                         note=note))
+    for rel, a in inputs.smokes:
+        latencies = [e.latency_ms for e in a.fast_path_events]
+        synthetic = a.provenance.model_revision == "random weights"
+        rows.append(dict(
+            date=a.provenance.date, machine=machine_of(a),
+            model=str(a.config.get("model", "—")) + (" (synthetic weights)" if synthetic else ""),
+            seam=str(a.config.get("seam", "—")), updates=a.updates, finals=a.finals,
+            retractions=a.retractions, p50=ms(a.rtt_ms_p50), p95=ms(a.rtt_ms_p95),
+            fast_events=f"{len(a.fast_path_events)} ({sum(bool(e.released_text) for e in a.fast_path_events)})",
+            fast_p50=ms(statistics.median(latencies) if latencies else None),
+            fast_calls=str(sum(e.engine_calls for e in a.fast_path_events)), source=rel,
+            note="; ".join(["fast-path releases measured server-side" if a.fast_path_events
+                            else "no commit-only updates released held text", *load_note(a)]),
+        ))
+    return sorted(rows, key=lambda r: (r["date"], r["source"]))
+
+
+def artifact_list(inputs: ReportInputs) -> list[dict[str, str]]:
+    items = []
+    for rel, a in inputs.published:
+        items.append(dict(path=rel, kind=a.kind, schema="published (pre-schema)", date=a.date or "—",
+                          torch=a.versions.get("torch") or "not recorded",
+                          vllm=a.versions.get("vllm") or "not recorded", transformers="not recorded",
+                          sha256=sha256_file(inputs.root / rel)[:12]))
+    ours = [(rel, a) for rel, a in inputs.envs + inputs.smokes + inputs.measurements]
+    ours += [v for runs in inputs.runs.values() for v in runs.values()]
+    for rel, a in sorted(ours, key=lambda t: t[0]):
+        p = a.provenance
+        items.append(dict(path=rel, kind=a.kind, schema=f"v{a.schema_version}", date=p.date,
+                          torch=p.torch, vllm=p.vllm, transformers=p.transformers,
+                          sha256=sha256_file(inputs.root / rel)[:12]))
+    return items
+
+
+def measurement_items(inputs: ReportInputs) -> list[dict[str, Any]]:
+    items = []
+    for rel, a in inputs.measurements:
+        scalars = {k: v for k, v in a.results.items() if isinstance(v, (int, float, str, bool))}
+        items.append(dict(
+            path=rel, name=a.name, date=a.provenance.date, machine=machine_of(a),
+            description=a.description, synthetic=a.synthetic_weights,
+            results=[f"{k} = {v:.4g}" if isinstance(v, float) else f"{k} = {v}" for k, v in scalars.items()],
+            checks=[("✓" if c.passed else "✗", c.name, _check_detail(c.detail, a.results, c.name)) for c in a.checks],
+        ))
+    return items
+
+
+def _check_detail(detail: str | None, results: dict[str, Any], name: str) -> str | None:
+    """The check's verdict plus the figures it recorded at its top level (ratios, times)."""
+    raw = (results.get("checks") or {}).get(name)
+    if not isinstance(raw, dict):
+        return detail
+    figures = [f"{k} {v:.4g}" for k, v in raw.items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool)][:8]
+    return "; ".join(x for x in [detail, ", ".join(figures)] if x) or None
+
+
+def methodology(inputs: ReportInputs) -> dict[str, Any]:
+    from alignatt.pipeline.bench import load_prompts
+    from alignatt.pipeline.params import BenchParams, profile_of
+
+    params = inputs.params
+    bench = BenchParams.model_validate(params.get("bench") or {})
+    prompts = load_prompts(bench.prompts)
+    bins: dict[str, int] = {}
+    for p in prompts:
+        bins[p.length_bin] = bins.get(p.length_bin, 0) + 1
+    profiles = []
+    for name in params.get("profiles") or {}:
+        _, prof = profile_of(params, name)
+        merged = BenchParams.model_validate({**(params.get("bench") or {}), **prof.bench})
+        profiles.append(dict(name=name, model=prof.model, device=prof.device, dtype=prof.dtype or "default",
+                             warmup=merged.warmup, repeats=merged.repeats,
+                             rows=merged.repeats * len(prompts), note=prof.note))
+    return dict(
+        prompts=len(prompts), bins=", ".join(f"{n} {b}" for b, n in bins.items()),
+        with_prefix=sum(p.assistant_prefill != "" for p in prompts),
+        prompts_file=bench.prompts or "alignatt/data/mt_capture_prompts.json",
+        max_new_tokens=bench.max_new_tokens, heads_k=bench.heads_k, warmup=bench.warmup,
+        repeats=bench.repeats, rows=bench.repeats * len(prompts), policy=bench.policy or "defaults",
+        modes=bench.modes, profiles=profiles,
+    )
+
+
+def cross_day_note(rows: list[ResultRow]) -> str | None:
+    """How far the same seam moved between published days (same protocol, same tool)."""
+    by_date = {}
+    for r in rows:
+        if r.historical and r.hf_eager is not None:
+            by_date.setdefault(r.date, r.hf_eager)
+    if len(by_date) < 2:
+        return None
+    (d1, lo), (d2, hi) = min(by_date.items(), key=lambda t: t[1]), max(by_date.items(), key=lambda t: t[1])
+    return (f"HF eager alone, same prompts and tool, measured {ms(lo)} ms/token on {d1} and "
+            f"{ms(hi)} on {d2} ({(hi / lo - 1) * 100:.0f}% apart)")
+
+
+def build_context(inputs: ReportInputs) -> dict[str, Any]:
+    params = inputs.params
+    rows = inputs.rows()
+    refs = iter(range(1, len(rows) + 1))
+    for r in rows:
+        r.ref = next(refs) if r.notes or r.conflicts else None
+    report = params.get("report") or {}
+    scored_mode = report.get("scored_vllm_mode", "cudagraph")
+    return dict(
+        profile=params.get("profile"),
+        profiles=list(params.get("profiles") or {}),
+        scored_mode=scored_mode,
+        scored_rows=[r for r in rows if not r.historical and r.mode == scored_mode
+                     and r.vllm_status == "ok" and not r.corrupt],
+        method=methodology(inputs),
+        rows=rows,
+        cross_day=cross_day_note(rows),
+        smoke_rows=smoke_rows(inputs),
+        measurements=measurement_items(inputs),
+        artifacts=artifact_list(inputs),
+    )
+
+
+# ---- render / write / check ------------------------------------------------------------------
+
+
+def render_report(root: str | Path = ".", params: dict[str, Any] | None = None) -> str:
+    import jinja2
+
+    from alignatt.pipeline.params import load_params
+
+    root = Path(root)
+    params = params if params is not None else load_params(root / "params.yaml")
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(root / "reports"),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    env.filters["ms"] = ms
+    env.filters["ratio"] = ratio
+    try:
+        template = env.get_template(TEMPLATE)
+    except jinja2.TemplateNotFound:
+        raise AlignattError(f"report template {root / 'reports' / TEMPLATE} not found") from None
+    text = template.render(**build_context(collect_inputs(root, params)))
+    return re.sub(r"\n{3,}", "\n\n", text)  # templates' blank-line noise never reaches the page
+
+
+def report_path(root: Path, params: dict[str, Any]) -> Path:
+    return root / (params.get("report") or {}).get("output", "reports/BENCHMARKS.md")
+
+
+def write_report(root: str | Path = ".") -> Path:
+    from alignatt.pipeline.params import load_params
+
+    root = Path(root)
+    params = load_params(root / "params.yaml")
+    path = report_path(root, params)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_report(root, params), encoding="utf-8")
+    return path
+
+
+def stale_report(root: str | Path = ".") -> str | None:
+    """None when the committed report equals a fresh render; else why not."""
+    from alignatt.pipeline.params import load_params
+
+    root = Path(root)
+    params = load_params(root / "params.yaml")
+    path = report_path(root, params)
+    if not path.exists():
+        return f"{_rel(root, path)} does not exist: run `alignatt report`"
+    fresh = render_report(root, params)
+    current = path.read_text(encoding="utf-8")
+    if current == fresh:
+        return None
+    old, new = current.splitlines(), fresh.splitlines()
+    line = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
+    return f"{_rel(root, path)} is stale (first difference at line {line + 1}): run `alignatt report`"

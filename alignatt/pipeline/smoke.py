@@ -1,0 +1,197 @@
+"""`alignatt smoke`: the MT server end to end, on loopback, through real WebSocket clients.
+
+Starts the server in-process (loopback, any free port), replays the smoke stream
+(`alignatt.pipeline.stream_replay`) through the `native` client and, when it can be imported, the unmodified
+WhisperLiveKit client (`wlk`), and writes a `server_smoke` artifact with provenance. The native
+client's numbers are the headline: updates, finals, retractions (must be 0), partial-draft RTT
+p50/p95 and the commit-fast-path events with their server-side latency and engine calls; the
+WhisperLiveKit run's per-update records (taken server-side) are in `events` with `client: "wlk"`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from alignatt.core.errors import AlignattError
+from alignatt.pipeline.stream_replay import RunRecord, count_retractions, ends_sentence, load_stream, replay_native, replay_wlk
+from alignatt.pipeline.wlk_client import load_wlk_client, wlk_available, wlk_version
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile (q in [0, 1]); None for no values."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return round(xs[lo] + (xs[hi] - xs[lo]) * (pos - lo), 3)
+
+
+class SmokeOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = "gemma3-270m"
+    seam: str = "hf_qk_fast"
+    preset: str = "balanced"
+    device: str = "cpu"
+    dtype: str | None = None
+    top_k: int = Field(4, ge=1)
+    heads: str | None = None
+    speed: float | None = Field(None, gt=0, description="None: the stream file's replay speed")
+    client: Literal["auto", "native", "wlk", "both"] = "auto"
+    wlk_latency: Literal["quality", "balanced", "low"] = "balanced"
+    vllm_mode: str | None = None  # vllm_capture's mode (its default: cudagraph)
+    stream: str | None = None
+
+
+def _summary(run: RunRecord) -> dict[str, Any]:
+    disconnects = sum(1 for e in run.events if e.get("event") == "disconnect")
+    ev = [e for e in run.events if "event" not in e]  # replies only
+    partial_drafts = [e for e in ev if e.get("path") == "draft" and not e.get("final")]
+    fast = [e for e in ev if e.get("path") == "fast_path"]
+    rtt_key = "rtt_ms" if run.client == "native" else "process_ms"
+    return {
+        "client": run.client,
+        "updates": len(ev),
+        "finals": sum(1 for e in ev if e.get("final")),
+        "errors": sum(1 for e in ev if e.get("error")),
+        "disconnects": disconnects,
+        "retractions": count_retractions(ev),
+        "partial_drafts": len(partial_drafts),
+        "partial_draft_rtt_ms_p50": percentile([e[rtt_key] for e in partial_drafts], 0.5),
+        "partial_draft_rtt_ms_p95": percentile([e[rtt_key] for e in partial_drafts], 0.95),
+        "fast_path_events": len(fast),
+        "fast_path_releases": sum(1 for e in fast if e.get("committed_delta")),
+        "fast_path_server_ms_p50": percentile([e["server_ms"] for e in fast], 0.5),
+        "fast_path_server_ms_p95": percentile([e["server_ms"] for e in fast], 0.95),
+        "fast_path_engine_calls": sum(e.get("engine_calls", 0) for e in fast),
+        "engine_calls": sum(e.get("engine_calls", 0) for e in ev),
+        "paths": {p: sum(1 for e in ev if e.get("path") == p) for p in sorted({e.get("path") for e in ev if e.get("path")})},
+        "wall_s": round(run.wall_s, 2),
+        "max_lag_s": round(run.max_lag_s, 2),
+    }
+
+
+def run_smoke(options: SmokeOptions, out: str | Path | None = "outputs/server_smoke.json",
+              seam_factory=None):
+    """Start the server in-process on loopback, replay the stream, write the artifact."""
+    from alignatt.pipeline.artifacts import ARTIFACT_SCHEMA_VERSION, FastPathEvent, ServerSmokeArtifact, write_artifact
+    from alignatt.pipeline.provenance import collect_provenance, model_identity
+    from alignatt.serve.server import ServerThread
+    from alignatt.serve.config import DirectionRoute, ServerConfig, resolve_preset
+    from alignatt.serve.protocol import ProtocolError
+
+    try:
+        preset = resolve_preset(options.preset).name
+    except ProtocolError as e:
+        raise AlignattError(e.message) from None
+    stream = load_stream(options.stream)
+    speed = options.speed or stream.replay_speed
+    clients = {"native": ["native"], "wlk": ["wlk"], "both": ["native", "wlk"],
+               "auto": ["native", "wlk"] if wlk_available() else ["native"]}[options.client]
+    if "wlk" in clients:
+        load_wlk_client()  # a clear error before loading any model
+    route = DirectionRoute(model=options.model, seam=options.seam, heads=options.heads,
+                           top_k=options.top_k, device=options.device, dtype=options.dtype,
+                           seam_options={"vllm_mode": options.vllm_mode} if options.vllm_mode else {})
+    config = ServerConfig(host="127.0.0.1", port=0, default_preset=preset, directions={"en-de": route})
+    runs: list[RunRecord] = []
+    with ServerThread(config, seam_factory) as handle:
+        engine = handle.server.registry.engines[0]
+        heads = [[h.layer, h.head] for h in engine.heads]
+        for client in clients:
+            if client == "native":
+                runs.append(replay_native(handle.url, stream, speed, preset))
+            else:
+                conn = handle.server.stats.connections + 1
+                log = lambda: handle.call(  # noqa: E731
+                    lambda: [s for s in handle.server.step_log if s["connection"] >= conn])
+                runs.append(replay_wlk(handle.url, stream, speed, preset, options.wlk_latency, log))
+    summaries = [_summary(r) for r in runs]
+    primary, head = runs[0], summaries[0]
+    try:
+        model_id, revision = model_identity(options.model)
+    except Exception:  # identity is best effort (a local path without metadata)
+        model_id, revision = options.model, None
+    artifact = ServerSmokeArtifact(
+        schema_version=ARTIFACT_SCHEMA_VERSION,
+        provenance=collect_provenance(model_id=model_id, model_revision=revision),
+        config={
+            "model": options.model, "seam": options.seam, "preset": preset,
+            "device": options.device, "dtype": options.dtype, "heads": heads, "top_k": options.top_k,
+            "seam_options": route.seam_options,
+            "replay_speed": speed, "stream": options.stream or "alignatt/data/mt_server_smoke_stream.json",
+            "stream_words": len(stream.words),
+            "stream_sentences": sum(1 for w in stream.words if ends_sentence(w)),
+            "words_per_second": stream.words_per_second, "commit_lag_seconds": stream.commit_lag_seconds,
+            "clients": clients, "headline_client": primary.client, "pacing": "lockstep (native)",
+            "whisperlivekit": wlk_version() if "wlk" in clients else None,
+            "wlk_latency": options.wlk_latency if "wlk" in clients else None,
+            "summaries": summaries,
+        },
+        updates=head["updates"],
+        finals=head["finals"],
+        retractions=sum(s["retractions"] for s in summaries),
+        rtt_ms_p50=head["partial_draft_rtt_ms_p50"],
+        rtt_ms_p95=head["partial_draft_rtt_ms_p95"],
+        fast_path_events=[
+            FastPathEvent(seq=e["seq"], utterance_id=e.get("utterance_id"), latency_ms=e["server_ms"],
+                          engine_calls=e["engine_calls"], released_text=e.get("committed_delta") or "")
+            for e in primary.events if e.get("path") == "fast_path"
+        ],
+        events=[e for r in runs for e in r.events],
+    )
+    if out is not None:
+        write_artifact(out, artifact)
+    return artifact
+
+
+def summary_line(artifact) -> str:
+    parts = []
+    for s in artifact.config.get("summaries", []):
+        parts.append(
+            f"[{s['client']}] updates {s['updates']}, finals {s['finals']}, retractions {s['retractions']}, "
+            f"errors {s['errors']}, disconnects {s['disconnects']}; partial-draft RTT p50 {s['partial_draft_rtt_ms_p50']} ms / p95 "
+            f"{s['partial_draft_rtt_ms_p95']} ms; fast path {s['fast_path_events']} events, "
+            f"{s['fast_path_releases']} releases, p50 {s['fast_path_server_ms_p50']} ms server-side, "
+            f"{s['fast_path_engine_calls']} engine calls; engine calls {s['engine_calls']}; "
+            f"wall {s['wall_s']} s, max lag {s['max_lag_s']} s"
+        )
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m alignatt.pipeline.smoke`: `alignatt smoke` without the typer CLI (e.g. on a GPU host)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m alignatt.pipeline.smoke", description=main.__doc__)
+    for name, default in (("model", "gemma3-270m"), ("seam", "hf_qk_fast"), ("preset", "balanced"),
+                          ("device", "cpu"), ("dtype", None), ("heads", None), ("client", "auto"),
+                          ("vllm-mode", None), ("stream", None), ("out", "outputs/server_smoke.json")):
+        p.add_argument(f"--{name}", default=default)
+    p.add_argument("--top-k", type=int, default=4)
+    p.add_argument("--speed", type=float)
+    a = p.parse_args(argv)
+    try:
+        options = SmokeOptions(model=a.model, seam=a.seam, preset=a.preset, device=a.device, dtype=a.dtype,
+                               top_k=a.top_k, heads=a.heads, speed=a.speed, client=a.client,
+                               stream=a.stream, vllm_mode=a.vllm_mode)
+        artifact = run_smoke(options, a.out)
+    except ValidationError as e:
+        print(f"error: {e.errors()[0]['loc'][0]}: {e.errors()[0]['msg']}", file=sys.stderr)
+        return 2
+    except AlignattError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(summary_line(artifact))
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,179 @@
+"""What the MT server serves: latency presets, limits, and each direction's model, seam and heads.
+
+Presets are named configs (`low_latency`, `balanced`, `high_latency`); the WhisperLiveKit
+client's names (`quality`, `balanced`, `low`) are aliases. `ServerConfig.directions` maps a
+direction (`en-de`) to a `DirectionRoute` (model, seam, head set), so sessions of different
+directions draft with their own heads.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from alignatt.core.draft import Head, Seam
+from alignatt.core.errors import AlignattError
+from alignatt.core.policy import POLICY_PRESETS, PolicyConfig
+from alignatt.serve.protocol import UNKNOWN_PRESET, ProtocolError
+
+
+class SessionPreset(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    description: str
+    policy: PolicyConfig
+    max_new_tokens: int = Field(16, ge=1)
+
+
+SESSION_PRESETS: dict[str, SessionPreset] = {
+    p.name: p
+    for p in (
+        SessionPreset(
+            name="low_latency",
+            description="follow the commit frontier closely: no border, no hold-back",
+            policy=POLICY_PRESETS["low_latency"],
+        ),
+        SessionPreset(
+            name="balanced",
+            description="keep one committed word of margin before the frontier",
+            policy=POLICY_PRESETS["balanced"],
+        ),
+        SessionPreset(
+            name="high_latency",
+            description="two words of margin, hold back one target word, emit at least one word",
+            policy=POLICY_PRESETS["high_latency"],
+        ),
+    )
+}
+# Names other clients use for the same points (WhisperLiveKit's --alignatt-latency values and
+# its documented --alignatt-preset example).
+PRESET_ALIASES = {
+    "low": "low_latency",
+    "quality": "high_latency",
+    "gemma_low_latency": "low_latency",
+    "gemma_balanced": "balanced",
+    "gemma_high_latency": "high_latency",
+    "gemma_quality": "high_latency",
+}
+
+
+def resolve_preset(name: str) -> SessionPreset:
+    key = PRESET_ALIASES.get(name, name)
+    if key not in SESSION_PRESETS:
+        supported = sorted(SESSION_PRESETS) + sorted(PRESET_ALIASES)
+        raise ProtocolError(
+            UNKNOWN_PRESET, f"unknown preset {name!r}; use one of {', '.join(supported)}",
+            supported=supported,
+        )
+    return SESSION_PRESETS[key]
+
+
+class ServerLimits(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_sessions: int = Field(8, ge=1, description="more concurrent sessions get `busy`")
+    max_frame_bytes: int = Field(256 * 1024, ge=1024, description="larger frames get bad_protocol")
+    hard_frame_factor: int = Field(4, ge=1, description="frames past factor x limit close the socket")
+    max_utterance_words: int = Field(80, ge=1, description="longer utterances are forced final")
+    max_tail_words: int = Field(64, ge=0, description="tail words past this are ignored")
+    # Past the forced final no honest client gets near these; they bound what one update can cost.
+    max_update_words: int = Field(400, ge=1, description="updates with more committed words are refused")
+    max_word_chars: int = Field(200, ge=1, description="updates with longer words are refused")
+
+
+class DirectionRoute(BaseModel):
+    """What serves one direction: model, seam and alignment heads."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = "gemma3-270m"
+    seam: str = "hf_qk_fast"
+    heads: str | None = Field(None, description="head-set file or bundled name; None: the model's default")
+    top_k: int = Field(4, ge=1)
+    device: str = "cpu"
+    dtype: str | None = None
+    seam_options: dict[str, Any] = Field(default_factory=dict, description="e.g. {'vllm_mode': 'eager'}")
+
+
+class ServerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8765, ge=0, le=65535)
+    default_preset: str = "balanced"
+    directions: dict[str, DirectionRoute] = Field(default_factory=lambda: {"en-de": DirectionRoute()})
+    limits: ServerLimits = Field(default_factory=ServerLimits)
+    preload: bool = Field(True, description="load every direction's engine before listening")
+
+
+def server_config(
+    config_path: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    model: str = "gemma3-270m",
+    seam: str = "hf_qk_fast",
+    preset: str = "balanced",
+    direction: str = "en-de",
+    heads: str | None = None,
+    top_k: int = 4,
+    device: str = "cpu",
+    dtype: str | None = None,
+    max_sessions: int = 8,
+    max_utterance_words: int = 80,
+    vllm_mode: str | None = None,
+) -> ServerConfig:
+    """A ServerConfig from a JSON file, or from one direction's options (the CLI's)."""
+    from pathlib import Path
+
+    from pydantic import ValidationError
+
+    try:
+        if config_path:
+            try:
+                text = Path(config_path).read_text()
+            except OSError as e:
+                raise AlignattError(f"cannot read server config {config_path}: {e.strerror}") from None
+            cfg = ServerConfig.model_validate_json(text)
+        else:
+            options = {"vllm_mode": vllm_mode} if vllm_mode else {}
+            route = DirectionRoute(model=model, seam=seam, heads=heads, top_k=top_k, device=device,
+                                   dtype=dtype, seam_options=options)
+            cfg = ServerConfig(
+                host=host,
+                port=port,
+                default_preset=preset,
+                directions={direction.strip().lower(): route},
+                limits=ServerLimits(max_sessions=max_sessions, max_utterance_words=max_utterance_words),
+            )
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise AlignattError(f"bad server config: {where}: {first['msg']}") from None
+    for name in cfg.directions:
+        if len(name.split("-")) != 2 or not all(name.split("-")):
+            raise AlignattError(f"bad direction {name!r}: write it as source-target, e.g. en-de")
+    try:
+        resolve_preset(cfg.default_preset)
+    except ProtocolError as e:
+        raise AlignattError(e.message) from None
+    return cfg
+
+
+def resolve_heads(route: DirectionRoute, direction: str) -> list[Head]:
+    from alignatt.heads.sets import default_heads, load_head_set
+
+    if route.heads:
+        return load_head_set(route.heads).top_k(route.top_k)
+    return default_heads(route.model, route.top_k, direction)
+
+
+SeamFactory = Callable[[DirectionRoute, list[Head]], Seam]
+
+
+def default_seam_factory(route: DirectionRoute, heads: list[Head]) -> Seam:
+    from alignatt.capture.registry import make_seam
+
+    return make_seam(route.seam, model=route.model, heads=heads, device=route.device, dtype=route.dtype,
+                     **route.seam_options)

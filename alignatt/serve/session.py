@@ -1,0 +1,380 @@
+"""One streaming translation session: committed source, unstable tail, append-only target.
+
+A session follows one speaker's utterances. Every `update` carries the full state of the open
+utterance (all committed source words, plus the unstable ASR tail) and returns a `Step`: the
+accepted target text so far, what changed, and how it was obtained:
+
+- `fast_path`: the source text (committed + tail, in order) is the one the cached draft was made
+  for and only the commit frontier moved; the policy re-judges the cached rows at the new frontier
+  and releases held tokens. No engine call.
+- `unchanged`: nothing moved since the last step; the last answer stands. No engine call.
+- `draft`: a new draft over all known source words, continuing the committed target, judged by the
+  AlignAtt policy. One engine call.
+- `final` / `final_cached`: the utterance's complete translation, continuing the committed target
+  and bounded by the utterance's own words (the tail is not used, later sentences never leak in);
+  `final_cached` reuses a cached draft that already ended on EOS over exactly these words.
+
+`committed_text` never shrinks or changes within an utterance (0 retractions): text is only ever
+appended. `engine_calls` counts every `Seam.draft` call so the zero-call paths are provable.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from alignatt.core.draft import Draft, DraftRequest, Seam
+from alignatt.core.policy import AFTER_STOP, SOURCE_FRONTIER, UNSTABLE_TAIL, PolicyConfig, PolicyResult, decide
+
+# Step.path values.
+FAST_PATH = "fast_path"
+UNCHANGED = "unchanged"
+DRAFT = "draft"
+FINAL = "final"
+FINAL_CACHED = "final_cached"
+EMPTY = "empty"
+
+_ATTENTION_STOPS = (UNSTABLE_TAIL, SOURCE_FRONTIER, AFTER_STOP)
+
+
+class SessionConfig(BaseModel):
+    """How a session drafts and when it forces an utterance to close."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    max_new_tokens: int = Field(16, ge=1, description="tokens per partial draft")
+    final_tokens_per_word: float = Field(3.0, gt=0, description="final budget per uncovered word")
+    final_extra_tokens: int = Field(8, ge=1)
+    final_max_new_tokens: int = Field(256, ge=1)
+    max_utterance_words: int = Field(80, ge=1, description="partials past this force a final")
+    max_tail_words: int = Field(64, ge=0, description="tail words past this are ignored")
+
+
+class UpdateRejected(ValueError):
+    """An update that contradicts the session's state (e.g. an utterance id going backwards)."""
+
+
+@dataclass
+class Step:
+    utterance_id: int
+    final: bool
+    forced_final: bool
+    committed_text: str  # the utterance's accepted target so far (append-only)
+    committed_delta: str  # what this step appended
+    buffer_text: str  # drafted but held (speculative) target text
+    covered_source_units: int  # source words the accepted target covers
+    stop_reason: str | None
+    path: str
+    engine_calls: int  # engine calls made by this step (0 on fast_path / unchanged)
+    elapsed_ms: float  # time spent inside `Session.update`
+    policy: PolicyResult | None = None
+    source_rewritten: bool = False  # committed words contradicted earlier committed words
+    ignored_tail_words: int = 0
+
+
+@dataclass
+class _Utterance:
+    utterance_id: int | None = None  # None until the first update names it
+    committed_words: list[str] = field(default_factory=list)
+    tail_words: list[str] = field(default_factory=list)
+    committed_text: str = ""
+    covered_source_units: int = 0
+    # The cached draft and how much of it is already in committed_text.
+    draft: Draft | None = None
+    draft_emitted: int = 0  # tokens [0, draft_emitted) of the draft are committed
+    draft_stale: bool = False  # the draft was used up and may not cover the whole source
+    result: PolicyResult | None = None
+
+
+def _clean(words: list[str]) -> list[str]:
+    return [w.strip() for w in words if w and w.strip()]
+
+
+# A sentence end: terminal punctuation (optionally closed by quotes/brackets) before space or end.
+_SENTENCE_END = re.compile(r"[.!?。！？…]+[\"'»«”’)\]]*(?=\s|$)")
+# Tokens ending in a period that do not end a sentence (German and English abbreviations, initials).
+_ABBREVIATION = re.compile(
+    r"(?:^|\s)(?:[A-Za-zÄÖÜäöü]|z\.\s?B|d\.\s?h|u\.\s?a|bzw|usw|ca|vgl|Nr|Dr|Prof|St|etc|e\.g|i\.e|vs)\.$"
+)
+
+
+def count_sentence_ends(text: str) -> int:
+    return sum(1 for m in _SENTENCE_END.finditer(text) if not _ABBREVIATION.search(text[: m.end()]))
+
+
+def bound_to_source(committed: str, continuation: str, source_words: list[str]) -> str:
+    """Cut a final's continuation so the utterance's target has no more sentences than its source.
+
+    The continuation ends at its first line break (a model that goes on writes a new line), and
+    when the source ends a sentence, right after the target sentence end that matches the source's
+    count: whatever follows would translate words that are not in this utterance. `committed` is
+    never cut (it is already on screen).
+    """
+    continuation = continuation.split("\n", 1)[0]
+    source = " ".join(source_words)
+    wanted = count_sentence_ends(source)
+    if wanted == 0 or not _SENTENCE_END.search(source.rstrip() + " "):
+        return continuation.rstrip()
+    text = committed + continuation
+    seen = 0
+    for m in _SENTENCE_END.finditer(text):
+        if _ABBREVIATION.search(text[: m.end()]):
+            continue
+        seen += 1
+        if seen >= wanted and m.end() > len(committed):
+            return text[len(committed) : m.end()]
+    return continuation.rstrip()
+
+
+class Session:
+    """Streaming state of one client connection (one source→target direction)."""
+
+    def __init__(
+        self,
+        seam: Seam,
+        config: SessionConfig | None = None,
+        source_lang: str = "en",
+        target_lang: str = "de",
+        accepted_target_prefix: str = "",
+        history: list[tuple[str, str]] | None = None,
+        context_text: str = "",
+    ) -> None:
+        self.seam = seam
+        self.config = config or SessionConfig()
+        self.source_lang = source_lang
+        self.target_lang = target_lang
+        # Kept for the session's record and for clients that reconnect; DraftRequest has no
+        # context field yet, so neither reaches the prompt.
+        self.history: list[tuple[str, str]] = list(history or [])
+        self.context_text = context_text
+        self.engine_calls = 0
+        self.fast_path_releases = 0  # fast-path steps that appended text
+        self.source_rewrites = 0
+        self.steps = 0
+        self._open = _Utterance(committed_text=accepted_target_prefix.lstrip())
+
+    # ---- read-only views ----
+
+    @property
+    def utterance_id(self) -> int | None:
+        return self._open.utterance_id
+
+    @property
+    def committed_text(self) -> str:
+        return self._open.committed_text
+
+    @property
+    def last_draft(self) -> Draft | None:
+        return self._open.draft
+
+    @property
+    def last_result(self) -> PolicyResult | None:
+        return self._open.result
+
+    # ---- the decision ----
+
+    def _normalise(
+        self, committed_words: list[str], tail_words: list[str], is_final: bool
+    ) -> tuple[list[str], list[str], int]:
+        words = _clean(committed_words)
+        tail = [] if is_final else _clean(tail_words)
+        ignored = max(len(tail) - self.config.max_tail_words, 0)
+        return words, tail[: self.config.max_tail_words], ignored
+
+    def _cached_path(self, words: list[str], tail: list[str], is_final: bool) -> str | None:
+        """Which zero-engine-call path answers this update, or None when a draft is needed."""
+        u = self._open
+        if not words and not tail:
+            return EMPTY
+        d = u.draft
+        if d is None or d.request.source_words != words + tail:
+            return None
+        if is_final:
+            # The cached draft translated exactly this utterance and ended by itself.
+            done = not tail and d.stop_reason == "eos" and not u.draft_stale
+            return FINAL_CACHED if done else None
+        if len(words) > self.config.max_utterance_words:
+            return None  # forced final
+        if u.draft_stale:
+            return None
+        frontier = u.result.committed_words if u.result else d.request.committed_words
+        if len(words) == frontier:
+            return UNCHANGED
+        if len(words) > frontier:
+            return FAST_PATH
+        return None
+
+    def needs_engine(
+        self, committed_words: list[str], tail_words: list[str], is_final: bool,
+        utterance_id: int | None = None,
+    ) -> bool:
+        """True when `update` will call the engine (the server runs those off its event loop)."""
+        if utterance_id is not None and self._open.utterance_id not in (None, utterance_id):
+            return bool(_clean(committed_words) or (not is_final and _clean(tail_words)))
+        words, tail, _ = self._normalise(committed_words, tail_words, is_final)
+        return self._cached_path(words, tail, is_final) is None
+
+    def update(
+        self,
+        committed_words: list[str],
+        tail_words: list[str],
+        is_final: bool,
+        utterance_id: int | None = None,
+    ) -> Step:
+        """Apply one client update; raises the engine's exception with the state unchanged."""
+        started = time.perf_counter()
+        self._enter_utterance(utterance_id)
+        u = self._open
+        words, tail, ignored = self._normalise(committed_words, tail_words, is_final)
+        rewritten = words[: len(u.committed_words)] != u.committed_words[: len(words)] or (
+            len(words) < len(u.committed_words)
+        )
+        forced = not is_final and len(words) > self.config.max_utterance_words
+        path = self._cached_path(words, tail, is_final)
+        calls_before = self.engine_calls
+
+        before = u.committed_text
+        if is_final or forced:
+            if path == FINAL_CACHED:
+                continuation = "".join(t.piece for t in u.draft.tokens[u.draft_emitted :])
+                result = u.result
+            elif words:
+                result, continuation = self._final_draft(words)
+                path = FINAL
+            else:
+                result, continuation, path = None, "", EMPTY
+            delta = bound_to_source(u.committed_text, continuation, words) if words else ""
+            stop = result.stop_reason if result else None
+            step = self._step(u, before, delta, "", len(words), stop, path, calls_before,
+                              started, result, final=True, forced=forced)
+            self.history.append((" ".join(words), u.committed_text + delta))
+            self._open = _Utterance(utterance_id=(u.utterance_id or 0) + 1)
+            return self._finish(step, rewritten, ignored)
+
+        if path == EMPTY:
+            u.committed_words, u.tail_words = words, tail
+            step = self._step(u, before, "", "", u.covered_source_units, None, EMPTY,
+                              calls_before, started, None)
+            return self._finish(step, rewritten, ignored)
+        if path == UNCHANGED:
+            r = u.result
+            step = self._step(u, before, "", r.held_text if r else "", u.covered_source_units,
+                              r.stop_reason if r else None, UNCHANGED, calls_before, started, r)
+            return self._finish(step, rewritten, ignored)
+        if path == FAST_PATH:
+            result = decide(u.draft, len(words), self.config.policy)
+            delta = self._release(u, result)
+            if delta:
+                self.fast_path_releases += 1
+        else:
+            draft = self._draft(words + tail, len(words), u.committed_text, self.config.max_new_tokens)
+            result = decide(draft, len(words), self.config.policy)
+            u.draft, u.draft_emitted, u.draft_stale = draft, 0, False
+            delta = self._release(u, result)
+            path = DRAFT
+        u.committed_words, u.tail_words, u.result = words, tail, result
+        # A draft cut by max_new_tokens whose every token passed the attention scan is used up:
+        # only its unfinished last word is held, so the next update drafts again (continuing the
+        # longer committed text) instead of re-judging it. Only if it released something, else
+        # a new draft would be the same one.
+        scan_passed = not any(d.reason in _ATTENTION_STOPS for d in result.decisions)
+        if u.draft.stop_reason != "eos" and scan_passed and u.draft_emitted > 0:
+            u.draft_stale = True
+        held = "".join(t.piece for t in u.draft.tokens[u.draft_emitted :])
+        step = self._step(u, before, delta, held, u.covered_source_units, result.stop_reason,
+                          path, calls_before, started, result)
+        return self._finish(step, rewritten, ignored)
+
+    # ---- internals ----
+
+    def _enter_utterance(self, utterance_id: int | None) -> None:
+        u = self._open
+        if utterance_id is None or u.utterance_id == utterance_id:
+            return
+        if u.utterance_id is None:
+            u.utterance_id = utterance_id  # first update (a reconnect resumes the client's count)
+            return
+        if utterance_id < u.utterance_id:
+            raise UpdateRejected(
+                f"utterance_id {utterance_id} is behind the open utterance {u.utterance_id}"
+            )
+        # The client moved on without a final: keep what was shown, open the new utterance.
+        if u.committed_words or u.committed_text:
+            self.history.append((" ".join(u.committed_words), u.committed_text))
+        self._open = _Utterance(utterance_id=utterance_id)
+
+    def _draft(self, source: list[str], committed: int, prefix: str, max_new: int) -> Draft:
+        request = DraftRequest(
+            source_words=source,
+            committed_words=committed,
+            target_prefix=prefix,
+            max_new_tokens=max_new,
+            source_lang=self.source_lang,
+            target_lang=self.target_lang,
+        )
+        self.engine_calls += 1
+        return self.seam.draft(request)
+
+    def _final_draft(self, words: list[str]) -> tuple[PolicyResult, str]:
+        cfg = self.config
+        # The committed text already covers part of the source: budget only the rest, so a final
+        # stays about as quick as a partial (clients time out on slow ones).
+        uncovered = max(len(words) - self._open.covered_source_units, 1)
+        budget = min(
+            cfg.final_max_new_tokens,
+            int(cfg.final_tokens_per_word * uncovered) + cfg.final_extra_tokens,
+        )
+        draft = self._draft(words, len(words), self._open.committed_text, budget)
+        result = decide(draft, len(words), cfg.policy, final=True)
+        return result, result.emitted_text
+
+    def _release(self, u: _Utterance, result: PolicyResult) -> str:
+        """Append the newly accepted draft tokens; never takes anything back."""
+        if result.emit_count <= u.draft_emitted:
+            return ""
+        new = u.draft.tokens[u.draft_emitted : result.emit_count]
+        delta = "".join(t.piece for t in new)
+        if not u.committed_text:
+            delta = delta.lstrip()
+        u.committed_text += delta
+        covered = [d.aligned_word + 1 for d in result.decisions[: result.emit_count]]
+        u.covered_source_units = max([u.covered_source_units, *covered])
+        u.draft_emitted = result.emit_count
+        return delta
+
+    def _step(self, u, before, delta, held, covered, stop, path, calls_before, started, result,
+              final=False, forced=False) -> Step:
+        if final:
+            if not before:
+                delta = delta.lstrip()
+            committed = before + delta
+        else:
+            committed = u.committed_text
+            delta = committed[len(before) :]
+        assert committed.startswith(before), "append-only violated"  # structurally impossible
+        return Step(
+            utterance_id=u.utterance_id if u.utterance_id is not None else 0,
+            final=final,
+            forced_final=forced,
+            committed_text=committed,
+            committed_delta=delta,
+            buffer_text=held,
+            covered_source_units=covered,
+            stop_reason=stop,
+            path=path,
+            engine_calls=self.engine_calls - calls_before,
+            elapsed_ms=(time.perf_counter() - started) * 1000.0,
+            policy=result,
+        )
+
+    def _finish(self, step: Step, rewritten: bool, ignored: int) -> Step:
+        self.steps += 1
+        if rewritten:
+            self.source_rewrites += 1
+        step.source_rewritten = rewritten
+        step.ignored_tail_words = ignored
+        return step
