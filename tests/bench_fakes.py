@@ -29,6 +29,9 @@ class FakeSeam:
         self.decode_ms = decode_ms
         self.calls = 0
 
+    def close(self) -> None:
+        pass
+
     def draft(self, request: DraftRequest) -> Draft:
         self.calls += 1
         if self.name == "crash_seam" and self.calls > 20:

@@ -42,7 +42,11 @@ class FakeSeam:
         self.calls = 0
         self.requests: list[DraftRequest] = []
         self.threads: set[str] = set()
+        self.closed_on: str | None = None  # the thread that closed this seam
         self._lock = threading.Lock()
+
+    def close(self) -> None:
+        self.closed_on = threading.current_thread().name
 
     def draft(self, request: DraftRequest) -> Draft:
         with self._lock:

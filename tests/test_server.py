@@ -218,3 +218,16 @@ def test_console_script_main_reports_bad_options(capsys):
 
     assert main(["--preset", "turbo"]) == 2
     assert "error: unknown preset 'turbo'" in capsys.readouterr().err
+
+
+def test_served_seams_are_closed_on_their_engine_thread_at_shutdown(tmp_path):
+    with fake_server(tmp_path, directions=("en-de", "en-fr")) as srv:
+        for target in ("de", "fr"):
+            with Client(srv.url) as c:
+                assert c.init(target_lang=target)["type"] == "init_ok"
+                c.update(["hello"], final=True)
+                assert c.recv()["type"] == "translation"
+        seams = srv.factory.seams
+        assert len(seams) == 2 and all(s.closed_on is None for s in seams)
+    for seam in seams:
+        assert seam.closed_on is not None and seam.closed_on in seam.threads  # built, drafted, closed there

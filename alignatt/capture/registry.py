@@ -6,6 +6,7 @@ CUDA and vLLM 0.22.1 and lives in `alignatt.capture.vllm.seam` (imported only wh
 
 from __future__ import annotations
 
+from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,10 +148,10 @@ def translate(
         from alignatt.heads.sets import default_heads
 
         heads = default_heads(model, heads_k)
-    built = make_seam(seam, model=model, heads=heads, device=device, dtype=dtype)
     request = DraftRequest(source_words=words, committed_words=committed, target_prefix=prefix,
                            max_new_tokens=max_new_tokens)
-    draft = built.draft(request)
+    with closing(make_seam(seam, model=model, heads=heads, device=device, dtype=dtype)) as built:
+        draft = built.draft(request)
     return Translation(model=model, seam=seam, draft=draft,
                        policy=decide(draft, committed, POLICY_PRESETS[policy], final=final))
 

@@ -23,6 +23,7 @@ import json
 import os
 import pickle
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any, Optional
 
@@ -386,22 +387,22 @@ def hf_seam_drafts(ckpt: str, heads: list, dtype: str, runs: list[dict], tokens:
     from alignatt.checks.worker import bench_requests
 
     try:
-        seam = make_seam("hf_qk_fast", model=ckpt, heads=heads, device=device, dtype=dtype)
-        requests = dict(bench_requests(tokens))
-        same_prefix = total = identical = 0
-        row_max = 0.0
-        for run in runs:
-            h = seam.draft(requests[run["id"]])
-            a, b = run["token_ids"], [t.token_id for t in h.tokens]
-            n = 0
-            while n < min(len(a), len(b)) and a[n] == b[n]:
-                n += 1
-            same_prefix, total, identical = same_prefix + n, total + len(a), identical + (a == b)
-            if n:
-                rb = np.stack([t.rows for t in h.tokens[:n]])
-                row_max = max(row_max, float(np.abs(run["rows"][:n] - rb).max()))
-        return {"tokens_in_common_prefix": same_prefix, "vllm_tokens": total, "identical_drafts": identical,
-                "drafts": len(runs), "row_max_abs_on_common_prefix": row_max}
+        with closing(make_seam("hf_qk_fast", model=ckpt, heads=heads, device=device, dtype=dtype)) as seam:
+            requests = dict(bench_requests(tokens))
+            same_prefix = total = identical = 0
+            row_max = 0.0
+            for run in runs:
+                h = seam.draft(requests[run["id"]])
+                a, b = run["token_ids"], [t.token_id for t in h.tokens]
+                n = 0
+                while n < min(len(a), len(b)) and a[n] == b[n]:
+                    n += 1
+                same_prefix, total, identical = same_prefix + n, total + len(a), identical + (a == b)
+                if n:
+                    rb = np.stack([t.rows for t in h.tokens[:n]])
+                    row_max = max(row_max, float(np.abs(run["rows"][:n] - rb).max()))
+            return {"tokens_in_common_prefix": same_prefix, "vllm_tokens": total, "identical_drafts": identical,
+                    "drafts": len(runs), "row_max_abs_on_common_prefix": row_max}
     except Exception as e:  # noqa: BLE001 - reported; the teacher-forced comparison stands on its own
         return {"error": f"{type(e).__name__}: {e}"}
 

@@ -10,6 +10,7 @@ without a target prefix); the default heads are every head of the model, so ever
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack, closing
 from importlib import resources
 from typing import Sequence
 
@@ -101,14 +102,16 @@ def run_parity(
         raise AlignattError(f"parity needs two or more different seams, got {','.join(seams) or 'none'}")
     loaded = load_model(model, device=device, dtype=dtype)
     heads = loaded.layout.validate_heads(heads if heads is not None else loaded.layout.all_heads())
-    built = {name: make_seam(name, model=model, heads=heads, device=device, dtype=dtype) for name in seams}
     requests = requests if requests is not None else default_requests(max_new_tokens, limit)
     if not requests:
         raise AlignattError("no prompts to compare")
+    with ExitStack() as stack:
+        built = {name: stack.enter_context(closing(make_seam(name, model=model, heads=heads, device=device,
+                                                               dtype=dtype))) for name in seams}
+        drafted = [(pid, {name: seam.draft(request) for name, seam in built.items()}) for pid, request in requests]
 
     per_prompt = []
-    for pid, request in requests:
-        drafts = {name: seam.draft(request) for name, seam in built.items()}
+    for pid, drafts in drafted:
         ref = drafts[seams[0]]
         compared, rows, mass, same = 0, 0.0, 0.0, True
         for name in seams[1:]:

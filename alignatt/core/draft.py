@@ -152,11 +152,17 @@ def sync(device: torch.device) -> None:
 
 
 class Seam(Protocol):
-    """A capture seam. Loading happens in the constructor; `draft` runs one greedy draft."""
+    """A capture seam. Loading happens in the constructor; `draft` runs one greedy draft.
+
+    `close` releases what the constructor took (engine, hooks, GPU memory); it is idempotent, and
+    whoever built a seam closes it.
+    """
 
     name: str
 
     def draft(self, request: DraftRequest) -> Draft: ...
+
+    def close(self) -> None: ...
 
 
 def attention_row(

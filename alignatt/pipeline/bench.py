@@ -245,6 +245,8 @@ def run_seam(
     except Exception as e:  # a seam that breaks mid-run is a finding, not a crash of the bench
         traceback.print_exc()
         return skipped_seam(name, f"failed while measuring: {type(e).__name__}: {e}")
+    finally:
+        seam.close()
     result = summarize_seam(name, rows, heads, round(load_s, 3))
     result.variant = getattr(seam, "variant", None)
     return result

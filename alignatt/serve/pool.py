@@ -37,6 +37,11 @@ class Engine:
             raise
 
     def close(self) -> None:
+        """Close the seam on its own thread (where it was built), then stop that thread."""
+        try:
+            self.executor.submit(self.seam.close).result(timeout=120)
+        except Exception as e:  # noqa: BLE001 - shutdown goes on; the failure is logged
+            log.warning("engine %s: closing its seam failed: %s", self.name, e)
         self.executor.shutdown(wait=False, cancel_futures=True)
 
 
@@ -67,5 +72,7 @@ class EngineRegistry:
         return list(self._engines.values())
 
     def close(self) -> None:
-        for e in self._engines.values():
+        with self._lock:
+            engines, self._engines = list(self._engines.values()), {}
+        for e in engines:
             e.close()

@@ -67,6 +67,10 @@ class HFCaptureSeam:
             layer: torch.tensor(idx, device=self.device) for layer, (idx, _, _) in self.by_layer.items()
         }
 
+    def close(self) -> None:
+        """The loaded model belongs to whoever loaded it (tests share one); drop our reference."""
+        self.loaded = None
+
     # ---- what a seam provides ----
     def forward_kwargs(self) -> dict[str, Any]:
         return {}

@@ -89,6 +89,14 @@ class HFQKFastSeam(HFCaptureSeam):
         self._static: tuple[StaticDecoder, dict[int, torch.Tensor]] | None = None
         self._first_query = 0
 
+    def close(self) -> None:
+        """Free the static caches and captured graphs, then the model reference."""
+        self._decoders.clear()
+        self._static = None
+        super().close()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     @property
     def variant(self) -> str:
         return {
