@@ -12,6 +12,7 @@ import typer
 from typer.core import TyperGroup
 
 from alignatt.core.errors import AlignattError
+from alignatt.models.presets import DEFAULT_MODEL
 
 
 def fail(message: str) -> NoReturn:
@@ -41,7 +42,7 @@ def translate_cmd(
     committed_words: int = typer.Option(None, "--committed-words", help="committed source words (default: all)"),
     prefix: str = typer.Option("", "--prefix", help="accepted target text the draft continues"),
     seam: str = typer.Option("hf_qk_fast", "--seam", help="hf_eager | hf_qk_fast | vllm_capture"),
-    model: str = typer.Option("gemma3-270m", "--model", help="model preset or local checkpoint"),
+    model: str = typer.Option(DEFAULT_MODEL, "--model", help="model preset or local checkpoint"),
     heads: int = typer.Option(4, "--heads", help="use the model's top-K default alignment heads"),
     head: list[str] = typer.Option(None, "--head", help="explicit head LAYER:HEAD (repeatable; overrides --heads)"),
     max_new_tokens: int = typer.Option(20, "--max-new-tokens"),
@@ -125,7 +126,7 @@ def heads_show(
 
 @heads_app.command("calibrate")
 def heads_calibrate(
-    model: str = typer.Option("gemma3-270m", "--model", help="model preset or local checkpoint"),
+    model: str = typer.Option(DEFAULT_MODEL, "--model", help="model preset or local checkpoint"),
     pairs: str = typer.Option(None, "--pairs", help="word-aligned pairs JSON (default: bundled en-de)"),
     max_pairs: int = typer.Option(None, "--max-pairs", help="use only the first N pairs"),
     out: str = typer.Option(..., "--out", help="where to write the head-set JSON"),
@@ -164,7 +165,7 @@ def _server_config(
 def serve_cmd(
     host: str = typer.Option("127.0.0.1", help="interface to listen on"),
     port: int = typer.Option(8765, help="TCP port (0 = any free port)"),
-    model: str = typer.Option("gemma3-270m", help="model preset or local checkpoint"),
+    model: str = typer.Option(DEFAULT_MODEL, help="model preset or local checkpoint"),
     seam: str = typer.Option("hf_qk_fast", help="capture seam: hf_eager | hf_qk_fast | vllm_capture"),
     preset: str = typer.Option("balanced", help="default latency preset: low_latency | balanced | high_latency"),
     direction: str = typer.Option("en-de", help="the direction served (source-target)"),
@@ -192,7 +193,7 @@ def serve_cmd(
 
 @app.command("smoke")
 def smoke_cmd(
-    model: str = typer.Option("gemma3-270m", help="model preset or local checkpoint"),
+    model: str = typer.Option(DEFAULT_MODEL, help="model preset or local checkpoint"),
     seam: str = typer.Option("hf_qk_fast", help="capture seam"),
     preset: str = typer.Option("balanced", help="latency preset"),
     device: str = typer.Option("cpu"),

@@ -34,7 +34,7 @@ def test_packaged_prompts_are_the_published_sixteen():
 
 
 def test_run_bench_protocol_rows_medians_and_skips():
-    art = bench.run_bench(config(), runner=bench.in_process_runner(make_fake_seam))
+    art = bench.run_bench(config(), runner=bench.InProcessRunner(make_fake_seam))
     assert [s.seam for s in art.seams] == ["hf_eager", "hf_qk_fast", "vllm_capture"]
     eager, fast, vllm = art.seams
     # 16 prompts x 3 measured repeats; the warm-up pass is not recorded
@@ -61,7 +61,7 @@ def test_run_bench_protocol_rows_medians_and_skips():
 
 
 def test_rows_carry_policy_decisions():
-    art = bench.run_bench(config(seams=["hf_eager"], repeats=1), runner=bench.in_process_runner(make_fake_seam))
+    art = bench.run_bench(config(seams=["hf_eager"], repeats=1), runner=bench.InProcessRunner(make_fake_seam))
     row = next(r for r in art.seams[0].rows if r.id == "short_01")
     # source has 9 words, 6 committed, border 1: tokens aligned to words 0..4 are emitted
     assert row.generated_tokens == 9
@@ -86,11 +86,11 @@ def test_divergences_name_the_prompt_and_the_kind():
 
 def test_unknown_seam_and_bad_prompts_file_are_clear_errors(tmp_path):
     with pytest.raises(AlignattError, match="unknown seam"):
-        bench.run_bench(config(seams=["hf_eagerr"]), runner=bench.in_process_runner(make_fake_seam))
+        bench.run_bench(config(seams=["hf_eagerr"]), runner=bench.InProcessRunner(make_fake_seam))
     bad = tmp_path / "prompts.json"
     bad.write_text('{"prompts": [{"id": "x"}]}')
     with pytest.raises(AlignattError, match="prompts file"):
-        bench.run_bench(config(prompts_file=str(bad)), runner=bench.in_process_runner(make_fake_seam))
+        bench.run_bench(config(prompts_file=str(bad)), runner=bench.InProcessRunner(make_fake_seam))
 
 
 def test_subprocess_worker_measures_and_records_a_crash(tmp_path, monkeypatch):
@@ -107,7 +107,7 @@ def test_subprocess_worker_measures_and_records_a_crash(tmp_path, monkeypatch):
 
 
 def test_artifact_round_trip_metrics_and_plot(tmp_path):
-    art = bench.run_bench(config(repeats=1), runner=bench.in_process_runner(make_fake_seam))
+    art = bench.run_bench(config(repeats=1), runner=bench.InProcessRunner(make_fake_seam))
     path = write_artifact(tmp_path / "bench.json", art)
     again = load_artifact(path)
     assert isinstance(again, BenchArtifact) and again == art
@@ -154,7 +154,7 @@ def test_repo_params_give_a_valid_config_for_every_stage():
 
 
 def test_a_stage_measured_in_parts_merges_into_one_artifact(tmp_path):
-    runner = bench.in_process_runner(make_fake_seam)
+    runner = bench.InProcessRunner(make_fake_seam)
     out = tmp_path / "bench_eager.json"
     first = bench.run_bench(config(seams=["hf_eager"], repeats=1), runner=runner)
     bench.write_bench_outputs(first, out)

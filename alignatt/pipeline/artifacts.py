@@ -20,12 +20,13 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from alignatt.capture.names import SEAMS
 from alignatt.core.errors import AlignattError
 from alignatt.pipeline.provenance import Provenance
 
 ARTIFACT_SCHEMA_VERSION = 1
 VLLM_MODES = ("eager", "cudagraph", "compiled")
-KNOWN_SEAMS = ("hf_eager", "hf_qk_fast", "vllm_capture")
+KNOWN_SEAMS = SEAMS
 BENCH_FILE = re.compile(r"^bench_([a-z0-9]+)\.json$")  # outputs/<profile>/bench_<vLLM mode>.json
 TIMING_KEYS = ("prefill_ms", "decode_ms", "capture_ms", "reconstruct_ms")
 

@@ -55,7 +55,7 @@ DEFAULT_FACTORY = "alignatt.pipeline.bench:default_seam_factory"
 OWN_FACTORIES = (DEFAULT_FACTORY, "alignatt.bench:default_seam_factory")
 FACTORY_ENV = "ALIGNATT_BENCH_SEAM_FACTORY"
 
-SeamFactory = Callable[[str, BenchConfig], Any]  # returns an object implementing capture.Seam
+BenchSeamFactory = Callable[[str, BenchConfig], Any]  # returns an object implementing capture.Seam
 SeamRunner = Callable[[str, BenchConfig], SeamResult]
 
 
@@ -230,7 +230,7 @@ def default_seam_factory(name: str, config: BenchConfig):
 
 
 def run_seam(
-    name: str, config: BenchConfig, factory: SeamFactory, progress: bool = True
+    name: str, config: BenchConfig, factory: BenchSeamFactory, progress: bool = True
 ) -> SeamResult:
     """Build one seam and measure it, in this process. Expected failures become 'skipped'."""
     prompts = load_prompts(config.prompts_file)
@@ -255,17 +255,13 @@ def run_seam(
 class InProcessRunner:
     """Runs each seam in this process (tests; the fake seams need no isolation)."""
 
-    def __init__(self, factory: SeamFactory, progress: bool = False):
+    def __init__(self, factory: BenchSeamFactory, progress: bool = False):
         self.factory_fn = factory
         self.factory = f"{factory.__module__}:{factory.__qualname__}"
         self.progress = progress
 
     def __call__(self, name: str, config: BenchConfig) -> SeamResult:
         return run_seam(name, config, self.factory_fn, self.progress)
-
-
-def in_process_runner(factory: SeamFactory, progress: bool = False) -> InProcessRunner:
-    return InProcessRunner(factory, progress)
 
 
 class SubprocessRunner:
@@ -429,7 +425,7 @@ def format_summary(artifact: BenchArtifact) -> str:
 # ---- entry points without the typer CLI (worker; GPU hosts with a minimal environment) ---------
 
 
-def _import_factory(spec: str) -> SeamFactory:
+def _import_factory(spec: str) -> BenchSeamFactory:
     module, _, attr = spec.partition(":")
     return getattr(importlib.import_module(module), attr)
 

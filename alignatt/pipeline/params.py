@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from alignatt.pipeline.artifacts import KNOWN_SEAMS, BenchConfig
 from alignatt.core.errors import AlignattError
+from alignatt.models.presets import DEFAULT_MODEL
 
 
 class Profile(BaseModel):
@@ -106,7 +107,7 @@ def bench_config(
         return config_from_params(load_params(params_path), mode, profile, **overrides)
     if params_path is not None and profile is not None:
         raise AlignattError(f"--profile {profile} needs a params file; {params_path} does not exist")
-    fields = {"model": "gemma3-270m", "seams": list(KNOWN_SEAMS), "vllm_mode": mode}
+    fields = {"model": DEFAULT_MODEL, "seams": list(KNOWN_SEAMS), "vllm_mode": mode}
     fields.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return BenchConfig.model_validate(fields)

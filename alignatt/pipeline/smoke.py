@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from alignatt.core.errors import AlignattError
 from alignatt.pipeline.stream_replay import RunRecord, count_retractions, ends_sentence, load_stream, replay_native, replay_wlk
 from alignatt.pipeline.wlk_client import load_wlk_client, wlk_available, wlk_version
+from alignatt.models.presets import DEFAULT_MODEL
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -35,7 +36,7 @@ def percentile(values: list[float], q: float) -> float | None:
 class SmokeOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    model: str = "gemma3-270m"
+    model: str = DEFAULT_MODEL
     seam: str = "hf_qk_fast"
     preset: str = "balanced"
     device: str = "cpu"
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m alignatt.pipeline.smoke", description=main.__doc__)
-    for name, default in (("model", "gemma3-270m"), ("seam", "hf_qk_fast"), ("preset", "balanced"),
+    for name, default in (("model", DEFAULT_MODEL), ("seam", "hf_qk_fast"), ("preset", "balanced"),
                           ("device", "cpu"), ("dtype", None), ("heads", None), ("client", "auto"),
                           ("vllm-mode", None), ("stream", None), ("out", "outputs/server_smoke.json")):
         p.add_argument(f"--{name}", default=default)

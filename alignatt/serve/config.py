@@ -16,6 +16,7 @@ from alignatt.core.draft import Head, Seam
 from alignatt.core.errors import AlignattError
 from alignatt.core.policy import POLICY_PRESETS, PolicyConfig
 from alignatt.serve.protocol import UNKNOWN_PRESET, ProtocolError
+from alignatt.models.presets import DEFAULT_MODEL
 
 
 class SessionPreset(BaseModel):
@@ -88,7 +89,7 @@ class DirectionRoute(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    model: str = "gemma3-270m"
+    model: str = DEFAULT_MODEL
     seam: str = "hf_qk_fast"
     heads: str | None = Field(None, description="head-set file or bundled name; None: the model's default")
     top_k: int = Field(4, ge=1)
@@ -112,7 +113,7 @@ def server_config(
     config_path: str | None = None,
     host: str = "127.0.0.1",
     port: int = 8765,
-    model: str = "gemma3-270m",
+    model: str = DEFAULT_MODEL,
     seam: str = "hf_qk_fast",
     preset: str = "balanced",
     direction: str = "en-de",

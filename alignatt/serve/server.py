@@ -44,6 +44,7 @@ from alignatt.serve.config import (
     server_config,
 )
 from alignatt.serve.session import Session, SessionConfig, Step, UpdateRejected
+from alignatt.models.presets import DEFAULT_MODEL
 
 log = logging.getLogger("alignatt.serve.server")
 
@@ -411,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="alignatt-mt-server", description=main.__doc__)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8765)
-    p.add_argument("--model", default="gemma3-270m")
+    p.add_argument("--model", default=DEFAULT_MODEL)
     p.add_argument("--seam", default="hf_qk_fast")
     p.add_argument("--preset", default="balanced")
     p.add_argument("--direction", default="en-de")
