@@ -6,6 +6,7 @@ Expected failures (`AlignattError`) become one clear line on stderr and exit cod
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import NoReturn
 
 import typer
@@ -303,6 +304,37 @@ def audit_cmd(
     result = run_audit(paths or None, root, report)
     typer.echo(result.as_json() if as_json else result.as_text())
     if not result.ok:
+        raise typer.Exit(1)
+
+
+# ---- GPU correctness checks of the vLLM seam (alignatt.checks.vllm_checks) ----
+
+
+@app.command("check-vllm")
+def check_vllm_cmd(
+    check: str = typer.Argument("all", help="all, or one check: demo, exact, parity, speed, compiled_reduced, "
+                                "compiled, speed_compiled"),
+    out: Path = typer.Option(..., "--out", help="the JSON artifact to write"),
+    only: str = typer.Option("", "--only", help="with 'all': a comma-separated subset"),
+    part: str = typer.Option(None, "--part", help="with 'all': a (demo..compiled_reduced) or b (compiled, speed_compiled), "
+                             "each fitting one ~9-minute GPU call"),
+    workdir: str = typer.Option(None, "--workdir", envvar="ALIGNATT_CHECKS_WORKDIR",
+                                help="scratch dir shared by the checks (part b reads part a's eager drafts)"),
+    tokens: int = typer.Option(20, "--tokens"),
+    repeats: int = typer.Option(3, "--repeats"),
+    tokenizer: str = typer.Option("auto", "--tokenizer", help="auto | tiny"),
+    budget_s: float = typer.Option(None, "--budget-s", help="start no new check after this many seconds"),
+    worker_timeout: float = typer.Option(300.0, "--worker-timeout"),
+    worker_timeout_compiled: float = typer.Option(420.0, "--worker-timeout-compiled"),
+) -> None:
+    """Run the vLLM seam's GPU correctness checks (each engine in its own process); exit 1 unless all pass."""
+    from alignatt.checks.vllm_checks import ChecksOptions, run
+
+    options = ChecksOptions(workdir=workdir, tokens=tokens, repeats=repeats, tokenizer=tokenizer,
+                            budget_s=budget_s, worker_timeout=worker_timeout,
+                            worker_timeout_compiled=worker_timeout_compiled)
+    artifact = run(check, out, options, only=only, part=part)
+    if not all(v == "passed" for v in artifact["summary"].values()):
         raise typer.Exit(1)
 
 

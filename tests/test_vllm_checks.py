@@ -10,12 +10,15 @@ import torch
 
 from alignatt.core.draft import Head
 from alignatt.core.errors import AlignattError
+from typer.testing import CliRunner
+
+from alignatt.cli import app
 from alignatt.checks.vllm_checks import (
+    ChecksOptions,
     ALL_CHECKS,
     PARTS,
     compare_batch,
     compare_drafts,
-    main,
     select_checks,
     summary_word,
     timing_summary,
@@ -132,7 +135,7 @@ def test_the_two_parts_cover_every_check_once():
 
 def test_demo_check_writes_its_artifact_without_cuda(tmp_path):
     out = tmp_path / "checks.json"
-    rc = main(["demo", "--out", str(out), "--workdir", str(tmp_path / "w")])
+    rc = CliRunner().invoke(app, ["check-vllm", "demo", "--out", str(out), "--workdir", str(tmp_path / "w")]).exit_code
     data = json.loads(out.read_text())
     assert data["kind"] == "measurement" and data["name"] == "vllm_checks"  # the shared schema
     demo = data["results"]["checks"]["demo"]
@@ -144,9 +147,10 @@ def test_demo_check_writes_its_artifact_without_cuda(tmp_path):
 
 
 def test_unknown_check_names_are_refused(tmp_path):
-    with pytest.raises(SystemExit) as e:
-        main(["all", "--out", str(tmp_path / "x.json"), "--only", "demo,bogus"])
-    assert e.value.code == 2
+    for args in (["all", "--only", "demo,bogus"], ["bogus"], ["all", "--part", "c"]):
+        result = CliRunner().invoke(app, ["check-vllm", *args, "--out", str(tmp_path / "x.json")])
+        assert result.exit_code == 2 and result.output.startswith("error: ")
+        assert not (tmp_path / "x.json").exists()  # nothing half-written
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
@@ -165,7 +169,6 @@ def test_vllm_seam_refuses_cleanly_without_cuda():
 def test_parent_side_of_every_check_with_stand_in_workers(monkeypatch, tmp_path):
     """The checks' own logic (what they ask of workers, how they judge and write the artifact)
     with workers replaced by stand-ins shaped like the real ones' results."""
-    import argparse
     import pickle
 
     import alignatt.checks.vllm_checks as vc
@@ -205,7 +208,7 @@ def test_parent_side_of_every_check_with_stand_in_workers(monkeypatch, tmp_path)
         return WorkerResult(ok=True, fp32={"passed": True, "layers": {}}, bf16={"layers": {}}, hf_qk_fast_seam={})
 
     monkeypatch.setattr(vc, "run_worker", fake_run_worker)
-    args = argparse.Namespace(workdir=str(tmp_path / "w"), tokens=20, repeats=3, tokenizer="auto", budget_s=1e9,
+    args = ChecksOptions(workdir=str(tmp_path / "w"), tokens=20, repeats=3, tokenizer="auto", budget_s=1e9,
                               worker_timeout=1.0, worker_timeout_compiled=1.0)
     out = tmp_path / "a.json"
     checks = ["exact", "parity", "speed", "compiled_reduced", "compiled"]

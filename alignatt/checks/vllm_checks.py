@@ -1,7 +1,7 @@
 """GPU correctness checks for `vllm_capture` (issue 3), each writing into one JSON artifact.
 
-    python -m alignatt.checks.vllm_checks all --part a --workdir W --out OUT/vllm_checks_a.json
-    python -m alignatt.checks.vllm_checks all --part b --workdir W --out OUT/vllm_checks_b.json
+    alignatt check-vllm all --part a --workdir W --out OUT/vllm_checks_a.json
+    alignatt check-vllm all --part b --workdir W --out OUT/vllm_checks_b.json
 
 (`all` without --part runs both parts in one go; `--only demo,exact,...` picks checks.) Each vLLM
 engine runs in its own subprocess (alignatt.checks.worker): a crash or a timeout loses only that
@@ -32,20 +32,18 @@ captured q and the cached K/V, by norm-relative error and cosine; a layer whose 
 ~0 reports "degenerate activations" instead of passing or failing.
 """
 
-import argparse
 import json
 import math
-import os
 import pickle
 import statistics
-import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import numpy as np
+from pydantic import BaseModel
 
 from alignatt.checks.messages import (
     ALIGN_AGREEMENT_MIN,
@@ -75,6 +73,18 @@ PARITY_HEADS = [(0, 1), (1, 2), (2, 5), (3, 4), (4, 0), (5, 2), (5, 6), (6, 1), 
                 (10, 6), (11, 3), (11, 7)]
 # KV cache per engine (see records.E4B_KV_GIB): the reduced model, 4096 blocks in bf16 and fp32.
 REDUCED_KV_GIB = {"bfloat16": 0.25, "float32": 0.5}
+
+
+class ChecksOptions(BaseModel):
+    """How one `alignatt check-vllm` run goes (the typer command fills it)."""
+
+    workdir: Optional[str] = None  # scratch dir shared by the checks (eager drafts feed the compiled check)
+    tokens: int = 20
+    repeats: int = 3
+    tokenizer: Literal["auto", "tiny"] = "auto"
+    budget_s: Optional[float] = None  # start no new check after this (default 450 s for one part, 900 for both)
+    worker_timeout: float = 300.0
+    worker_timeout_compiled: float = 420.0
 
 
 # ---- comparing what workers sent back ----
@@ -178,7 +188,7 @@ def timing_summary(drafts: list[DraftRecord]) -> dict:
     }
 
 
-def check_demo(args: argparse.Namespace, workdir: Path) -> dict:
+def check_demo(args: ChecksOptions, workdir: Path) -> dict:
     import torch
 
     from alignatt.checks.graph_replay import naive_vs_fixed
@@ -197,7 +207,7 @@ def check_demo(args: argparse.Namespace, workdir: Path) -> dict:
     return out
 
 
-def _e4b_spec(name: str, mode: str, args: argparse.Namespace, **kw: Any) -> WorkerSpec:
+def _e4b_spec(name: str, mode: str, args: ChecksOptions, **kw: Any) -> WorkerSpec:
     fields: dict[str, Any] = dict(name=name, task="drafts", model="gemma4-e4b-synthetic", mode=mode,
                                   heads=E4B_TOP8 + E4B_SHARED, tokens=args.tokens, warmup=1,
                                   repeats=args.repeats, fixed_length=True, tokenizer=args.tokenizer,
@@ -205,7 +215,7 @@ def _e4b_spec(name: str, mode: str, args: argparse.Namespace, **kw: Any) -> Work
     return WorkerSpec(**(fields | kw))
 
 
-def check_exact(args: argparse.Namespace, workdir: Path) -> dict:
+def check_exact(args: ChecksOptions, workdir: Path) -> dict:
     eager = run_worker(_e4b_spec("exact_eager", "eager", args, capture_output=True, batch_check=True),
                        workdir, args.worker_timeout)
     graph = run_worker(_e4b_spec("exact_cudagraph", "cudagraph", args, capture_output=True, batch_check=True),
@@ -237,7 +247,7 @@ def check_exact(args: argparse.Namespace, workdir: Path) -> dict:
     return out
 
 
-def _reduced_spec(name: str, mode: str, dtype: str, args: argparse.Namespace, workdir: Path) -> WorkerSpec:
+def _reduced_spec(name: str, mode: str, dtype: str, args: ChecksOptions, workdir: Path) -> WorkerSpec:
     # Triton's tl.dot takes fp32 inputs as TF32 unless told otherwise: the strict test wants IEEE
     # fp32 in vLLM's attention kernel too (fresh kernel cache, so no TF32 build is reused).
     env = {"TRITON_F32_DEFAULT": "ieee", "TRITON_CACHE_DIR": str(workdir / "triton-cache-ieee")} if dtype == "float32" else {}
@@ -258,7 +268,7 @@ def _vllm_parity_summary(res: WorkerResult) -> dict:
             "draft_variety": draft_variety(res.runs), "drafts": len(res.runs)}
 
 
-def check_parity(args: argparse.Namespace, workdir: Path) -> dict:
+def check_parity(args: ChecksOptions, workdir: Path) -> dict:
     v16 = run_worker(_reduced_spec("parity_vllm_bf16", "eager", "bfloat16", args, workdir), workdir, args.worker_timeout)
     v32 = run_worker(_reduced_spec("parity_vllm_fp32", "eager", "float32", args, workdir), workdir, args.worker_timeout)
     out: dict = {"vllm_bf16": _vllm_parity_summary(v16), "vllm_fp32": _vllm_parity_summary(v32)}
@@ -283,7 +293,7 @@ def check_parity(args: argparse.Namespace, workdir: Path) -> dict:
     return out
 
 
-def check_compiled_reduced(args: argparse.Namespace, workdir: Path) -> dict:
+def check_compiled_reduced(args: ChecksOptions, workdir: Path) -> dict:
     """torch.compile + graphs on the reduced checkpoint: self-consistency, and its drafts vs the
     eager bf16 ones of the parity check (same work dir)."""
     res = run_worker(_reduced_spec("compiled_reduced", "compiled", "bfloat16", args, workdir), workdir,
@@ -301,7 +311,7 @@ def check_compiled_reduced(args: argparse.Namespace, workdir: Path) -> dict:
             "degenerate": ["compiled"] if sc.get("status") == "degenerate activations" else []}
 
 
-def check_compiled(args: argparse.Namespace, workdir: Path) -> dict:
+def check_compiled(args: ChecksOptions, workdir: Path) -> dict:
     res = run_worker(_e4b_spec("compiled", "compiled", args, capture_output=True), workdir,
                      args.worker_timeout_compiled)
     out: dict = {"compiled": _worker_summary(res)}
@@ -322,7 +332,7 @@ def check_compiled(args: argparse.Namespace, workdir: Path) -> dict:
     return out
 
 
-def _check_speed(args: argparse.Namespace, workdir: Path, mode: str) -> dict:
+def _check_speed(args: ChecksOptions, workdir: Path, mode: str) -> dict:
     base = dict(heads=E4B_TOP8, repeats=3)
     timeout = args.worker_timeout_compiled if mode == "compiled" else args.worker_timeout
     plain = run_worker(_e4b_spec(f"speed_{mode}_plain", mode, args, capture=False, **base), workdir, timeout)
@@ -400,7 +410,7 @@ def select_checks(check: str, only: str, part: Optional[str]) -> list[str]:
     return checks
 
 
-def run_checks(checks: list[str], out_path: Path, args: argparse.Namespace) -> dict:
+def run_checks(checks: list[str], out_path: Path, args: ChecksOptions) -> dict:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="alignatt-vllm-checks-"))
     workdir.mkdir(parents=True, exist_ok=True)
     artifact: dict = {"artifact": "vllm_checks", "schema_version": SCHEMA_VERSION, "checks": {}, "summary": {},
@@ -472,34 +482,21 @@ def write_checks(out_path: Path, raw: dict) -> None:
         out_path.write_text(json.dumps(_jsonable(raw), indent=1) + "\n")
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="python -m alignatt.checks.vllm_checks", description=__doc__.split("\n")[0])
-    parser.add_argument("check", choices=("all",) + ALL_CHECKS)
-    parser.add_argument("--out", required=True, type=Path, help="the JSON artifact to write")
-    parser.add_argument("--only", default="", help=f"comma-separated subset of {','.join(ALL_CHECKS)} (with 'all')")
-    parser.add_argument("--part", choices=sorted(PARTS), help="with 'all': one of the two halves that each fit in "
-                        "one ~9-minute GPU call (" + "; ".join(f"{k}: {','.join(v)}" for k, v in PARTS.items()) + ")")
-    parser.add_argument("--workdir", default=os.environ.get("ALIGNATT_CHECKS_WORKDIR"),
-                        help="scratch dir shared by the checks (eager drafts feed the compiled check)")
-    parser.add_argument("--tokens", type=int, default=20)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--tokenizer", choices=("auto", "tiny"), default="auto")
-    parser.add_argument("--budget-s", type=float, default=None,
-                        help="start no new check after this many seconds (default 450 for one part, 900 for both)")
-    parser.add_argument("--worker-timeout", type=float, default=300.0)
-    parser.add_argument("--worker-timeout-compiled", type=float, default=420.0)
-    args = parser.parse_args(argv)
+def run(check: str, out: Path, options: ChecksOptions, only: str = "", part: Optional[str] = None) -> dict:
+    """Select, run and write the checks; the artifact's summary says which passed."""
+    from alignatt.core.errors import AlignattError
+
+    if part is not None and part not in PARTS:
+        raise AlignattError(f"unknown part {part!r}: use {', '.join(sorted(PARTS))}")
+    if check != "all" and check not in ALL_CHECKS:
+        raise AlignattError(f"unknown check {check!r}: use all or one of {', '.join(ALL_CHECKS)}")
     try:
-        checks = select_checks(args.check, args.only, args.part)
+        checks = select_checks(check, only, part)
     except ValueError as e:
-        parser.error(str(e))
-    if args.budget_s is None:
-        args.budget_s = 450.0 if any(set(checks) <= set(p) for p in PARTS.values()) else 900.0
-    artifact = run_checks(checks, args.out, args)
+        raise AlignattError(str(e)) from None
+    if options.budget_s is None:
+        budget = 450.0 if any(set(checks) <= set(p) for p in PARTS.values()) else 900.0
+        options = options.model_copy(update={"budget_s": budget})
+    artifact = run_checks(checks, out, options)
     say("summary: " + ", ".join(f"{k}={v}" for k, v in artifact["summary"].items()))
-    return 0 if all(v == "passed" for v in artifact["summary"].values()) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return artifact
