@@ -39,7 +39,7 @@ def test_update_words_and_tail():
     assert isinstance(f, UpdateFrame)
     assert f.words == ["The", "causal"] and f.tail_words == ["encoder"] and not f.is_final
     bare = parse({"type": "update", "seq": 4, "words": ["a", ["b"]]})
-    assert bare.words == ["a", "b"] and bare.tail_words == [] and bare.utterance_id == 0
+    assert bare.words == ["a", "b"] and bare.tail_words == [] and bare.utterance_id is None  # the open utterance
 
 
 @pytest.mark.parametrize(

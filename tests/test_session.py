@@ -13,6 +13,7 @@ from alignatt.serve.session import (
     UNCHANGED,
     Session,
     SessionConfig,
+    SessionLimits,
     UpdateRejected,
     bound_to_source,
     count_sentence_ends,
@@ -25,7 +26,8 @@ WORDS = "the causal encoder processes each block once.".split()  # 7 words
 def make(border=1, hold_back=0, min_emit=0, **kw):
     seam = FakeSeam(**{k: kw.pop(k) for k in ("look_ahead", "leak", "fail_when") if k in kw})
     policy = PolicyConfig(border_words=border, hold_back_words=hold_back, min_emit_words=min_emit)
-    return seam, Session(seam, SessionConfig(policy=policy, **kw))
+    limits = SessionLimits(**{k: kw.pop(k) for k in ("max_utterance_words", "max_tail_words") if k in kw})
+    return seam, Session(seam, SessionConfig(policy=policy, limits=limits, **kw))
 
 
 def test_partial_drafts_over_tail_and_emits_only_settled_source():
@@ -200,7 +202,7 @@ def test_committed_text_only_ever_grows(ops, border, hold_back, look_ahead, max_
     cfg = SessionConfig(
         policy=PolicyConfig(border_words=border, hold_back_words=hold_back),
         max_new_tokens=max_new,
-        max_utterance_words=12,
+        limits=SessionLimits(max_utterance_words=12),
     )
     s = Session(seam, cfg)
     committed: list[str] = []
