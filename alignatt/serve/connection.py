@@ -274,7 +274,7 @@ class Connection:
             ignored_fields=frame.unknown_fields(),
         )
         self._send(ok.to_json())
-        server.session_log.append({
+        self._record(server.session_log, {
             "connection": self.id, **ok.model_dump(include={"direction", "preset", "policy", "unknown_overrides"}),
             "accepted_target_prefix": frame.accepted_target_prefix, "history": len(frame.history),
         })
@@ -361,10 +361,13 @@ class Connection:
         self._send(text)
         stats.engine_calls += step.engine_calls
         stats.paths[step.path] += 1
+        self._record(self.server.step_log, {"connection": self.id, **frame.model_dump(include=_LOGGED)})
+
+    def _record(self, records, entry: dict) -> None:
         try:
-            self.server.step_log.append({"connection": self.id, **frame.model_dump(include=_LOGGED)})
+            records.append(entry)
         except Exception:  # noqa: BLE001 - a record that cannot be kept loses nothing the client needs
-            log.exception("connection %d: step record of seq %s not kept", self.id, update.seq)
+            log.exception("connection %d: record not kept", self.id)
 
 
 def _check_init_budget(budget: PromptBudget, prefix: str, history: list, context_text: str) -> None:
