@@ -217,6 +217,27 @@ def smoke_cmd(
     typer.echo(summary_line(artifact))
     typer.echo(f"wrote {out}")
 
+@app.command("soak")
+def soak_cmd(
+    model: str = typer.Option("gemma3-270m", help="model preset or local checkpoint"),
+    seam: str = typer.Option("hf_qk_fast", help="capture seam"),
+    device: str = typer.Option("cpu"),
+    minutes: float = typer.Option(30.0, help="how long sessions keep starting"),
+    clients: int = typer.Option(3, help="concurrent client threads"),
+    seed: int = typer.Option(0),
+    out: str = typer.Option("outputs/cpu/soak.json", help="where to write the soak artifact"),
+) -> None:
+    """Mixed well-formed and hostile sessions on loopback for N minutes; RSS, descriptors, targets."""
+    from alignatt.pipeline.soak import SoakOptions, run_soak, summary_line
+
+    artifact = run_soak(SoakOptions(model=model, seam=seam, device=device, minutes=minutes, clients=clients,
+                                    seed=seed), out)
+    typer.echo(summary_line(artifact))
+    typer.echo(f"wrote {out}")
+    if not artifact.passed:
+        raise typer.Exit(1)
+
+
 # ---- pipeline: env, bench, report, audit (alignatt.pipeline.provenance / bench / report / audit) ----
 
 

@@ -186,11 +186,36 @@ class MeasurementArtifact(_Artifact):
     synthetic_weights: bool = False
 
 
+class SoakArtifact(_Artifact):
+    """`alignatt soak`: mixed well-formed and hostile sessions on loopback, memory over time, targets."""
+
+    kind: Literal["soak"] = "soak"
+    config: dict[str, Any]  # SoakOptions, the server's limits, the hostile cases
+    load_s: float
+    sessions: dict[str, int]  # sessions run, by case
+    updates: int
+    finals: int
+    dropped_finals: int
+    retractions: int
+    silent_sessions: int
+    hostile_unexpected: list[str]  # hostile cases answered otherwise than expected (first 50)
+    client_errors: dict[str, int]  # error codes the clients received
+    server: dict[str, Any]  # the server's own counters (errors, closes by reason, sessions, updates)
+    rss_start_mb: float
+    rss_end_mb: float
+    rss_change_pct: float
+    fds_start: int
+    fds_end: int
+    samples: list[dict[str, Any]]  # {t_s, rss_mb, fds, sessions_active}
+    checks: list[Check]
+    passed: bool
+
+
 Artifact = Annotated[
-    Union[EnvArtifact, BenchArtifact, ServerSmokeArtifact, MeasurementArtifact],
+    Union[EnvArtifact, BenchArtifact, ServerSmokeArtifact, MeasurementArtifact, SoakArtifact],
     Field(discriminator="kind"),
 ]
-AnyArtifact = Union[EnvArtifact, BenchArtifact, ServerSmokeArtifact, MeasurementArtifact]
+AnyArtifact = Union[EnvArtifact, BenchArtifact, ServerSmokeArtifact, MeasurementArtifact, SoakArtifact]
 _ARTIFACT = TypeAdapter(Artifact)
 
 
