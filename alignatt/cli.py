@@ -210,9 +210,9 @@ def smoke_cmd(
     """Start the server on loopback, replay the smoke stream through a real client, write the artifact."""
     from alignatt.pipeline.smoke import SmokeOptions, run_smoke, summary_line
 
-    options = SmokeOptions(model=model, seam=seam, preset=preset, device=device, dtype=dtype,
-                           top_k=top_k, heads=heads, speed=speed, client=client, stream=stream,
-                           vllm_mode=vllm_mode)
+    options = SmokeOptions.checked(model=model, seam=seam, preset=preset, device=device, dtype=dtype,
+                                   top_k=top_k, heads=heads, speed=speed, client=client, stream=stream,
+                                   vllm_mode=vllm_mode)
     artifact = run_smoke(options, out)
     typer.echo(summary_line(artifact))
     typer.echo(f"wrote {out}")
@@ -245,10 +245,20 @@ def soak_cmd(
 def env_cmd(
     out: str = typer.Option("outputs/env.json", help="where to write the env artifact"),
     model: str = typer.Option(None, help="model preset / HF id / path whose identity to record"),
+    fingerprint: bool = typer.Option(False, "--fingerprint", help="write only the machine fingerprint "
+                                     "(no timestamp, load or git state): what the DVC stages depend on"),
 ) -> None:
     """Record this machine's provenance (GPU, driver, CUDA, torch, vLLM, git, container)."""
-    from alignatt.pipeline.artifacts import env_artifact, write_artifact
+    from alignatt.pipeline.artifacts import env_artifact, fingerprint_artifact, write_artifact
 
+    if fingerprint:
+        written = fingerprint_artifact(model)
+        write_artifact(out, written)
+        f = written.fingerprint
+        gpu = f"{f.gpu_count} x {f.gpus[0].name}" if f.gpus else "no GPU"
+        typer.echo(f"wrote {out}: {gpu}; torch {f.torch}, vLLM {f.vllm}, transformers {f.transformers}; "
+                   f"container {f.container_image}")
+        return
     artifact = env_artifact(model)
     write_artifact(out, artifact)
     p = artifact.provenance
@@ -288,9 +298,25 @@ def bench_cmd(
         seams=[s.strip() for s in seams.split(",") if s.strip()] if seams else None,
     )
     artifact = bench.run_bench(config, bench.SubprocessRunner(progress=progress))
+    typer.echo(bench.format_summary(artifact), err=True)
+    bench.check_expected_seams(artifact)  # all expected seams skipped: one line, exit 2, nothing written
     artifact = bench.write_bench_outputs(artifact, out, metrics, plot, add)
-    typer.echo(bench.format_summary(artifact))
     typer.echo(f"wrote {out}")
+
+
+@app.command("doctor")
+def doctor_cmd(
+    params: str = typer.Option("params.yaml", help="params file"),
+    profile: str = typer.Option(None, help="params profile (default: params' `profile:`)"),
+    as_json: bool = typer.Option(False, "--json", help="machine-readable readiness"),
+) -> None:
+    """Before any long stage: which seams of the profile can run here, and what the others miss."""
+    from alignatt.pipeline.doctor import diagnose
+
+    result = diagnose(params, profile)
+    typer.echo(result.model_dump_json(indent=1) if as_json else result.as_text())
+    if not result.ok:
+        raise typer.Exit(1)
 
 
 @app.command("report")

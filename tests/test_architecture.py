@@ -1,5 +1,6 @@
 """The tree reads as the architecture: every package says what it is, and no module imports
-(at module level or lazily inside a function) a module that imports it back."""
+(at module level or lazily inside a function) a module that imports it back. Imports under
+`if TYPE_CHECKING:` are annotations only and do not count."""
 
 from __future__ import annotations
 
@@ -20,7 +21,12 @@ def _import_graph() -> dict[str, set[str]]:
     modules = {_module_name(p): p for p in ROOT.rglob("*.py")}
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for name, path in modules.items():
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        type_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                     and getattr(block.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(block)}
+        for node in ast.walk(tree):
+            if id(node) in type_only:
+                continue
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]

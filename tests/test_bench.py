@@ -167,3 +167,38 @@ def test_a_stage_measured_in_parts_merges_into_one_artifact(tmp_path):
     other = bench.run_bench(config(seams=["hf_qk_fast"], repeats=2), runner=runner)
     with pytest.raises(AlignattError, match="another session: repeats"):
         bench.write_bench_outputs(other, out, add=True)
+
+
+def test_every_expected_seam_skipped_fails_and_an_expected_skip_passes(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from alignatt.cli import app
+
+    # the CPU profile expects vllm_capture to skip: a cudagraph stage of only that seam is green
+    cpu_graph = params.config_from_params(params.load_params(ROOT / "params.yaml"), "cudagraph", "cpu")
+    assert cpu_graph.expect_skipped == ["vllm_capture"]
+    bench.check_expected_seams(bench.run_bench(cpu_graph, bench.InProcessRunner(make_fake_seam)))
+    # a profile that expects every seam to run, on a machine where none can: one line, no artifact
+    gpu_graph = cpu_graph.model_copy(update={"expect_skipped": [], "profile": "h200"})
+    art = bench.run_bench(gpu_graph, bench.InProcessRunner(make_fake_seam))
+    with pytest.raises(AlignattError, match=r"every seam expected to run was skipped.*vllm_capture: "):
+        bench.check_expected_seams(art)
+    # one of several expected seams running is a (partial) result, not a failure
+    eager = params.config_from_params(params.load_params(ROOT / "params.yaml"), "eager", "cpu")
+    bench.check_expected_seams(bench.run_bench(eager.model_copy(update={"expect_skipped": []}),
+                                               bench.InProcessRunner(make_fake_seam)))
+    # through the CLI, as the DVC stage runs it
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv(bench.FACTORY_ENV, FACTORY)
+    doc = params.load_params(ROOT / "params.yaml")
+    doc["profiles"]["cpu"]["expect_skipped"] = []
+    import yaml
+
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(doc))
+    out = tmp_path / "bench_cudagraph.json"
+    r = CliRunner().invoke(app, ["bench", "--mode", "cudagraph", "--params", str(tmp_path / "params.yaml"),
+                                 "--out", str(out), "--no-progress"])
+    assert r.exit_code == 2, r.output
+    errors = [line for line in r.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "every seam expected to run was skipped" in errors[0]
+    assert not out.exists()

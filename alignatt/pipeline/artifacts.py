@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from alignatt.capture.names import SEAMS
 from alignatt.core.errors import AlignattError
-from alignatt.pipeline.provenance import Provenance
+from alignatt.pipeline.provenance import Fingerprint, Provenance
 
 ARTIFACT_SCHEMA_VERSION = 1
 VLLM_MODES = ("eager", "cudagraph", "compiled")
@@ -59,6 +59,9 @@ class BenchConfig(_Strict):
     repeats: int = Field(3, ge=1)
     prompts_file: str | None = None  # None: the packaged 16 published prompts
     policy: dict[str, int] = Field(default_factory=dict)  # PolicyConfig overrides ({} = defaults)
+    # seams the profile expects to be skipped on its machine (vllm_capture on a CPU); a run where
+    # every other seam was skipped fails instead of writing a row of skips
+    expect_skipped: list[str] = Field(default_factory=list)
 
 
 class BenchRow(_Strict):
@@ -138,6 +141,16 @@ class EnvArtifact(_Artifact):
     kind: Literal["env"] = "env"
 
 
+class FingerprintArtifact(_Strict):
+    """What the DVC stages depend on: the machine and its stack, without a timestamp or load, so
+    that it is byte-identical on every run on an unchanged machine. When each measurement was made
+    stays in that measurement's own provenance; the audit checks the two agree."""
+
+    kind: Literal["fingerprint"] = "fingerprint"
+    schema_version: int
+    fingerprint: Fingerprint
+
+
 class BenchArtifact(_Artifact):
     kind: Literal["bench"] = "bench"
     config: BenchConfig
@@ -212,10 +225,12 @@ class SoakArtifact(_Artifact):
 
 
 Artifact = Annotated[
-    Union[EnvArtifact, BenchArtifact, ServerSmokeArtifact, MeasurementArtifact, SoakArtifact],
+    Union[EnvArtifact, FingerprintArtifact, BenchArtifact, ServerSmokeArtifact, MeasurementArtifact, SoakArtifact],
     Field(discriminator="kind"),
 ]
-AnyArtifact = Union[EnvArtifact, BenchArtifact, ServerSmokeArtifact, MeasurementArtifact, SoakArtifact]
+AnyArtifact = Union[EnvArtifact, FingerprintArtifact, BenchArtifact, ServerSmokeArtifact, MeasurementArtifact,
+                    SoakArtifact]
+FINGERPRINT_FILE = "fingerprint.json"  # outputs/<profile>/fingerprint.json, written by the env stage
 _ARTIFACT = TypeAdapter(Artifact)
 
 
@@ -270,6 +285,14 @@ def env_artifact(model: str | None = None) -> EnvArtifact:
         schema_version=ARTIFACT_SCHEMA_VERSION,
         provenance=collect_provenance(model_id=model_id, model_revision=revision),
     )
+
+
+def fingerprint_artifact(model: str | None = None) -> FingerprintArtifact:
+    """What the env stage writes: this machine's fingerprint (and the model's identity)."""
+    from alignatt.pipeline.provenance import fingerprint_of
+
+    return FingerprintArtifact(schema_version=ARTIFACT_SCHEMA_VERSION,
+                               fingerprint=fingerprint_of(env_artifact(model).provenance))
 
 
 def measurement_artifact(

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Callable
@@ -27,7 +26,6 @@ from alignatt.serve.connection import Connection, translation_frame  # noqa: F40
 from alignatt.serve.pool import Engine, EngineRegistry
 from alignatt.serve.records import ByteBoundedLog
 from alignatt.serve.session import SessionConfig
-from alignatt.models.presets import DEFAULT_MODEL
 
 log = logging.getLogger("alignatt.serve.server")
 
@@ -194,43 +192,3 @@ def serve(config: ServerConfig, seam_factory: SeamFactory | None = None,
         asyncio.run(main())
     except KeyboardInterrupt:
         pass
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`alignatt-mt-server` / `python -m alignatt.serve.server`: `alignatt serve` without the typer CLI
-    (for hosts that have the inference stack but not the CLI's dependencies)."""
-    import argparse
-
-    p = argparse.ArgumentParser(prog="alignatt-mt-server", description=main.__doc__)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8765)
-    p.add_argument("--model", default=DEFAULT_MODEL)
-    p.add_argument("--seam", default="hf_qk_fast")
-    p.add_argument("--preset", default="balanced")
-    p.add_argument("--direction", default="en-de")
-    p.add_argument("--heads")
-    p.add_argument("--top-k", type=int, default=4)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype")
-    p.add_argument("--max-sessions", type=int, default=8)
-    p.add_argument("--max-utterance-words", type=int, default=80)
-    p.add_argument("--vllm-mode")
-    p.add_argument("--config", help="ServerConfig JSON; replaces the options above")
-    a = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    try:
-        cfg = server_config(
-            config_path=a.config, host=a.host, port=a.port, model=a.model, seam=a.seam, preset=a.preset,
-            direction=a.direction, heads=a.heads, top_k=a.top_k, device=a.device, dtype=a.dtype,
-            max_sessions=a.max_sessions, max_utterance_words=a.max_utterance_words, vllm_mode=a.vllm_mode,
-        )
-        serve(cfg, on_ready=lambda s: print(
-            f"alignatt-mt-server listening on ws://{cfg.host}:{s.port} (preset {cfg.default_preset})", flush=True))
-    except AlignattError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
