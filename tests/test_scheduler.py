@@ -253,3 +253,65 @@ def test_a_seam_that_fails_to_build_raises_in_the_caller():
 
     with pytest.raises(ValueError, match="no model here"):
         DraftScheduler(boom)
+
+
+# ---- through the server ----
+
+
+def _batch_server(tmp_path, seam, max_sessions=8):
+    from alignatt.serve.server import ServerThread
+    from tests.server_client import fake_config
+
+    return ServerThread(fake_config(tmp_path, max_sessions=max_sessions), lambda route, heads: seam)
+
+
+def test_the_server_batches_drafts_of_concurrent_sessions(tmp_path):
+    from tests.server_client import Client
+
+    seam = StandInBatchSeam(max_batch=8, steps_for=lambda r: 3, step_s=0.005)
+    n = 6
+    with _batch_server(tmp_path, seam, max_sessions=n) as srv:
+        results, errors = {}, []
+        barrier = threading.Barrier(n)
+
+        def run(i):
+            try:
+                with Client(srv.url) as c:
+                    c.init()
+                    barrier.wait(5)
+                    words = [f"s{i}w{j}" for j in range(4)]
+                    for k in range(1, 5):
+                        c.ask(words[:k], words[k:])
+                    results[i] = c.ask(words, final=True)["committed_text"]
+            except Exception as e:  # reported below
+                errors.append(repr(e))
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        for i in range(n):  # no cross-talk between sessions
+            assert results[i] == " ".join(f"W{j}:s{i}w{j}" for j in range(4))
+        assert max(len(b) for b in seam.batches) >= 2  # sessions shared engine steps
+        assert seam.threads == {"engine-0"}
+    assert seam.closed_on == "engine-0"
+
+
+def test_a_newer_update_aborts_the_running_draft_and_only_it_is_answered(tmp_path):
+    from tests.server_client import Client
+
+    seam = StandInBatchSeam(max_batch=4, steps_for=lambda r: 400 if "slow" in r.source_words else 1,
+                            step_s=0.005)
+    with _batch_server(tmp_path, seam) as srv:
+        with Client(srv.url) as c:
+            c.init()
+            stale = c.update(["a"], ["slow"])
+            until(lambda: len(seam.submitted) == 1)
+            fresh = c.update(["a", "b"])
+            reply = c.recv()
+            assert reply["seq"] == fresh and reply["type"] == "translation"  # no reply for `stale`
+            assert stale < fresh
+            until(lambda: seam.aborted == [0])  # the 2 s draft did not run to its end
+            assert srv.call(lambda: srv.server.stats.coalesced) == 1

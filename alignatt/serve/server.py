@@ -1,9 +1,10 @@
 """alignatt-mt-server: the WhisperLiveKit `alignatt` protocol v1 over WebSocket.
 
-One connection is one `Session`. Engines (a loaded seam, `alignatt.serve.pool`) are shared: every
-draft of an engine runs on that engine's single worker thread, off the event loop, so one model
-serves all sessions and the loop stays free for the zero-call paths (commit fast path, unchanged
-updates), which run inline. Per connection, queued partial updates are coalesced (only the newest
+One connection is one `Session`. Engines (a loaded seam, `alignatt.serve.pool`) are shared: an
+engine's drafts are batched across sessions by its scheduler (`alignatt.serve.scheduler`) on the
+engine's own thread, off the event loop, so one model serves all sessions and the loop stays free
+for the zero-call paths (commit fast path, unchanged updates), which run inline. A newer update
+supersedes its session's queued or running partial (no reply for the stale one). Per connection, queued partial updates are coalesced (only the newest
 is kept: each one carries the whole state of the open utterance) while finals are never dropped
 or reordered; the client reads replies until one has its seq or a newer one. What is served
 (presets, limits, directions) is `alignatt.serve.config`.
@@ -43,6 +44,7 @@ from alignatt.serve.config import (
     resolve_preset,
     server_config,
 )
+from alignatt.serve.scheduler import SchedulerBusy, SchedulerConfig, Superseded
 from alignatt.serve.session import Session, SessionConfig, Step, UpdateRejected
 
 log = logging.getLogger("alignatt.serve.server")
@@ -67,7 +69,9 @@ class MTServer:
     def __init__(self, config: ServerConfig | None = None, seam_factory: SeamFactory | None = None):
         self.config = config or ServerConfig()
         resolve_preset(self.config.default_preset)  # fail at start, not at the first session
-        self.registry = EngineRegistry(seam_factory or default_seam_factory)
+        # Each engine's scheduler admits as many sessions as the server does.
+        self.registry = EngineRegistry(seam_factory or default_seam_factory,
+                                       SchedulerConfig(capacity=self.config.limits.max_sessions))
         self.stats = ServerStats()
         # Recent translation steps, server-side (the smoke reads the fast-path latencies here).
         self.step_log: collections.deque[dict] = collections.deque(maxlen=50_000)
@@ -155,6 +159,8 @@ class _Connection:
                 self.worker.cancel()
             if self.holds_slot:
                 self.server.stats.sessions_active -= 1
+            if self.session is not None:
+                self.engine.close_session(self.id)  # drops its queued drafts, aborts its running ones
 
     async def _send(self, text: str) -> None:
         from websockets.exceptions import ConnectionClosed
@@ -193,6 +199,12 @@ class _Connection:
             self.holds_slot = False
             log.exception("engine for %s failed to load", direction)
             raise ProtocolError(PROCESSING_FAILED, f"cannot load the engine for {direction}: {e}"[:300]) from None
+        try:
+            seam = engine.open_session(self.id)
+        except SchedulerBusy as e:
+            server.stats.sessions_active -= 1
+            self.holds_slot = False
+            raise ProtocolError(BUSY, f"{e}; retry later") from None
         config = SessionConfig(
             policy=policy,
             max_new_tokens=preset.max_new_tokens,
@@ -201,7 +213,7 @@ class _Connection:
         )
         self.engine = engine
         self.session = Session(
-            engine.seam,
+            seam,
             config,
             source_lang=frame.source_lang.strip().lower(),
             target_lang=frame.target_lang.strip().lower(),
@@ -248,6 +260,7 @@ class _Connection:
                 seq=update.seq,
             )
         self.last_seq = update.seq
+        self.engine.supersede(self.id)  # a draft still running for an older partial is stale now
         # Every update carries the open utterance's whole state: queued partials are stale now.
         kept = collections.deque(item for item in self.pending if item[0].is_final)
         self.server.stats.coalesced += len(self.pending) - len(kept)
@@ -270,11 +283,14 @@ class _Connection:
         try:
             if session.needs_engine(*args):
                 loop = asyncio.get_running_loop()
-                step = await loop.run_in_executor(self.engine.executor, session.update, *args)
+                step = await loop.run_in_executor(self.engine.executor, self.engine.update, self.id, session, *args)
             else:
                 step = session.update(*args)  # no model work: answer from the event loop
         except asyncio.CancelledError:
             raise
+        except Superseded:  # a newer update of this session is queued; it answers instead
+            stats.coalesced += 1
+            return
         except UpdateRejected as e:
             stats.errors[BAD_PROTOCOL] += 1
             await self._send(ErrorFrame(code=BAD_PROTOCOL, message=str(e), seq=update.seq).to_json())
