@@ -32,6 +32,7 @@ from alignatt.serve.protocol import (
     override_policy_fields,
     parse_frame,
 )
+from alignatt.serve.scheduler import SchedulerBusy, Superseded
 from alignatt.serve.session import BudgetExceeded, Session, SessionConfig, Step, UpdateRejected
 
 if TYPE_CHECKING:
@@ -110,6 +111,8 @@ class Connection:
             if self.holds_slot:
                 self.server.stats.sessions_active -= 1
                 self.holds_slot = False
+            if self.session is not None:
+                self.engine.close_session(self.id)  # drops its queued drafts, aborts its running ones
             if self.closing is None:
                 self.closing = (1000, "")  # the client left: the writer stops
             self.outbox_wake.set()
@@ -248,10 +251,16 @@ class Connection:
                 server.stats.sessions_active -= 1
                 self.holds_slot = False
                 raise ProtocolError(BAD_PROTOCOL, str(e)) from None
+        try:
+            seam = engine.open_session(self.id)
+        except SchedulerBusy as e:
+            server.stats.sessions_active -= 1
+            self.holds_slot = False
+            raise ProtocolError(BUSY, f"{e}; retry later") from None
         config = SessionConfig(policy=policy, max_new_tokens=preset.max_new_tokens, limits=self.limits)
         self.engine = engine
         self.session = Session(
-            engine.seam,
+            seam,
             config,
             source_lang=frame.source_lang.strip().lower(),
             target_lang=frame.target_lang.strip().lower(),
@@ -300,6 +309,7 @@ class Connection:
                 seq=update.seq,
             )
         self.last_seq = update.seq
+        self.engine.supersede(self.id)  # a draft still running for an older partial is stale now
         # Every update carries the open utterance's whole state: queued partials are stale now.
         kept = collections.deque(item for item in self.pending if item[0].is_final)
         self.server.stats.coalesced += len(self.pending) - len(kept)
@@ -341,13 +351,16 @@ class Connection:
         try:
             if session.needs_engine(*args):
                 loop = asyncio.get_running_loop()
-                step = await loop.run_in_executor(self.engine.executor, session.update, *args)
+                step = await loop.run_in_executor(self.engine.executor, self.engine.update, self.id, session, *args)
             else:
                 step = session.update(*args)  # no model work: answer from the event loop
             frame = translation_frame(update, step, received)
             text = frame.to_json()
         except asyncio.CancelledError:
             raise
+        except Superseded:  # a newer update of this session is queued; it answers instead
+            stats.coalesced += 1
+            return
         except UpdateRejected as e:
             stats.errors[BAD_PROTOCOL] += 1
             self._send(ErrorFrame(code=BAD_PROTOCOL, message=str(e)[:300], seq=update.seq).to_json())

@@ -25,6 +25,7 @@ from alignatt.serve.config import SeamFactory, ServerConfig, default_seam_factor
 from alignatt.serve.connection import Connection, translation_frame  # noqa: F401 - translation_frame re-exported
 from alignatt.serve.pool import Engine, EngineRegistry
 from alignatt.serve.records import ByteBoundedLog
+from alignatt.serve.scheduler import SchedulerConfig
 from alignatt.serve.session import SessionConfig
 
 log = logging.getLogger("alignatt.serve.server")
@@ -50,7 +51,9 @@ class MTServer:
     def __init__(self, config: ServerConfig | None = None, seam_factory: SeamFactory | None = None):
         self.config = config or ServerConfig()
         resolve_preset(self.config.default_preset)  # fail at start, not at the first session
-        self.registry = EngineRegistry(seam_factory or default_seam_factory)
+        # Each engine's scheduler admits as many sessions as the server does.
+        self.registry = EngineRegistry(seam_factory or default_seam_factory,
+                                       SchedulerConfig(capacity=self.config.limits.max_sessions))
         self.stats = ServerStats()
         limits = self.config.limits
         # Recent translation steps, server-side (the smoke reads the fast-path latencies here).
