@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from alignatt.core.errors import AlignattError
 from alignatt.evaluate import scoring
-from alignatt.evaluate.emissions import StreamOutput, stream_output
+from alignatt.evaluate.emissions import Emission, StreamOutput, stream_output, units
 from alignatt.evaluate.replay import InProcessDriver, Schedule, WebSocketDriver, replay
 from alignatt.evaluate.testsets import TestPair, TestSet, load_test_set, select
 
@@ -128,11 +128,18 @@ def _longform_row(talks, outputs, preset, variant, driver, label, ts: TestSet, s
                 ts.target_lang, latency)
 
 
-def _offline_output(driver: InProcessDriver, words: list[str], target_lang: str) -> StreamOutput:
+def _offline_output(driver: InProcessDriver, words: list[str], target_lang: str,
+                    schedule: Schedule) -> StreamOutput:
+    """The whole sentence in one final update, sent when the ASR commits its last word: every
+    target unit is emitted then (the wait-for-the-sentence latency through the same schedule)."""
     driver.open()
     reply = driver.update(words, [], True, 0)
     driver.close()
-    return StreamOutput(hypothesis=reply.committed_text, utterances=[reply.committed_text], emissions=[],
+    last_commit_ms = round(schedule.events(words)[-1].t * 1000.0, 3)
+    n = len(words)
+    emissions = [Emission(u, n, n, last_commit_ms, round(last_commit_ms + reply.round_trip_ms, 3))
+                 for u in units(reply.committed_text, target_lang)]
+    return StreamOutput(hypothesis=reply.committed_text, utterances=[reply.committed_text], emissions=emissions,
                         retractions=0, buffer_units_shown=0, buffer_units_replaced=0, updates=1,
                         engine_calls=reply.engine_calls, paths={reply.path: 1}, wall_ms=reply.round_trip_ms)
 
@@ -220,9 +227,8 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
                     server.stop()
             if options.offline_baseline:
                 driver = InProcessDriver(seam, "balanced", ts.source_lang, ts.target_lang)
-                outs = [_offline_output(driver, p.source_words, ts.target_lang) for p in pairs]
-                row = _row("offline", variant, "offline", "sentence", label, outs, [o.hypothesis for o in outs],
-                           [p.reference for p in pairs], ts.target_lang, {})
+                outs = [_offline_output(driver, p.source_words, ts.target_lang, schedule) for p in pairs]
+                row = _sentence_row(pairs, outs, "offline", variant, "offline", label, ts, schedule)
                 rows.append(row)
                 by_variant[(variant, "offline")] = row.hypotheses
                 progress(f"[{variant}] offline baseline: BLEU {row.bleu:.2f}")
