@@ -32,7 +32,7 @@ def test_dvc_is_initialised_without_analytics():
 def test_stage_graph_and_outputs():
     spec = yaml.safe_load((ROOT / "dvc.yaml").read_text())
     stages = dvc(ROOT, "stage", "list", "--names-only").split()
-    assert stages == ["env", "bench@eager", "bench@cudagraph", "smoke", "report"]
+    assert stages == ["env", "bench@eager", "bench@cudagraph", "smoke", "eval", "report"]
     for name, stage in spec["stages"].items():
         body = stage.get("do", stage)
         assert body["cmd"].startswith("stages/run-stage "), f"{name} does not go through the wrapper"
@@ -44,7 +44,7 @@ def test_stage_graph_and_outputs():
     # env -> every measuring stage -> report (report depends on the whole outputs folder)
     edges = {line.strip().rstrip(";") for line in dvc(ROOT, "dag", "--dot", "report").splitlines()
              if "->" in line}
-    for stage in ("bench@eager", "bench@cudagraph", "smoke"):
+    for stage in ("bench@eager", "bench@cudagraph", "smoke", "eval"):
         assert f'"env" -> "{stage}"' in edges
         assert f'"{stage}" -> "report"' in edges
     assert spec["plots"] and "metrics" in spec["stages"]["bench"]["do"]

@@ -137,3 +137,15 @@ def test_inprocess_and_websocket_replays_emit_the_same_on_the_embedded_model(tmp
     assert inproc.hypotheses == ws.hypotheses and inproc.hypotheses[0]
     assert [[e[:3] for e in s] for s in inproc.emissions] == [[e[:3] for e in s] for s in ws.emissions]
     assert inproc.retractions == ws.retractions == 0
+
+
+def test_the_quality_latency_svg_is_byte_stable(tmp_path):
+    pytest.importorskip("matplotlib")
+    from alignatt.evaluate.figure import quality_latency_svg
+
+    options = EvalOptions(limit=2, max_source_words=8)
+    a = run_eval(options, None, seam_factory=lambda route, heads: FakeSeam(), progress=lambda m: None)
+    first, second = quality_latency_svg(a, tmp_path / "a.svg"), quality_latency_svg(a, tmp_path / "b.svg")
+    text = first.read_text()
+    assert text.startswith("<?xml") and "balanced" in text and "offline" in text
+    assert text == second.read_text()

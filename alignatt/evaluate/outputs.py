@@ -124,7 +124,7 @@ def report_section(root: Path, paths: list[tuple[str, Any]]) -> list[dict[str, A
             "wps": cfg.get("words_per_second"), "lag": cfg.get("commit_lag_seconds"),
             "presets": [(name, presets[name]) for name in ("low_latency", "balanced", "high_latency", "offline")
                         if name in presets],
-            "points": [{k: (_fmt(v, 2) if isinstance(v, float) else v) for k, v in pt.items()}
+            "points": [{k: (_fmt(v, 2) if isinstance(v, float) or v is None else v) for k, v in pt.items()}
                        for pt in quality_latency_points(a)],
             "checks": [("✓" if c.passed else "✗", c.name, c.detail) for c in a.checks],
             "comet": a.comet.get("system_score") if a.comet.get("status") == "ok" else

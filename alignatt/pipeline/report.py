@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from alignatt.pipeline.artifacts import (
     BENCH_FILE,
     BenchArtifact,
     EnvArtifact,
+    EvalArtifact,
     MeasurementArtifact,
     PublishedArtifact,
     ServerSmokeArtifact,
@@ -44,6 +45,7 @@ class ReportInputs:
     smokes: list[tuple[str, ServerSmokeArtifact]]
     envs: list[tuple[str, EnvArtifact]]
     measurements: list[tuple[str, MeasurementArtifact]]
+    evals: list[tuple[str, EvalArtifact]] = field(default_factory=list)
 
     def rows(self) -> list[ResultRow]:
         return sorted(published_rows(self.published) + our_rows(self.runs), key=lambda r: r.sort_key)
@@ -62,7 +64,7 @@ def collect_inputs(root: Path, params: dict[str, Any]) -> ReportInputs:
     outputs = published_dir.parent
     published = [(_rel(root, p), read_published(p)) for p in sorted(published_dir.glob("*.json"))]
     runs: dict[str, dict[str, tuple[str, BenchArtifact]]] = {}
-    smokes, envs, measurements = [], [], []
+    smokes, envs, measurements, evals = [], [], [], []
     for path in sorted(outputs.rglob("*.json")):
         if path.parent == published_dir or path.name.endswith("_metrics.json"):
             continue  # historical (read above) / DVC metrics derived from a bench artifact
@@ -80,9 +82,11 @@ def collect_inputs(root: Path, params: dict[str, Any]) -> ReportInputs:
             smokes.append((rel, artifact))
         elif isinstance(artifact, EnvArtifact):
             envs.append((rel, artifact))
+        elif isinstance(artifact, EvalArtifact):
+            evals.append((rel, artifact))
         else:
             measurements.append((rel, artifact))
-    return ReportInputs(root, params, published, runs, smokes, envs, measurements)
+    return ReportInputs(root, params, published, runs, smokes, envs, measurements, evals)
 
 
 # ---- view model for the template -------------------------------------------------------------
@@ -139,7 +143,7 @@ def artifact_list(inputs: ReportInputs) -> list[dict[str, str]]:
                           torch=a.versions.get("torch") or "not recorded",
                           vllm=a.versions.get("vllm") or "not recorded", transformers="not recorded",
                           sha256=sha256_file(inputs.root / rel)[:12]))
-    ours = [(rel, a) for rel, a in inputs.envs + inputs.smokes + inputs.measurements]
+    ours = [(rel, a) for rel, a in inputs.envs + inputs.smokes + inputs.measurements + inputs.evals]
     ours += [v for runs in inputs.runs.values() for v in runs.values()]
     for rel, a in sorted(ours, key=lambda t: t[0]):
         p = a.provenance
@@ -212,6 +216,12 @@ def cross_day_note(rows: list[ResultRow]) -> str | None:
             f"{ms(hi)} on {d2} ({(hi / lo - 1) * 100:.0f}% apart)")
 
 
+def eval_sections(inputs: ReportInputs) -> list[dict[str, Any]]:
+    from alignatt.evaluate.outputs import report_section
+
+    return report_section(inputs.root, inputs.evals)
+
+
 def build_context(inputs: ReportInputs) -> dict[str, Any]:
     params = inputs.params
     rows = inputs.rows()
@@ -231,6 +241,7 @@ def build_context(inputs: ReportInputs) -> dict[str, Any]:
         cross_day=cross_day_note(rows),
         smoke_rows=smoke_rows(inputs),
         measurements=measurement_items(inputs),
+        evals=eval_sections(inputs),
         artifacts=artifact_list(inputs),
     )
 
