@@ -116,3 +116,16 @@ def test_comet_without_a_checkpoint_is_skipped_with_the_reason():
 
 def test_schedule_source_duration():
     assert Schedule(2.0, 1.0).source_ms(5) == 2500.0
+
+
+def test_stream_laal_resegments_with_mwer_and_scores_laal_per_segment():
+    pytest.importorskip("mweralign")
+    talk = scoring.TalkInput(["eins zwei", "drei vier"], [(0.0, 1000.0), (1000.0, 1000.0)],
+                             [Emission(w, 0, 0, t, t + 10.0) for w, t in
+                              (("eins", 500.0), ("zwei", 900.0), ("drei", 1500.0), ("vier", 2500.0))])
+    assert scoring.mwer_segments(talk.references, ["eins", "zwei", "drei", "vier"]) == [2, 2]
+    got = scoring.stream_laal([talk], "de")
+    # LAAL per segment, gamma = 2 / 1000 ms: segment 1 (500 + 400) / 2 = 450; segment 2 (delays
+    # 500, 1500 from its start) stops at 1500 >= 1000: (500 + 1000) / 2 = 750; mean 600
+    assert got["stream_laal"] == pytest.approx(600.0)
+    assert got["ca_stream_laal"] == pytest.approx(610.0)

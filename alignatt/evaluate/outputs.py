@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 METRIC_KEYS = ("laal_words", "al_words", "laal_ms", "ca_laal_ms", "al_ms", "ca_al_ms",
-               "long_yaal", "ca_long_yaal")
+               "long_yaal", "ca_long_yaal", "stream_laal", "ca_stream_laal")
 PLOT_COLUMNS = ("variant", "driver", "preset", "label", "bleu", "chrf", "laal_words", "laal_ms", "ca_laal_ms")
 
 
@@ -111,6 +111,7 @@ def report_section(root: Path, paths: list[tuple[str, Any]]) -> list[dict[str, A
                 "laal_ms": _fmt(lat.get("laal_ms"), 0), "ca_laal_ms": _fmt(lat.get("ca_laal_ms"), 0),
                 "al_ms": _fmt(lat.get("al_ms"), 0), "ca_al_ms": _fmt(lat.get("ca_al_ms"), 0),
                 "long_yaal": _fmt(lat.get("long_yaal"), 0), "ca_long_yaal": _fmt(lat.get("ca_long_yaal"), 0),
+                "stream_laal": _fmt(lat.get("stream_laal"), 0), "ca_stream_laal": _fmt(lat.get("ca_stream_laal"), 0),
                 "retractions": str(r.retractions),
                 "replaced": "—" if r.buffer_replaced_share is None else f"{100 * r.buffer_replaced_share:.0f}%",
             })

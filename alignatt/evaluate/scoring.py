@@ -1,9 +1,10 @@
-"""Scores from the field's libraries: sacrebleu (BLEU, chrF), OmniSTEval (AL, LAAL, YAAL, LongYAAL), COMET.
+"""Scores from the field's libraries: sacrebleu, OmniSTEval (AL, LAAL, YAAL, LongYAAL), mweralign, COMET.
 
 No metric formula is written here: sentence-level AL/LAAL/YAAL come from OmniSTEval's scorers
 (adapted from SimulEval's latency scorer), long-form streams are resegmented against the
 references with OmniSTEval's `resegment` (SoftSegmenter) and scored with its `evaluate_instances`
-(LongYAAL, computation-aware and -unaware), quality from sacrebleu's corpus scorers.
+(LongYAAL, computation-aware and -unaware); StreamLAAL resegments with mwerSegmenter (the
+`mweralign` package) and scores each segment with OmniSTEval's LAAL; quality from sacrebleu.
 """
 
 from __future__ import annotations
@@ -114,7 +115,53 @@ def longform(talks: list[TalkInput], target_lang: str) -> tuple[dict[str, float 
     instances, _ = resegment(ref_words, hyp_words, segmentation, ref_sentences, char_level=char, lang=lang)
     scores, _, _ = evaluate_instances(instances, is_longform=True, bleu_tokenizer=bleu_tokenizer(target_lang))
     keep = ("bleu", "chrf", "long_yaal", "ca_long_yaal", "long_laal", "ca_long_laal", "long_al", "ca_long_al")
-    return {k: _r(scores[k]) if k in scores else None for k in keep}, [i.prediction for i in instances]
+    out = {k: _r(scores[k]) if k in scores else None for k in keep}
+    out.update(stream_laal(talks, target_lang))
+    return out, [i.prediction for i in instances]
+
+
+def mwer_segments(references: list[str], hypothesis_units: list[str]) -> list[int]:
+    """How many hypothesis units mwerSegmenter (mweralign) gives each reference segment."""
+    from mweralign import align_texts
+
+    # Pre-tokenised on the units themselves, so every unit comes back unchanged and in order and
+    # keeps its emission time.
+    aligned = align_texts("\n".join(references), " ".join(hypothesis_units), is_tokenized=True)
+    lines = aligned.split("\n")[: len(references)]
+    counts = [len(line.split()) for line in lines] + [0] * (len(references) - len(lines))
+    if [u for line in lines for u in line.split()] != hypothesis_units:
+        raise ValueError("mweralign changed the hypothesis units")
+    return counts
+
+
+def stream_laal(talks: list[TalkInput], target_lang: str) -> dict[str, float | None]:
+    """StreamLAAL: the output resegmented by mwerSegmenter (mweralign), then LAAL per segment
+    with delays relative to the segment's start (OmniSTEval's LAAL scorer)."""
+    try:
+        import mweralign  # noqa: F401
+    except ImportError:
+        return {"stream_laal": None, "ca_stream_laal": None}
+    from omnisteval import Instance
+    from omnisteval.scoring import LAALScorer
+
+    char = target_lang in CHAR_LANGS
+    instances = []
+    for talk in talks:
+        refs = [" ".join(r.replace(" ", "")) if char else r for r in talk.references]
+        counts = mwer_segments(refs, [e.text for e in talk.emissions])
+        start = 0
+        for ref, (offset, duration), n in zip(talk.references, talk.segment_ms, counts):
+            seg = talk.emissions[start:start + n]
+            start += n
+            if seg:
+                instances.append(Instance(reference=ref.replace(" ", "") if char else ref,
+                                          latency_unit="char" if char else "word", source_length=duration,
+                                          emission_cu=[e.cu_ms - offset for e in seg],
+                                          emission_ca=[e.ca_ms - offset for e in seg]))
+    if not instances:
+        return {"stream_laal": None, "ca_stream_laal": None}
+    return {"stream_laal": _r(LAALScorer(computation_aware=False)(instances)),
+            "ca_stream_laal": _r(LAALScorer(computation_aware=True)(instances))}
 
 
 def comet(model_path: str | None, sources: list[str], hypotheses: list[str],
