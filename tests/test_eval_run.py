@@ -149,3 +149,18 @@ def test_the_quality_latency_svg_is_byte_stable(tmp_path):
     text = first.read_text()
     assert text.startswith("<?xml") and "balanced" in text and "offline" in text
     assert text == second.read_text()
+
+
+@pytest.mark.slow
+def test_isolated_variants_run_in_child_processes_and_are_compared(tmp_path):
+    """The path the H200 profile takes for vllm_capture:cudagraph and :eager, here with the two
+    transformers seams on the tiny random Gemma-4 (same weights, same drafts expected)."""
+    jl = tmp_path / "one.jsonl"
+    jl.write_text('{"source": "the cat sat", "reference": "die Katze sass"}\n')
+    options = EvalOptions(model="tiny-gemma4", test_set=str(jl), presets=["balanced"], offline_baseline=False,
+                          variants=["hf_eager", "hf_qk_fast"], isolate_variants=True)
+    a = run_eval(options, tmp_path / "eval.json", progress=lambda m: None)
+    assert [r.variant for r in a.rows] == ["hf_eager", "hf_qk_fast"] and a.synthetic_weights
+    assert all(r.label == "latency only" for r in a.rows)
+    same = next(c for c in a.checks if "gives the same hypotheses" in c.name)
+    assert same.passed, same.detail

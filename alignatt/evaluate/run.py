@@ -22,6 +22,7 @@ from alignatt.evaluate.replay import InProcessDriver, Schedule, WebSocketDriver,
 from alignatt.evaluate.testsets import TestPair, TestSet, load_test_set, select
 
 PRESETS = ("low_latency", "balanced", "high_latency")
+RETRACTION_CHECK = "0 retractions in every replay"
 
 
 class EvalOptions(BaseModel):
@@ -46,6 +47,7 @@ class EvalOptions(BaseModel):
     heads: str | None = None
     comet_model: str | None = None
     offline_baseline: bool = True
+    isolate_variants: bool | None = Field(None, description="each variant in its own process (None: when vLLM runs several)")
 
 
 def parse_variant(variant: str) -> tuple[str, dict[str, Any]]:
@@ -149,11 +151,96 @@ def _same_emissions(a: StreamOutput, b: StreamOutput) -> bool:
     return a.hypothesis == b.hypothesis and key(a) == key(b)
 
 
+def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_options: dict[str, Any], ts: TestSet,
+                 pairs: list[TestPair], talks: list[list[TestPair]], presets: list[str], schedule: Schedule,
+                 label: str, factory, progress):
+    """Every preset and driver (and the offline baseline) on one seam variant: (rows, checks)."""
+    from alignatt.pipeline.artifacts import Check
+    from alignatt.serve.config import DirectionRoute, ServerConfig, resolve_heads
+
+    direction = f"{ts.source_lang}-{ts.target_lang}"
+    rows, checks = [], []
+    route = DirectionRoute(model=options.model, seam=seam_name, heads=options.heads, top_k=options.top_k,
+                           device=options.device, dtype=options.dtype, seam_options=seam_options)
+    heads = resolve_heads(route, direction)
+    progress(f"[{variant}] loading the seam")
+    seam = factory(route, heads)
+    try:
+        server = None
+        if "websocket" in options.drivers:
+            from alignatt.serve.server import ServerThread
+
+            config = ServerConfig(host="127.0.0.1", port=0, directions={direction: route})
+            server = ServerThread(config, lambda r, h: _Borrowed(seam)).start()
+        try:
+            for preset in presets:
+                sentence_outputs: dict[str, list[StreamOutput]] = {}
+                for driver_name in options.drivers:
+                    driver = (InProcessDriver(seam, preset, ts.source_lang, ts.target_lang)
+                              if driver_name == "inprocess" else
+                              WebSocketDriver(server.url, preset, ts.source_lang, ts.target_lang))
+                    outs = []
+                    for i, p in enumerate(pairs):
+                        outs.append(stream_output(replay(p.source_words, driver, schedule), ts.target_lang))
+                    sentence_outputs[driver_name] = outs
+                    rows.append(_sentence_row(pairs, outs, preset, variant, driver_name, label, ts, schedule))
+                    progress(f"[{variant}] {preset} {driver_name}: BLEU {rows[-1].bleu:.2f}, "
+                             f"LAAL {rows[-1].latency.get('laal_words')} words")
+                if len(sentence_outputs) == 2:
+                    a, b = sentence_outputs["inprocess"], sentence_outputs["websocket"]
+                    same = [_same_emissions(x, y) for x, y in zip(a, b)]
+                    checks.append(Check(
+                        name=f"{variant} {preset}: in-process and WebSocket replays emit the same",
+                        passed=all(same),
+                        detail=f"{sum(same)}/{len(same)} sentences with identical text, ASR states and stream times"))
+                if talks:
+                    driver = InProcessDriver(seam, preset, ts.source_lang, ts.target_lang)
+                    outs = []
+                    for talk in talks:
+                        words = [w for p in talk for w in p.source_words]
+                        outs.append(stream_output(replay(words, driver, schedule, close_on_punctuation=True),
+                                                  ts.target_lang))
+                    rows.append(_longform_row(talks, outs, preset, variant, "inprocess", label, ts, schedule))
+                    progress(f"[{variant}] {preset} long form: LongYAAL {rows[-1].latency.get('long_yaal')} ms")
+        finally:
+            if server is not None:
+                server.stop()
+        if options.offline_baseline:
+            driver = InProcessDriver(seam, "balanced", ts.source_lang, ts.target_lang)
+            outs = [_offline_output(driver, p.source_words, ts.target_lang, schedule) for p in pairs]
+            row = _sentence_row(pairs, outs, "offline", variant, "offline", label, ts, schedule)
+            rows.append(row)
+            progress(f"[{variant}] offline baseline: BLEU {row.bleu:.2f}")
+    finally:
+        seam.close()
+    return rows, checks
+
+
+def _variant_in_subprocess(options: EvalOptions, variant: str):
+    """One variant in a child `python -m alignatt.evaluate.run`; its rows and checks come back."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from alignatt.pipeline.artifacts import load_artifact
+
+    with tempfile.TemporaryDirectory(prefix="alignatt-eval-") as tmp:
+        spec, out = Path(tmp) / "options.json", Path(tmp) / "eval.json"
+        child_options = {"variants": [variant], "isolate_variants": False, "comet_model": None}
+        spec.write_text(options.model_copy(update=child_options)
+                        .model_dump_json(), encoding="utf-8")
+        done = subprocess.run([sys.executable, "-m", "alignatt.evaluate.run", str(spec), str(out)])
+        if done.returncode != 0 or not out.exists():
+            raise AlignattError(f"the eval of variant {variant} failed (exit {done.returncode}; its log is above)")
+        child = load_artifact(out)
+    return child.rows, [c for c in child.checks if c.name != RETRACTION_CHECK]
+
+
 def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=None, progress=print):
     """Run the whole evaluation; returns the `EvalArtifact` (written atomically to `out`)."""
     from alignatt.pipeline.artifacts import ARTIFACT_SCHEMA_VERSION, Check, EvalArtifact, write_artifact
     from alignatt.pipeline.provenance import collect_provenance, model_identity
-    from alignatt.serve.config import DirectionRoute, ServerConfig, default_seam_factory, resolve_heads, resolve_preset
+    from alignatt.serve.config import default_seam_factory, resolve_preset
     from alignatt.serve.protocol import ProtocolError
 
     # Everything that can be wrong with the input fails here, before a model loads.
@@ -176,66 +263,23 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
     factory = seam_factory or default_seam_factory
 
     rows, checks = [], []
-    by_variant: dict[tuple[str, str], list[str]] = {}
+    # vLLM engines each get a process of their own (as in the bench and the GPU checks): a second
+    # engine in the same process is not something vLLM promises to support.
+    isolate = options.isolate_variants
+    if isolate is None:
+        isolate = len(variants) > 1 and any(seam == "vllm_capture" for _, seam, _ in variants)
     for variant, seam_name, seam_options in variants:
-        route = DirectionRoute(model=options.model, seam=seam_name, heads=options.heads, top_k=options.top_k,
-                               device=options.device, dtype=options.dtype, seam_options=seam_options)
-        heads = resolve_heads(route, direction)
-        progress(f"[{variant}] loading the seam")
-        seam = factory(route, heads)
-        try:
-            server = None
-            if "websocket" in options.drivers:
-                from alignatt.serve.server import ServerThread
+        if isolate and seam_factory is None:
+            got_rows, got_checks = _variant_in_subprocess(options, variant)
+        else:
+            got_rows, got_checks = _run_variant(options, variant, seam_name, seam_options, ts, pairs, talks,
+                                                presets, schedule, label, factory, progress)
+        rows += got_rows
+        checks += got_checks
+    by_variant = {(r.variant, r.preset): r.hypotheses for r in rows
+                  if r.form == "sentence" and r.driver in ("inprocess", "offline")}
 
-                config = ServerConfig(host="127.0.0.1", port=0, directions={direction: route})
-                server = ServerThread(config, lambda r, h: _Borrowed(seam)).start()
-            try:
-                for preset in presets:
-                    sentence_outputs: dict[str, list[StreamOutput]] = {}
-                    for driver_name in options.drivers:
-                        driver = (InProcessDriver(seam, preset, ts.source_lang, ts.target_lang)
-                                  if driver_name == "inprocess" else
-                                  WebSocketDriver(server.url, preset, ts.source_lang, ts.target_lang))
-                        outs = []
-                        for i, p in enumerate(pairs):
-                            outs.append(stream_output(replay(p.source_words, driver, schedule), ts.target_lang))
-                        sentence_outputs[driver_name] = outs
-                        rows.append(_sentence_row(pairs, outs, preset, variant, driver_name, label, ts, schedule))
-                        progress(f"[{variant}] {preset} {driver_name}: BLEU {rows[-1].bleu:.2f}, "
-                                 f"LAAL {rows[-1].latency.get('laal_words')} words")
-                        if driver_name == "inprocess":
-                            by_variant[(variant, preset)] = [o.hypothesis for o in outs]
-                    if len(sentence_outputs) == 2:
-                        a, b = sentence_outputs["inprocess"], sentence_outputs["websocket"]
-                        same = [_same_emissions(x, y) for x, y in zip(a, b)]
-                        checks.append(Check(
-                            name=f"{variant} {preset}: in-process and WebSocket replays emit the same",
-                            passed=all(same),
-                            detail=f"{sum(same)}/{len(same)} sentences with identical text, ASR states and stream times"))
-                    if talks:
-                        driver = InProcessDriver(seam, preset, ts.source_lang, ts.target_lang)
-                        outs = []
-                        for talk in talks:
-                            words = [w for p in talk for w in p.source_words]
-                            outs.append(stream_output(replay(words, driver, schedule, close_on_punctuation=True),
-                                                      ts.target_lang))
-                        rows.append(_longform_row(talks, outs, preset, variant, "inprocess", label, ts, schedule))
-                        progress(f"[{variant}] {preset} long form: LongYAAL {rows[-1].latency.get('long_yaal')} ms")
-            finally:
-                if server is not None:
-                    server.stop()
-            if options.offline_baseline:
-                driver = InProcessDriver(seam, "balanced", ts.source_lang, ts.target_lang)
-                outs = [_offline_output(driver, p.source_words, ts.target_lang, schedule) for p in pairs]
-                row = _sentence_row(pairs, outs, "offline", variant, "offline", label, ts, schedule)
-                rows.append(row)
-                by_variant[(variant, "offline")] = row.hypotheses
-                progress(f"[{variant}] offline baseline: BLEU {row.bleu:.2f}")
-        finally:
-            seam.close()
-
-    checks.append(Check(name="0 retractions in every replay", passed=all(r.retractions == 0 for r in rows),
+    checks.append(Check(name=RETRACTION_CHECK, passed=all(r.retractions == 0 for r in rows),
                         detail=", ".join(f"{r.preset}/{r.variant}/{r.driver}/{r.form}: {r.retractions}"
                                          for r in rows if r.retractions) or "none"))
     if len(variants) > 1:
@@ -272,3 +316,24 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
     if out is not None:
         write_artifact(out, artifact)
     return artifact
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m alignatt.evaluate.run OPTIONS_JSON OUT_JSON`: one run (a variant's child process)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m alignatt.evaluate.run OPTIONS_JSON OUT_JSON", file=sys.stderr)
+        return 2
+    try:
+        options = EvalOptions.model_validate_json(Path(args[0]).read_text(encoding="utf-8"))
+        run_eval(options, args[1], progress=lambda m: print(m, file=sys.stderr, flush=True))
+    except AlignattError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
