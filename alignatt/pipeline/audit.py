@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from alignatt.pipeline.artifacts import (
     BENCH_FILE,
     BenchArtifact,
+    LoadArtifact,
     ServerSmokeArtifact,
     load_json,
     parse_artifact,
@@ -118,7 +119,7 @@ def provenance_gaps(artifact) -> list[str]:
         gaps.append(f"unknown whether the code differed from {p.git_commit[:12]} (ALIGNATT_GIT_DIRTY)")
     if p.container_image != HOST and not p.container_digest:
         gaps.append(f"container image {p.container_image!r} without a digest")
-    if isinstance(artifact, (BenchArtifact, ServerSmokeArtifact)) and not p.model_id:
+    if isinstance(artifact, (BenchArtifact, ServerSmokeArtifact, LoadArtifact)) and not p.model_id:
         gaps.append("model id not recorded")
     if isinstance(artifact, BenchArtifact):
         from alignatt.pipeline.bench import OWN_FACTORIES
