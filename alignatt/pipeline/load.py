@@ -237,7 +237,7 @@ def capture_cost(options: LoadOptions, heads: list, make: Callable[..., Any] | N
     """Captured vs uncaptured `draft_many` wall at each batch size: same prompts, same run,
     fixed-length drafts (both engines generate the same number of tokens)."""
     from alignatt.capture.registry import make_seam
-    from alignatt.checks.worker import bench_requests
+    from alignatt.checks.records import bench_requests
 
     make = make or make_seam
     prompts = [r for _, r in bench_requests(options.capture_cost_tokens)]
