@@ -135,3 +135,27 @@ def test_four_speakers_on_the_embedded_model_with_no_retractions(tmp_path):
     assert lv.retractions == 0 and lv.error_frames == 0
     assert lv.finals_delivered == lv.finals_expected == 4 and lv.finals_in_order
     assert lv.partial_drafts > 0
+
+
+def test_the_report_shows_a_capacity_table_and_the_rtt_figure(tmp_path, short_stream):
+    import shutil
+    from pathlib import Path
+
+    from alignatt.pipeline.report import render_all
+
+    root = Path(__file__).resolve().parents[1]
+    site = tmp_path / "site"
+    (site / "reports").mkdir(parents=True)
+    shutil.copy(root / "reports" / "BENCHMARKS.md.j2", site / "reports")
+    shutil.copy(root / "params.yaml", site / "params.yaml")
+    (site / "outputs" / "published").mkdir(parents=True)
+    seam = StandInBatchSeam(max_batch=8, steps_for=lambda r: 2, step_s=0.002)
+    options = LoadOptions(speakers="1,2", streams=[short_stream], speed=3.0, stagger_s=0.0, capture_cost="off")
+    run_load(options, site / "outputs" / "cpu" / "load.json", seam_factory=lambda route, heads: seam)
+    text, figures = render_all(site)
+    assert "## Capacity (many speakers on one engine)" in text
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "fake_batch" not in line
+            and "cpu: hf_qk_fast" in line]
+    assert [r.split(" | ")[3] for r in rows] == ["1", "2"]  # one row per load level
+    assert any(f.name == "capacity_rtt_p95" and f.kind == "load" for f in figures)
+    assert "outputs/cpu/load.json" in text  # listed with the artifacts
