@@ -236,6 +236,8 @@ def load_cmd(
     max_num_seqs: int = typer.Option(None, help="vllm_capture: engine batch limit (server default 128)"),
     capture_cost: str = typer.Option("auto", help="captured vs uncaptured wall per batch: auto | on | off"),
     capture_cost_batches: str = typer.Option("1,8,32,64", help="batch sizes of the capture-cost measurement"),
+    profile_dir: str = typer.Option(None, help="capture cost: torch-profile batch-1 drafts (captured and "
+                                            "uncaptured) into this folder"),
     out: str = typer.Option("outputs/load.json", help="where to write the load artifact"),
     metrics: str = typer.Option(None, help="DVC metrics JSON"),
     plot: str = typer.Option(None, help="plot CSV: RTT against speakers"),
@@ -249,7 +251,8 @@ def load_cmd(
         options = LoadOptions(model=model, seam=seam, preset=preset, device=device, dtype=dtype, top_k=top_k,
                               heads=heads, vllm_mode=vllm_mode, speakers=speakers, streams=streams, speed=speed,
                               stagger_s=stagger, prefix_caching=prefix_caching, max_num_seqs=max_num_seqs,
-                              capture_cost=capture_cost, capture_cost_batches=capture_cost_batches)
+                              capture_cost=capture_cost, capture_cost_batches=capture_cost_batches,
+                              profile_dir=profile_dir)
     except ValidationError as e:
         first = e.errors()[0]
         raise AlignattError(f"load option {'.'.join(map(str, first['loc']))}: {first['msg']}") from None

@@ -159,3 +159,38 @@ def test_the_report_shows_a_capacity_table_and_the_rtt_figure(tmp_path, short_st
     assert [r.split(" | ")[3] for r in rows] == ["1", "2"]  # one row per load level
     assert any(f.name == "capacity_rtt_p95" and f.kind == "load" for f in figures)
     assert "outputs/cpu/load.json" in text  # listed with the artifacts
+
+
+def test_the_capture_cost_compares_captured_and_uncaptured_on_the_same_prompts(tmp_path):
+    """With a stand-in for make_seam: both engines get the same prompts at every batch size, one
+    engine at a time, each closed; the profiler writes a trace and an operator table."""
+    from alignatt.pipeline.load import capture_cost
+
+    built = []
+
+    class Timed:
+        def __init__(self, capture):
+            self.capture, self.batches, self.closed = capture, [], False
+
+        def draft_many(self, requests):
+            assert not any(not s.closed for s in built if s is not self)  # one engine at a time
+            self.batches.append([r.source_words for r in requests])
+            return []
+
+        def close(self):
+            self.closed = True
+
+    def make(name, capture, **kw):
+        assert name == "vllm_capture" and kw["fixed_length"]
+        built.append(Timed(capture))
+        return built[-1]
+
+    options = LoadOptions(seam="vllm_capture", device="cuda", capture_cost_batches="1,3", capture_cost_repeats=2,
+                          profile_dir=str(tmp_path / "prof"))
+    rows = capture_cost(options, [], make=make)
+    assert [r["batch"] for r in rows] == [1, 3] and all(r["ratio"] > 0 for r in rows)
+    captured, plain = built
+    assert captured.capture and not plain.capture and captured.closed and plain.closed
+    assert captured.batches == plain.batches  # same prompts, same order
+    assert (tmp_path / "prof" / "captured_top_ops.txt").exists()
+    assert (tmp_path / "prof" / "uncaptured_trace.json").exists()

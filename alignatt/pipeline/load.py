@@ -63,6 +63,8 @@ class LoadOptions(BaseModel):
     capture_cost_batches: list[int] = Field(default_factory=lambda: [1, 8, 32, 64])
     capture_cost_tokens: int = Field(16, ge=1)
     capture_cost_repeats: int = Field(3, ge=1)
+    profile_dir: str | None = Field(None, description="capture cost: torch-profile batch 1, captured and "
+                                                      "uncaptured, into this folder")
 
     @field_validator("speakers", "capture_cost_batches", mode="before")
     @classmethod
@@ -257,10 +259,35 @@ def capture_cost(options: LoadOptions, heads: list, make: Callable[..., Any] | N
                     seam.draft_many(requests)
                     times.append((time.perf_counter() - t0) * 1e3)
                 walls[captured][batch] = statistics.median(times)
+            if options.profile_dir:
+                profile_drafts(seam, prompts[:1], Path(options.profile_dir), "captured" if captured else "uncaptured")
         finally:
             seam.close()
     return [dict(batch=b, captured_ms=round(walls[True][b], 2), uncaptured_ms=round(walls[False][b], 2),
                  ratio=round(walls[True][b] / walls[False][b], 3)) for b in options.capture_cost_batches]
+
+
+def profile_drafts(seam: Any, requests: list, folder: Path, label: str, repeats: int = 3) -> Path:
+    """torch.profiler over `repeats` drafts of `requests` (CPU and CUDA): a Chrome trace and the
+    top operators by CUDA and by CPU time, to see where a draft's wall goes."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities, record_shapes=False) as prof:
+        for _ in range(repeats):
+            seam.draft_many(requests)
+    prof.export_chrome_trace(str(folder / f"{label}_trace.json"))
+    table = []
+    for key in ("cuda_time_total", "cpu_time_total"):
+        try:
+            table.append(f"== by {key} ==\n" + prof.key_averages().table(sort_by=key, row_limit=40))
+        except Exception as e:  # noqa: BLE001 - a key this torch build does not know
+            table.append(f"== by {key}: {e}")
+    path = folder / f"{label}_top_ops.txt"
+    _atomic_write(path, "\n\n".join(table) + "\n")
+    return path
 
 
 # ---- the run ----
