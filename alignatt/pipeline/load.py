@@ -210,6 +210,14 @@ def summarise_level(n: int, runs: list[RunRecord | BaseException], streams: list
     )
 
 
+def _wait_for_sessions_to_close(handle: Any, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while handle.call(lambda: handle.server.stats.sessions_active) > 0:
+        if time.monotonic() > deadline:
+            raise AlignattError(f"sessions of the previous load level still open after {timeout_s:.0f}s")
+        time.sleep(0.05)
+
+
 def _reset_gpu_peak() -> None:
     try:
         import torch
@@ -330,6 +338,7 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
         engine_facts = {"seam_describe": describe() if callable(describe) else None,
                         "max_batch": engine.scheduler.max_batch}
         for n in sorted(set(options.speakers)):
+            _wait_for_sessions_to_close(handle)  # the last level's sessions hold admission slots until closed
             before = engine.stats()
             server_before = handle.call(lambda: {"coalesced": handle.server.stats.coalesced})
             _reset_gpu_peak()
