@@ -164,7 +164,7 @@ def test_the_report_shows_a_capacity_table_and_the_rtt_figure(tmp_path, short_st
 def test_the_capture_cost_compares_captured_and_uncaptured_on_the_same_prompts(tmp_path):
     """With a stand-in for make_seam: both engines get the same prompts at every batch size, one
     engine at a time, each closed; the profiler writes a trace and an operator table."""
-    from alignatt.pipeline.load import capture_cost
+    from alignatt.pipeline.capture_cost import capture_cost
 
     built = []
 
