@@ -194,3 +194,18 @@ def test_the_capture_cost_compares_captured_and_uncaptured_on_the_same_prompts(t
     assert captured.batches == plain.batches  # same prompts, same order
     assert (tmp_path / "prof" / "captured_top_ops.txt").exists()
     assert (tmp_path / "prof" / "uncaptured_trace.json").exists()
+
+
+def test_realtime_pacing_supersedes_stale_partials_and_still_delivers_every_final(tmp_path, short_stream):
+    """Speakers that never wait, on an engine slower than their updates: stale partials are
+    superseded (aborted in the engine), every final arrives in order, nothing is retracted."""
+    seam = StandInBatchSeam(max_batch=4, steps_for=lambda r: 20, step_s=0.005)  # ~100 ms a draft
+    options = LoadOptions(speakers=[3], streams=[short_stream], speed=1.0, stagger_s=0.02, pacing="realtime",
+                          capture_cost="off")
+    artifact = run_load(options, tmp_path / "load.json", seam_factory=lambda route, heads: seam)
+    (lv,) = artifact.levels
+    assert artifact.config["pacing"] == "realtime"
+    assert lv.superseded > 0 and seam.aborted  # running partials were aborted, not finished
+    assert lv.finals_delivered == lv.finals_expected == 6 and lv.finals_in_order
+    assert lv.retractions == 0 and lv.error_frames == 0
+    assert lv.updates < 3 * 2 * len(SHORT["text"].split())  # superseded updates got no reply

@@ -2,7 +2,8 @@
 
 The server runs in-process on loopback (one engine, its scheduler batching every session's
 drafts). For each N in `speakers`, N native clients (`alignatt.pipeline.stream_replay`) each
-replay a stream in lockstep real time through their own WebSocket, starts staggered by
+replay a stream in real time through their own WebSocket (lockstep by default: an update waits for
+its reply; `pacing=realtime`: sent when due, never waiting), starts staggered by
 `stagger_s`; speaker i replays stream i mod len(streams) (the bundled smoke stream and a
 composed multi-minute stream by default). Per level the `load` artifact records partial and
 final RTT, schedule lag (max, and whether it grows), fast-path events, the engine's batch-size
@@ -57,6 +58,8 @@ class LoadOptions(BaseModel):
     streams: list[str] = Field(default_factory=lambda: ["smoke", "long"], description="'smoke', 'long' or paths")
     speed: float = Field(1.0, gt=0, description="1.0: real time")
     stagger_s: float = Field(0.14, ge=0, description="start of speaker i: i * stagger_s")
+    pacing: Literal["lockstep", "realtime"] = Field(
+        "lockstep", description="lockstep: an update waits for its reply; realtime: sent when due, never waits")
     prefix_caching: bool | None = Field(None, description="vllm_capture: None = the server's default (on)")
     max_num_seqs: int | None = Field(None, ge=1, description="vllm_capture: the engine's batch limit")
     capture_cost: Literal["auto", "on", "off"] = "auto"  # auto: on CUDA with vllm_capture
@@ -106,7 +109,12 @@ def _speakers_run(url: str, streams: list[tuple[str, SmokeStream]], n: int, opti
         time.sleep(i * options.stagger_s)
         _, stream = streams[i % len(streams)]
         try:
-            results[i] = replay_native(url, stream, options.speed, preset)
+            if options.pacing == "realtime":
+                from alignatt.pipeline.realtime_replay import replay_realtime
+
+                results[i] = replay_realtime(url, stream, options.speed, preset)
+            else:
+                results[i] = replay_native(url, stream, options.speed, preset)
         except BaseException as e:  # noqa: BLE001 - reported in the level as errors
             results[i] = e
 
@@ -324,7 +332,7 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
             "stream_words": {s: len(st.words) for s, st in streams},
             "stream_seconds": {s: round(len(st.words) / st.words_per_second + st.commit_lag_seconds, 1)
                                for s, st in streams},
-            "speed": options.speed, "stagger_s": options.stagger_s, "pacing": "lockstep real time (native client)",
+            "speed": options.speed, "stagger_s": options.stagger_s, "pacing": options.pacing,
             "seam_options": route.seam_options, "lag_growth_threshold_s": LAG_GROWTH_S, **engine_facts,
         },
         synthetic_weights=synthetic,
