@@ -285,8 +285,6 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
         engine = handle.server.registry.engines[0]
         heads = list(engine.heads)
         describe = getattr(engine.seam, "describe", None)
-        engine_facts = {"seam_describe": describe() if callable(describe) else None,
-                        "max_batch": engine.scheduler.max_batch}
         for n in sorted(set(options.speakers)):
             _wait_for_sessions_to_close(handle)  # the last level's sessions hold admission slots until closed
             before = engine.stats()
@@ -304,6 +302,9 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
                         alone[streams[i % len(streams)][0]] = _signature(run.events)
             levels.append(level)
             print(level_line(level), flush=True)
+        # After the levels: the seam's counters (prefix-cache hits) cover the whole run.
+        engine_facts = {"seam_describe": describe() if callable(describe) else None,
+                        "max_batch": engine.scheduler.max_batch, "scheduler": engine.stats()}
     cost: list[dict] = []
     note = ""
     want_cost = options.capture_cost == "on" or (
