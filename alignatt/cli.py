@@ -217,6 +217,50 @@ def smoke_cmd(
     typer.echo(summary_line(artifact))
     typer.echo(f"wrote {out}")
 
+@app.command("load")
+def load_cmd(
+    model: str = typer.Option("gemma3-270m", help="model preset or local checkpoint"),
+    seam: str = typer.Option("hf_qk_fast", help="capture seam"),
+    preset: str = typer.Option("balanced", help="latency preset"),
+    device: str = typer.Option("cpu"),
+    dtype: str = typer.Option(None),
+    top_k: int = typer.Option(4, "--top-k"),
+    heads: str = typer.Option(None, help="head-set file or bundled name (default: the model's)"),
+    vllm_mode: str = typer.Option(None, help="vllm_capture only: eager | cudagraph | compiled"),
+    speakers: str = typer.Option("1,2,4", help="load levels: concurrent speakers, comma-separated"),
+    streams: str = typer.Option("smoke,long", help="streams speakers replay in turn: smoke, long or paths"),
+    speed: float = typer.Option(1.0, help="replay speed (1.0: real time)"),
+    stagger: float = typer.Option(0.14, help="seconds between speakers' starts"),
+    pacing: str = typer.Option("lockstep", help="lockstep (an update waits for its reply) | realtime (sent when due)"),
+    prefix_caching: bool = typer.Option(None, "--prefix-caching/--no-prefix-caching",
+                                        help="vllm_capture: vLLM prefix caching (default on for the server)"),
+    max_num_seqs: int = typer.Option(None, help="vllm_capture: engine batch limit (server default 128)"),
+    capture_cost: str = typer.Option("auto", help="captured vs uncaptured wall per batch: auto | on | off"),
+    capture_cost_batches: str = typer.Option("1,8,32,64", help="batch sizes of the capture-cost measurement"),
+    profile_dir: str = typer.Option(None, help="capture cost: torch-profile batch-1 drafts (captured and "
+                                            "uncaptured) into this folder"),
+    out: str = typer.Option("outputs/load.json", help="where to write the load artifact"),
+    metrics: str = typer.Option(None, help="DVC metrics JSON"),
+    plot: str = typer.Option(None, help="plot CSV: RTT against speakers"),
+) -> None:
+    """N concurrent real-time speakers on one server per load level; writes the load artifact."""
+    from pydantic import ValidationError
+
+    from alignatt.pipeline.load import LoadOptions, run_load
+
+    try:
+        options = LoadOptions(model=model, seam=seam, preset=preset, device=device, dtype=dtype, top_k=top_k,
+                              heads=heads, vllm_mode=vllm_mode, speakers=speakers, streams=streams, speed=speed,
+                              stagger_s=stagger, pacing=pacing, prefix_caching=prefix_caching, max_num_seqs=max_num_seqs,
+                              capture_cost=capture_cost, capture_cost_batches=capture_cost_batches,
+                              profile_dir=profile_dir)
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise AlignattError(f"load option {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    run_load(options, out, metrics, plot)
+    typer.echo(f"wrote {out}")
+
+
 @app.command("soak")
 def soak_cmd(
     model: str = typer.Option("gemma3-270m", help="model preset or local checkpoint"),

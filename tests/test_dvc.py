@@ -40,7 +40,7 @@ def test_dvc_is_initialised_without_analytics():
 def test_stage_graph_and_outputs():
     spec = yaml.safe_load((ROOT / "dvc.yaml").read_text())
     stages = dvc(ROOT, "stage", "list", "--names-only").split()
-    assert stages[:5] == ["env", "bench@eager", "bench@cudagraph", "smoke", "report"]
+    assert stages == ["env", "bench@eager", "bench@cudagraph", "smoke", "load", "eval", "report"]
     for name, stage in spec["stages"].items():
         body = stage.get("do", stage)
         cmds = body["cmd"] if isinstance(body["cmd"], list) else [body["cmd"]]
@@ -71,6 +71,7 @@ STAGE_ENTRY_MODULES = {
     "bench": ["alignatt.pipeline.bench", "alignatt.pipeline.params"],
     "smoke": ["alignatt.pipeline.smoke"],
     "eval": ["alignatt.evaluate.run", "alignatt.evaluate.outputs"],
+    "load": ["alignatt.pipeline.load"],
     "report": ["alignatt.pipeline.report", "alignatt.pipeline.figures"],
 }
 

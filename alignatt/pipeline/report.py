@@ -32,6 +32,7 @@ from alignatt.pipeline.artifacts import (
 )
 from alignatt.core.errors import AlignattError
 from alignatt.pipeline.figures import FIGURES_DIR, Figure, render_figures
+from alignatt.pipeline.load_report import capacity_rows, capture_cost_rows
 from alignatt.pipeline.report_rows import ResultRow, load_note, machine_of, our_rows, published_rows
 
 TEMPLATE = "BENCHMARKS.md.j2"
@@ -265,6 +266,8 @@ def build_context(inputs: ReportInputs, figures: list[Figure] | None = None) -> 
         evals=eval_sections(inputs),
         artifacts=artifact_list(inputs),
         figures=figure_items(figures or []),
+        capacity=capacity_rows(inputs),
+        capture_cost=capture_cost_rows(inputs),
     )
 
 
