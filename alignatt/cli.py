@@ -301,6 +301,7 @@ def eval_cmd(
     top_k: int = typer.Option(4, "--top-k"),
     heads: str = typer.Option(None, help="head-set file or bundled name (default: the model's)"),
     comet_model: str = typer.Option(None, "--comet-model", help="local COMET checkpoint (unbabel-comet); else skipped"),
+    offline: bool = typer.Option(True, help="also the offline full-sentence baseline"),
     out: str = typer.Option("outputs/eval.json", help="the eval artifact"),
     metrics: str = typer.Option(None, help="also write DVC metrics JSON here"),
     plot: str = typer.Option(None, help="also write the quality-vs-latency CSV here"),
@@ -319,7 +320,7 @@ def eval_cmd(
             test_set=test_set, direction=direction, limit=limit, max_source_words=max_source_words,
             longform_talks=longform_talks, pairs_per_talk=pairs_per_talk, words_per_second=words_per_second,
             commit_lag_seconds=commit_lag, device=device, dtype=dtype, top_k=top_k, heads=heads,
-            comet_model=comet_model,
+            comet_model=comet_model, offline_baseline=offline,
         )
     except ValidationError as e:
         first = e.errors()[0]
