@@ -21,6 +21,5 @@ def test_a_short_soak_on_the_fake_engine_meets_its_targets(tmp_path):
                  "file_descriptors_back"):
         assert by_name[name].passed, (name, by_name[name].detail, artifact.hostile_unexpected)
     assert artifact.server["sessions_active"] == 0
-    # the server's counters include the warm-up, which runs every case once
-    assert artifact.server["closes"].get("init_timeout", 0) == artifact.sessions.get("idle_no_init", 0) + 1
+    assert artifact.server["closes"].get("init_timeout", 0) == artifact.sessions["idle_no_init"]  # warm-up included
     assert "rss_back_within_5pct" in by_name  # recorded (the test process's RSS is not the target here)
