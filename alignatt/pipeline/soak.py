@@ -385,6 +385,12 @@ def run_soak(options: SoakOptions, out: str | Path | None = "outputs/cpu/soak.js
     from alignatt.serve.config import DirectionRoute, ServerConfig, ServerLimits
     from alignatt.serve.server import ServerThread
 
+    try:
+        model_id, revision = model_identity(options.model)
+    except Exception:  # noqa: BLE001 - identity is best effort (a test fake, a local path)
+        model_id, revision = options.model, None
+    # Recorded before the load: the code and the machine that ran it, not whatever is checked out after.
+    provenance = collect_provenance(model_id=model_id, model_revision=revision)
     sentences = _sentences(load_stream().words)
     route = DirectionRoute(model=options.model, seam=options.seam, device=options.device, dtype=options.dtype,
                            heads=options.heads)
@@ -456,13 +462,9 @@ def run_soak(options: SoakOptions, out: str | Path | None = "outputs/cpu/soak.js
         Check(name="hostile_cases_as_expected", passed=not total.unexpected, detail="; ".join(total.unexpected[:5])),
         Check(name="file_descriptors_back", passed=fds_end <= fds_start + FD_SLACK, detail=f"{fds_start} -> {fds_end}"),
     ]
-    try:
-        model_id, revision = model_identity(options.model)
-    except Exception:  # noqa: BLE001 - identity is best effort (a test fake, a local path)
-        model_id, revision = options.model, None
     artifact = SoakArtifact(
         schema_version=ARTIFACT_SCHEMA_VERSION,
-        provenance=collect_provenance(model_id=model_id, model_revision=revision),
+        provenance=provenance,
         config={**options.model_dump(), "limits": limits.model_dump(), "hostile_cases": HOSTILE_CASES,
                 "warmup": "every case once before the start RSS; counted in every total",
                 "seam_factory": "alignatt" if seam_factory is None else type(seam_factory).__name__},
