@@ -492,6 +492,25 @@ def run_soak(options: SoakOptions, out: str | Path | None = "outputs/cpu/soak.js
     return artifact
 
 
+def report_item(rel: str, artifact, machine: str) -> dict:
+    """The soak as an item of the Benchmarks page's "Other measurements" (report.measurement_items)."""
+    sessions = sum(artifact.sessions.values())
+    hostile = sessions - artifact.sessions.get("well_formed", 0)
+    return dict(
+        path=rel, name="server_soak", date=artifact.provenance.date, machine=machine,
+        description=(f"`alignatt soak`: {artifact.config.get('minutes')} min of mixed well-formed and hostile "
+                     f"sessions on loopback ({artifact.config.get('model')}, {artifact.config.get('seam')}, "
+                     f"{artifact.config.get('clients')} clients); targets {'met' if artifact.passed else 'MISSED'}"),
+        synthetic=False,
+        results=[f"sessions = {sessions} ({hostile} hostile)", f"updates = {artifact.updates}",
+                 f"finals = {artifact.finals}", f"load_s = {artifact.load_s}",
+                 f"rss_mb = {artifact.rss_start_mb} -> {artifact.rss_end_mb} ({artifact.rss_change_pct:+.2f}%)",
+                 f"fds = {artifact.fds_start} -> {artifact.fds_end}",
+                 f"server closes = {artifact.server.get('closes', {})}"],
+        checks=[("✓" if c.passed else "✗", c.name, c.detail) for c in artifact.checks],
+    )
+
+
 def summary_line(artifact) -> str:
     checks = ", ".join(f"{c.name} {'ok' if c.passed else 'FAILED'} ({c.detail})" for c in artifact.checks)
     return (f"soak {'passed' if artifact.passed else 'FAILED'}: {sum(artifact.sessions.values())} sessions, "
