@@ -16,7 +16,14 @@ from alignatt.serve.protocol import InitFrame, Tail, UpdateFrame
 
 # Any character, lone surrogates (category Cs) included.
 any_char = st.characters(codec=None, exclude_categories=())
-hostile_text = st.text(any_char, max_size=12)
+# What issue 10 found, and its relatives: lone surrogates, controls, bidi overrides, inner spaces.
+nasty = st.sampled_from(["\ud800", "\udfff", "\ud83d", "\x00", "\x07", "\x1b[2J", "\x85", "\u202e", "\u2066",
+                         "\u200b", "\ufeff", " ", "\t", "\n", "\u3000", "\U0001F600"])
+hostile_text = st.one_of(
+    st.text(any_char, max_size=12),
+    nasty,
+    st.tuples(st.text(max_size=4), nasty, st.text(max_size=4)).map("".join),
+)
 plain_word = st.sampled_from(["the", "causal", "encoder", "block.", "Haus", "ok", "x", "once."])
 word_text = st.one_of(
     plain_word, plain_word, plain_word,
