@@ -275,7 +275,7 @@ def soak_cmd(
     from alignatt.pipeline.soak import SoakOptions, run_soak, summary_line
 
     artifact = run_soak(SoakOptions(model=model, seam=seam, device=device, minutes=minutes, clients=clients,
-                                    seed=seed), out)
+                                    seed=seed), out, progress=lambda m: typer.echo(m, err=True))
     typer.echo(summary_line(artifact))
     typer.echo(f"wrote {out}")
     if not artifact.passed:

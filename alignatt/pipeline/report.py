@@ -170,6 +170,11 @@ def artifact_list(inputs: ReportInputs) -> list[dict[str, str]]:
 def measurement_items(inputs: ReportInputs) -> list[dict[str, Any]]:
     items = []
     for rel, a in inputs.measurements:
+        if a.kind == "soak":  # its own fields, shown like a measurement
+            from alignatt.pipeline.soak import report_item
+
+            items.append(report_item(rel, a, machine_of(a)))
+            continue
         scalars = {k: v for k, v in a.results.items() if isinstance(v, (int, float, str, bool))}
         items.append(dict(
             path=rel, name=a.name, date=a.provenance.date, machine=machine_of(a),

@@ -125,7 +125,7 @@ class Connection:
         if self.closing is not None:
             return
         self.outbox.append(text)
-        self.outbox_bytes += len(text)
+        self.outbox_bytes += len(text.encode("utf-8", "surrogatepass"))
         if len(self.outbox) > self.limits.max_outgoing_frames or self.outbox_bytes > self.limits.max_outgoing_bytes:
             self._abandon(
                 f"{len(self.outbox)} replies ({self.outbox_bytes} bytes) queued: the client is not reading",
@@ -145,7 +145,7 @@ class Connection:
                 self.outbox_wake.clear()
                 await self.outbox_wake.wait()
             text = self.outbox.popleft()
-            self.outbox_bytes -= len(text)
+            self.outbox_bytes -= len(text.encode("utf-8", "surrogatepass"))
             try:
                 # websockets' own keepalive ping waits behind a blocked write, so a stalled send
                 # is timed here: it is what notices a client that stopped reading.
@@ -231,44 +231,19 @@ class Connection:
         server.stats.sessions_active += 1  # hold the slot while the engine is looked up
         self.holds_slot = True
         try:
-            engine = await asyncio.get_running_loop().run_in_executor(
-                None, server.registry.get, route, direction
-            )
-            budget = await server.budget_for(engine)
-        except Exception as e:
+            self.session, self.engine = await self._open_session(frame, route, direction, preset, policy)
+        except BaseException as e:
             server.stats.sessions_active -= 1
             self.holds_slot = False
-            log.exception("engine for %s failed to load", direction)
-            raise ProtocolError(PROCESSING_FAILED, f"cannot load the engine for {direction}: {e}"[:300]) from None
-        history = [tuple(p) for p in frame.history]
-        if budget is not None:
-            try:  # tokenizing runs where the engine's tokenizer lives
-                await asyncio.get_running_loop().run_in_executor(
-                    engine.executor, _check_init_budget, budget, frame.accepted_target_prefix, history,
-                    frame.context_text,
-                )
-            except BudgetExceeded as e:
-                server.stats.sessions_active -= 1
-                self.holds_slot = False
-                raise ProtocolError(BAD_PROTOCOL, str(e)) from None
-        try:
-            seam = engine.open_session(self.id)
-        except SchedulerBusy as e:
-            server.stats.sessions_active -= 1
-            self.holds_slot = False
-            raise ProtocolError(BUSY, f"{e}; retry later") from None
-        config = SessionConfig(policy=policy, max_new_tokens=preset.max_new_tokens, limits=self.limits)
-        self.engine = engine
-        self.session = Session(
-            seam,
-            config,
-            source_lang=frame.source_lang.strip().lower(),
-            target_lang=frame.target_lang.strip().lower(),
-            accepted_target_prefix=frame.accepted_target_prefix,
-            history=history,
-            context_text=frame.context_text,
-            budget=budget,
-        )
+            if isinstance(e, BudgetExceeded):
+                raise ProtocolError(BAD_PROTOCOL, str(e)[:300]) from None
+            if isinstance(e, SchedulerBusy):
+                raise ProtocolError(BUSY, f"{e}; retry later") from None
+            if not isinstance(e, Exception):
+                raise
+            log.exception("session for %s could not be opened", direction)
+            raise ProtocolError(PROCESSING_FAILED, f"cannot open a session for {direction}: {e}"[:300]) from None
+        engine = self.engine
         server.stats.sessions_opened += 1
         self.worker = asyncio.create_task(self._work())
         self.worker.add_done_callback(self._worker_done)
@@ -287,6 +262,33 @@ class Connection:
             "connection": self.id, **ok.model_dump(include={"direction", "preset", "policy", "unknown_overrides"}),
             "accepted_target_prefix": frame.accepted_target_prefix, "history": len(frame.history),
         })
+
+    async def _open_session(self, frame: InitFrame, route, direction: str, preset, policy) -> tuple[Session, Engine]:
+        """The engine (loaded on first use), the init's token bounds checked, and the session."""
+        loop = asyncio.get_running_loop()
+        engine = await loop.run_in_executor(None, self.server.registry.get, route, direction)
+        budget = await self.server.budget_for(engine)
+        history = [tuple(p) for p in frame.history]
+        if budget is not None:  # tokenizing runs where the engine's tokenizer lives
+            await loop.run_in_executor(engine.executor, _check_init_budget, budget, frame.accepted_target_prefix,
+                                       history, frame.context_text)
+        config = SessionConfig(policy=policy, max_new_tokens=preset.max_new_tokens, limits=self.limits)
+        seam = engine.open_session(self.id)  # SchedulerBusy past the engine's capacity
+        try:
+            session = Session(
+                seam,
+                config,
+                source_lang=frame.source_lang.strip().lower(),
+                target_lang=frame.target_lang.strip().lower(),
+                accepted_target_prefix=frame.accepted_target_prefix,
+                history=history,
+                context_text=frame.context_text,
+                budget=budget,
+            )
+        except BaseException:
+            engine.close_session(self.id)
+            raise
+        return session, engine
 
     def _enqueue(self, update: UpdateFrame, received: float) -> None:
         if self.session is None:
