@@ -43,7 +43,7 @@ def run(workdir: Path, mode: str, dtype: str, prefix_caching: bool) -> dict:
             "prefix_caching": prefix_caching, "heads": HEADS, "tokens": TOKENS,
             "kv_cache_memory_gib": 0.5 if dtype == "float32" else 0.25}
     (workdir / f"{name}.json").write_text(json.dumps(spec))
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     if dtype == "float32":  # IEEE fp32 in vLLM's Triton attention too (fresh kernel cache)
         env.update(TRITON_F32_DEFAULT="ieee", TRITON_CACHE_DIR=str(workdir / "triton-cache-ieee"))
     out = workdir / f"{name}.npz"
