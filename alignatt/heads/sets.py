@@ -28,10 +28,10 @@ TS_SCORE_NAME = "paper_translation_score_argmax"  # the published name for the a
 SPREAD_SCORE_NAME = "uncalibrated_layer_kind_spread"
 
 # Model names / ids that resolve to a bundled calibrated set, per direction.
+E4B_DIRECTIONS = ("en-de", "en-it", "en-zh", "en-cs", "cs-en")  # published sets, shipped as data
 _BUNDLED_FOR_MODEL = {
-    ("gemma4-e4b", "en-de"): "gemma-4-E4B-it_en-de",
-    ("gemma4-e4b-synthetic", "en-de"): "gemma-4-E4B-it_en-de",
-    ("google/gemma-4-E4B-it", "en-de"): "gemma-4-E4B-it_en-de",
+    **{(model, d): f"gemma-4-E4B-it_{d}" for d in E4B_DIRECTIONS
+       for model in ("gemma4-e4b", "gemma4-e4b-synthetic", "google/gemma-4-E4B-it")},
     ("gemma3-270m", "en-de"): "gemma-3-270m_en-de",
 }
 # Models with random weights: no head is better than another, so the set is a layer-kind spread.
@@ -309,8 +309,8 @@ def default_head_set(model_name: str, direction: str = "en-de") -> HeadSet:
     if config is not None and model_name in _SPREAD_MODELS:
         kinds, n_heads = _layer_kinds(config, model_name)
         return spread_head_set(model_name, kinds, n_heads, direction)
-    if config is not None and _is_gemma4_e4b(config) and direction == "en-de":
-        return load_head_set(_BUNDLED_FOR_MODEL[("gemma4-e4b", "en-de")])
+    if config is not None and _is_gemma4_e4b(config) and direction in E4B_DIRECTIONS:
+        return load_head_set(_BUNDLED_FOR_MODEL[("gemma4-e4b", direction)])
     known = sorted({m for m, d in _BUNDLED_FOR_MODEL if d == direction} | set(_SPREAD_MODELS))
     raise AlignattError(
         f"no default head set for model {model_name!r} ({direction}); models with one: "
