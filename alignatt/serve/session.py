@@ -27,7 +27,10 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict, Field
 
 from alignatt.core.draft import Draft, DraftRequest, Seam
-from alignatt.core.policy import AFTER_STOP, SOURCE_FRONTIER, UNSTABLE_TAIL, PolicyConfig, PolicyResult, decide
+from alignatt.core.policy import (
+    AFTER_STOP, CONTEXT_LEAK, SOURCE_FRONTIER, UNSTABLE_TAIL, PolicyConfig, PolicyResult, decide,
+)
+from alignatt.core.prompt import ContextConfig, recent_history
 
 # Step.path values.
 FAST_PATH = "fast_path"
@@ -37,7 +40,7 @@ FINAL = "final"
 FINAL_CACHED = "final_cached"
 EMPTY = "empty"
 
-_ATTENTION_STOPS = (UNSTABLE_TAIL, SOURCE_FRONTIER, AFTER_STOP)
+_ATTENTION_STOPS = (UNSTABLE_TAIL, SOURCE_FRONTIER, AFTER_STOP, CONTEXT_LEAK)
 
 
 class SessionConfig(BaseModel):
@@ -52,6 +55,7 @@ class SessionConfig(BaseModel):
     final_max_new_tokens: int = Field(256, ge=1)
     max_utterance_words: int = Field(80, ge=1, description="partials past this force a final")
     max_tail_words: int = Field(64, ge=0, description="tail words past this are ignored")
+    context: ContextConfig = Field(default_factory=ContextConfig, description="context/history in the prompt")
 
 
 class UpdateRejected(ValueError):
@@ -147,9 +151,9 @@ class Session:
         self.config = config or SessionConfig()
         self.source_lang = source_lang
         self.target_lang = target_lang
-        # Kept for the session's record and for clients that reconnect; DraftRequest has no
-        # context field yet, so neither reaches the prompt.
-        self.history: list[tuple[str, str]] = list(history or [])
+        # Both reach the prompt (outside the source region); the prompt gets the last
+        # `context.history_pairs` turns, which is what a reconnecting client sends back.
+        self.history: list[tuple[str, str]] = [tuple(p) for p in history or []]
         self.context_text = context_text
         self.engine_calls = 0
         self.fast_path_releases = 0  # fast-path steps that appended text
@@ -315,6 +319,8 @@ class Session:
             max_new_tokens=max_new,
             source_lang=self.source_lang,
             target_lang=self.target_lang,
+            context_text=self.context_text,
+            history=recent_history(self.history, self.config.context),
         )
         self.engine_calls += 1
         return self.seam.draft(request)

@@ -446,6 +446,7 @@ class VllmCaptureSeam:
         other = torch.stack([splits[l].other_prompt[:, i] for l, i in self.order], dim=1)
         gen = torch.stack([splits[l].generated[:, i] for l, i in self.order], dim=1)
         rows, other, gen = (t.cpu().numpy().astype(np.float32) for t in (rows, other, gen))
+        blocks = self._block_masses(probs_by_layer, fetched, prompt)
         timings.reconstruct_ms = (time.perf_counter() - t1) * 1e3
 
         if self.keep_raw:
@@ -466,9 +467,24 @@ class VllmCaptureSeam:
                 rows=np.ascontiguousarray(rows[i]),
                 other_prompt_mass=other[i],
                 generated_mass=gen[i],
+                **{f"{k}_mass": None if v is None else v[i] for k, v in blocks.items()},
             )
             for i, tok in enumerate(tokens)
         ]
+
+    def _block_masses(self, probs_by_layer: dict, fetched: dict, prompt: Any) -> dict:
+        """[T, heads] mass on the context block and the history turns, in head order."""
+        from alignatt.capture.hf.base import block_masses
+
+        per_layer = {layer: block_masses(probs, prompt, fetched[layer]["lo"])
+                     for layer, probs in probs_by_layer.items()}
+        out = {}
+        for name in ("context", "history"):
+            if any(m[name] is None for m in per_layer.values()):
+                out[name] = None
+                continue
+            out[name] = np.stack([per_layer[l][name][:, i] for l, i in self.order], axis=1)
+        return out
 
     def describe(self) -> dict:
         """Facts for artifacts and logs."""
