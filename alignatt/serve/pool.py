@@ -1,7 +1,9 @@
-"""Engines: a loaded seam per (model, seam, heads, options), each with its one worker thread.
+"""Engines: a loaded seam per (model, seam, device, dtype, options), each with its one worker thread.
 
 One model serves every session of its routes, so all of an engine's drafts run one at a time on
-its own thread, off the server's event loop.
+its own thread, off the server's event loop. Directions that share a model share its engine: the
+engine captures the union of their heads once, and each session sees only its direction's rows
+(`HeadRows`).
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Sequence
 
-from alignatt.core.draft import Head, Seam
+from alignatt.core.draft import Draft, DraftRequest, Head, Seam
 from alignatt.serve.config import DirectionRoute, SeamFactory, resolve_heads
 
 log = logging.getLogger("alignatt.serve.server")
@@ -36,6 +40,15 @@ class Engine:
             self.executor.shutdown(wait=False)
             raise
 
+    def view(self, heads: list[Head]) -> "HeadRows":
+        """A seam for one direction: drafts on this engine, rows of `heads` only."""
+        return HeadRows(self.seam, self.heads, heads)
+
+    def draft_many(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        """Several drafts in one engine batch where the seam batches (vLLM), else one by one."""
+        batch = getattr(self.seam, "draft_many", None)
+        return list(batch(requests)) if batch is not None else [self.seam.draft(r) for r in requests]
+
     def close(self) -> None:
         """Close the seam on its own thread (where it was built), then stop that thread."""
         try:
@@ -45,21 +58,76 @@ class Engine:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
 
-class EngineRegistry:
-    """Engines by (model, seam, device, dtype, heads): directions with equal routes share one."""
+class HeadRows:
+    """One direction's seam on a shared engine: the engine drafts with the union of every route's
+    heads; this view keeps its own heads' rows (and masses), in its own order."""
 
-    def __init__(self, factory: SeamFactory) -> None:
+    def __init__(self, seam: Seam, engine_heads: list[Head], heads: list[Head]) -> None:
+        missing = [h for h in heads if h not in engine_heads]
+        if missing:
+            raise ValueError(f"heads {missing} are not captured by this engine")
+        self.seam = seam
+        self.heads = list(heads)
+        self.index = [engine_heads.index(h) for h in heads]
+        self._n_engine = len(engine_heads)
+        self.prefetched: list[tuple[DraftRequest, Draft]] = []  # drafts made in a batch, not yet taken
+
+    @property
+    def name(self) -> str:
+        return self.seam.name
+
+    def select(self, draft: Draft) -> Draft:
+        idx = self.index
+
+        def pick(a):
+            return a if a is None or len(a) != self._n_engine else a[idx]
+
+        tokens = [replace(t, rows=pick(t.rows), other_prompt_mass=pick(t.other_prompt_mass),
+                          generated_mass=pick(t.generated_mass), context_mass=pick(t.context_mass),
+                          history_mass=pick(t.history_mass)) for t in draft.tokens]
+        return replace(draft, heads=list(self.heads) if draft.heads else [], tokens=tokens)
+
+    def draft(self, request: DraftRequest) -> Draft:
+        for i, (r, d) in enumerate(self.prefetched):
+            if r == request:
+                del self.prefetched[i]
+                return d
+        return self.select(self.seam.draft(request))
+
+    def close(self) -> None:
+        """Nothing to release: the engine owns (and closes) the seam."""
+
+
+def route_key(route: DirectionRoute) -> tuple:
+    """Routes with equal keys share one engine (their heads are captured together)."""
+    return (route.model, route.seam, route.device, route.dtype,
+            json.dumps(route.seam_options, sort_keys=True, default=str))
+
+
+class EngineRegistry:
+    """Engines by (model, seam, device, dtype, options): directions of one model share one, whose
+    heads are the union of the heads of every route in `routes` with that key."""
+
+    def __init__(self, factory: SeamFactory, routes: dict[str, DirectionRoute] | None = None) -> None:
         self.factory = factory
+        self.routes = dict(routes or {})
         self._engines: dict[tuple, Engine] = {}
         self._lock = threading.Lock()
 
+    def union_heads(self, route: DirectionRoute, direction: str) -> list[Head]:
+        """Every same-engine route's heads, directions in sorted order, each head once."""
+        heads: list[Head] = []
+        for d, r in sorted({**self.routes, direction: route}.items()):
+            if route_key(r) == route_key(route):
+                heads += [h for h in resolve_heads(r, d) if h not in heads]
+        return heads
+
     def get(self, route: DirectionRoute, direction: str) -> Engine:
-        heads = resolve_heads(route, direction)
-        key = (route.model, route.seam, route.device, route.dtype, tuple(heads),
-               json.dumps(route.seam_options, sort_keys=True, default=str))
+        key = route_key(route)
         with self._lock:  # loads are rare and slow; one at a time
             engine = self._engines.get(key)
             if engine is None:
+                heads = self.union_heads(route, direction)
                 started = time.perf_counter()
                 engine = Engine(f"{len(self._engines)}", route, heads, self.factory)
                 self._engines[key] = engine

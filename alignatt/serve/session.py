@@ -222,6 +222,25 @@ class Session:
         words, tail, _ = self._normalise(committed_words, tail_words, is_final)
         return self._cached_path(words, tail, is_final) is None
 
+    def planned_request(
+        self, committed_words: list[str], tail_words: list[str], is_final: bool,
+        utterance_id: int | None = None,
+    ) -> DraftRequest | None:
+        """The DraftRequest `update` would send to the engine for this update (None: no engine call).
+
+        Lets a caller draft several sessions' requests in one engine batch before updating them.
+        """
+        if not self.needs_engine(committed_words, tail_words, is_final, utterance_id):
+            return None
+        u = self._open
+        fresh = utterance_id is not None and u.utterance_id not in (None, utterance_id)
+        committed_text = "" if fresh else u.committed_text
+        covered = 0 if fresh else u.covered_source_units
+        words, tail, _ = self._normalise(committed_words, tail_words, is_final)
+        if is_final or len(words) > self.config.max_utterance_words:
+            return self._request(words, len(words), committed_text, self._final_budget(len(words), covered))
+        return self._request(words + tail, len(words), committed_text, self.config.max_new_tokens)
+
     def update(
         self,
         committed_words: list[str],
@@ -255,7 +274,7 @@ class Session:
             stop = result.stop_reason if result else None
             step = self._step(u, before, delta, "", len(words), stop, path, calls_before,
                               started, result, final=True, forced=forced)
-            self.history.append((" ".join(words), u.committed_text + delta))
+            self._remember(" ".join(words), u.committed_text + delta)
             self._open = _Utterance(utterance_id=(u.utterance_id or 0) + 1)
             return self._finish(step, rewritten, ignored)
 
@@ -295,6 +314,11 @@ class Session:
 
     # ---- internals ----
 
+    def _remember(self, source: str, target: str) -> None:
+        """Record a closed utterance; only the turns a prompt can use are kept."""
+        self.history.append((source, target))
+        del self.history[: -max(self.config.context.history_pairs, 1)]
+
     def _enter_utterance(self, utterance_id: int | None) -> None:
         u = self._open
         if utterance_id is None or u.utterance_id == utterance_id:
@@ -308,11 +332,11 @@ class Session:
             )
         # The client moved on without a final: keep what was shown, open the new utterance.
         if u.committed_words or u.committed_text:
-            self.history.append((" ".join(u.committed_words), u.committed_text))
+            self._remember(" ".join(u.committed_words), u.committed_text)
         self._open = _Utterance(utterance_id=utterance_id)
 
-    def _draft(self, source: list[str], committed: int, prefix: str, max_new: int) -> Draft:
-        request = DraftRequest(
+    def _request(self, source: list[str], committed: int, prefix: str, max_new: int) -> DraftRequest:
+        return DraftRequest(
             source_words=source,
             committed_words=committed,
             target_prefix=prefix,
@@ -322,18 +346,22 @@ class Session:
             context_text=self.context_text,
             history=recent_history(self.history, self.config.context),
         )
+
+    def _draft(self, source: list[str], committed: int, prefix: str, max_new: int) -> Draft:
+        request = self._request(source, committed, prefix, max_new)
         self.engine_calls += 1
         return self.seam.draft(request)
 
-    def _final_draft(self, words: list[str]) -> tuple[PolicyResult, str]:
-        cfg = self.config
+    def _final_budget(self, n_words: int, covered: int) -> int:
         # The committed text already covers part of the source: budget only the rest, so a final
         # stays about as quick as a partial (clients time out on slow ones).
-        uncovered = max(len(words) - self._open.covered_source_units, 1)
-        budget = min(
-            cfg.final_max_new_tokens,
-            int(cfg.final_tokens_per_word * uncovered) + cfg.final_extra_tokens,
-        )
+        cfg = self.config
+        uncovered = max(n_words - covered, 1)
+        return min(cfg.final_max_new_tokens, int(cfg.final_tokens_per_word * uncovered) + cfg.final_extra_tokens)
+
+    def _final_draft(self, words: list[str]) -> tuple[PolicyResult, str]:
+        cfg = self.config
+        budget = self._final_budget(len(words), self._open.covered_source_units)
         draft = self._draft(words, len(words), self._open.committed_text, budget)
         result = decide(draft, len(words), cfg.policy, final=True)
         return result, result.emitted_text
