@@ -318,6 +318,16 @@ def default_head_set(model_name: str, direction: str = "en-de") -> HeadSet:
     )
 
 
+def default_head_set_name(model_name: str, direction: str = "en-de") -> str:
+    """The bundled set a model uses by default, or a description of the set it gets."""
+    bundled = _BUNDLED_FOR_MODEL.get((model_name, direction))
+    if bundled is not None:
+        return bundled
+    if model_name in _SPREAD_MODELS:
+        return f"{SPREAD_SCORE_NAME} ({model_name})"
+    return f"default of {model_name} ({direction})"
+
+
 def default_heads(model_name: str, k: int, direction: str = "en-de") -> list[Head]:
     return default_head_set(model_name, direction).top_k(k)
 

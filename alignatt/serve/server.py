@@ -20,7 +20,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from alignatt.serve.pool import Engine, EngineRegistry
+from alignatt.core.prompt import recent_history
+from alignatt.serve.multi_target import MultiTargetSession
+from alignatt.serve.pool import Engine, EngineRegistry, route_key
 from alignatt.core.errors import AlignattError
 from alignatt.serve.protocol import (
     BAD_PROTOCOL,
@@ -37,9 +39,12 @@ from alignatt.serve.protocol import (
     parse_frame,
 )
 from alignatt.serve.config import (
+    DirectionRoute,
     SeamFactory,
     ServerConfig,
     default_seam_factory,
+    head_set_name,
+    resolve_heads,
     resolve_preset,
     server_config,
 )
@@ -67,7 +72,7 @@ class MTServer:
     def __init__(self, config: ServerConfig | None = None, seam_factory: SeamFactory | None = None):
         self.config = config or ServerConfig()
         resolve_preset(self.config.default_preset)  # fail at start, not at the first session
-        self.registry = EngineRegistry(seam_factory or default_seam_factory)
+        self.registry = EngineRegistry(seam_factory or default_seam_factory, self.config.directions)
         self.stats = ServerStats()
         # Recent translation steps, server-side (the smoke reads the fast-path latencies here).
         self.step_log: collections.deque[dict] = collections.deque(maxlen=50_000)
@@ -119,6 +124,7 @@ class _Connection:
         self.ws = ws
         self.limits = server.config.limits
         self.session: Session | None = None
+        self.multi: MultiTargetSession | None = None  # `target_langs` sessions
         self.engine: Engine | None = None
         self.pending: collections.deque[tuple[UpdateFrame, float]] = collections.deque()
         self.wake = asyncio.Event()
@@ -164,19 +170,51 @@ class _Connection:
         except ConnectionClosed:
             pass  # the client left; its session ends with the reader loop
 
+    def _routes(self, frame: InitFrame) -> dict[str, tuple[str, DirectionRoute]]:
+        """(direction, route) per target language; every one must be served, by one engine."""
+        server = self.server
+        targets = frame.targets
+        if frame.target_langs is not None and frame.target_lang.strip().lower() not in targets:
+            raise ProtocolError(BAD_PROTOCOL, f"target_lang {frame.target_lang!r} is not one of target_langs {targets}")
+        routes = {}
+        for target in targets:
+            direction = f"{frame.source_lang.strip().lower()}-{target}"
+            route = server.config.directions.get(direction)
+            if route is None:
+                supported = sorted(server.config.directions)
+                raise ProtocolError(
+                    UNSUPPORTED_DIRECTION,
+                    f"direction {direction} is not served here; supported: {', '.join(supported)}",
+                    supported=supported,
+                )
+            routes[target] = (direction, route)
+        if len({route_key(r) for _, r in routes.values()}) > 1:
+            raise ProtocolError(BAD_PROTOCOL, f"target_langs {targets} are served by different models; "
+                                              "a multi-target session needs one engine for all of them")
+        return routes
+
+    def _bounded_context(self, frame: InitFrame) -> tuple[str, list[tuple[str, str]], int]:
+        """The context text and the history turns kept (the newest), or bad_protocol past a bound."""
+        cfg = self.server.config.context
+        context = frame.context_text.strip()
+        if len(context) > cfg.max_context_chars:
+            raise ProtocolError(BAD_PROTOCOL, f"context_text of {len(context)} characters exceeds the "
+                                              f"{cfg.max_context_chars}-character bound")
+        for i, pair in enumerate(frame.history):
+            longest = max(len(x) for x in pair)
+            if longest > cfg.max_history_entry_chars:
+                raise ProtocolError(BAD_PROTOCOL, f"history[{i}] has a text of {longest} characters; the "
+                                                  f"bound is {cfg.max_history_entry_chars}")
+        kept = recent_history([tuple(p) for p in frame.history], cfg)
+        return context, kept, len(frame.history) - len(kept)
+
     async def _init(self, frame: InitFrame) -> None:
         server = self.server
         if self.session is not None:
             raise ProtocolError(BAD_PROTOCOL, "this connection already has a session (one init per connection)")
-        direction = frame.direction
-        route = server.config.directions.get(direction)
-        if route is None:
-            supported = sorted(server.config.directions)
-            raise ProtocolError(
-                UNSUPPORTED_DIRECTION,
-                f"direction {direction} is not served here; supported: {', '.join(supported)}",
-                supported=supported,
-            )
+        routes = self._routes(frame)
+        direction, route = next(iter(routes.values()))
+        context, history, trimmed = self._bounded_context(frame)
         preset = resolve_preset(frame.preset or server.config.default_preset)
         fields, unknown = override_policy_fields(frame.overrides)
         policy = preset.policy.model_copy(update=fields)
@@ -198,17 +236,24 @@ class _Connection:
             max_new_tokens=preset.max_new_tokens,
             max_utterance_words=self.limits.max_utterance_words,
             max_tail_words=self.limits.max_tail_words,
+            context=server.config.context,
         )
         self.engine = engine
-        self.session = Session(
-            engine.seam,
-            config,
-            source_lang=frame.source_lang.strip().lower(),
-            target_lang=frame.target_lang.strip().lower(),
-            accepted_target_prefix=frame.accepted_target_prefix,
-            history=[tuple(p) for p in frame.history],
-            context_text=frame.context_text,
-        )
+        sessions: dict[str, Session] = {}
+        described = []
+        for i, (target, (d, r)) in enumerate(routes.items()):
+            view = engine.view(resolve_heads(r, d))
+            # The client's prefix and history are in its target_lang (the first target).
+            sessions[target] = Session(
+                view, config, source_lang=frame.source_lang.strip().lower(), target_lang=target,
+                accepted_target_prefix=frame.accepted_target_prefix if i == 0 else "",
+                history=history if i == 0 else [], context_text=context,
+            )
+            described.append({"target_lang": target, "direction": d, "model": r.model, "seam": r.seam,
+                              "head_set": head_set_name(r, d), "heads": [(h.layer, h.head) for h in view.heads]})
+        self.session = next(iter(sessions.values()))
+        if frame.target_langs is not None:
+            self.multi = MultiTargetSession(sessions, {t: engine for t in sessions})
         server.stats.sessions_opened += 1
         self.worker = asyncio.create_task(self._work())
         ok = InitOk(
@@ -216,15 +261,25 @@ class _Connection:
             preset=preset.name,
             model=route.model,
             seam=route.seam,
-            heads=[(h.layer, h.head) for h in engine.heads],
+            heads=described[0]["heads"],
             policy=policy.model_dump(),
             unknown_overrides=unknown,
             ignored_fields=frame.unknown_fields(),
+            source_lang=frame.source_lang.strip().lower(),
+            target_lang=described[0]["target_lang"],
+            head_set=described[0]["head_set"],
+            session=config.model_dump(),
+            context_chars=len(context),
+            history_received=len(frame.history),
+            history_used=len(history),
+            history_trimmed=trimmed,
+            targets=described if self.multi is not None else None,
         )
         await self._send(ok.to_json())
         server.session_log.append({
             "connection": self.id, **ok.model_dump(include={"direction", "preset", "policy", "unknown_overrides"}),
             "accepted_target_prefix": frame.accepted_target_prefix, "history": len(frame.history),
+            "history_trimmed": trimmed, "context_chars": len(context), "targets": list(routes),
         })
 
     def _enqueue(self, update: UpdateFrame, received: float) -> None:
@@ -264,15 +319,15 @@ class _Connection:
             await self._process(update, received)
 
     async def _process(self, update: UpdateFrame, received: float) -> None:
-        session, stats = self.session, self.server.stats
+        session, stats = self.multi or self.session, self.server.stats
         args = (update.words, update.tail_words, update.is_final, update.utterance_id)
         stats.updates += 1
         try:
             if session.needs_engine(*args):
                 loop = asyncio.get_running_loop()
-                step = await loop.run_in_executor(self.engine.executor, session.update, *args)
+                result = await loop.run_in_executor(self.engine.executor, session.update, *args)
             else:
-                step = session.update(*args)  # no model work: answer from the event loop
+                result = session.update(*args)  # no model work: answer from the event loop
         except asyncio.CancelledError:
             raise
         except UpdateRejected as e:
@@ -285,13 +340,16 @@ class _Connection:
             message = f"{type(e).__name__}: {e}"[:300]
             await self._send(ErrorFrame(code=PROCESSING_FAILED, message=message, seq=update.seq).to_json())
             return
-        stats.engine_calls += step.engine_calls
-        stats.paths[step.path] += 1
-        frame = translation_frame(update, step, received)
-        await self._send(frame.to_json())
-        self.server.step_log.append(
-            {"connection": self.id, **frame.model_dump(include=_LOGGED)}
-        )
+        # A multi-target session answers with one frame per target, each naming its target.
+        for target, step in result if self.multi is not None else [(None, result)]:
+            stats.engine_calls += step.engine_calls
+            stats.paths[step.path] += 1
+            frame = translation_frame(update, step, received)
+            frame.target_lang = target
+            await self._send(frame.to_json())
+            self.server.step_log.append(
+                {"connection": self.id, **frame.model_dump(include=_LOGGED)}
+            )
 
 
 _LOGGED = {"seq", "utterance_id", "final", "path", "engine_calls", "compute_ms", "server_ms",
