@@ -32,7 +32,7 @@ E4B_DIRECTIONS = ("en-de", "en-it", "en-zh", "en-cs", "cs-en")  # published sets
 _BUNDLED_FOR_MODEL = {
     **{(model, d): f"gemma-4-E4B-it_{d}" for d in E4B_DIRECTIONS
        for model in ("gemma4-e4b", "gemma4-e4b-synthetic", "google/gemma-4-E4B-it")},
-    ("gemma3-270m", "en-de"): "gemma-3-270m_en-de",
+    **{("gemma3-270m", d): f"gemma-3-270m_{d}" for d in ("en-de", "en-zh")},  # calibrated here
 }
 # Models with random weights: no head is better than another, so the set is a layer-kind spread.
 _SPREAD_MODELS = ("tiny-gemma4",)
