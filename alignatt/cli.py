@@ -6,12 +6,14 @@ Expected failures (`AlignattError`) become one clear line on stderr and exit cod
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import NoReturn
 
 import typer
 from typer.core import TyperGroup
 
 from alignatt.core.errors import AlignattError
+from alignatt.models.presets import DEFAULT_MODEL
 
 
 def fail(message: str) -> NoReturn:
@@ -41,7 +43,7 @@ def translate_cmd(
     committed_words: int = typer.Option(None, "--committed-words", help="committed source words (default: all)"),
     prefix: str = typer.Option("", "--prefix", help="accepted target text the draft continues"),
     seam: str = typer.Option("hf_qk_fast", "--seam", help="hf_eager | hf_qk_fast | vllm_capture"),
-    model: str = typer.Option("gemma3-270m", "--model", help="model preset or local checkpoint"),
+    model: str = typer.Option(DEFAULT_MODEL, "--model", help="model preset or local checkpoint"),
     heads: int = typer.Option(4, "--heads", help="use the model's top-K default alignment heads"),
     head: list[str] = typer.Option(None, "--head", help="explicit head LAYER:HEAD (repeatable; overrides --heads)"),
     max_new_tokens: int = typer.Option(20, "--max-new-tokens"),
@@ -125,7 +127,7 @@ def heads_show(
 
 @heads_app.command("calibrate")
 def heads_calibrate(
-    model: str = typer.Option("gemma3-270m", "--model", help="model preset or local checkpoint"),
+    model: str = typer.Option(DEFAULT_MODEL, "--model", help="model preset or local checkpoint"),
     pairs: str = typer.Option(None, "--pairs", help="word-aligned pairs JSON (default: bundled en-de)"),
     max_pairs: int = typer.Option(None, "--max-pairs", help="use only the first N pairs"),
     out: str = typer.Option(..., "--out", help="where to write the head-set JSON"),
@@ -165,7 +167,7 @@ def _server_config(
 def serve_cmd(
     host: str = typer.Option("127.0.0.1", help="interface to listen on"),
     port: int = typer.Option(8765, help="TCP port (0 = any free port)"),
-    model: str = typer.Option("gemma3-270m", help="model preset or local checkpoint"),
+    model: str = typer.Option(DEFAULT_MODEL, help="model preset or local checkpoint"),
     seam: str = typer.Option("hf_qk_fast", help="capture seam: hf_eager | hf_qk_fast | vllm_capture"),
     preset: str = typer.Option("balanced", help="default latency preset: low_latency | balanced | high_latency"),
     direction: str = typer.Option("en-de", help="the direction served (source-target)"),
@@ -193,7 +195,7 @@ def serve_cmd(
 
 @app.command("smoke")
 def smoke_cmd(
-    model: str = typer.Option("gemma3-270m", help="model preset or local checkpoint"),
+    model: str = typer.Option(DEFAULT_MODEL, help="model preset or local checkpoint"),
     seam: str = typer.Option("hf_qk_fast", help="capture seam"),
     preset: str = typer.Option("balanced", help="latency preset"),
     device: str = typer.Option("cpu"),
@@ -209,12 +211,33 @@ def smoke_cmd(
     """Start the server on loopback, replay the smoke stream through a real client, write the artifact."""
     from alignatt.pipeline.smoke import SmokeOptions, run_smoke, summary_line
 
-    options = SmokeOptions(model=model, seam=seam, preset=preset, device=device, dtype=dtype,
-                           top_k=top_k, heads=heads, speed=speed, client=client, stream=stream,
-                           vllm_mode=vllm_mode)
+    options = SmokeOptions.checked(model=model, seam=seam, preset=preset, device=device, dtype=dtype,
+                                   top_k=top_k, heads=heads, speed=speed, client=client, stream=stream,
+                                   vllm_mode=vllm_mode)
     artifact = run_smoke(options, out)
     typer.echo(summary_line(artifact))
     typer.echo(f"wrote {out}")
+
+@app.command("soak")
+def soak_cmd(
+    model: str = typer.Option("gemma3-270m", help="model preset or local checkpoint"),
+    seam: str = typer.Option("hf_qk_fast", help="capture seam"),
+    device: str = typer.Option("cpu"),
+    minutes: float = typer.Option(30.0, help="how long sessions keep starting"),
+    clients: int = typer.Option(3, help="concurrent client threads"),
+    seed: int = typer.Option(0),
+    out: str = typer.Option("outputs/cpu/soak.json", help="where to write the soak artifact"),
+) -> None:
+    """Mixed well-formed and hostile sessions on loopback for N minutes; RSS, descriptors, targets."""
+    from alignatt.pipeline.soak import SoakOptions, run_soak, summary_line
+
+    artifact = run_soak(SoakOptions(model=model, seam=seam, device=device, minutes=minutes, clients=clients,
+                                    seed=seed), out)
+    typer.echo(summary_line(artifact))
+    typer.echo(f"wrote {out}")
+    if not artifact.passed:
+        raise typer.Exit(1)
+
 
 # ---- pipeline: env, bench, report, audit (alignatt.pipeline.provenance / bench / report / audit) ----
 
@@ -223,10 +246,20 @@ def smoke_cmd(
 def env_cmd(
     out: str = typer.Option("outputs/env.json", help="where to write the env artifact"),
     model: str = typer.Option(None, help="model preset / HF id / path whose identity to record"),
+    fingerprint: bool = typer.Option(False, "--fingerprint", help="write only the machine fingerprint "
+                                     "(no timestamp, load or git state): what the DVC stages depend on"),
 ) -> None:
     """Record this machine's provenance (GPU, driver, CUDA, torch, vLLM, git, container)."""
-    from alignatt.pipeline.artifacts import env_artifact, write_artifact
+    from alignatt.pipeline.artifacts import env_artifact, fingerprint_artifact, write_artifact
 
+    if fingerprint:
+        written = fingerprint_artifact(model)
+        write_artifact(out, written)
+        f = written.fingerprint
+        gpu = f"{f.gpu_count} x {f.gpus[0].name}" if f.gpus else "no GPU"
+        typer.echo(f"wrote {out}: {gpu}; torch {f.torch}, vLLM {f.vllm}, transformers {f.transformers}; "
+                   f"container {f.container_image}")
+        return
     artifact = env_artifact(model)
     write_artifact(out, artifact)
     p = artifact.provenance
@@ -266,9 +299,25 @@ def bench_cmd(
         seams=[s.strip() for s in seams.split(",") if s.strip()] if seams else None,
     )
     artifact = bench.run_bench(config, bench.SubprocessRunner(progress=progress))
+    typer.echo(bench.format_summary(artifact), err=True)
+    bench.check_expected_seams(artifact)  # all expected seams skipped: one line, exit 2, nothing written
     artifact = bench.write_bench_outputs(artifact, out, metrics, plot, add)
-    typer.echo(bench.format_summary(artifact))
     typer.echo(f"wrote {out}")
+
+
+@app.command("doctor")
+def doctor_cmd(
+    params: str = typer.Option("params.yaml", help="params file"),
+    profile: str = typer.Option(None, help="params profile (default: params' `profile:`)"),
+    as_json: bool = typer.Option(False, "--json", help="machine-readable readiness"),
+) -> None:
+    """Before any long stage: which seams of the profile can run here, and what the others miss."""
+    from alignatt.pipeline.doctor import diagnose
+
+    result = diagnose(params, profile)
+    typer.echo(result.model_dump_json(indent=1) if as_json else result.as_text())
+    if not result.ok:
+        raise typer.Exit(1)
 
 
 @app.command("report")
@@ -303,6 +352,37 @@ def audit_cmd(
     result = run_audit(paths or None, root, report)
     typer.echo(result.as_json() if as_json else result.as_text())
     if not result.ok:
+        raise typer.Exit(1)
+
+
+# ---- GPU correctness checks of the vLLM seam (alignatt.checks.vllm_checks) ----
+
+
+@app.command("check-vllm")
+def check_vllm_cmd(
+    check: str = typer.Argument("all", help="all, or one check: demo, exact, parity, speed, compiled_reduced, "
+                                "compiled, speed_compiled"),
+    out: Path = typer.Option(..., "--out", help="the JSON artifact to write"),
+    only: str = typer.Option("", "--only", help="with 'all': a comma-separated subset"),
+    part: str = typer.Option(None, "--part", help="with 'all': a (demo..compiled_reduced) or b (compiled, speed_compiled), "
+                             "each fitting one ~9-minute GPU call"),
+    workdir: str = typer.Option(None, "--workdir", envvar="ALIGNATT_CHECKS_WORKDIR",
+                                help="scratch dir shared by the checks (part b reads part a's eager drafts)"),
+    tokens: int = typer.Option(20, "--tokens"),
+    repeats: int = typer.Option(3, "--repeats"),
+    tokenizer: str = typer.Option("auto", "--tokenizer", help="auto | tiny"),
+    budget_s: float = typer.Option(None, "--budget-s", help="start no new check after this many seconds"),
+    worker_timeout: float = typer.Option(300.0, "--worker-timeout"),
+    worker_timeout_compiled: float = typer.Option(420.0, "--worker-timeout-compiled"),
+) -> None:
+    """Run the vLLM seam's GPU correctness checks (each engine in its own process); exit 1 unless all pass."""
+    from alignatt.checks.vllm_checks import ChecksOptions, run
+
+    options = ChecksOptions(workdir=workdir, tokens=tokens, repeats=repeats, tokenizer=tokenizer,
+                            budget_s=budget_s, worker_timeout=worker_timeout,
+                            worker_timeout_compiled=worker_timeout_compiled)
+    artifact = run(check, out, options, only=only, part=part)
+    if not all(v == "passed" for v in artifact["summary"].values()):
         raise typer.Exit(1)
 
 

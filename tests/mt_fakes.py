@@ -5,7 +5,8 @@ start); token j of a draft attends to the source word it translates, shifted by 
 (so a token can be made to look at the word after its own). The draft continues the target prefix:
 it starts at source word `len(prefix.split())` and ends with EOS after the last source word, or
 stops at `max_new_tokens`. `leak` appends a sentence that is not in the source (like a model that
-keeps going), to exercise the final's bound.
+keeps going), to exercise the final's bound. Prompt tokens are counted without a tokenizer: one
+per 4 characters of each word (at least one), plus 5 for the template (`count_prompt_tokens`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ import time
 
 from alignatt.core.draft import Draft, DraftRequest, Head
 from tests.drafts import peaked_token
+
+
+def word_tokens(word: str) -> int:
+    return max((len(word) + 3) // 4, 1)
 
 
 def target_word(i: int, word: str) -> str:
@@ -32,6 +37,7 @@ class FakeSeam:
         leak: str = "",
         fail_when=None,
         slow_when=None,
+        max_positions: int = 4096,
     ) -> None:
         self.heads = heads or [Head(0, 0), Head(0, 1)]
         self.look_ahead = look_ahead
@@ -39,11 +45,18 @@ class FakeSeam:
         self.leak = leak
         self.fail_when = fail_when  # callable(request) -> bool: raise on that draft
         self.slow_when = slow_when  # callable(request) -> seconds of extra delay for that draft
+        self.max_positions = max_positions  # what the server derives its token bounds from
         self.calls = 0
         self.requests: list[DraftRequest] = []
         self.threads: set[str] = set()
         self.closed_on: str | None = None  # the thread that closed this seam
         self._lock = threading.Lock()
+
+    def count_text_tokens(self, text: str) -> int:
+        return sum(word_tokens(w) for w in text.split())
+
+    def count_prompt_tokens(self, request: DraftRequest) -> int:
+        return 5 + sum(word_tokens(w) for w in request.source_words) + self.count_text_tokens(request.target_prefix)
 
     def close(self) -> None:
         self.closed_on = threading.current_thread().name

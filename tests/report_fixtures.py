@@ -80,7 +80,7 @@ def _factory(decode_ms: dict[str, float], diverge: str | None = None):
 def bench_artifact(profile: str, mode: str, decode_ms: dict[str, float], gpu: bool,
                    synthetic: bool, diverge: str | None = None, date: str = "2026-12-01") -> BenchArtifact:
     config = config_from_params(PARAMS, mode, profile=profile)
-    runner = bench.in_process_runner(_factory(decode_ms, diverge))
+    runner = bench.InProcessRunner(_factory(decode_ms, diverge))
     # load_s is wall time: dropped, so the fixture bytes (and their hashes) never change
     results = [runner(name, config).model_copy(update={"load_s": None}) for name in config.seams]
     model = PARAMS["profiles"][profile]["model"]

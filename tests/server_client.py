@@ -102,3 +102,44 @@ class Client:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class StalledClient:
+    """Completes the handshake, sends frames, and never reads again (a tiny receive buffer), so the
+    server's writes to it block: a client that stopped reading."""
+
+    def __init__(self, url: str) -> None:
+        import socket
+
+        from websockets.client import ClientProtocol
+        from websockets.uri import parse_uri
+
+        uri = parse_uri(url)
+        self.protocol = ClientProtocol(uri)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        self.sock.settimeout(10.0)
+        self.sock.connect((uri.host, uri.port))
+        self.protocol.send_request(self.protocol.connect())
+        self._flush()
+        while self.protocol.handshake_exc is None and self.protocol.state.name == "CONNECTING":
+            self.protocol.receive_data(self.sock.recv(4096))
+        if self.protocol.handshake_exc is not None:
+            raise self.protocol.handshake_exc
+
+    def _flush(self) -> None:
+        for data in self.protocol.data_to_send():
+            if data:
+                self.sock.sendall(data)
+
+    def send(self, frame: dict) -> bool:
+        """False once the server has cut the connection."""
+        try:
+            self.protocol.send_text(json.dumps(frame).encode())
+            self._flush()
+            return True
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        self.sock.close()

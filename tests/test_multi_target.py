@@ -9,7 +9,7 @@ from alignatt.core.draft import Head
 from alignatt.core.policy import PolicyConfig
 from alignatt.serve.multi_target import MultiTargetSession
 from alignatt.serve.pool import HeadRows
-from alignatt.serve.session import FAST_PATH, FINAL_CACHED, UNCHANGED, Session, SessionConfig
+from alignatt.serve.session import FAST_PATH, FINAL_CACHED, UNCHANGED, Session, SessionConfig, SessionLimits
 from tests.mt_fakes import FakeSeam
 
 UNION = [Head(0, 0), Head(0, 1), Head(3, 2)]
@@ -31,16 +31,17 @@ class BatchingEngine:
         self.seam = seam
         self.batches: list[list[str]] = []
 
-    def draft_many(self, requests):
-        self.batches.append([r.target_lang for r in requests])
-        return [self.seam.draft(r) for r in requests]
+    def draft_together(self, pairs, final):
+        self.batches.append([t for t, _ in pairs])
+        assert [t for t, _ in pairs] == [r.target_lang for _, r in pairs]
+        return [self.seam.draft(r) for _, r in pairs]
 
 
 def multi(config: SessionConfig, fail_when=None, look_ahead=0, leak=""):
     seam = LangSeam(heads=UNION, fail_when=fail_when, look_ahead=look_ahead, leak=leak)
     engine = BatchingEngine(seam)
     sessions = {t: Session(HeadRows(seam, UNION, HEADS[t]), config, target_lang=t) for t in HEADS}
-    return seam, engine, MultiTargetSession(sessions, {t: engine for t in HEADS})
+    return seam, engine, MultiTargetSession(sessions, engine.draft_together)
 
 
 def test_targets_draft_in_one_batch_with_their_own_heads_and_text():
@@ -88,7 +89,7 @@ OPS = st.sampled_from(["arrive", "commit", "commit_all", "final", "rewrite", "sk
 def test_two_target_session_never_retracts_on_either_target(ops, border, hold_back, look_ahead, max_new, leak):
     fail = {"now": False}
     cfg = SessionConfig(policy=PolicyConfig(border_words=border, hold_back_words=hold_back),
-                        max_new_tokens=max_new, max_utterance_words=12)
+                        max_new_tokens=max_new, limits=SessionLimits(max_utterance_words=12))
     seam, engine, m = multi(cfg, fail_when=lambda r: fail["now"], look_ahead=look_ahead,
                             leak="Mehr. Text" if leak else "")
     committed: list[str] = []

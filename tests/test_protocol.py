@@ -39,7 +39,7 @@ def test_update_words_and_tail():
     assert isinstance(f, UpdateFrame)
     assert f.words == ["The", "causal"] and f.tail_words == ["encoder"] and not f.is_final
     bare = parse({"type": "update", "seq": 4, "words": ["a", ["b"]]})
-    assert bare.words == ["a", "b"] and bare.tail_words == [] and bare.utterance_id == 0
+    assert bare.words == ["a", "b"] and bare.tail_words == [] and bare.utterance_id is None  # the open utterance
 
 
 @pytest.mark.parametrize(
@@ -102,3 +102,59 @@ def test_outgoing_frames():
     assert "seq" not in json.loads(ErrorFrame(code="busy", message="full").to_json())
     ok = json.loads(InitOk(direction="en-de", preset="balanced", model="m").to_json())
     assert ok["type"] == "init_ok" and ok["protocol_version"] == 1
+
+
+# ---- hostile input that used to escape the parser (issue 10) ----
+
+
+def test_an_integer_past_pythons_digit_limit_is_bad_protocol_not_a_crash():
+    raw = '{"type": "update", "seq": 1, "clock_ms": ' + "9" * 5000 + "}"
+    with pytest.raises(ProtocolError) as e:
+        parse_frame(raw, 100_000)
+    assert e.value.code == BAD_PROTOCOL and "invalid JSON" in e.value.message
+
+
+@pytest.mark.parametrize(
+    "raw, where",
+    [
+        ('{"type": "init", "protocol_version": 1, "source_lang": "en", "target_lang": "de", '
+         '"overrides": {"\\ud800x": 1}}', "frame.overrides key"),
+        ('{"type": "init", "protocol_version": 1, "source_lang": "en", "target_lang": "de", '
+         '"accepted_target_prefix": "Das \\udfff"}', "frame.accepted_target_prefix"),
+        ('{"type": "update", "seq": 3, "words": [["a\\ud83d", null, null]]}', "frame.words[0][0]"),
+    ],
+)
+def test_lone_surrogates_are_refused_where_they_are(raw, where):
+    with pytest.raises(ProtocolError) as e:
+        parse_frame(raw, LIMIT)
+    assert e.value.code == BAD_PROTOCOL and where in e.value.message and "surrogate" in e.value.message
+    e.value.frame().to_json().encode("utf-8")  # the error itself is sendable
+
+
+def test_a_valid_surrogate_pair_is_text():
+    f = parse_frame('{"type": "update", "seq": 1, "words": [["\\ud83d\\ude00", null, null]]}', LIMIT)
+    assert f.words == ["\U0001F600"]
+
+
+@pytest.mark.parametrize("word", ["a b", "a\tb", "new\nline", "x\u3000y"])
+def test_words_with_inner_whitespace_are_bad_protocol(word):
+    with pytest.raises(ProtocolError) as e:
+        parse({"type": "update", "seq": 5, "words": [[word, None, None]]})
+    assert e.value.code == BAD_PROTOCOL and "whitespace" in e.value.message and e.value.seq == 5
+    with pytest.raises(ProtocolError):
+        parse({"type": "update", "seq": 5, "tail": {"words": [word]}})
+    assert parse({"type": "update", "seq": 5, "words": [" padded "]}).words == [" padded "]
+
+
+def test_counters_past_the_safe_integer_range_are_refused():
+    with pytest.raises(ProtocolError) as e:
+        parse({"type": "update", "seq": 2**53})
+    assert "seq" in e.value.message and e.value.seq is None
+    with pytest.raises(ProtocolError):
+        parse({"type": "update", "seq": 1, "utterance_id": 2**60})
+
+
+def test_outgoing_frames_always_serialise():
+    text = ErrorFrame(code=BAD_PROTOCOL, message="bad \ud800 key").to_json()
+    text.encode("utf-8")
+    assert json.loads(text)["message"] == "bad \ud800 key"

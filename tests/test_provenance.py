@@ -97,3 +97,40 @@ def test_model_identity_of_presets_paths_and_hf_cache(tmp_path, monkeypatch):
     snapshot.mkdir(parents=True)
     assert model_identity(str(snapshot)) == (str(snapshot.resolve()), "f" * 40)
     assert model_identity("no/such-model") == ("no/such-model", None)
+
+
+def test_fingerprint_is_provenance_without_when(monkeypatch):
+    from alignatt.pipeline.provenance import Fingerprint, fingerprint_differences, fingerprint_of
+
+    a, b = collect_provenance(model_id="m", model_revision="r"), collect_provenance(model_id="m", model_revision="r")
+    assert set(Fingerprint.model_fields) < set(Provenance.model_fields)
+    assert not {"timestamp_utc", "load_average", "git_commit", "git_dirty", "params_changed",
+                "dvc_experiment"} & set(Fingerprint.model_fields)
+    assert fingerprint_of(a) == fingerprint_of(b)  # whatever the clock or the load did in between
+    other = fingerprint_of(a.model_copy(update={"torch": "9.9.9"}))
+    assert fingerprint_differences(fingerprint_of(a), other) == [f"torch: {a.torch!r} != '9.9.9'"]
+
+
+def test_params_edits_are_recorded_not_called_uncommitted_code(tmp_path, monkeypatch):
+    """`dvc exp run -S profile=h200` (or an edit by hand) changes params.yaml, not the code."""
+    monkeypatch.delenv(provenance.GIT_COMMIT_ENV, raising=False)
+    _git(tmp_path, "init", "-q")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "params.yaml").write_text("profile: cpu\nbench:\n  repeats: 3\n  modes: {eager: [a]}\n")
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init")
+    assert provenance.params_changes(tmp_path) == {}
+    (tmp_path / "params.yaml").write_text("profile: h200\nbench:\n  repeats: 1\n  modes: {eager: [a]}\n")
+    assert git_state(tmp_path)[1] is False
+    assert provenance.params_changes(tmp_path) == {"bench.repeats": 1, "profile": "h200"}
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(provenance.DVC_EXP_NAME_ENV, "brisk-lynx")
+    p = collect_provenance()
+    assert (p.dvc_experiment, p.params_changed) == ("brisk-lynx", {"bench.repeats": 1, "profile": "h200"})
+    assert p.git_dirty is False
+    (tmp_path / "code.py").write_text("x = 2\n")  # code is still code
+    assert git_state(tmp_path)[1] is True
+    # artifacts written before these fields existed still validate
+    old = p.model_dump()
+    del old["dvc_experiment"], old["params_changed"]
+    assert Provenance.model_validate(old).params_changed == {}

@@ -213,11 +213,13 @@ def test_foreground_serve_answers_and_stops_on_interrupt(tmp_path):
             proc.wait()
 
 
-def test_console_script_main_reports_bad_options(capsys):
-    from alignatt.serve.server import main
+def test_serve_command_reports_bad_options():
+    from typer.testing import CliRunner
 
-    assert main(["--preset", "turbo"]) == 2
-    assert "error: unknown preset 'turbo'" in capsys.readouterr().err
+    from alignatt.cli import app
+
+    r = CliRunner().invoke(app, ["serve", "--preset", "turbo"])
+    assert r.exit_code == 2 and "error: unknown preset 'turbo'" in r.output
 
 
 def test_served_seams_are_closed_on_their_engine_thread_at_shutdown(tmp_path):

@@ -13,6 +13,7 @@ from alignatt.serve.session import (
     UNCHANGED,
     Session,
     SessionConfig,
+    SessionLimits,
     UpdateRejected,
     bound_to_source,
     count_sentence_ends,
@@ -25,7 +26,8 @@ WORDS = "the causal encoder processes each block once.".split()  # 7 words
 def make(border=1, hold_back=0, min_emit=0, **kw):
     seam = FakeSeam(**{k: kw.pop(k) for k in ("look_ahead", "leak", "fail_when") if k in kw})
     policy = PolicyConfig(border_words=border, hold_back_words=hold_back, min_emit_words=min_emit)
-    return seam, Session(seam, SessionConfig(policy=policy, **kw))
+    limits = SessionLimits(**{k: kw.pop(k) for k in ("max_utterance_words", "max_tail_words") if k in kw})
+    return seam, Session(seam, SessionConfig(policy=policy, limits=limits, **kw))
 
 
 def test_partial_drafts_over_tail_and_emits_only_settled_source():
@@ -200,7 +202,7 @@ def test_committed_text_only_ever_grows(ops, border, hold_back, look_ahead, max_
     cfg = SessionConfig(
         policy=PolicyConfig(border_words=border, hold_back_words=hold_back),
         max_new_tokens=max_new,
-        max_utterance_words=12,
+        limits=SessionLimits(max_utterance_words=12),
     )
     s = Session(seam, cfg)
     committed: list[str] = []
@@ -240,3 +242,48 @@ def test_committed_text_only_ever_grows(ops, border, hold_back, look_ahead, max_
         else:
             shown = step.committed_text
     assert s.engine_calls == seam.calls
+
+
+# ---- issue 10: emitted text, token bounds, one source of limits ----
+
+
+def test_controls_and_bidi_overrides_never_reach_committed_text():
+    from alignatt.serve.session import emitted_text
+
+    evil = "ev\u202eil\x07\x1b[31m\u2066x\u0085y\x7f"
+    seam, s = make(border=0)
+    step = s.update(["plain", evil], [], is_final=False, utterance_id=0)
+    final = s.update(["plain", evil, "end"], [], is_final=True, utterance_id=0)
+    for text in (step.committed_text, step.buffer_text, final.committed_text, final.committed_delta):
+        assert not any(c in text for c in "\u202e\x07\x1b\u2066\u0085\x7f"), repr(text)
+    assert "evil[31mxy" in final.committed_text
+    assert emitted_text("a\nb\tc\r") == "a\nbc"  # newline kept, other C0 controls gone
+    prefixed = Session(seam, accepted_target_prefix="Das \u202dHaus")
+    assert prefixed.committed_text == "Das Haus"
+
+
+def test_a_draft_past_the_token_bound_is_refused_before_the_engine_runs():
+    from alignatt.serve.budget import PromptBudget
+    from alignatt.serve.session import BudgetExceeded
+
+    seam = FakeSeam()
+    budget = PromptBudget.for_seam(seam, SessionLimits(max_prompt_tokens=40), draft_tokens=16)
+    s = Session(seam, budget=budget)
+    ok = s.update(["short"] * 10, [], False, 0)  # 5 + 10 tokens
+    assert ok.path == DRAFT and seam.calls == 1
+    with pytest.raises(BudgetExceeded, match="max_prompt_tokens=40"):
+        s.update(["short"] * 10 + ["x" * 200], [], False, 0)  # + 50 tokens
+    assert seam.calls == 1 and s.engine_calls == 1 and s.committed_text == ok.committed_text
+    with pytest.raises(BudgetExceeded, match="max_prompt_tokens=40"):
+        s.update(["w"] * 40, [], True, 0)  # a final too
+
+
+def test_session_limits_are_defined_once():
+    from alignatt.serve.config import ServerLimits
+
+    assert issubclass(ServerLimits, SessionLimits)
+    assert "max_utterance_words" not in SessionConfig.model_fields  # no second copy
+    limits = ServerLimits(max_utterance_words=3)
+    s = Session(FakeSeam(), SessionConfig(limits=limits))
+    assert s.config.limits is limits
+    assert s.update(WORDS[:4], [], False, 0).forced_final

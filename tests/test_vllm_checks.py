@@ -10,17 +10,21 @@ import torch
 
 from alignatt.core.draft import Head
 from alignatt.core.errors import AlignattError
+from typer.testing import CliRunner
+
+from alignatt.cli import app
 from alignatt.checks.vllm_checks import (
+    ChecksOptions,
     ALL_CHECKS,
     PARTS,
     compare_batch,
     compare_drafts,
-    main,
     select_checks,
     summary_word,
     timing_summary,
 )
-from alignatt.checks.worker import BATCH_IDS, draft_record, draft_variety, identity_probe, summarize_consistency
+from alignatt.checks.messages import WorkerResult, WorkerSpec
+from alignatt.checks.records import BATCH_IDS, draft_record, draft_variety, identity_probe, summarize_consistency
 from tests.drafts import make_draft
 
 
@@ -131,7 +135,7 @@ def test_the_two_parts_cover_every_check_once():
 
 def test_demo_check_writes_its_artifact_without_cuda(tmp_path):
     out = tmp_path / "checks.json"
-    rc = main(["demo", "--out", str(out), "--workdir", str(tmp_path / "w")])
+    rc = CliRunner().invoke(app, ["check-vllm", "demo", "--out", str(out), "--workdir", str(tmp_path / "w")]).exit_code
     data = json.loads(out.read_text())
     assert data["kind"] == "measurement" and data["name"] == "vllm_checks"  # the shared schema
     demo = data["results"]["checks"]["demo"]
@@ -143,9 +147,10 @@ def test_demo_check_writes_its_artifact_without_cuda(tmp_path):
 
 
 def test_unknown_check_names_are_refused(tmp_path):
-    with pytest.raises(SystemExit) as e:
-        main(["all", "--out", str(tmp_path / "x.json"), "--only", "demo,bogus"])
-    assert e.value.code == 2
+    for args in (["all", "--only", "demo,bogus"], ["bogus"], ["all", "--part", "c"]):
+        result = CliRunner().invoke(app, ["check-vllm", *args, "--out", str(tmp_path / "x.json")])
+        assert result.exit_code == 2 and result.output.startswith("error: ")
+        assert not (tmp_path / "x.json").exists()  # nothing half-written
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
@@ -164,7 +169,6 @@ def test_vllm_seam_refuses_cleanly_without_cuda():
 def test_parent_side_of_every_check_with_stand_in_workers(monkeypatch, tmp_path):
     """The checks' own logic (what they ask of workers, how they judge and write the artifact)
     with workers replaced by stand-ins shaped like the real ones' results."""
-    import argparse
     import pickle
 
     import alignatt.checks.vllm_checks as vc
@@ -184,27 +188,27 @@ def test_parent_side_of_every_check_with_stand_in_workers(monkeypatch, tmp_path)
                 recs.append(r)
         return recs
 
-    def fake_run_worker(spec, workdir, timeout_s):
-        asked.append((spec["name"], spec.get("mode"), spec.get("dtype"), spec.get("env", {}).get("TRITON_F32_DEFAULT"),
-                      spec.get("kv_cache_memory_gib"), spec.get("capture_output")))
-        if spec["task"] == "drafts":
-            res = {"ok": True, "describe": {"vllm_mode": spec["mode"]}, "tokenizer": "t", "drafts": drafts(spec["repeats"])}
-            if spec.get("capture_output"):
-                res["self_consistency"] = good
-            if spec.get("batch_check"):
-                res["batch"] = [dict(r, repeat=-1) for r in res["drafts"][:3]]
-                res["batch_self_consistency"] = good
+    def fake_run_worker(spec: WorkerSpec, workdir, timeout_s) -> WorkerResult:
+        asked.append((spec.name, spec.mode, spec.dtype, spec.env.get("TRITON_F32_DEFAULT"),
+                      spec.kv_cache_memory_gib, spec.capture_output))
+        if spec.task == "drafts":
+            res = WorkerResult(ok=True, describe={"vllm_mode": spec.mode}, tokenizer="t", drafts=drafts(spec.repeats))
+            if spec.capture_output:
+                res.self_consistency = good
+            if spec.batch_check:
+                res.batch = [dict(r, repeat=-1) for r in res.drafts[:3]]
+                res.batch_self_consistency = good
             return res
-        if spec["task"] == "parity_vllm":
-            res = {"ok": True, "runs": [{"id": "p3", "token_ids": [1, 2]}], "self_consistency": good,
-                   "describe": {}, "checkpoint": {}, "triton_f32_default": spec.get("env", {}).get("TRITON_F32_DEFAULT")}
-            (workdir / f"{spec['name']}.pkl").write_bytes(pickle.dumps(res))
+        if spec.task == "parity_vllm":
+            res = WorkerResult(ok=True, runs=[{"id": "p3", "token_ids": [1, 2]}], self_consistency=good,
+                               describe={}, checkpoint={}, triton_f32_default=spec.env.get("TRITON_F32_DEFAULT"))
+            (workdir / f"{spec.name}.pkl").write_bytes(pickle.dumps(res))
             return res
-        assert spec["task"] == "parity_hf" and spec["vllm_fp32"] and spec["vllm_bf16"]
-        return {"ok": True, "fp32": {"passed": True, "layers": {}}, "bf16": {"layers": {}}, "hf_qk_fast_seam": {}}
+        assert spec.task == "parity_hf" and spec.vllm_fp32 and spec.vllm_bf16
+        return WorkerResult(ok=True, fp32={"passed": True, "layers": {}}, bf16={"layers": {}}, hf_qk_fast_seam={})
 
     monkeypatch.setattr(vc, "run_worker", fake_run_worker)
-    args = argparse.Namespace(workdir=str(tmp_path / "w"), tokens=20, repeats=3, tokenizer="auto", budget_s=1e9,
+    args = ChecksOptions(workdir=str(tmp_path / "w"), tokens=20, repeats=3, tokenizer="auto", budget_s=1e9,
                               worker_timeout=1.0, worker_timeout_compiled=1.0)
     out = tmp_path / "a.json"
     checks = ["exact", "parity", "speed", "compiled_reduced", "compiled"]
@@ -215,7 +219,7 @@ def test_parent_side_of_every_check_with_stand_in_workers(monkeypatch, tmp_path)
     assert data["checks"]["compiled"]["compiled_vs_eager"]["rows"] == 48  # read part a's eager drafts
     assert data["checks"]["compiled_reduced"]["compiled"]["identical_drafts_vs_eager"] == "1/1"
     # the strict parity run is fp32 with IEEE Triton dots; both E4B exact runs keep the attention output
-    assert ("parity_vllm_fp32", "eager", "float32", "ieee", 0.5, None) in asked
+    assert ("parity_vllm_fp32", "eager", "float32", "ieee", 0.5, False) in asked
     assert [a[5] for a in asked if a[0].startswith("exact_")] == [True, True]
 
     # degenerate activations fail loudly, by name

@@ -1,19 +1,23 @@
-"""The vllm_capture seam's fetch + reconstruct path on CPU, with stand-ins for the engine objects
-it reads (KV caches, KV-cache groups with different block sizes, a KV-shared layer reading its
-donor's cache, recorded block ids): rows must equal dense attention over the request's own
-sequence, and the mass split must match the prompt layout."""
-
-from types import SimpleNamespace
+"""The vllm_capture fetch + rebuild on CPU, with stand-ins for the engine objects it reads (KV
+caches, KV-cache groups with different block sizes, a KV-shared layer reading its donor's cache,
+recorded block ids), all built through public constructors (`EngineView`, `LayerSource`,
+`BatchFetcher`): rows must equal dense attention over each request's own sequence, the mass split
+must match the prompt layout, and one batched step of several requests must give each request the
+rows the per-request reference gives it."""
 
 import numpy as np
 import pytest
 import torch
 
-import alignatt.capture.vllm.seam as vc
-import alignatt.capture.vllm.hooks as vh
+from alignatt.capture.vllm.fetch import BatchFetcher, EngineView, FetchItem, LayerSource
+from alignatt.capture.vllm.qcache import QueryCache, head_order, kernel_block_ids, plan_capture, slots_for_positions
 from alignatt.core.draft import Head, attention_row
 from alignatt.core.layout import AttentionLayout, LayerAttention
-from alignatt.capture.vllm.qcache import QueryCache, head_order, kernel_block_ids, plan_capture, slots_for_positions
+
+HEADS = [Head(0, 1), Head(1, 3), Head(2, 2), Head(0, 3)]
+KEY_GROUP = {0: 0, 1: 1, 2: 0}  # layer 2 is KV-shared: it reads layer 0's (group 0) keys
+# group 0 (sliding layers): 16-token kernel blocks; group 1 (full): manager blocks of 16 split in 2x8
+BLOCK = {0: (16, 1), 1: (8, 2)}
 
 
 def layout() -> AttentionLayout:
@@ -26,84 +30,149 @@ def layout() -> AttentionLayout:
                                                          la(2, "sliding", 8, 8, 0)])
 
 
-@pytest.fixture
-def engine(monkeypatch):
-    torch.manual_seed(0)
-    lay = layout()
-    heads = [Head(0, 1), Head(1, 3), Head(2, 2), Head(0, 3)]
-    plans = plan_capture(lay, heads)
-    n_prompt, n = 14, 5
-    T = n_prompt + n - 1  # the last drafted token is never fed back
-    # group 0 (sliding layers): 16-token kernel blocks; group 1 (full): manager blocks of 16 split in 2x8
-    groups = {0: SimpleNamespace(block_size=16, blocks_per_kv_block=1),
-              1: SimpleNamespace(block_size=8, blocks_per_kv_block=2)}
-    block_ids = ([3, 0], [5, 1])  # manager block ids per group for this request
-    kv = {0: torch.zeros(6, 2, 16, 2, 8), 1: torch.zeros(12, 2, 8, 2, 16)}
-    seq_keys = {0: torch.randn(T, 2, 8), 1: torch.randn(T, 2, 16)}
-    seq_q = {0: torch.randn(T, 4, 8), 1: torch.randn(T, 4, 16), 2: torch.randn(T, 4, 8)}
-    group_of = {0: 0, 1: 1, 2: 0}
-    caches = {}
-    for layer, plan in plans.items():
-        g = group_of[layer]
-        blocks = kernel_block_ids(block_ids[g], groups[g].blocks_per_kv_block)
-        slots = slots_for_positions(blocks, groups[g].block_size, torch.arange(T))
-        cache = QueryCache(kv[g].shape[0] * kv[g].shape[2], len(plan.heads), plan.head_dim, torch.float32, "cpu",
-                           plan.heads)
-        cache.write(seq_q[layer].reshape(T, -1), slots)
-        caches[layer] = cache
-        if layer != 2:  # the shared layer writes no keys of its own
-            src = seq_keys[g]
-            kv[g][slots // groups[g].block_size, 0, slots % groups[g].block_size] = src
-    attn = {0: SimpleNamespace(kv_cache=kv[0]), 1: SimpleNamespace(kv_cache=kv[1]), 2: SimpleNamespace(kv_cache=kv[0])}
-    runner = SimpleNamespace(input_batch=SimpleNamespace(block_table=[groups[0], groups[1]]))
-    hooks = vh.Hooks(plans=plans, capture_output=False, runner=runner, attn=attn, group=group_of, caches=caches,
-                      block_ids={"req-1": block_ids})
-    monkeypatch.setattr(vh, "_HOOKS", hooks)
-    from alignatt.models.presets import tiny_tokenizer
+class StandInEngine:
+    """KV caches and query caches of a few requests, written where vLLM would write them."""
 
-    seam = object.__new__(vc.VllmCaptureSeam)
-    seam.plans, seam.order, seam.heads = plans, head_order(plans, heads), heads
-    seam.tokenizer, seam.capture, seam.capture_output = tiny_tokenizer(), True, False
-    seam.keep_raw, seam.reconstruct, seam.raw, seam.hooks = True, "batched", {}, hooks
-    source = [3, 4, 5, 7, 9, 10]
-    prompt = SimpleNamespace(input_ids=list(range(100, 100 + n_prompt)), source_token_positions=source,
-                             prefix_start=12)
-    return dict(seam=seam, prompt=prompt, n=n, n_prompt=n_prompt, seq_keys=seq_keys, seq_q=seq_q, plans=plans,
-                heads=heads, hooks=hooks)
+    def __init__(self, n_blocks=(10, 20), keep_raw=False):
+        self.plans = plan_capture(layout(), HEADS)
+        self.kv = {0: torch.zeros(n_blocks[0], 2, 16, 2, 8), 1: torch.zeros(n_blocks[1], 2, 8, 2, 16)}
+        self.caches = {
+            layer: QueryCache(self.kv[KEY_GROUP[layer]].shape[0] * self.kv[KEY_GROUP[layer]].shape[2],
+                              len(plan.heads), plan.head_dim, torch.float32, "cpu", plan.heads)
+            for layer, plan in self.plans.items()
+        }
+        self.block_ids: dict = {}
+        self.sequences: dict = {}
+        layers = {layer: LayerSource(self.caches[layer], self.kv[KEY_GROUP[layer]], *BLOCK[KEY_GROUP[layer]],
+                                     KEY_GROUP[layer]) for layer in self.plans}
+        self.view = EngineView(layers, self.block_ids)
+        self.fetcher = BatchFetcher(self.view, self.plans, head_order(self.plans, HEADS), keep_raw=keep_raw)
+
+    def add(self, rid, block_ids, n_prompt, n, source, prefix_start):
+        T = n_prompt + n - 1  # the last drafted token is never fed back
+        gen = torch.Generator().manual_seed(sum(map(ord, rid)))  # the same sequence in every engine
+        keys = {0: torch.randn(T, 2, 8, generator=gen), 1: torch.randn(T, 2, 16, generator=gen)}
+        qs = {0: torch.randn(T, 4, 8, generator=gen), 1: torch.randn(T, 4, 16, generator=gen),
+              2: torch.randn(T, 4, 8, generator=gen)}
+        for layer in self.plans:
+            g = KEY_GROUP[layer]
+            bs, per = BLOCK[g]
+            slots = slots_for_positions(kernel_block_ids(block_ids[g], per), bs, torch.arange(T))
+            self.caches[layer].write(qs[layer].reshape(T, -1), slots)
+            if layer != 2:  # the shared layer writes no keys of its own
+                self.kv[g][slots // bs, 0, slots % bs] = keys[g]
+        self.block_ids[rid] = block_ids
+        self.sequences[rid] = (keys, qs)
+        return FetchItem(rid, n_prompt, n, tuple(source), prefix_start)
+
+    def dense(self, rid, item, t, head_index):
+        """Dense attention of token t's query over the request's own keys (the truth)."""
+        keys, qs = self.sequences[rid]
+        h = HEADS[head_index]
+        plan = self.plans[h.layer]
+        p = item.n_prompt - 1 + t
+        k = keys[KEY_GROUP[h.layer]][: p + 1, plan.kv_heads[plan.heads.index(h.head)]]
+        return attention_row(qs[h.layer][p, h.head][None], k[None], torch.arange(p + 1), p, plan.scaling,
+                             plan.sliding_window)[0]
 
 
-def test_fetch_rebuilds_each_heads_rows_through_block_tables_and_donor_caches(engine):
-    from alignatt.core.draft import Timings
+def check_against_dense(engine, rid, item, got):
+    assert got.rows.shape == (item.n_tokens, len(HEADS), len(item.source_positions))
+    for t in range(item.n_tokens):
+        for i in range(len(HEADS)):
+            want = engine.dense(rid, item, t, i)
+            np.testing.assert_allclose(got.rows[t, i], want[list(item.source_positions)].numpy(), atol=1e-6)
+            gen = float(want[item.generated_start:].sum())
+            other = float(want.sum()) - gen - float(want[list(item.source_positions)].sum())
+            assert abs(got.generated[t, i] - gen) < 1e-6
+            assert abs(got.other_prompt[t, i] - other) < 1e-6
 
-    seam, prompt, n, n_prompt = engine["seam"], engine["prompt"], engine["n"], engine["n_prompt"]
-    tokens = [ord(c) for c in "hallo"][:n]
-    timings = Timings()
-    caps = seam._captures("req-1", prompt, tokens, timings)
-    assert len(caps) == n and "req-1" not in engine["hooks"].block_ids  # consumed
-    assert timings.capture_ms > 0 and timings.reconstruct_ms > 0
-    key_group = {0: 0, 1: 1, 2: 0}  # layer 2 reads layer 0's (group 0) keys
-    for t in range(n):
-        p = n_prompt - 1 + t
-        for i, h in enumerate(engine["heads"]):
-            plan = engine["plans"][h.layer]
-            keys = engine["seq_keys"][key_group[h.layer]][: p + 1, plan.kv_heads[plan.heads.index(h.head)]]
-            want = attention_row(engine["seq_q"][h.layer][p, h.head][None], keys[None], torch.arange(p + 1), p,
-                                 plan.scaling, plan.sliding_window)[0]
-            got = caps[t].rows[i]
-            np.testing.assert_allclose(got, want[prompt.source_token_positions].numpy(), atol=1e-6)
-            gen = float(want[prompt.prefix_start:].sum())
-            other = float(want.sum()) - gen - float(want[prompt.source_token_positions].sum())
-            assert abs(caps[t].generated_mass[i] - gen) < 1e-6
-            assert abs(caps[t].other_prompt_mass[i] - other) < 1e-6
+
+def test_reference_fetch_rebuilds_each_heads_rows_through_block_tables_and_donor_caches():
+    engine = StandInEngine(keep_raw=True)
+    item = engine.add("req-1", ([3, 0], [5, 1]), 14, 5, [3, 4, 5, 7, 9, 10], 12)
+    got, timings = engine.fetcher.fetch_one(item, method="reference")
+    assert "req-1" not in engine.block_ids  # consumed
+    assert timings.capture_ms >= 0 and timings.reconstruct_ms > 0
+    check_against_dense(engine, "req-1", item, got)
     # sliding layers see at most 8 keys: the earliest source tokens are invisible to late tokens
-    assert caps[-1].rows[0][0] == 0.0 and caps[-1].rows[1][0] > 0.0  # head 0 sliding, head 1 full
-    raw = seam.raw["req-1"]
-    assert raw.query_positions.tolist() == list(range(n_prompt - 1, n_prompt - 1 + n))
+    assert got.rows[-1][0][0] == 0.0 and got.rows[-1][1][0] > 0.0  # head 0 sliding, head 1 full
+    assert got.raw.query_positions.tolist() == list(range(13, 18))
 
 
-def test_fetch_without_a_recorded_block_table_fails_loudly(engine):
-    from alignatt.core.draft import Timings
+def test_one_batched_step_gives_every_request_its_own_rows():
+    """Four requests of different prompt and draft lengths, interleaved blocks (one shares a
+    block id order with another's reversed), finishing in the same step: the batched fetch (one
+    gather and one softmax per layer, padded) equals the per-request reference and the truth."""
+    requests = [
+        ("a", ([3, 0], [5, 1]), 14, 5, [3, 4, 5, 7, 9, 10], 12),
+        ("b", ([1, 6], [2, 7, 9]), 20, 9, [2, 3, 4, 5, 6, 8, 11, 12, 13], 17),
+        ("c", ([4], [0, 3]), 9, 1, [1, 2, 3], 8),
+        ("d", ([2, 5, 7], [4, 6, 8, 10]), 27, 14, list(range(3, 20)), 24),
+    ]
+    batched, reference = StandInEngine(keep_raw=True), StandInEngine()
+    items = [batched.add(*r) for r in requests]
+    ref_items = [reference.add(*r) for r in requests]
+    got, timings = batched.fetcher.fetch(items)
+    assert not batched.block_ids  # every request's block ids consumed
+    assert timings.reconstruct_ms > 0
+    for (rid, *_), item, g, ref_item in zip(requests, items, got, ref_items):
+        want, _ = reference.fetcher.fetch_one(ref_item)
+        np.testing.assert_allclose(g.rows, want.rows, atol=1e-6)
+        np.testing.assert_allclose(g.other_prompt, want.other_prompt, atol=1e-6)
+        np.testing.assert_allclose(g.generated, want.generated, atol=1e-6)
+        check_against_dense(batched, rid, item, g)
+        assert g.raw.query_positions[0] == item.n_prompt - 1 and len(g.raw.query_positions) == item.n_tokens
+    # the requests really differ (a fetch that mixed them up could not pass the checks above)
+    assert not np.allclose(got[0].rows[0], got[1].rows[0][:, :6])
 
-    engine["hooks"].block_ids.clear()
+
+def test_fetch_without_a_recorded_block_table_fails_loudly():
+    engine = StandInEngine()
+    item = engine.add("req-1", ([3, 0], [5, 1]), 14, 5, [3, 4, 5], 12)
+    engine.block_ids.clear()
     with pytest.raises(RuntimeError, match="no block table was recorded"):
-        engine["seam"]._captures("req-1", engine["prompt"], [104, 105], Timings())
+        engine.fetcher.fetch([item])
+    with pytest.raises(RuntimeError, match="no block table was recorded"):
+        engine.fetcher.fetch_one(item)
+
+
+def test_a_block_table_that_does_not_cover_the_draft_is_refused():
+    from alignatt.core.errors import AlignattError
+
+    engine = StandInEngine()
+    item = engine.add("req-1", ([3, 0], [5, 1]), 14, 5, [3, 4, 5], 12)
+    engine.block_ids["req-1"] = ([3], [5])  # one block short in both groups
+    with pytest.raises(AlignattError, match="does not cover the draft"):
+        engine.fetcher.fetch([item])
+
+
+def test_context_and_history_mass_batched_equals_reference_and_dense():
+    """Mass on the prompt's context block and history turns (parts of other_prompt), per token
+    and head: the batched fetch, the per-request reference and dense attention agree; a request
+    without the blocks reports None."""
+    from dataclasses import replace
+
+    requests = [("a", ([3, 0], [5, 1]), 14, 5, [9, 10, 11], 12), ("b", ([1, 6], [2, 7, 9]), 20, 9, [14, 15, 16], 17),
+                ("c", ([4], [0, 3]), 9, 1, [6, 7], 8)]
+    blocks = {"a": ((1, 2, 3), (5, 6, 7, 8)), "b": ((0, 1, 2, 3, 4, 5), (8, 9, 10, 11, 12)), "c": ((), ())}
+    batched, reference = StandInEngine(), StandInEngine()
+    items = [replace(batched.add(*r), context_positions=blocks[r[0]][0], history_positions=blocks[r[0]][1])
+             for r in requests]
+    ref_items = [replace(reference.add(*r), context_positions=blocks[r[0]][0], history_positions=blocks[r[0]][1])
+                 for r in requests]
+    got, _ = batched.fetcher.fetch(items)
+    for (rid, *_), item, g, ref_item in zip(requests, items, got, ref_items):
+        want, _ = reference.fetcher.fetch_one(ref_item)
+        if not item.context_positions:
+            assert g.context is None and g.history is None and want.context is None
+            continue
+        np.testing.assert_allclose(g.context, want.context, atol=1e-6)
+        np.testing.assert_allclose(g.history, want.history, atol=1e-6)
+        for t in range(item.n_tokens):
+            for i in range(len(HEADS)):
+                dense = batched.dense(rid, item, t, i)
+                assert abs(g.context[t, i] - float(dense[list(item.context_positions)].sum())) < 1e-6
+                assert abs(g.history[t, i] - float(dense[list(item.history_positions)].sum())) < 1e-6
+        assert (g.context <= g.other_prompt + 1e-6).all()  # a part of the other-prompt mass
+    assert got[1].context.max() > 0  # the sliding layer still sees b's context for early tokens

@@ -11,6 +11,7 @@ import torch
 from safetensors import safe_open
 
 from alignatt.core.draft import Head
+from alignatt.checks.messages import WorkerResult, WorkerSpec
 from alignatt.checks.vllm_checks import PARITY_HEADS
 from alignatt.checks.cross_engine import (
     FP32_INPUTS_MIN_COS,
@@ -87,8 +88,9 @@ def test_teacher_forced_recorder_rebuilds_the_hf_qk_fast_seam_rows(reduced):
     rows = torch.stack([caps[l]["rows"][:, i] for l, i in order], dim=1).numpy()
     want = np.stack([t.rows for t in draft.tokens])
     assert rows.shape == want.shape
-    # one full-sequence forward vs the seam's incremental decode: fp32 GEMMs of other shapes
-    assert np.abs(rows - want).max() <= 1e-4
+    # one full-sequence forward vs the seam's incremental decode: fp32 GEMMs of other shapes, whose
+    # rounding depends on the CPU's kernels (1.06e-4 seen on a 2-core x86 host, at c80839c too)
+    assert np.abs(rows - want).max() <= 3e-4
     assert np.array_equal(rows.argmax(-1), want.argmax(-1))
 
 
@@ -189,7 +191,7 @@ def test_transformers_worker_end_to_end_on_cpu_with_stand_in_vllm_runs(reduced, 
     from alignatt.core.prompt import build_prompt
     from alignatt.capture.vllm.qcache import plan_capture, rebuild_rows
     from alignatt.capture.registry import make_seam
-    from alignatt.checks.worker import bench_requests, choose_tokenizer
+    from alignatt.checks.records import bench_requests, choose_tokenizer
     from alignatt.checks.cross_engine import worker_parity_hf
 
     target = str(reduced[0])
@@ -214,9 +216,9 @@ def test_transformers_worker_end_to_end_on_cpu_with_stand_in_vllm_runs(reduced, 
         rows = torch.stack([caps[l]["rows"][:, i] for l, i in order], dim=1).numpy()
         runs.append({"id": pid, "token_ids": tokens, "rows": rows, "layers": layers})
     path = tmp_path / "vllm.pkl"
-    path.write_bytes(pickle.dumps({"ok": True, "runs": runs}))
-    spec = {"checkpoint": target, "heads": [list(h) for h in PARITY_HEADS], "tokens": 3, "tokenizer": "tiny",
-            "device": "cpu", "vllm_fp32": str(path), "vllm_bf16": str(path)}
+    path.write_bytes(pickle.dumps(WorkerResult(ok=True, runs=runs)))
+    spec = WorkerSpec(name="parity_hf", task="parity_hf", checkpoint=target, heads=PARITY_HEADS, tokens=3,
+                      tokenizer="tiny", device="cpu", vllm_fp32=str(path), vllm_bf16=str(path))
     res = worker_parity_hf(spec)
 
     fp32 = res["fp32"]

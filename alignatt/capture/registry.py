@@ -10,12 +10,10 @@ from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
+from alignatt.capture.names import DEFAULT_SEAM, SEAMS
 from alignatt.core.draft import Draft, DraftRequest, Head, Seam
 from alignatt.core.errors import AlignattError
-
-SEAMS = ("hf_eager", "hf_qk_fast", "vllm_capture")
-DEFAULT_SEAM = "hf_qk_fast"
-DEFAULT_MODEL = "gemma3-270m"
+from alignatt.models.presets import DEFAULT_MODEL
 
 
 def make_seam(

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import time
 from contextlib import closing
 from pathlib import Path
@@ -30,12 +29,13 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from alignatt.checks.messages import ALIGN_AGREEMENT_MIN, DraftRecord, WorkerSpec, load_result
+
 FP32_ROW_MAX_ABS = 0.02  # CPU: transformers fp32 vs fp64 differ by <= 3.2e-3 at layer 11
 FP32_ROW_MEAN_ABS = 2e-4  # same run: <= 6e-6
 FP32_INPUTS_MIN_COS = 0.9999
 BF16_ROW_MAX_ABS, BF16_ROW_MEAN_ABS = 0.05, 0.005  # "within bf16 tolerance" (first layers, reported)
 BF16_INPUTS_MIN_COS = 0.999
-ALIGN_AGREEMENT_MIN = 0.95
 REDUCED_SIZES = {"hidden_size": 1024, "intermediate_size": 4096, "hidden_size_per_layer_input": 64}
 CHECKPOINT_INFO = "alignatt_checkpoint.json"
 
@@ -257,25 +257,25 @@ def noise_verdict(cross: dict, noise: dict) -> str:
 # ---- workers (each in its own process, started by alignatt.checks.vllm_checks) ----
 
 
-def worker_parity_vllm(spec: dict) -> dict:
+def worker_parity_vllm(spec: WorkerSpec) -> dict:
     """One vLLM engine on the reduced checkpoint: greedy drafts with raw q/K per layer and the
     self-consistency of its captures."""
     from alignatt.core.draft import Head
     from alignatt.capture.vllm.seam import VllmCaptureSeam
-    from alignatt.checks.worker import bench_requests, choose_tokenizer, say, self_consistency
+    from alignatt.checks.records import bench_requests, choose_tokenizer, say, self_consistency
 
-    tokenizer, tok_name = choose_tokenizer(spec.get("tokenizer", "auto"))
-    ckpt = Path(spec["checkpoint"])
+    tokenizer, tok_name = choose_tokenizer(spec.tokenizer)
+    ckpt = Path(spec.checkpoint)
     result: dict = {"tokenizer": tok_name, "checkpoint": ensure_reduced_checkpoint(ckpt, tokenizer),
-                    "dtype": spec["dtype"], "mode": spec["mode"],
+                    "dtype": spec.dtype, "mode": spec.mode,
                     "triton_f32_default": os.environ.get("TRITON_F32_DEFAULT")}
-    heads = [Head(l, h) for l, h in spec["heads"]]
-    seam = VllmCaptureSeam(str(ckpt), heads, vllm_mode=spec["mode"], dtype=spec["dtype"], fixed_length=True,
+    heads = [Head(l, h) for l, h in spec.heads]
+    seam = VllmCaptureSeam(str(ckpt), heads, vllm_mode=spec.mode, dtype=spec.dtype, fixed_length=True,
                            capture_output=True, keep_raw=True, tokenizer=tokenizer,
-                           kv_cache_memory_gib=spec["kv_cache_memory_gib"])
+                           kv_cache_memory_gib=spec.kv_cache_memory_gib)
     runs = []
     try:
-        for pid, req in bench_requests(spec["tokens"]):
+        for pid, req in bench_requests(spec.tokens):
             d = seam.draft(req)
             raw = seam.raw[seam.last_raw_id]
             runs.append({
@@ -288,41 +288,40 @@ def worker_parity_vllm(spec: dict) -> dict:
     finally:
         seam.close()
     result["runs"] = runs
-    say(f"parity vLLM {spec['mode']} {spec['dtype']}: {len(runs)} drafts, self-consistency "
+    say(f"parity vLLM {spec.mode} {spec.dtype}: {len(runs)} drafts, self-consistency "
         f"{result['self_consistency']['status']}")
     return result
 
 
-def _load_runs(path: Optional[str]) -> Optional[list[dict]]:
+def _load_runs(path: Optional[str]) -> Optional[list[DraftRecord]]:
     if not path or not Path(path).exists():
         return None
-    with open(path, "rb") as f:
-        res = pickle.load(f)
-    return res.get("runs") if res.get("ok") else None
+    res = load_result(Path(path))
+    return res.runs if res.ok else None
 
 
 def _finish(stats: dict[int, Agreement]) -> dict[int, dict]:
     return {layer: stats[layer].summary() for layer in sorted(stats)}
 
 
-def worker_parity_hf(spec: dict) -> dict:
+def worker_parity_hf(spec: WorkerSpec) -> dict:
     """transformers on the same checkpoint, teacher-forced on each vLLM run's tokens: the strict
     fp32 comparison, the bf16 comparison and its noise reference (transformers bf16 vs fp32)."""
     from alignatt.core.draft import Head
     from alignatt.models.presets import load_model
     from alignatt.core.prompt import build_prompt
     from alignatt.capture.vllm.qcache import plan_capture
-    from alignatt.checks.worker import bench_requests, choose_tokenizer, say
+    from alignatt.checks.records import bench_requests, choose_tokenizer, say
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
-    tokenizer, _ = choose_tokenizer(spec.get("tokenizer", "auto"))
-    ckpt = spec["checkpoint"]
-    device = spec.get("device", "cuda")
-    heads = [Head(l, h) for l, h in spec["heads"]]
-    prompts = {pid: build_prompt(tokenizer, req) for pid, req in bench_requests(spec["tokens"])}
-    runs32, runs16 = _load_runs(spec.get("vllm_fp32")), _load_runs(spec.get("vllm_bf16"))
+    tokenizer, _ = choose_tokenizer(spec.tokenizer)
+    ckpt = spec.checkpoint
+    device = spec.device
+    heads = [Head(l, h) for l, h in spec.heads]
+    prompts = {pid: build_prompt(tokenizer, req) for pid, req in bench_requests(spec.tokens)}
+    runs32, runs16 = _load_runs(spec.vllm_fp32), _load_runs(spec.vllm_bf16)
     result: dict = {"have_vllm_fp32": runs32 is not None, "have_vllm_bf16": runs16 is not None}
     fp32_stats: dict[int, Agreement] = {}
     bf16_stats: dict[int, Agreement] = {}
@@ -376,7 +375,7 @@ def worker_parity_hf(spec: dict) -> dict:
     result["hf_qk_fast_seam"] = {}
     for dtype, runs in (("float32", runs32), ("bfloat16", runs16)):
         if runs:
-            result["hf_qk_fast_seam"][dtype] = hf_seam_drafts(ckpt, heads, dtype, runs, spec["tokens"], device)
+            result["hf_qk_fast_seam"][dtype] = hf_seam_drafts(ckpt, heads, dtype, runs, spec.tokens, device)
     return result
 
 
@@ -384,7 +383,7 @@ def hf_seam_drafts(ckpt: str, heads: list, dtype: str, runs: list[dict], tokens:
     """The real `hf_qk_fast` seam's own greedy drafts vs vLLM's (reported: greedy paths part at
     the first near-tie, after which rows are not comparable)."""
     from alignatt.capture.registry import make_seam
-    from alignatt.checks.worker import bench_requests
+    from alignatt.checks.records import bench_requests
 
     try:
         with closing(make_seam("hf_qk_fast", model=ckpt, heads=heads, device=device, dtype=dtype)) as seam:

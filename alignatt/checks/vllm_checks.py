@@ -1,7 +1,7 @@
 """GPU correctness checks for `vllm_capture` (issue 3), each writing into one JSON artifact.
 
-    python -m alignatt.checks.vllm_checks all --part a --workdir W --out OUT/vllm_checks_a.json
-    python -m alignatt.checks.vllm_checks all --part b --workdir W --out OUT/vllm_checks_b.json
+    alignatt check-vllm all --part a --workdir W --out OUT/vllm_checks_a.json
+    alignatt check-vllm all --part b --workdir W --out OUT/vllm_checks_b.json
 
 (`all` without --part runs both parts in one go; `--only demo,exact,...` picks checks.) Each vLLM
 engine runs in its own subprocess (alignatt.checks.worker): a crash or a timeout loses only that
@@ -32,22 +32,29 @@ captured q and the cached K/V, by norm-relative error and cosine; a layer whose 
 ~0 reports "degenerate activations" instead of passing or failing.
 """
 
-import argparse
 import json
 import math
-import os
 import pickle
 import statistics
-import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import numpy as np
+from pydantic import BaseModel
 
-from alignatt.checks.worker import E4B_KV_GIB, draft_variety, run_worker, say
+from alignatt.checks.messages import (
+    ALIGN_AGREEMENT_MIN,
+    CAPTURED_DECODE_RATIO_MAX,
+    DraftRecord,
+    WorkerResult,
+    WorkerSpec,
+    load_result,
+)
+from alignatt.checks.records import E4B_KV_GIB, draft_variety, say
+from alignatt.checks.worker import run_worker
 
 SCHEMA_VERSION = 2
 PARTS = {
@@ -64,15 +71,26 @@ E4B_SHARED = [(29, 2), (26, 5)]
 # the engines part is visible.
 PARITY_HEADS = [(0, 1), (1, 2), (2, 5), (3, 4), (4, 0), (5, 2), (5, 6), (6, 1), (7, 3), (8, 0), (9, 4),
                 (10, 6), (11, 3), (11, 7)]
-ALIGN_AGREEMENT_MIN = 0.95
-# KV cache per engine (see vllm_worker.E4B_KV_GIB): the reduced model, 4096 blocks in bf16 and fp32.
+# KV cache per engine (see records.E4B_KV_GIB): the reduced model, 4096 blocks in bf16 and fp32.
 REDUCED_KV_GIB = {"bfloat16": 0.25, "float32": 0.5}
+
+
+class ChecksOptions(BaseModel):
+    """How one `alignatt check-vllm` run goes (the typer command fills it)."""
+
+    workdir: Optional[str] = None  # scratch dir shared by the checks (eager drafts feed the compiled check)
+    tokens: int = 20
+    repeats: int = 3
+    tokenizer: Literal["auto", "tiny"] = "auto"
+    budget_s: Optional[float] = None  # start no new check after this (default 450 s for one part, 900 for both)
+    worker_timeout: float = 300.0
+    worker_timeout_compiled: float = 420.0
 
 
 # ---- comparing what workers sent back ----
 
 
-def compare_drafts(a: list[dict], b: list[dict]) -> dict:
+def compare_drafts(a: list[DraftRecord], b: list[DraftRecord]) -> dict:
     """Row-by-row: same prompt and repeat in both lists."""
     index = {(r["id"], r["repeat"]): r for r in b}
     same_tokens = same_decisions = bit_identical = 0
@@ -116,7 +134,7 @@ def _min_cos(a: np.ndarray, b: np.ndarray) -> Optional[float]:
 BATCH_IDENTITY_MIN_COS = 0.9  # own capture: ~1 (batch numerics at most); another request's: ~0
 
 
-def compare_batch(batch: list[dict], singles: list[dict]) -> dict:
+def compare_batch(batch: list[DraftRecord], singles: list[DraftRecord]) -> dict:
     """Each request of a batched step vs the same request drafted alone (repeat 0).
 
     Own rows are judged on identity, not equality: a random-weight Gemma-4 amplifies the tiny
@@ -154,7 +172,7 @@ def compare_batch(batch: list[dict], singles: list[dict]) -> dict:
             "identity_min_cos": BATCH_IDENTITY_MIN_COS}
 
 
-def timing_summary(drafts: list[dict]) -> dict:
+def timing_summary(drafts: list[DraftRecord]) -> dict:
     def med(values: list[float]) -> Optional[float]:
         return round(statistics.median(values), 3) if values else None
 
@@ -170,7 +188,7 @@ def timing_summary(drafts: list[dict]) -> dict:
     }
 
 
-def check_demo(args: argparse.Namespace, workdir: Path) -> dict:
+def check_demo(args: ChecksOptions, workdir: Path) -> dict:
     import torch
 
     from alignatt.checks.graph_replay import naive_vs_fixed
@@ -189,34 +207,34 @@ def check_demo(args: argparse.Namespace, workdir: Path) -> dict:
     return out
 
 
-def _e4b_spec(name: str, mode: str, args: argparse.Namespace, **kw: Any) -> dict:
-    spec = {"name": name, "task": "drafts", "model": "gemma4-e4b-synthetic", "mode": mode,
-            "heads": [list(h) for h in E4B_TOP8 + E4B_SHARED], "tokens": args.tokens, "warmup": 1,
-            "repeats": args.repeats, "fixed_length": True, "tokenizer": args.tokenizer, "decision_heads": 8}
-    spec.update(kw)
-    return spec
+def _e4b_spec(name: str, mode: str, args: ChecksOptions, **kw: Any) -> WorkerSpec:
+    fields: dict[str, Any] = dict(name=name, task="drafts", model="gemma4-e4b-synthetic", mode=mode,
+                                  heads=E4B_TOP8 + E4B_SHARED, tokens=args.tokens, warmup=1,
+                                  repeats=args.repeats, fixed_length=True, tokenizer=args.tokenizer,
+                                  decision_heads=8, kv_cache_memory_gib=E4B_KV_GIB)
+    return WorkerSpec(**(fields | kw))
 
 
-def check_exact(args: argparse.Namespace, workdir: Path) -> dict:
+def check_exact(args: ChecksOptions, workdir: Path) -> dict:
     eager = run_worker(_e4b_spec("exact_eager", "eager", args, capture_output=True, batch_check=True),
                        workdir, args.worker_timeout)
     graph = run_worker(_e4b_spec("exact_cudagraph", "cudagraph", args, capture_output=True, batch_check=True),
                        workdir, args.worker_timeout)
     out: dict = {"eager": _worker_summary(eager), "cudagraph": _worker_summary(graph)}
-    if eager.get("ok"):
-        (workdir / "eager_drafts.pkl").write_bytes(pickle.dumps(eager["drafts"]))
-    if not (eager.get("ok") and graph.get("ok")):
+    if eager.ok:
+        (workdir / "eager_drafts.pkl").write_bytes(pickle.dumps(eager.drafts))
+    if not (eager.ok and graph.ok):
         out["passed"] = False
         return out
-    cmp = compare_drafts(graph["drafts"], eager["drafts"])
+    cmp = compare_drafts(graph.drafts, eager.drafts)
     out["cudagraph_vs_eager"] = cmp
-    out["draft_variety"] = draft_variety(eager["drafts"])
-    consistency = {"eager": eager.get("self_consistency"), "cudagraph": graph.get("self_consistency"),
-                   "eager_batch": eager.get("batch_self_consistency"),
-                   "cudagraph_batch": graph.get("batch_self_consistency")}
+    out["draft_variety"] = draft_variety(eager.drafts)
+    consistency = {"eager": eager.self_consistency, "cudagraph": graph.self_consistency,
+                   "eager_batch": eager.batch_self_consistency,
+                   "cudagraph_batch": graph.batch_self_consistency}
     out["self_consistency"] = consistency
-    out["batch"] = {"eager": compare_batch(eager["batch"], eager["drafts"]),
-                    "cudagraph": compare_batch(graph["batch"], graph["drafts"])}
+    out["batch"] = {"eager": compare_batch(eager.batch or [], eager.drafts),
+                    "cudagraph": compare_batch(graph.batch or [], graph.drafts)}
     n = cmp["rows"]
     # Equality only means something on real activations: varied drafts, live attention outputs.
     out["passed_exact"] = bool(n == 16 * args.repeats and not out["draft_variety"]["degenerate"]
@@ -229,46 +247,45 @@ def check_exact(args: argparse.Namespace, workdir: Path) -> dict:
     return out
 
 
-def _reduced_spec(name: str, mode: str, dtype: str, args: argparse.Namespace, workdir: Path) -> dict:
-    spec = {"name": name, "task": "parity_vllm", "checkpoint": str(workdir / "reduced-gemma4"), "mode": mode,
-            "dtype": dtype, "heads": [list(h) for h in PARITY_HEADS], "tokens": args.tokens,
-            "tokenizer": args.tokenizer, "kv_cache_memory_gib": REDUCED_KV_GIB[dtype]}
-    if dtype == "float32":
-        # Triton's tl.dot takes fp32 inputs as TF32 unless told otherwise: the strict test wants IEEE
-        # fp32 in vLLM's attention kernel too (fresh kernel cache, so no TF32 build is reused).
-        spec["env"] = {"TRITON_F32_DEFAULT": "ieee", "TRITON_CACHE_DIR": str(workdir / "triton-cache-ieee")}
-    return spec
+def _reduced_spec(name: str, mode: str, dtype: str, args: ChecksOptions, workdir: Path) -> WorkerSpec:
+    # Triton's tl.dot takes fp32 inputs as TF32 unless told otherwise: the strict test wants IEEE
+    # fp32 in vLLM's attention kernel too (fresh kernel cache, so no TF32 build is reused).
+    env = {"TRITON_F32_DEFAULT": "ieee", "TRITON_CACHE_DIR": str(workdir / "triton-cache-ieee")} if dtype == "float32" else {}
+    return WorkerSpec(name=name, task="parity_vllm", checkpoint=str(workdir / "reduced-gemma4"), mode=mode,
+                      dtype=dtype, heads=PARITY_HEADS, tokens=args.tokens, tokenizer=args.tokenizer,
+                      kv_cache_memory_gib=REDUCED_KV_GIB[dtype], env=env)
 
 
-def _vllm_parity_summary(res: dict) -> dict:
-    if not res.get("ok"):
-        return {"ok": False, "error": res.get("error"), "traceback": res.get("traceback")}
-    runs = res.get("runs") or []
-    return {"ok": True, "wall_s": res.get("wall_s"), "describe": res.get("describe"), "checkpoint": res.get("checkpoint"),
-            "triton_f32_default": res.get("triton_f32_default"), "self_consistency": res.get("self_consistency"),
-            "draft_variety": draft_variety(runs), "drafts": len(runs)}
+def _failure(res: WorkerResult) -> dict:
+    return {"ok": False, "error": res.error, "traceback": res.traceback}
 
 
-def check_parity(args: argparse.Namespace, workdir: Path) -> dict:
+def _vllm_parity_summary(res: WorkerResult) -> dict:
+    if not res.ok:
+        return _failure(res)
+    return {"ok": True, "wall_s": res.wall_s, "describe": res.describe, "checkpoint": res.checkpoint,
+            "triton_f32_default": res.triton_f32_default, "self_consistency": res.self_consistency,
+            "draft_variety": draft_variety(res.runs), "drafts": len(res.runs)}
+
+
+def check_parity(args: ChecksOptions, workdir: Path) -> dict:
     v16 = run_worker(_reduced_spec("parity_vllm_bf16", "eager", "bfloat16", args, workdir), workdir, args.worker_timeout)
     v32 = run_worker(_reduced_spec("parity_vllm_fp32", "eager", "float32", args, workdir), workdir, args.worker_timeout)
     out: dict = {"vllm_bf16": _vllm_parity_summary(v16), "vllm_fp32": _vllm_parity_summary(v32)}
-    if not (v16.get("ok") or v32.get("ok")):
+    if not (v16.ok or v32.ok):
         out["passed"] = False
         return out
-    spec = {"name": "parity_hf", "task": "parity_hf", "checkpoint": str(workdir / "reduced-gemma4"),
-            "heads": [list(h) for h in PARITY_HEADS], "tokens": args.tokens, "tokenizer": args.tokenizer,
-            "vllm_bf16": str(workdir / "parity_vllm_bf16.pkl") if v16.get("ok") else None,
-            "vllm_fp32": str(workdir / "parity_vllm_fp32.pkl") if v32.get("ok") else None}
+    spec = WorkerSpec(name="parity_hf", task="parity_hf", checkpoint=str(workdir / "reduced-gemma4"),
+                      heads=PARITY_HEADS, tokens=args.tokens, tokenizer=args.tokenizer,
+                      vllm_bf16=str(workdir / "parity_vllm_bf16.pkl") if v16.ok else None,
+                      vllm_fp32=str(workdir / "parity_vllm_fp32.pkl") if v32.ok else None)
     hf = run_worker(spec, workdir, args.worker_timeout)
-    if not hf.get("ok"):
-        out.update(passed=False, error=hf.get("error"), traceback=hf.get("traceback"))
+    if not hf.ok:
+        out.update(passed=False, error=hf.error, traceback=hf.traceback)
         return out
-    for key in ("fp32", "bf16", "hf_qk_fast_seam"):
-        out[key] = hf.get(key)
-    out["hf_wall_s"] = hf.get("wall_s")
+    out.update(fp32=hf.fp32, bf16=hf.bf16, hf_qk_fast_seam=hf.hf_qk_fast_seam, hf_wall_s=hf.wall_s)
     consistency = [out[k].get("self_consistency") or {} for k in ("vllm_bf16", "vllm_fp32")]
-    out["passed_fp32_strict"] = bool(v32.get("ok") and (out["fp32"] or {}).get("passed"))
+    out["passed_fp32_strict"] = bool(v32.ok and (out["fp32"] or {}).get("passed"))
     out["passed_self_consistency"] = all(c.get("passed") for c in consistency)
     out["degenerate"] = [k for k, c in zip(("vllm_bf16", "vllm_fp32"), consistency)
                          if c.get("status") == "degenerate activations"]
@@ -276,38 +293,37 @@ def check_parity(args: argparse.Namespace, workdir: Path) -> dict:
     return out
 
 
-def check_compiled_reduced(args: argparse.Namespace, workdir: Path) -> dict:
+def check_compiled_reduced(args: ChecksOptions, workdir: Path) -> dict:
     """torch.compile + graphs on the reduced checkpoint: self-consistency, and its drafts vs the
     eager bf16 ones of the parity check (same work dir)."""
     res = run_worker(_reduced_spec("compiled_reduced", "compiled", "bfloat16", args, workdir), workdir,
                      args.worker_timeout_compiled)
     out = _vllm_parity_summary(res)
-    if not res.get("ok"):
+    if not res.ok:
         return {"compiled": out, "passed": False}
     eager_path = workdir / "parity_vllm_bf16.pkl"
     if eager_path.exists():
-        with open(eager_path, "rb") as f:
-            eager = {r["id"]: r["token_ids"] for r in (pickle.load(f).get("runs") or [])}
-        same = [r["id"] for r in res["runs"] if eager.get(r["id"]) == r["token_ids"]]
-        out["identical_drafts_vs_eager"] = f"{len(same)}/{len(res['runs'])}"
+        eager = {r["id"]: r["token_ids"] for r in load_result(eager_path).runs}
+        same = [r["id"] for r in res.runs if eager.get(r["id"]) == r["token_ids"]]
+        out["identical_drafts_vs_eager"] = f"{len(same)}/{len(res.runs)}"
     sc = out["self_consistency"] or {}
     return {"compiled": out, "self_consistency": sc, "passed": bool(sc.get("passed")),
             "degenerate": ["compiled"] if sc.get("status") == "degenerate activations" else []}
 
 
-def check_compiled(args: argparse.Namespace, workdir: Path) -> dict:
+def check_compiled(args: ChecksOptions, workdir: Path) -> dict:
     res = run_worker(_e4b_spec("compiled", "compiled", args, capture_output=True), workdir,
                      args.worker_timeout_compiled)
     out: dict = {"compiled": _worker_summary(res)}
-    if not res.get("ok"):
+    if not res.ok:
         out["passed"] = False
         return out
-    sc = res.get("self_consistency") or {}
+    sc = res.self_consistency or {}
     out["self_consistency"] = sc
-    out["draft_variety"] = draft_variety(res["drafts"])
+    out["draft_variety"] = draft_variety(res.drafts)
     eager_path = workdir / "eager_drafts.pkl"
     if eager_path.exists():
-        out["compiled_vs_eager"] = compare_drafts(res["drafts"], pickle.loads(eager_path.read_bytes()))
+        out["compiled_vs_eager"] = compare_drafts(res.drafts, pickle.loads(eager_path.read_bytes()))
     else:
         out["compiled_vs_eager"] = "eager drafts unavailable (run the exact check first in the same --workdir)"
     out["degenerate"] = (["self_consistency"] if sc.get("status") == "degenerate activations" else []) + (
@@ -316,33 +332,32 @@ def check_compiled(args: argparse.Namespace, workdir: Path) -> dict:
     return out
 
 
-def _check_speed(args: argparse.Namespace, workdir: Path, mode: str) -> dict:
-    base = dict(heads=[list(h) for h in E4B_TOP8], repeats=3)
+def _check_speed(args: ChecksOptions, workdir: Path, mode: str) -> dict:
+    base = dict(heads=E4B_TOP8, repeats=3)
     timeout = args.worker_timeout_compiled if mode == "compiled" else args.worker_timeout
     plain = run_worker(_e4b_spec(f"speed_{mode}_plain", mode, args, capture=False, **base), workdir, timeout)
     captured = run_worker(_e4b_spec(f"speed_{mode}_captured", mode, args, **base), workdir, timeout)
     out = {"uncaptured": _worker_summary(plain), "captured": _worker_summary(captured)}
-    if plain.get("ok") and captured.get("ok"):
-        a, b = timing_summary(plain["drafts"]), timing_summary(captured["drafts"])
+    if plain.ok and captured.ok:
+        a, b = timing_summary(plain.drafts), timing_summary(captured.drafts)
         out["uncaptured_timing"], out["captured_timing"] = a, b
         out["decode_ratio"] = round(b["decode_ms_per_token"] / a["decode_ms_per_token"], 4)
         out["end_to_end_ratio"] = round(b["per_token_ms"] / a["per_token_ms"], 4)
-        out["target_decode_ratio_max"] = 1.15
-        out["passed"] = out["decode_ratio"] <= 1.15
+        out["target_decode_ratio_max"] = CAPTURED_DECODE_RATIO_MAX
+        out["passed"] = out["decode_ratio"] <= CAPTURED_DECODE_RATIO_MAX
     else:
         out["passed"] = False
     return out
 
 
-def _worker_summary(res: dict) -> dict:
-    if not res.get("ok"):
-        return {"ok": False, "error": res.get("error"), "traceback": res.get("traceback")}
-    summary = {"ok": True, "wall_s": res.get("wall_s"), "describe": res.get("describe"),
-               "tokenizer": res.get("tokenizer")}
-    if res.get("drafts"):
-        summary["timing"] = timing_summary(res["drafts"])
-        summary["example_draft"] = res["drafts"][0]["text"][:200]
-        summary["draft_variety"] = draft_variety(res["drafts"])
+def _worker_summary(res: WorkerResult) -> dict:
+    if not res.ok:
+        return _failure(res)
+    summary = {"ok": True, "wall_s": res.wall_s, "describe": res.describe, "tokenizer": res.tokenizer}
+    if res.drafts:
+        summary["timing"] = timing_summary(res.drafts)
+        summary["example_draft"] = res.drafts[0]["text"][:200]
+        summary["draft_variety"] = draft_variety(res.drafts)
     return summary
 
 
@@ -395,7 +410,7 @@ def select_checks(check: str, only: str, part: Optional[str]) -> list[str]:
     return checks
 
 
-def run_checks(checks: list[str], out_path: Path, args: argparse.Namespace) -> dict:
+def run_checks(checks: list[str], out_path: Path, args: ChecksOptions) -> dict:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="alignatt-vllm-checks-"))
     workdir.mkdir(parents=True, exist_ok=True)
     artifact: dict = {"artifact": "vllm_checks", "schema_version": SCHEMA_VERSION, "checks": {}, "summary": {},
@@ -467,34 +482,21 @@ def write_checks(out_path: Path, raw: dict) -> None:
         out_path.write_text(json.dumps(_jsonable(raw), indent=1) + "\n")
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="python -m alignatt.checks.vllm_checks", description=__doc__.split("\n")[0])
-    parser.add_argument("check", choices=("all",) + ALL_CHECKS)
-    parser.add_argument("--out", required=True, type=Path, help="the JSON artifact to write")
-    parser.add_argument("--only", default="", help=f"comma-separated subset of {','.join(ALL_CHECKS)} (with 'all')")
-    parser.add_argument("--part", choices=sorted(PARTS), help="with 'all': one of the two halves that each fit in "
-                        "one ~9-minute GPU call (" + "; ".join(f"{k}: {','.join(v)}" for k, v in PARTS.items()) + ")")
-    parser.add_argument("--workdir", default=os.environ.get("ALIGNATT_CHECKS_WORKDIR"),
-                        help="scratch dir shared by the checks (eager drafts feed the compiled check)")
-    parser.add_argument("--tokens", type=int, default=20)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--tokenizer", choices=("auto", "tiny"), default="auto")
-    parser.add_argument("--budget-s", type=float, default=None,
-                        help="start no new check after this many seconds (default 450 for one part, 900 for both)")
-    parser.add_argument("--worker-timeout", type=float, default=300.0)
-    parser.add_argument("--worker-timeout-compiled", type=float, default=420.0)
-    args = parser.parse_args(argv)
+def run(check: str, out: Path, options: ChecksOptions, only: str = "", part: Optional[str] = None) -> dict:
+    """Select, run and write the checks; the artifact's summary says which passed."""
+    from alignatt.core.errors import AlignattError
+
+    if part is not None and part not in PARTS:
+        raise AlignattError(f"unknown part {part!r}: use {', '.join(sorted(PARTS))}")
+    if check != "all" and check not in ALL_CHECKS:
+        raise AlignattError(f"unknown check {check!r}: use all or one of {', '.join(ALL_CHECKS)}")
     try:
-        checks = select_checks(args.check, args.only, args.part)
+        checks = select_checks(check, only, part)
     except ValueError as e:
-        parser.error(str(e))
-    if args.budget_s is None:
-        args.budget_s = 450.0 if any(set(checks) <= set(p) for p in PARTS.values()) else 900.0
-    artifact = run_checks(checks, args.out, args)
+        raise AlignattError(str(e)) from None
+    if options.budget_s is None:
+        budget = 450.0 if any(set(checks) <= set(p) for p in PARTS.values()) else 900.0
+        options = options.model_copy(update={"budget_s": budget})
+    artifact = run_checks(checks, out, options)
     say("summary: " + ", ".join(f"{k}={v}" for k, v in artifact["summary"].items()))
-    return 0 if all(v == "passed" for v in artifact["summary"].values()) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return artifact

@@ -27,15 +27,6 @@ FORMAT_VERSION = 1
 TS_SCORE_NAME = "paper_translation_score_argmax"  # the published name for the argmax-hit rate
 SPREAD_SCORE_NAME = "uncalibrated_layer_kind_spread"
 
-# Model names / ids that resolve to a bundled calibrated set, per direction.
-E4B_DIRECTIONS = ("en-de", "en-it", "en-zh", "en-cs", "cs-en")  # published sets, shipped as data
-_BUNDLED_FOR_MODEL = {
-    **{(model, d): f"gemma-4-E4B-it_{d}" for d in E4B_DIRECTIONS
-       for model in ("gemma4-e4b", "gemma4-e4b-synthetic", "google/gemma-4-E4B-it")},
-    **{("gemma3-270m", d): f"gemma-3-270m_{d}" for d in ("en-de", "en-zh")},  # calibrated here
-}
-# Models with random weights: no head is better than another, so the set is a layer-kind spread.
-_SPREAD_MODELS = ("tiny-gemma4",)
 
 
 class RankedHead(BaseModel):
@@ -196,21 +187,6 @@ def parse_head_spec(spec: str) -> list[Head]:
     return heads
 
 
-def check_heads_fit(heads: list[Head], num_layers: int, num_heads: int, model: str = "model") -> None:
-    """Raise a clear `AlignattError` if any head does not exist in a model of this shape."""
-    if not heads:
-        raise AlignattError("no alignment heads given")
-    for h in heads:
-        if not 0 <= h.layer < num_layers:
-            raise AlignattError(
-                f"head ({h.layer}, {h.head}): {model} has layers 0..{num_layers - 1}"
-            )
-        if not 0 <= h.head < num_heads:
-            raise AlignattError(
-                f"head ({h.layer}, {h.head}): {model} has heads 0..{num_heads - 1} per layer"
-            )
-
-
 def layer_kind_spread(layer_kinds: list[str], num_heads: int) -> list[Head]:
     """Every (layer, head), ordered so that any prefix covers the layer kinds evenly.
 
@@ -258,24 +234,6 @@ def spread_head_set(
     )
 
 
-def _config_of(model_name: str):
-    """The HF config of a tiny preset or a local checkpoint directory (no weights loaded)."""
-    from transformers import AutoConfig
-
-    if model_name in _SPREAD_MODELS:
-        from alignatt.models.presets import tiny_config_path
-
-        folder = tiny_config_path().parent
-    elif (Path(model_name) / "config.json").is_file():
-        folder = Path(model_name)
-    else:
-        return None
-    try:
-        return AutoConfig.from_pretrained(folder, local_files_only=True)
-    except (OSError, ValueError) as e:
-        raise AlignattError(f"cannot read the config of {model_name!r}: {e}") from None
-
-
 def _layer_kinds(config, model_name: str) -> tuple[list[str], int]:
     """Layer kinds ("sliding"/"full", "+shared" for KV-shared layers) and the per-layer head count."""
     from alignatt.core.layout import AttentionLayout
@@ -288,30 +246,21 @@ def _layer_kinds(config, model_name: str) -> tuple[list[str], int]:
     return kinds, n_heads.pop()
 
 
-def _is_gemma4_e4b(config) -> bool:
-    """A local checkpoint with the E4B architecture (the published heads are calibrated for it)."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    shape = (getattr(text, "num_hidden_layers", None), getattr(text, "num_attention_heads", None),
-             getattr(text, "hidden_size", None))
-    return getattr(text, "model_type", "") in ("gemma4", "gemma4_text") and shape == (42, 8, 2560)
-
-
 def default_head_set(model_name: str, direction: str = "en-de") -> HeadSet:
-    """The head set a model uses unless told otherwise.
+    """The head set a model uses unless told otherwise, from the model table.
 
-    Presets map to bundled calibrated sets; a local E4B checkpoint directory gets the published
-    E4B set; random-weight test models get an uncalibrated layer-kind spread.
+    A preset (or a local checkpoint of a preset's architecture) gets its bundled calibrated set
+    for the direction; random-weight presets get an uncalibrated layer-kind spread.
     """
-    bundled = _BUNDLED_FOR_MODEL.get((model_name, direction))
-    if bundled is not None:
-        return load_head_set(bundled)
-    config = _config_of(model_name)
-    if config is not None and model_name in _SPREAD_MODELS:
-        kinds, n_heads = _layer_kinds(config, model_name)
+    from alignatt.models.presets import MODEL_PRESETS, local_config, preset_for
+
+    preset = preset_for(model_name)
+    if preset is not None and direction in preset.head_sets:
+        return load_head_set(preset.head_sets[direction])
+    if preset is not None and preset.spread_heads:
+        kinds, n_heads = _layer_kinds(local_config(preset.name), model_name)
         return spread_head_set(model_name, kinds, n_heads, direction)
-    if config is not None and _is_gemma4_e4b(config) and direction in E4B_DIRECTIONS:
-        return load_head_set(_BUNDLED_FOR_MODEL[("gemma4-e4b", direction)])
-    known = sorted({m for m, d in _BUNDLED_FOR_MODEL if d == direction} | set(_SPREAD_MODELS))
+    known = sorted(p.name for p in MODEL_PRESETS.values() if direction in p.head_sets or p.spread_heads)
     raise AlignattError(
         f"no default head set for model {model_name!r} ({direction}); models with one: "
         f"{', '.join(known) or 'none'}; pass a head set file instead (alignatt heads calibrate writes one)"
@@ -320,11 +269,13 @@ def default_head_set(model_name: str, direction: str = "en-de") -> HeadSet:
 
 def default_head_set_name(model_name: str, direction: str = "en-de") -> str:
     """The bundled set a model uses by default, or a description of the set it gets."""
-    bundled = _BUNDLED_FOR_MODEL.get((model_name, direction))
-    if bundled is not None:
-        return bundled
-    if model_name in _SPREAD_MODELS:
-        return f"{SPREAD_SCORE_NAME} ({model_name})"
+    from alignatt.models.presets import preset_for
+
+    preset = preset_for(model_name)
+    if preset is not None and direction in preset.head_sets:
+        return preset.head_sets[direction]
+    if preset is not None and preset.spread_heads:
+        return f"{SPREAD_SCORE_NAME} ({preset.name})"
     return f"default of {model_name} ({direction})"
 
 

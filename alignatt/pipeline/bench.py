@@ -10,13 +10,13 @@ the median per-token ms over every measured row of a seam.
 A seam that cannot run here (no CUDA, vLLM not installed, weights missing: `AlignattError` from
 its factory) or whose worker fails is recorded as skipped with the reason, never dropped.
 
-The runner takes a seam factory, so the aggregation can be tested with a fake seam; the worker
-entry point is `python -m alignatt.pipeline.bench --worker ...`.
+The runner takes a seam factory, so the aggregation can be tested with a fake seam. The front end
+is `alignatt bench` (typer, alignatt.cli); `python -m alignatt.pipeline.bench JOB.json` is only the
+per-seam worker that `SubprocessRunner` starts (a `WorkerJob`), not a second command line.
 """
 
 from __future__ import annotations
 
-import argparse
 import collections
 import csv
 import importlib
@@ -33,7 +33,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from alignatt.pipeline.artifacts import (
     ARTIFACT_SCHEMA_VERSION,
@@ -55,7 +55,7 @@ DEFAULT_FACTORY = "alignatt.pipeline.bench:default_seam_factory"
 OWN_FACTORIES = (DEFAULT_FACTORY, "alignatt.bench:default_seam_factory")
 FACTORY_ENV = "ALIGNATT_BENCH_SEAM_FACTORY"
 
-SeamFactory = Callable[[str, BenchConfig], Any]  # returns an object implementing capture.Seam
+BenchSeamFactory = Callable[[str, BenchConfig], Any]  # returns an object implementing capture.Seam
 SeamRunner = Callable[[str, BenchConfig], SeamResult]
 
 
@@ -230,7 +230,7 @@ def default_seam_factory(name: str, config: BenchConfig):
 
 
 def run_seam(
-    name: str, config: BenchConfig, factory: SeamFactory, progress: bool = True
+    name: str, config: BenchConfig, factory: BenchSeamFactory, progress: bool = True
 ) -> SeamResult:
     """Build one seam and measure it, in this process. Expected failures become 'skipped'."""
     prompts = load_prompts(config.prompts_file)
@@ -255,7 +255,7 @@ def run_seam(
 class InProcessRunner:
     """Runs each seam in this process (tests; the fake seams need no isolation)."""
 
-    def __init__(self, factory: SeamFactory, progress: bool = False):
+    def __init__(self, factory: BenchSeamFactory, progress: bool = False):
         self.factory_fn = factory
         self.factory = f"{factory.__module__}:{factory.__qualname__}"
         self.progress = progress
@@ -264,12 +264,20 @@ class InProcessRunner:
         return run_seam(name, config, self.factory_fn, self.progress)
 
 
-def in_process_runner(factory: SeamFactory, progress: bool = False) -> InProcessRunner:
-    return InProcessRunner(factory, progress)
+class WorkerJob(BaseModel):
+    """What one seam worker process measures and where it writes the `SeamResult`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seam: str
+    config: BenchConfig
+    out: str
+    factory: str = DEFAULT_FACTORY
+    progress: bool = True
 
 
 class SubprocessRunner:
-    """Runs each seam in a fresh `python -m alignatt.pipeline.bench --worker` process."""
+    """Runs each seam in a fresh `python -m alignatt.pipeline.bench JOB.json` worker process."""
 
     def __init__(self, factory: str | None = None, progress: bool = True, python: str | None = None):
         # ALIGNATT_BENCH_SEAM_FACTORY=module:function swaps the seams (tests, external seams);
@@ -280,13 +288,11 @@ class SubprocessRunner:
 
     def __call__(self, name: str, config: BenchConfig) -> SeamResult:
         with tempfile.TemporaryDirectory(prefix="alignatt-bench-") as tmp:
-            cfg_path, out_path = Path(tmp, "config.json"), Path(tmp, "result.json")
-            cfg_path.write_text(config.model_dump_json(), encoding="utf-8")
-            cmd = [self.python, "-m", "alignatt.pipeline.bench", "--worker", "--seam", name,
-                   "--config", str(cfg_path), "--out", str(out_path), "--factory", self.factory]
-            if not self.progress:
-                cmd.append("--quiet")
-            code, tail = _run_teeing_stderr(cmd)
+            job_path, out_path = Path(tmp, "job.json"), Path(tmp, "result.json")
+            job = WorkerJob(seam=name, config=config, out=str(out_path), factory=self.factory,
+                            progress=self.progress)
+            job_path.write_text(job.model_dump_json(), encoding="utf-8")
+            code, tail = _run_teeing_stderr([self.python, "-m", "alignatt.pipeline.bench", str(job_path)])
             if code == 0 and out_path.exists():
                 try:
                     return SeamResult.model_validate_json(out_path.read_text(encoding="utf-8"))
@@ -341,6 +347,21 @@ def run_bench(config: BenchConfig, runner: SeamRunner | None = None) -> BenchArt
         seams=results,
         divergences=find_divergences(results),
     )
+
+
+def check_expected_seams(artifact: BenchArtifact) -> None:
+    """Fail when every seam the profile expects to run here was skipped: such a stage measured
+    nothing, and a row of skips must not pass for a result (a GPU host missing its tokenizer)."""
+    c = artifact.config
+    expected = [s for s in c.seams if s not in c.expect_skipped]
+    results = [artifact.seam(s) for s in expected]
+    if not expected or any(r is not None and r.status == "ok" for r in results):
+        return
+    reasons = "; ".join(f"{s}: {' '.join((r.skip_reason or 'not run').split())[:160]}"
+                        for s, r in zip(expected, results) if r is not None)
+    raise AlignattError(f"bench {c.vllm_mode} (profile {c.profile or '-'}, model {c.model}): every seam "
+                        f"expected to run was skipped, nothing written; `alignatt doctor` says what is "
+                        f"missing ({reasons})")
 
 
 def merge_bench(base: BenchArtifact, part: BenchArtifact) -> BenchArtifact:
@@ -426,57 +447,22 @@ def format_summary(artifact: BenchArtifact) -> str:
     return "\n".join(lines)
 
 
-# ---- entry points without the typer CLI (worker; GPU hosts with a minimal environment) ---------
+# ---- the seam worker (started by SubprocessRunner) --------------------------------------------
 
 
-def _import_factory(spec: str) -> SeamFactory:
+def _import_factory(spec: str) -> BenchSeamFactory:
     module, _, attr = spec.partition(":")
     return getattr(importlib.import_module(module), attr)
 
 
-def worker_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m alignatt.pipeline.bench --worker")
-    parser.add_argument("--worker", action="store_true", required=True)
-    parser.add_argument("--seam", required=True)
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--factory", default=DEFAULT_FACTORY)
-    parser.add_argument("--quiet", action="store_true")
-    args = parser.parse_args(argv)
-    config = BenchConfig.model_validate_json(Path(args.config).read_text(encoding="utf-8"))
-    result = run_seam(args.seam, config, _import_factory(args.factory), progress=not args.quiet)
-    Path(args.out).write_text(result.model_dump_json(), encoding="utf-8")
-    return 0
-
-
-def run_main(argv: list[str]) -> int:
-    """`python -m alignatt.pipeline.bench --mode M [--profile P] --out F`: `alignatt bench` for hosts
-    whose Python has the inference stack but not the CLI's dependencies (typer)."""
-    from alignatt.pipeline.params import bench_config
-
-    parser = argparse.ArgumentParser(prog="python -m alignatt.pipeline.bench")
-    parser.add_argument("--mode", default="eager")
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--profile")
-    parser.add_argument("--repeats", type=int)
-    parser.add_argument("--seams", help="comma-separated subset of the mode's seams")
-    parser.add_argument("--add", action="store_true", help="add these seams to an existing --out")
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--metrics")
-    parser.add_argument("--plot")
-    args = parser.parse_args(argv)
-    try:
-        seams = [s.strip() for s in args.seams.split(",") if s.strip()] if args.seams else None
-        config = bench_config(args.params, args.mode, args.profile, repeats=args.repeats, seams=seams)
-        artifact = write_bench_outputs(run_bench(config), args.out, args.metrics, args.plot, args.add)
-    except AlignattError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(format_summary(artifact))
-    print(f"wrote {args.out}")
+def worker_main(job_file: str) -> int:
+    job = WorkerJob.model_validate_json(Path(job_file).read_text(encoding="utf-8"))
+    result = run_seam(job.seam, job.config, _import_factory(job.factory), progress=job.progress)
+    Path(job.out).write_text(result.model_dump_json(), encoding="utf-8")
     return 0
 
 
 if __name__ == "__main__":
-    argv = sys.argv[1:]
-    sys.exit(worker_main(argv) if "--worker" in argv else run_main(argv))
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m alignatt.pipeline.bench JOB.json (the seam worker; use `alignatt bench`)")
+    sys.exit(worker_main(sys.argv[1]))

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from alignatt.pipeline.artifacts import KNOWN_SEAMS, BenchConfig
 from alignatt.core.errors import AlignattError
+from alignatt.models.presets import DEFAULT_MODEL
 
 
 class Profile(BaseModel):
@@ -27,6 +28,9 @@ class Profile(BaseModel):
     bench: dict[str, Any] = Field(default_factory=dict)  # overrides of the `bench:` section
     smoke: dict[str, Any] = Field(default_factory=dict)  # options of the smoke stage
     note: str = ""  # why the profile deviates from the protocol, shown in the methodology
+    # seams that cannot run on this profile's machine by design (vllm_capture on a CPU): their
+    # skip is expected; a bench stage where every *other* seam was skipped fails
+    expect_skipped: list[str] = Field(default_factory=list)
 
 
 class BenchParams(BaseModel):
@@ -90,12 +94,23 @@ def config_from_params(
         "repeats": section.repeats,
         "prompts_file": section.prompts,
         "policy": section.policy,
+        "expect_skipped": [s for s in prof.expect_skipped if s in section.modes[mode]],
     }
     fields.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return BenchConfig.model_validate(fields)
     except ValidationError as e:
         raise AlignattError(f"bench config: {e}") from None
+
+
+def profile_seams(params: dict[str, Any], profile: str | None = None) -> list[str]:
+    """Every seam some bench stage of the profile measures, in the order of `bench.modes`."""
+    name, prof = profile_of(params, profile)
+    try:
+        section = BenchParams.model_validate({**params.get("bench", {}), **prof.bench})
+    except ValidationError as e:
+        raise AlignattError(f"bench params: {e}") from None
+    return list(dict.fromkeys(s for seams in section.modes.values() for s in seams))
 
 
 def bench_config(
@@ -106,7 +121,7 @@ def bench_config(
         return config_from_params(load_params(params_path), mode, profile, **overrides)
     if params_path is not None and profile is not None:
         raise AlignattError(f"--profile {profile} needs a params file; {params_path} does not exist")
-    fields = {"model": "gemma3-270m", "seams": list(KNOWN_SEAMS), "vllm_mode": mode}
+    fields = {"model": DEFAULT_MODEL, "seams": list(KNOWN_SEAMS), "vllm_mode": mode}
     fields.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return BenchConfig.model_validate(fields)

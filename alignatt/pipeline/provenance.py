@@ -6,6 +6,14 @@ explicitly: packages as "not installed", GPU facts as None / 0 on a CPU host, th
 
 The container wrapper (`alignatt.pipeline.container`) exports the image reference and digest in
 `ALIGNATT_CONTAINER_IMAGE` / `ALIGNATT_CONTAINER_DIGEST`; without them the run is on the host.
+
+`Fingerprint` is the part of the block that says *what* a measurement ran on (machine, libraries,
+image, model) and never *when*: no timestamp, load average or git state. The DVC stages depend on
+it, so they re-run when the machine or its stack changes and not because a clock moved.
+
+Parameters are not code: `params.yaml` edited by `dvc exp run -S key=value` (or by hand) does not
+make a run "uncommitted"; the keys that differ from the commit are recorded in `params_changed`,
+and the DVC experiment's name in `dvc_experiment`.
 """
 
 from __future__ import annotations
@@ -17,8 +25,9 @@ import platform
 import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 PROVENANCE_SCHEMA_VERSION = 1
 NOT_INSTALLED = "not installed"
@@ -31,7 +40,11 @@ GIT_COMMIT_ENV = "ALIGNATT_GIT_COMMIT"
 GIT_DIRTY_ENV = "ALIGNATT_GIT_DIRTY"
 
 # Paths a pipeline run writes itself; changes there do not make the *code* dirty.
-GENERATED_PATHS = ("outputs/", "reports/BENCHMARKS.md", "dvc.lock")
+GENERATED_PATHS = ("outputs/", "reports/BENCHMARKS.md", "reports/figures/", "dvc.lock")
+# Parameters, not code: their changes are recorded key by key (Provenance.params_changed).
+PARAMS_FILE = "params.yaml"
+# Set by `dvc exp run` for every stage command it runs (dvc/env.py).
+DVC_EXP_NAME_ENV = "DVC_EXP_NAME"
 
 
 class GpuInfo(BaseModel):
@@ -74,6 +87,11 @@ class Provenance(BaseModel):
     # model
     model_id: str | None
     model_revision: str | None
+    # parameters: the DVC experiment that ran it (None outside `dvc exp run`) and the params.yaml
+    # keys that differ from the commit, dotted ("profile", "bench.repeats"); the defaults keep
+    # artifacts written before these fields valid
+    dvc_experiment: str | None = None
+    params_changed: dict[str, Any] = Field(default_factory=dict)
 
     @property
     def gpu_name(self) -> str | None:
@@ -82,6 +100,41 @@ class Provenance(BaseModel):
     @property
     def date(self) -> str:
         return self.timestamp_utc[:10]
+
+
+class Fingerprint(BaseModel):
+    """What a measurement runs on, and nothing about when: what the DVC stages depend on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    os: str
+    python: str
+    cpu: str | None
+    cpu_count: int | None
+    gpu_count: int
+    gpus: list[GpuInfo]
+    driver: str | None
+    cuda_runtime: str | None
+    torch: str
+    torch_cuda_build: str | None
+    transformers: str
+    vllm: str
+    triton: str
+    alignatt: str
+    container_image: str
+    container_digest: str | None
+    model_id: str | None
+    model_revision: str | None
+
+
+def fingerprint_of(p: Provenance) -> Fingerprint:
+    return Fingerprint.model_validate(p.model_dump(include=set(Fingerprint.model_fields)))
+
+
+def fingerprint_differences(a: Fingerprint, b: Fingerprint) -> list[str]:
+    """The fingerprint fields on which a and b differ, as "field: a != b"."""
+    da, db = a.model_dump(mode="json"), b.model_dump(mode="json")
+    return [f"{k}: {da[k]!r} != {db[k]!r}" for k in Fingerprint.model_fields if da[k] != db[k]]
 
 
 def package_version(name: str) -> str:
@@ -122,8 +175,35 @@ def git_state(repo: Path | None = None) -> tuple[str | None, bool | None]:
     if status is None:
         return commit, None
     changed = [entry[3:] for entry in status.split("\0") if len(entry) > 3]
-    dirty = any(not p.startswith(GENERATED_PATHS) for p in changed)
+    dirty = any(not p.startswith(GENERATED_PATHS) and p != PARAMS_FILE for p in changed)
     return commit, dirty
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(data, dict):
+        return {prefix: data}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def params_changes(repo: Path | None = None) -> dict[str, Any]:
+    """The params.yaml keys (dotted) whose values differ from the committed file, with the values
+    used; a key removed from the working file maps to None. {} outside git or without params."""
+    import yaml
+
+    repo = repo or Path.cwd()
+    working = repo / PARAMS_FILE
+    committed = _run(["git", "-c", "safe.directory=*", "show", f"HEAD:./{PARAMS_FILE}"], cwd=repo, strip=False)
+    if committed is None or not working.exists():
+        return {}
+    try:
+        old = _flatten(yaml.safe_load(committed) or {})
+        new = _flatten(yaml.safe_load(working.read_text(encoding="utf-8")) or {})
+    except yaml.YAMLError:
+        return {}
+    return {k: new.get(k) for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)}
 
 
 def _cpu_model() -> str | None:
@@ -218,6 +298,8 @@ def collect_provenance(
         container_digest=digest if image != HOST else None,
         model_id=model_id,
         model_revision=model_revision,
+        dvc_experiment=os.environ.get(DVC_EXP_NAME_ENV) or None,
+        params_changed=params_changes(repo),
     )
 
 
@@ -257,27 +339,3 @@ def _hf_cache_revision(repo_id: str) -> str | None:
         return ref.read_text().strip() or None
     except OSError:
         return None
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m alignatt.pipeline.provenance --out F [--model M]`: `alignatt env` without the CLI."""
-    import argparse
-
-    from alignatt.pipeline.artifacts import env_artifact, write_artifact
-    from alignatt.core.errors import AlignattError
-
-    parser = argparse.ArgumentParser(prog="python -m alignatt.pipeline.provenance")
-    parser.add_argument("--out", default="outputs/env.json")
-    parser.add_argument("--model")
-    args = parser.parse_args(argv)
-    try:
-        write_artifact(args.out, env_artifact(args.model))
-    except AlignattError as e:
-        print(f"error: {e}")
-        return 2
-    print(f"wrote {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -4,14 +4,16 @@ Everything in the document comes from files: the methodology from params.yaml an
 configs, one results row per measurement (historical rows from `outputs/published/`, ours from
 `outputs/<profile>/`), notes computed from the rows. Rendering is byte-stable (no render-time
 clock, sorted inputs, fixed number formats), so `alignatt report --check` can tell whether the
-committed document is stale. Which artifacts make a results row: `alignatt.pipeline.report_rows`.
+committed document is stale. Which artifacts make a results row: `alignatt.pipeline.report_rows`;
+the figures (SVG, `reports/figures/`) come from `alignatt.pipeline.figures` and are checked the
+same way.
 """
 
 from __future__ import annotations
 
 import re
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from alignatt.pipeline.artifacts import (
     BENCH_FILE,
     BenchArtifact,
     EnvArtifact,
+    FingerprintArtifact,
     MeasurementArtifact,
     PublishedArtifact,
     ServerSmokeArtifact,
@@ -27,6 +30,7 @@ from alignatt.pipeline.artifacts import (
     sha256_file,
 )
 from alignatt.core.errors import AlignattError
+from alignatt.pipeline.figures import FIGURES_DIR, Figure, render_figures
 from alignatt.pipeline.report_rows import ResultRow, load_note, machine_of, our_rows, published_rows
 
 TEMPLATE = "BENCHMARKS.md.j2"
@@ -44,6 +48,11 @@ class ReportInputs:
     smokes: list[tuple[str, ServerSmokeArtifact]]
     envs: list[tuple[str, EnvArtifact]]
     measurements: list[tuple[str, MeasurementArtifact]]
+    # every valid artifact by kind, for figures and for kinds other stages add (load, eval, ...)
+    by_kind: dict[str, list[tuple[str, Any]]] = field(default_factory=dict)
+
+    def of_kind(self, kind: str) -> list[tuple[str, Any]]:
+        return self.by_kind.get(kind, [])
 
     def rows(self) -> list[ResultRow]:
         return sorted(published_rows(self.published) + our_rows(self.runs), key=lambda r: r.sort_key)
@@ -63,6 +72,7 @@ def collect_inputs(root: Path, params: dict[str, Any]) -> ReportInputs:
     published = [(_rel(root, p), read_published(p)) for p in sorted(published_dir.glob("*.json"))]
     runs: dict[str, dict[str, tuple[str, BenchArtifact]]] = {}
     smokes, envs, measurements = [], [], []
+    by_kind: dict[str, list[tuple[str, Any]]] = {}
     for path in sorted(outputs.rglob("*.json")):
         if path.parent == published_dir or path.name.endswith("_metrics.json"):
             continue  # historical (read above) / DVC metrics derived from a bench artifact
@@ -71,6 +81,7 @@ def collect_inputs(root: Path, params: dict[str, Any]) -> ReportInputs:
         except AlignattError:
             continue  # not a valid artifact: `alignatt audit` reports it; the page shows the rest
         rel = _rel(root, path)
+        by_kind.setdefault(artifact.kind, []).append((rel, artifact))
         if isinstance(artifact, BenchArtifact):
             # a pipeline folder is one session (its modes share HF figures); any other bench
             # file is a session of its own
@@ -80,9 +91,9 @@ def collect_inputs(root: Path, params: dict[str, Any]) -> ReportInputs:
             smokes.append((rel, artifact))
         elif isinstance(artifact, EnvArtifact):
             envs.append((rel, artifact))
-        else:
+        elif isinstance(artifact, MeasurementArtifact):
             measurements.append((rel, artifact))
-    return ReportInputs(root, params, published, runs, smokes, envs, measurements)
+    return ReportInputs(root, params, published, runs, smokes, envs, measurements, by_kind)
 
 
 # ---- view model for the template -------------------------------------------------------------
@@ -139,9 +150,14 @@ def artifact_list(inputs: ReportInputs) -> list[dict[str, str]]:
                           torch=a.versions.get("torch") or "not recorded",
                           vllm=a.versions.get("vllm") or "not recorded", transformers="not recorded",
                           sha256=sha256_file(inputs.root / rel)[:12]))
-    ours = [(rel, a) for rel, a in inputs.envs + inputs.smokes + inputs.measurements]
-    ours += [v for runs in inputs.runs.values() for v in runs.values()]
+    ours = [v for kind in sorted(inputs.by_kind) for v in inputs.by_kind[kind]]
     for rel, a in sorted(ours, key=lambda t: t[0]):
+        if isinstance(a, FingerprintArtifact):  # undated by design: what the stages depend on
+            f = a.fingerprint
+            items.append(dict(path=rel, kind=a.kind, schema=f"v{a.schema_version}", date="— (undated)",
+                              torch=f.torch, vllm=f.vllm, transformers=f.transformers,
+                              sha256=sha256_file(inputs.root / rel)[:12]))
+            continue
         p = a.provenance
         items.append(dict(path=rel, kind=a.kind, schema=f"v{a.schema_version}", date=p.date,
                           torch=p.torch, vllm=p.vllm, transformers=p.transformers,
@@ -212,7 +228,15 @@ def cross_day_note(rows: list[ResultRow]) -> str | None:
             f"{ms(hi)} on {d2} ({(hi / lo - 1) * 100:.0f}% apart)")
 
 
-def build_context(inputs: ReportInputs) -> dict[str, Any]:
+def figure_items(figures: list[Figure]) -> dict[str, list[dict[str, str]]]:
+    """Figures for the template, by the artifact kind they are drawn from."""
+    out: dict[str, list[dict[str, str]]] = {}
+    for f in figures:
+        out.setdefault(f.kind, []).append(dict(name=f.name, path=f.path, title=f.title, caption=f.caption))
+    return out
+
+
+def build_context(inputs: ReportInputs, figures: list[Figure] | None = None) -> dict[str, Any]:
     params = inputs.params
     rows = inputs.rows()
     refs = iter(range(1, len(rows) + 1))
@@ -232,13 +256,15 @@ def build_context(inputs: ReportInputs) -> dict[str, Any]:
         smoke_rows=smoke_rows(inputs),
         measurements=measurement_items(inputs),
         artifacts=artifact_list(inputs),
+        figures=figure_items(figures or []),
     )
 
 
 # ---- render / write / check ------------------------------------------------------------------
 
 
-def render_report(root: str | Path = ".", params: dict[str, Any] | None = None) -> str:
+def render_all(root: str | Path = ".", params: dict[str, Any] | None = None) -> tuple[str, list[Figure]]:
+    """The page and its figures, from the same inputs."""
     import jinja2
 
     from alignatt.pipeline.params import load_params
@@ -259,12 +285,28 @@ def render_report(root: str | Path = ".", params: dict[str, Any] | None = None) 
         template = env.get_template(TEMPLATE)
     except jinja2.TemplateNotFound:
         raise AlignattError(f"report template {root / 'reports' / TEMPLATE} not found") from None
-    text = template.render(**build_context(collect_inputs(root, params)))
-    return re.sub(r"\n{3,}", "\n\n", text)  # templates' blank-line noise never reaches the page
+    inputs = collect_inputs(root, params)
+    figures = render_figures(inputs)
+    text = template.render(**build_context(inputs, figures))
+    return re.sub(r"\n{3,}", "\n\n", text), figures  # templates' blank-line noise never reaches the page
+
+
+def render_report(root: str | Path = ".", params: dict[str, Any] | None = None) -> str:
+    return render_all(root, params)[0]
 
 
 def report_path(root: Path, params: dict[str, Any]) -> Path:
     return root / (params.get("report") or {}).get("output", "reports/BENCHMARKS.md")
+
+
+def figures_dir(root: Path, params: dict[str, Any]) -> Path:
+    return report_path(root, params).parent / FIGURES_DIR
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
 
 
 def write_report(root: str | Path = ".") -> Path:
@@ -273,13 +315,21 @@ def write_report(root: str | Path = ".") -> Path:
     root = Path(root)
     params = load_params(root / "params.yaml")
     path = report_path(root, params)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_report(root, params), encoding="utf-8")
+    text, figures = render_all(root, params)
+    folder = figures_dir(root, params)
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in figures:
+        _write_atomic(folder / f"{f.name}.svg", f.svg)
+    made = {f"{f.name}.svg" for f in figures}
+    for old in folder.glob("*.svg"):
+        if old.name not in made:  # no function draws it any more: it would show stale data
+            old.unlink()
+    _write_atomic(path, text)
     return path
 
 
 def stale_report(root: str | Path = ".") -> str | None:
-    """None when the committed report equals a fresh render; else why not."""
+    """None when the committed report and its figures equal a fresh render; else why not."""
     from alignatt.pipeline.params import load_params
 
     root = Path(root)
@@ -287,10 +337,21 @@ def stale_report(root: str | Path = ".") -> str | None:
     path = report_path(root, params)
     if not path.exists():
         return f"{_rel(root, path)} does not exist: run `alignatt report`"
-    fresh = render_report(root, params)
+    fresh, figures = render_all(root, params)
     current = path.read_text(encoding="utf-8")
-    if current == fresh:
-        return None
-    old, new = current.splitlines(), fresh.splitlines()
-    line = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
-    return f"{_rel(root, path)} is stale (first difference at line {line + 1}): run `alignatt report`"
+    if current != fresh:
+        old, new = current.splitlines(), fresh.splitlines()
+        line = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
+        return f"{_rel(root, path)} is stale (first difference at line {line + 1}): run `alignatt report`"
+    folder = figures_dir(root, params)
+    for f in figures:
+        svg = folder / f"{f.name}.svg"
+        if not svg.exists():
+            return f"{_rel(root, svg)} does not exist: run `alignatt report`"
+        if svg.read_text(encoding="utf-8") != f.svg:
+            return f"{_rel(root, svg)} is stale: run `alignatt report`"
+    made = {f"{f.name}.svg" for f in figures}
+    extra = sorted(p.name for p in folder.glob("*.svg") if p.name not in made) if folder.is_dir() else []
+    if extra:
+        return f"{_rel(root, folder)} holds figures no artifact draws any more ({', '.join(extra)}): run `alignatt report`"
+    return None

@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from alignatt.capture.names import HF_SEAMS
 from alignatt.pipeline.artifacts import BenchArtifact, EnvArtifact, PublishedArtifact, ServerSmokeArtifact
 
 MODE_ORDER = {"eager": 0, "cudagraph": 1, "compiled": 2}
-HF_SEAMS = ("hf_eager", "hf_qk_fast")
 
 
 # ---- what each artifact says about where it was measured -------------------------------------

@@ -10,7 +10,6 @@ WhisperLiveKit run's per-update records (taken server-side) are in `events` with
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from alignatt.core.errors import AlignattError
 from alignatt.pipeline.stream_replay import RunRecord, count_retractions, ends_sentence, load_stream, replay_native, replay_wlk
 from alignatt.pipeline.wlk_client import load_wlk_client, wlk_available, wlk_version
+from alignatt.models.presets import DEFAULT_MODEL
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -35,7 +35,7 @@ def percentile(values: list[float], q: float) -> float | None:
 class SmokeOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    model: str = "gemma3-270m"
+    model: str = DEFAULT_MODEL
     seam: str = "hf_qk_fast"
     preset: str = "balanced"
     device: str = "cpu"
@@ -47,6 +47,15 @@ class SmokeOptions(BaseModel):
     wlk_latency: Literal["quality", "balanced", "low"] = "balanced"
     vllm_mode: str | None = None  # vllm_capture's mode (its default: cudagraph)
     stream: str | None = None
+
+    @classmethod
+    def checked(cls, **fields: Any) -> "SmokeOptions":
+        """Validate the options; a bad one is one line (AlignattError), not a traceback."""
+        try:
+            return cls(**fields)
+        except ValidationError as e:
+            err = e.errors()[0]
+            raise AlignattError(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}") from None
 
 
 def _summary(run: RunRecord) -> dict[str, Any]:
@@ -163,35 +172,3 @@ def summary_line(artifact) -> str:
             f"wall {s['wall_s']} s, max lag {s['max_lag_s']} s"
         )
     return "\n".join(parts)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m alignatt.pipeline.smoke`: `alignatt smoke` without the typer CLI (e.g. on a GPU host)."""
-    import argparse
-
-    p = argparse.ArgumentParser(prog="python -m alignatt.pipeline.smoke", description=main.__doc__)
-    for name, default in (("model", "gemma3-270m"), ("seam", "hf_qk_fast"), ("preset", "balanced"),
-                          ("device", "cpu"), ("dtype", None), ("heads", None), ("client", "auto"),
-                          ("vllm-mode", None), ("stream", None), ("out", "outputs/server_smoke.json")):
-        p.add_argument(f"--{name}", default=default)
-    p.add_argument("--top-k", type=int, default=4)
-    p.add_argument("--speed", type=float)
-    a = p.parse_args(argv)
-    try:
-        options = SmokeOptions(model=a.model, seam=a.seam, preset=a.preset, device=a.device, dtype=a.dtype,
-                               top_k=a.top_k, heads=a.heads, speed=a.speed, client=a.client,
-                               stream=a.stream, vllm_mode=a.vllm_mode)
-        artifact = run_smoke(options, a.out)
-    except ValidationError as e:
-        print(f"error: {e.errors()[0]['loc'][0]}: {e.errors()[0]['msg']}", file=sys.stderr)
-        return 2
-    except AlignattError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(summary_line(artifact))
-    print(f"wrote {a.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

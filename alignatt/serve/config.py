@@ -17,6 +17,8 @@ from alignatt.core.errors import AlignattError
 from alignatt.core.policy import POLICY_PRESETS, PolicyConfig
 from alignatt.core.prompt import ContextConfig
 from alignatt.serve.protocol import UNKNOWN_PRESET, ProtocolError
+from alignatt.serve.session import SessionLimits
+from alignatt.models.presets import DEFAULT_MODEL
 
 
 class SessionPreset(BaseModel):
@@ -71,17 +73,28 @@ def resolve_preset(name: str) -> SessionPreset:
     return SESSION_PRESETS[key]
 
 
-class ServerLimits(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ServerLimits(SessionLimits):
+    """Every limit the server enforces; the per-session ones are inherited from `SessionLimits`."""
 
     max_sessions: int = Field(8, ge=1, description="more concurrent sessions get `busy`")
     max_frame_bytes: int = Field(256 * 1024, ge=1024, description="larger frames get bad_protocol")
-    hard_frame_factor: int = Field(4, ge=1, description="frames past factor x limit close the socket")
-    max_utterance_words: int = Field(80, ge=1, description="longer utterances are forced final")
-    max_tail_words: int = Field(64, ge=0, description="tail words past this are ignored")
+    hard_frame_factor: int = Field(4, ge=1, description="frames past factor x limit close the socket (1009)")
     # Past the forced final no honest client gets near these; they bound what one update can cost.
     max_update_words: int = Field(400, ge=1, description="updates with more committed words are refused")
     max_word_chars: int = Field(200, ge=1, description="updates with longer words are refused")
+    # A client that stops reading: its replies queue up, bounded; past a bound its session closes.
+    max_outgoing_frames: int = Field(256, ge=1, description="replies queued for one client (close 1008 past it)")
+    max_outgoing_bytes: int = Field(
+        16 * 1024 * 1024, ge=1024, description="bytes of replies queued for one client (close 1008 past it)"
+    )
+    max_pending_finals: int = Field(32, ge=1, description="finals queued for the engine per session (close 1008 past it)")
+    send_stall_s: float = Field(30.0, gt=0, description="one reply blocked this long closes the session (1008)")
+    init_timeout_s: float = Field(30.0, gt=0, description="a connection without init this long is closed (1008)")
+    ping_interval_s: float = Field(20.0, gt=0, description="WebSocket keepalive ping interval")
+    ping_timeout_s: float = Field(20.0, gt=0, description="no pong this long closes the connection")
+    # Server-side records (the smoke reads the step log); bounded in bytes, oldest dropped first.
+    step_log_bytes: int = Field(8 * 1024 * 1024, ge=0, description="bytes of recent step records kept")
+    session_log_bytes: int = Field(1024 * 1024, ge=0, description="bytes of recent init records kept")
 
 
 class DirectionRoute(BaseModel):
@@ -89,7 +102,7 @@ class DirectionRoute(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    model: str = "gemma3-270m"
+    model: str = DEFAULT_MODEL
     seam: str = "hf_qk_fast"
     heads: str | None = Field(None, description="head-set file or bundled name; None: the model's default")
     top_k: int = Field(4, ge=1)
@@ -114,7 +127,7 @@ def server_config(
     config_path: str | None = None,
     host: str = "127.0.0.1",
     port: int = 8765,
-    model: str = "gemma3-270m",
+    model: str = DEFAULT_MODEL,
     seam: str = "hf_qk_fast",
     preset: str = "balanced",
     direction: str = "en-de",

@@ -5,32 +5,34 @@ committed text, cached draft and commit fast path. An update is applied to every
 targets that need the engine have their drafts made together first, in one engine batch
 (`Engine.draft_many`: one vLLM batch, or one after another on seams that do not batch), and each
 session then takes its own draft from its seam view instead of calling the engine itself.
+On the server the batch is the engine's scheduler: the targets' requests are queued at once
+(`Engine.draft_together`), so they run in one engine batch.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Callable, Sequence
 
 from alignatt.core.draft import Draft, DraftRequest
 from alignatt.serve.pool import HeadRows
 from alignatt.serve.session import Session, Step
 
 
-class BatchEngine(Protocol):
-    def draft_many(self, requests: Sequence[DraftRequest]) -> list[Draft]: ...
+# (target, request) pairs and whether they are finals -> one draft per pair, made together.
+DraftTogether = Callable[[Sequence[tuple[str, DraftRequest]], bool], list[Draft]]
 
 
 class MultiTargetSession:
     """Sessions by target language (in the client's order), updated together."""
 
-    def __init__(self, sessions: dict[str, Session], engines: dict[str, BatchEngine]) -> None:
-        if not sessions or set(sessions) != set(engines):
-            raise ValueError("every target needs a session and an engine")
+    def __init__(self, sessions: dict[str, Session], draft_together: DraftTogether) -> None:
+        if not sessions:
+            raise ValueError("a multi-target session needs at least one target")
         for target, session in sessions.items():
             if not isinstance(session.seam, HeadRows):
                 raise ValueError(f"target {target}: its session must draft through a HeadRows view")
         self.sessions = sessions
-        self.engines = engines
+        self.draft_together = draft_together
         self.batches: list[int] = []  # drafts per engine batch, for tests and logs
 
     @property
@@ -47,18 +49,13 @@ class MultiTargetSession:
         """Apply one update to every target; returns (target_lang, step) in target order."""
         args = (committed_words, tail_words, is_final, utterance_id)
         planned = {t: s.planned_request(*args) for t, s in self.sessions.items()}
-        # One batch per engine (targets of one model share an engine).
-        by_engine: dict[int, list[str]] = {}
-        for t, request in planned.items():
-            if request is not None:
-                by_engine.setdefault(id(self.engines[t]), []).append(t)
-        for targets in by_engine.values():
-            engine = self.engines[targets[0]]
-            drafts = engine.draft_many([planned[t] for t in targets])
-            self.batches.append(len(targets))
-            for t, draft in zip(targets, drafts):
+        wanted = [(t, r) for t, r in planned.items() if r is not None]
+        if wanted:
+            drafts = self.draft_together(wanted, bool(is_final))
+            self.batches.append(len(wanted))
+            for (t, request), draft in zip(wanted, drafts):
                 view: HeadRows = self.sessions[t].seam
-                view.prefetched.append((planned[t], view.select(draft)))
+                view.prefetched.append((request, view.select(draft)))
         try:
             return [(t, s.update(*args)) for t, s in self.sessions.items()]
         finally:

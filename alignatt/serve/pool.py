@@ -1,9 +1,10 @@
-"""Engines: a loaded seam per (model, seam, device, dtype, options), each with its one worker thread.
+"""Engines: a loaded seam per (model, seam, device, dtype, options), each driven by one draft scheduler.
 
-One model serves every session of its routes, so all of an engine's drafts run one at a time on
-its own thread, off the server's event loop. Directions that share a model share its engine: the
-engine captures the union of their heads once, and each session sees only its direction's rows
-(`HeadRows`).
+One model serves every session of its routes. An engine's drafts are batched by its
+`DraftScheduler` (alignatt.serve.scheduler) on the engine's own thread, off the server's event
+loop; session updates that wait for a draft wait on the engine's `executor`, one thread each.
+Directions that share a model share its engine: it captures the union of their heads once, and
+each session sees only its direction's rows (`HeadRows`).
 """
 
 from __future__ import annotations
@@ -14,53 +15,98 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Sequence
+from typing import Any, Hashable, Sequence
 
 from alignatt.core.draft import Draft, DraftRequest, Head, Seam
 from alignatt.serve.config import DirectionRoute, SeamFactory, resolve_heads
+from alignatt.serve.scheduler import DraftScheduler, SchedulerConfig, SessionSeam
 
 log = logging.getLogger("alignatt.serve.server")
 
+# What a served vLLM engine gets unless the route says otherwise: a growing utterance re-drafts a
+# prompt whose prefix is already cached, and the batch holds every admitted session.
+SERVED_VLLM_OPTIONS = {"enable_prefix_caching": True, "max_num_seqs": 128}
+
+
+def served_route(route: DirectionRoute) -> DirectionRoute:
+    """The route as the server builds it (prefix caching and a large batch for vllm_capture)."""
+    if route.seam != "vllm_capture":
+        return route
+    return route.model_copy(update={"seam_options": {**SERVED_VLLM_OPTIONS, **route.seam_options}})
+
 
 class Engine:
-    """A loaded seam and the one worker thread that runs all of its drafts.
+    """A loaded seam, its scheduler, and the threads that wait for its drafts.
 
-    The seam is also built on that thread, so whatever the engine binds to its creating thread
-    (CUDA graphs, vLLM's engine client) is used from the same thread afterwards.
+    The seam is built, driven and closed on the scheduler's thread, so whatever the engine binds
+    to its creating thread (CUDA graphs, vLLM's engine client) is only used there.
     """
 
-    def __init__(self, name: str, route: DirectionRoute, heads: list[Head], factory: SeamFactory) -> None:
+    def __init__(self, name: str, route: DirectionRoute, heads: list[Head], factory: SeamFactory,
+                 scheduler: SchedulerConfig | None = None) -> None:
         self.name = name
         self.route = route
         self.heads = heads
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"engine-{name}")
-        try:
-            self.seam: Seam = self.executor.submit(factory, route, heads).result()
-        except BaseException:
-            self.executor.shutdown(wait=False)
-            raise
+        config = scheduler or SchedulerConfig()
+        self.scheduler = DraftScheduler(lambda: factory(served_route(route), heads), config, name=name)
+        self.seam: Seam = self.scheduler.seam
+        # One waiting thread per admitted session: a session's update blocks only its own thread.
+        self.executor = ThreadPoolExecutor(max_workers=config.capacity, thread_name_prefix=f"engine-{name}-wait")
+        self._proxies: dict[Hashable, SessionSeam] = {}
 
-    def view(self, heads: list[Head]) -> "HeadRows":
-        """A seam for one direction: drafts on this engine, rows of `heads` only."""
-        return HeadRows(self.seam, self.heads, heads)
+    # ---- sessions (the server's side) ----
 
-    def draft_many(self, requests: Sequence[DraftRequest]) -> list[Draft]:
-        """Several drafts in one engine batch where the seam batches (vLLM), else one by one."""
-        batch = getattr(self.seam, "draft_many", None)
-        return list(batch(requests)) if batch is not None else [self.seam.draft(r) for r in requests]
+    def open_session(self, key: Hashable) -> SessionSeam:
+        """Admit a session (`SchedulerBusy` past capacity); the seam its `Session` drafts through."""
+        self.scheduler.open_session(key)
+        proxy = SessionSeam(self.scheduler, key)
+        self._proxies[key] = proxy
+        return proxy
+
+    def close_session(self, key: Hashable) -> None:
+        self._proxies.pop(key, None)
+        self.scheduler.close_session(key)
+
+    def open_view(self, key: Hashable, heads: list[Head]) -> "HeadRows":
+        """Admit a session that drafts with `heads` (a subset of the engine's): its seam view."""
+        return HeadRows(self.open_session(key), self.heads, heads)
+
+    def draft_together(self, keyed: Sequence[tuple[Hashable, DraftRequest]], final: bool) -> list[Draft]:
+        """Several sessions' drafts queued at once, so the scheduler runs them in one batch."""
+        futures = [self.scheduler.submit(key, request, final=final) for key, request in keyed]
+        return [f.result(600.0) for f in futures]
+
+    def supersede(self, key: Hashable) -> None:
+        """A newer update of the session arrived: its queued or running partial is stale."""
+        self.scheduler.supersede(key)
+
+    def update(self, key: Hashable, session: Any, words: list[str], tail: list[str], is_final: bool,
+               utterance_id: int | None) -> Any:
+        """`session.update` with its draft queued as a final or a partial (runs on `executor`)."""
+        proxy = self._proxies.get(key)
+        if proxy is not None:
+            proxy.final = bool(is_final)
+        return session.update(words, tail, is_final, utterance_id)
+
+    def stats(self) -> dict:
+        return {"engine": self.name, "seam": getattr(self.seam, "name", "?"), "max_batch": self.scheduler.max_batch,
+                **self.scheduler.stats.as_dict()}
 
     def close(self) -> None:
-        """Close the seam on its own thread (where it was built), then stop that thread."""
+        """Stop the scheduler (it closes the seam on its own thread), then the waiting threads."""
         try:
-            self.executor.submit(self.seam.close).result(timeout=120)
+            self.scheduler.close()
         except Exception as e:  # noqa: BLE001 - shutdown goes on; the failure is logged
-            log.warning("engine %s: closing its seam failed: %s", self.name, e)
+            log.warning("engine %s: closing its scheduler failed: %s", self.name, e)
         self.executor.shutdown(wait=False, cancel_futures=True)
 
 
 class HeadRows:
     """One direction's seam on a shared engine: the engine drafts with the union of every route's
-    heads; this view keeps its own heads' rows (and masses), in its own order."""
+    heads; this view keeps its own heads' rows (and masses), in its own order.
+
+    `prefetched` holds drafts already made for it in a batch (`MultiTargetSession`): a request
+    equal to one of them is answered from there instead of the engine."""
 
     def __init__(self, seam: Seam, engine_heads: list[Head], heads: list[Head]) -> None:
         missing = [h for h in heads if h not in engine_heads]
@@ -70,11 +116,11 @@ class HeadRows:
         self.heads = list(heads)
         self.index = [engine_heads.index(h) for h in heads]
         self._n_engine = len(engine_heads)
-        self.prefetched: list[tuple[DraftRequest, Draft]] = []  # drafts made in a batch, not yet taken
+        self.prefetched: list[tuple[DraftRequest, Draft]] = []
 
     @property
     def name(self) -> str:
-        return self.seam.name
+        return getattr(self.seam, "name", "seam")
 
     def select(self, draft: Draft) -> Draft:
         idx = self.index
@@ -95,7 +141,7 @@ class HeadRows:
         return self.select(self.seam.draft(request))
 
     def close(self) -> None:
-        """Nothing to release: the engine owns (and closes) the seam."""
+        self.seam.close()
 
 
 def route_key(route: DirectionRoute) -> tuple:
@@ -108,8 +154,10 @@ class EngineRegistry:
     """Engines by (model, seam, device, dtype, options): directions of one model share one, whose
     heads are the union of the heads of every route in `routes` with that key."""
 
-    def __init__(self, factory: SeamFactory, routes: dict[str, DirectionRoute] | None = None) -> None:
+    def __init__(self, factory: SeamFactory, scheduler: SchedulerConfig | None = None,
+                 routes: dict[str, DirectionRoute] | None = None) -> None:
         self.factory = factory
+        self.scheduler = scheduler
         self.routes = dict(routes or {})
         self._engines: dict[tuple, Engine] = {}
         self._lock = threading.Lock()
@@ -129,10 +177,11 @@ class EngineRegistry:
             if engine is None:
                 heads = self.union_heads(route, direction)
                 started = time.perf_counter()
-                engine = Engine(f"{len(self._engines)}", route, heads, self.factory)
+                engine = Engine(f"{len(self._engines)}", route, heads, self.factory, self.scheduler)
                 self._engines[key] = engine
-                log.info("engine %s: %s/%s heads=%s loaded in %.1fs", engine.name, route.model,
-                         route.seam, [(h.layer, h.head) for h in heads], time.perf_counter() - started)
+                log.info("engine %s: %s/%s heads=%s loaded in %.1fs (batch %d)", engine.name, route.model,
+                         route.seam, [(h.layer, h.head) for h in heads], time.perf_counter() - started,
+                         engine.scheduler.max_batch)
             return engine
 
     @property

@@ -15,7 +15,9 @@ whisperlivekit 0.2.26):
 
 `parse_frame` is the one place that validates input; everything it rejects becomes a
 `ProtocolError` with a code and a message the client can show. Unknown fields are tolerated and
-reported back (`ignored_fields`), never silently dropped.
+reported back (`ignored_fields`), never silently dropped. A string holding a lone UTF-16
+surrogate (a JSON `\ud800` escape) is refused anywhere in a frame: it cannot be encoded as UTF-8,
+so nothing derived from it could ever be sent back. Outgoing frames always serialise (`to_json`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from pydantic import (
 )
 
 PROTOCOL_VERSION = 1
+# seq and utterance_id stay integers every client can hold (JavaScript's safe range).
+MAX_COUNTER = 2**53 - 1
 
 # Error codes on the wire.
 BAD_PROTOCOL = "bad_protocol"
@@ -76,13 +80,20 @@ class _Incoming(BaseModel):
 def _word_text(entry: Any) -> str:
     """A word entry is `[word, start_ms|null, end_ms|null]` (shorter lists and bare strings too)."""
     if isinstance(entry, str):
-        return entry
+        return _one_word(entry)
     if isinstance(entry, (list, tuple)) and 1 <= len(entry) <= 3 and isinstance(entry[0], str):
         for t in entry[1:]:
             if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float))):
-                raise ValueError(f"word timestamps must be numbers or null, got {t!r}")
-        return entry[0]
+                raise ValueError(f"word timestamps must be numbers or null, got {t!r}"[:200])
+        return _one_word(entry[0])
     raise ValueError(f"a word must be [word, start_ms, end_ms], got {entry!r}"[:200])
+
+
+def _one_word(word: str) -> str:
+    """A word may carry leading/trailing spaces (ASR tokens do) but no whitespace inside."""
+    if any(c.isspace() for c in word.strip()):
+        raise ValueError(f"a word must not contain whitespace, got {word!r}"[:200])
+    return word
 
 
 class InitFrame(_Incoming):
@@ -121,8 +132,9 @@ class Tail(_Incoming):
 
 class UpdateFrame(_Incoming):
     type: Literal["update"]
-    seq: StrictInt = Field(ge=0)
-    utterance_id: StrictInt = Field(0, ge=0)
+    seq: StrictInt = Field(ge=0, le=MAX_COUNTER)
+    # Missing: the open utterance (the first one is 0; after a final, the next one).
+    utterance_id: StrictInt | None = Field(None, ge=0, le=MAX_COUNTER)
     words: list[Any] = Field(default_factory=list)
     tail: Tail | None = None
     clock_ms: float | None = None
@@ -147,7 +159,11 @@ class _Outgoing(BaseModel):
     _optional: ClassVar[frozenset[str]] = frozenset()  # left out of the frame when None
 
     def to_json(self) -> str:
-        return self.model_dump_json(exclude={k for k in self._optional if getattr(self, k) is None})
+        exclude = {k for k in self._optional if getattr(self, k) is None}
+        try:
+            return self.model_dump_json(exclude=exclude)
+        except ValueError:  # text that UTF-8 cannot hold: escape it (ASCII JSON) instead of failing
+            return json.dumps(self.model_dump(mode="python", exclude=exclude), ensure_ascii=True, default=str)
 
 
 class InitOk(_Outgoing):
@@ -206,11 +222,36 @@ class ErrorFrame(_Outgoing):
 
 
 def _best_effort_seq(data: Any) -> int | None:
-    if isinstance(data, dict) and isinstance(data.get("seq"), int) and not isinstance(
-        data.get("seq"), bool
-    ):
-        return data["seq"]
+    seq = data.get("seq") if isinstance(data, dict) else None
+    if isinstance(seq, int) and not isinstance(seq, bool) and 0 <= seq <= MAX_COUNTER:
+        return seq
     return None
+
+
+def _lone_surrogate(data: Any) -> str | None:
+    """Where the first string holding a lone surrogate is (a key or a value), or None."""
+    stack: list[tuple[str, Any]] = [("frame", data)]
+    while stack:  # iterative: json.loads already bounded the depth, this walk never recurses
+        path, node = stack.pop()
+        if isinstance(node, str):
+            if not node.isascii() and _has_surrogate(node):
+                return path
+        elif isinstance(node, dict):
+            for k, v in node.items():
+                if not k.isascii() and _has_surrogate(k):
+                    return f"{path} key"
+                stack.append((f"{path}.{k}"[:80], v))
+        elif isinstance(node, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in enumerate(node))
+    return None
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _describe(err: ValidationError) -> str:
@@ -236,9 +277,14 @@ def parse_frame(raw: bytes | str, max_bytes: int) -> InitFrame | UpdateFrame:
             ) from None
     try:
         data = json.loads(raw)
-    except (json.JSONDecodeError, RecursionError) as e:
+    except (ValueError, RecursionError) as e:  # ValueError: also ints past Python's digit limit
         raise ProtocolError(BAD_PROTOCOL, f"invalid JSON: {e}"[:300]) from None
     seq = _best_effort_seq(data)
+    where = _lone_surrogate(data)
+    if where is not None:
+        raise ProtocolError(
+            BAD_PROTOCOL, f"{where}: a lone UTF-16 surrogate is not text; send valid Unicode"[:300], seq=seq
+        )
     if not isinstance(data, dict):
         raise ProtocolError(BAD_PROTOCOL, "a frame must be a JSON object")
     kind = data.get("type")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -31,6 +32,9 @@ from alignatt.core.policy import (
     AFTER_STOP, CONTEXT_LEAK, SOURCE_FRONTIER, UNSTABLE_TAIL, PolicyConfig, PolicyResult, decide,
 )
 from alignatt.core.prompt import ContextConfig, recent_history
+
+if TYPE_CHECKING:
+    from alignatt.serve.budget import PromptBudget
 
 # Step.path values.
 FAST_PATH = "fast_path"
@@ -43,6 +47,23 @@ EMPTY = "empty"
 _ATTENTION_STOPS = (UNSTABLE_TAIL, SOURCE_FRONTIER, AFTER_STOP, CONTEXT_LEAK)
 
 
+class SessionLimits(BaseModel):
+    """What one session may cost: the one definition of these limits (`ServerLimits` extends it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_utterance_words: int = Field(80, ge=1, description="longer utterances are forced final")
+    max_tail_words: int = Field(64, ge=0, description="tail words past this are ignored")
+    # Token bounds on one draft's work. The engine's positions cap them further (`serve.budget`).
+    max_prompt_tokens: int = Field(2048, ge=16, description="prompt tokens of one draft (bad_protocol past it)")
+    max_target_prefix_tokens: int = Field(
+        1024, ge=0, description="tokens of the target prefix a draft continues (bad_protocol past it)"
+    )
+    max_context_tokens: int = Field(
+        4096, ge=0, description="tokens of init's history + context_text (bad_protocol past it)"
+    )
+
+
 class SessionConfig(BaseModel):
     """How a session drafts and when it forces an utterance to close."""
 
@@ -53,13 +74,27 @@ class SessionConfig(BaseModel):
     final_tokens_per_word: float = Field(3.0, gt=0, description="final budget per uncovered word")
     final_extra_tokens: int = Field(8, ge=1)
     final_max_new_tokens: int = Field(256, ge=1)
-    max_utterance_words: int = Field(80, ge=1, description="partials past this force a final")
-    max_tail_words: int = Field(64, ge=0, description="tail words past this are ignored")
+    limits: SessionLimits = Field(default_factory=SessionLimits)
     context: ContextConfig = Field(default_factory=ContextConfig, description="context/history in the prompt")
 
 
 class UpdateRejected(ValueError):
     """An update that contradicts the session's state (e.g. an utterance id going backwards)."""
+
+
+class BudgetExceeded(UpdateRejected):
+    """An update whose draft would pass a token bound (the message names the bound)."""
+
+
+# Characters never emitted: C0/C1 controls (category Cc) other than newline, and the bidi
+# embedding/override/isolate controls, which could reorder or hide text on the client's screen.
+_UNSAFE_CHARS = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def emitted_text(text: str) -> str:
+    """`text` without the characters the server never emits (a per-character filter, so the
+    filtered concatenation is the concatenation of the filtered parts: append-only holds)."""
+    return _UNSAFE_CHARS.sub("", text)
 
 
 @dataclass
@@ -146,6 +181,7 @@ class Session:
         accepted_target_prefix: str = "",
         history: list[tuple[str, str]] | None = None,
         context_text: str = "",
+        budget: "PromptBudget | None" = None,
     ) -> None:
         self.seam = seam
         self.config = config or SessionConfig()
@@ -155,11 +191,12 @@ class Session:
         # `context.history_pairs` turns, which is what a reconnecting client sends back.
         self.history: list[tuple[str, str]] = [tuple(p) for p in history or []]
         self.context_text = context_text
+        self.budget = budget  # counts prompt tokens; None: no token bounds (tests, offline use)
         self.engine_calls = 0
         self.fast_path_releases = 0  # fast-path steps that appended text
         self.source_rewrites = 0
         self.steps = 0
-        self._open = _Utterance(committed_text=accepted_target_prefix.lstrip())
+        self._open = _Utterance(committed_text=emitted_text(accepted_target_prefix).lstrip())
 
     # ---- read-only views ----
 
@@ -186,8 +223,9 @@ class Session:
     ) -> tuple[list[str], list[str], int]:
         words = _clean(committed_words)
         tail = [] if is_final else _clean(tail_words)
-        ignored = max(len(tail) - self.config.max_tail_words, 0)
-        return words, tail[: self.config.max_tail_words], ignored
+        max_tail = self.config.limits.max_tail_words
+        ignored = max(len(tail) - max_tail, 0)
+        return words, tail[:max_tail], ignored
 
     def _cached_path(self, words: list[str], tail: list[str], is_final: bool) -> str | None:
         """Which zero-engine-call path answers this update, or None when a draft is needed."""
@@ -201,7 +239,7 @@ class Session:
             # The cached draft translated exactly this utterance and ended by itself.
             done = not tail and d.stop_reason == "eos" and not u.draft_stale
             return FINAL_CACHED if done else None
-        if len(words) > self.config.max_utterance_words:
+        if len(words) > self.config.limits.max_utterance_words:
             return None  # forced final
         if u.draft_stale:
             return None
@@ -237,7 +275,7 @@ class Session:
         committed_text = "" if fresh else u.committed_text
         covered = 0 if fresh else u.covered_source_units
         words, tail, _ = self._normalise(committed_words, tail_words, is_final)
-        if is_final or len(words) > self.config.max_utterance_words:
+        if is_final or len(words) > self.config.limits.max_utterance_words:
             return self._request(words, len(words), committed_text, self._final_budget(len(words), covered))
         return self._request(words + tail, len(words), committed_text, self.config.max_new_tokens)
 
@@ -256,14 +294,14 @@ class Session:
         rewritten = words[: len(u.committed_words)] != u.committed_words[: len(words)] or (
             len(words) < len(u.committed_words)
         )
-        forced = not is_final and len(words) > self.config.max_utterance_words
+        forced = not is_final and len(words) > self.config.limits.max_utterance_words
         path = self._cached_path(words, tail, is_final)
         calls_before = self.engine_calls
 
         before = u.committed_text
         if is_final or forced:
             if path == FINAL_CACHED:
-                continuation = "".join(t.piece for t in u.draft.tokens[u.draft_emitted :])
+                continuation = emitted_text("".join(t.piece for t in u.draft.tokens[u.draft_emitted :]))
                 result = u.result
             elif words:
                 result, continuation = self._final_draft(words)
@@ -307,7 +345,7 @@ class Session:
         scan_passed = not any(d.reason in _ATTENTION_STOPS for d in result.decisions)
         if u.draft.stop_reason != "eos" and scan_passed and u.draft_emitted > 0:
             u.draft_stale = True
-        held = "".join(t.piece for t in u.draft.tokens[u.draft_emitted :])
+        held = emitted_text("".join(t.piece for t in u.draft.tokens[u.draft_emitted :]))
         step = self._step(u, before, delta, held, u.covered_source_units, result.stop_reason,
                           path, calls_before, started, result)
         return self._finish(step, rewritten, ignored)
@@ -349,6 +387,8 @@ class Session:
 
     def _draft(self, source: list[str], committed: int, prefix: str, max_new: int) -> Draft:
         request = self._request(source, committed, prefix, max_new)
+        if self.budget is not None:
+            self.budget.check_request(request)  # raises BudgetExceeded before any engine work
         self.engine_calls += 1
         return self.seam.draft(request)
 
@@ -364,14 +404,14 @@ class Session:
         budget = self._final_budget(len(words), self._open.covered_source_units)
         draft = self._draft(words, len(words), self._open.committed_text, budget)
         result = decide(draft, len(words), cfg.policy, final=True)
-        return result, result.emitted_text
+        return result, emitted_text(result.emitted_text)
 
     def _release(self, u: _Utterance, result: PolicyResult) -> str:
         """Append the newly accepted draft tokens; never takes anything back."""
         if result.emit_count <= u.draft_emitted:
             return ""
         new = u.draft.tokens[u.draft_emitted : result.emit_count]
-        delta = "".join(t.piece for t in new)
+        delta = emitted_text("".join(t.piece for t in new))
         if not u.committed_text:
             delta = delta.lstrip()
         u.committed_text += delta

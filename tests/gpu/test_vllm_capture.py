@@ -3,10 +3,10 @@ capture checks of issue 3 (full graphs vs eager bit-exact, batch, cross-engine p
 bf16, compiled self-consistency on E4B and on the reduced checkpoint). Skipped without CUDA; the
 vLLM ones also without vLLM 0.22.1.
 
-The vLLM checks are the same functions `python -m alignatt.checks.vllm_checks` runs; each starts its
+The vLLM checks are the same functions `alignatt check-vllm` runs; each starts its
 engines in subprocesses, so run this file alone: `pytest tests/gpu -m gpu -x -q`."""
 
-import argparse
+from alignatt.checks.vllm_checks import ChecksOptions
 import json
 
 import pytest
@@ -31,7 +31,7 @@ def test_cuda_graph_replay_breaks_the_naive_capture_and_not_the_slot_addressed_o
 def check_args(tmp_path_factory):
     pytest.importorskip("vllm", reason="needs vLLM 0.22.1")
     workdir = tmp_path_factory.mktemp("vllm_checks")
-    return argparse.Namespace(workdir=str(workdir), tokens=20, repeats=3, tokenizer="auto", budget_s=1e9,
+    return ChecksOptions(workdir=str(workdir), tokens=20, repeats=3, tokenizer="auto", budget_s=1e9,
                               worker_timeout=600.0, worker_timeout_compiled=600.0)
 
 

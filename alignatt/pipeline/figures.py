@@ -1,0 +1,211 @@
+"""The Benchmarks page's figures: SVGs drawn with matplotlib from the artifacts, byte-stable.
+
+A small registry keyed by artifact kind: `@figure_for("bench")` registers a function that takes
+the report's inputs and returns `Figure`s (name, title, caption, SVG text). Another stage's
+module adds its figures the same way (`@figure_for("load")`, `@figure_for("eval")`) and puts its
+module name in `FIGURE_MODULES`, so that it is imported before rendering. `alignatt report`
+writes every figure to `reports/figures/<name>.svg` and removes figures no function makes any
+more; `report --check` renders them again and compares bytes, so a stale figure is found like a
+stale page.
+
+Byte-stable: matplotlib's default style (no user matplotlibrc), text kept as text
+(`svg.fonttype: none`, no font files read into the output), a fixed `svg.hashsalt` for element
+ids, and no date or version in the metadata. The bytes still depend on the matplotlib version,
+which the `pipeline` extra pins.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import date
+from typing import TYPE_CHECKING
+
+from alignatt.core.errors import AlignattError
+
+if TYPE_CHECKING:
+    from alignatt.pipeline.report import ReportInputs
+
+FIGURES_DIR = "figures"  # under reports/, beside BENCHMARKS.md
+# Modules that register figure functions when imported (this one, and e.g. a load or eval module).
+FIGURE_MODULES: tuple[str, ...] = ("alignatt.pipeline.figures",)
+SVG_RC = {"svg.hashsalt": "alignatt-report", "svg.fonttype": "none", "svg.image_inline": True,
+          "path.simplify": False}
+SVG_METADATA = {"Date": None, "Creator": "alignatt report", "Format": None, "Type": None}
+SEAM_COLORS = {"hf_eager": "#d62728", "hf_qk_fast": "#1f77b4", "vllm_capture": "#2ca02c"}
+MODE_MARKERS = {"eager": "o", "cudagraph": "s", "compiled": "^"}
+
+
+@dataclass(frozen=True)
+class Figure:
+    name: str  # file stem: reports/figures/<name>.svg
+    kind: str  # the artifact kind it is drawn from
+    title: str
+    caption: str
+    svg: str
+
+    @property
+    def path(self) -> str:
+        """Relative to reports/, as the page links it."""
+        return f"{FIGURES_DIR}/{self.name}.svg"
+
+
+FigureFunction = Callable[["ReportInputs"], list[Figure]]
+_REGISTRY: dict[str, list[FigureFunction]] = {}
+
+
+def figure_for(kind: str) -> Callable[[FigureFunction], FigureFunction]:
+    """Register a figure function for artifacts of `kind` (called once per render)."""
+
+    def register(fn: FigureFunction) -> FigureFunction:
+        if fn not in _REGISTRY.setdefault(kind, []):
+            _REGISTRY[kind].append(fn)
+        return fn
+
+    return register
+
+
+def registered() -> dict[str, list[FigureFunction]]:
+    return {kind: list(fns) for kind, fns in _REGISTRY.items()}
+
+
+def render_figures(inputs: "ReportInputs") -> list[Figure]:
+    """Every registered figure, in a fixed order (kind, then registration, then the function's)."""
+    for module in FIGURE_MODULES:
+        importlib.import_module(module)
+    figures: list[Figure] = []
+    for kind in sorted(_REGISTRY):
+        for fn in _REGISTRY[kind]:
+            figures += fn(inputs)
+    names = [f.name for f in figures]
+    duplicate = next((n for n in names if names.count(n) > 1), None)
+    if duplicate:
+        raise AlignattError(f"two figures are both named {duplicate!r}")
+    return figures
+
+
+# ---- drawing, byte-stable --------------------------------------------------------------------
+
+
+def _new_figure(width: float = 7.0, height: float = 4.0):
+    try:
+        from matplotlib.figure import Figure as MplFigure
+    except ImportError:
+        raise AlignattError("the report's figures need matplotlib: pip install 'alignatt[pipeline]'") from None
+    fig = MplFigure(figsize=(width, height), layout="constrained")
+    return fig, fig.subplots()
+
+
+def svg_text(fig) -> str:
+    """The figure as SVG text with nothing that changes between renders of the same data."""
+    import matplotlib
+
+    buf = io.StringIO()
+    with matplotlib.rc_context(SVG_RC):
+        fig.savefig(buf, format="svg", metadata=SVG_METADATA)
+    return buf.getvalue()
+
+
+def _styled(draw: Callable[[], Figure]) -> Figure:
+    """Draw under matplotlib's default style, whatever matplotlibrc this machine has."""
+    import matplotlib
+    import matplotlib.style
+
+    with matplotlib.rc_context():
+        matplotlib.style.use("default")
+        matplotlib.rcParams.update(SVG_RC)
+        return draw()
+
+
+# ---- bench figures ---------------------------------------------------------------------------
+
+
+@figure_for("bench")
+def latency_by_prompt_length(inputs: "ReportInputs") -> list[Figure]:
+    """Per pipeline folder (profile): each seam's median ms/token per prompt against its length."""
+    from alignatt.pipeline.artifacts import BENCH_FILE
+    from alignatt.pipeline.report_rows import MODE_ORDER, machine_of
+
+    figures = []
+    for session in sorted(inputs.runs):
+        by_mode = inputs.runs[session]
+        if not all(BENCH_FILE.match(rel.rsplit("/", 1)[-1]) for rel, _ in by_mode.values()):
+            continue  # a one-off bench file, not a pipeline folder
+        series = []
+        for mode in sorted(by_mode, key=lambda m: MODE_ORDER.get(m, 9)):
+            _, art = by_mode[mode]
+            for seam in art.seams:
+                if seam.status != "ok":
+                    continue
+                tokens = {}
+                for row in seam.rows:
+                    tokens.setdefault(row.id, row.prompt_tokens)
+                points = sorted((tokens[pid], s.median_per_token_ms) for pid, s in seam.by_prompt.items())
+                series.append((seam.seam, mode, points))
+        if not series:
+            continue
+        profile = session.rsplit("/", 1)[-1]
+        any_art = next(iter(by_mode.values()))[1]
+        machine, day = machine_of(any_art), any_art.provenance.date
+        synthetic = " (synthetic weights)" if any_art.synthetic_weights else ""
+
+        def draw(series=series, profile=profile, machine=machine, day=day, model=any_art.config.model,
+                 synthetic=synthetic) -> Figure:
+            fig, ax = _new_figure()
+            for seam, mode, points in series:
+                xs, ys = zip(*points)
+                ax.plot(xs, ys, marker=MODE_MARKERS.get(mode, "x"), linestyle="-", linewidth=1,
+                        color=SEAM_COLORS.get(seam, "#7f7f7f"), label=f"{seam} ({mode})")
+            ax.set_xlabel("prompt length (tokens)")
+            ax.set_ylabel("ms per generated token (median)")
+            ax.set_ylim(bottom=0)
+            ax.grid(True, linewidth=0.3)
+            ax.set_title(f"{profile}: {model}{synthetic} on {machine}, {day}", fontsize=9)
+            ax.legend(fontsize=8)
+            caption = (f"Per-seam latency by prompt length, profile `{profile}` ({day}): each point is one "
+                       "prompt's median over its measured passes; `dvc plots show` has the same data by prompt.")
+            return Figure(f"latency_by_prompt_length_{profile}", "bench", f"Latency by prompt length ({profile})",
+                          caption, svg_text(fig))
+
+        figures.append(_styled(draw))
+    return figures
+
+
+@figure_for("bench")
+def headline_ratio_history(inputs: "ReportInputs") -> list[Figure]:
+    """The dated history of the headline ratio (HF eager / vLLM, within one row), published + ours."""
+    points = [r for r in inputs.rows() if r.speedup is not None]
+    if not points:
+        return []
+
+    def draw() -> Figure:
+        fig, ax = _new_figure(7.0, 3.6)
+        for historical, corrupt, label in ((True, False, "published"), (True, True, "published, capture corrupt"),
+                                           (False, False, "ours"), (False, True, "ours, capture corrupt")):
+            group = [r for r in points if r.historical == historical and r.corrupt == corrupt]
+            if not group:
+                continue
+            xs = [date.fromisoformat(r.date) for r in group]
+            ys = [r.speedup for r in group]
+            color = "#d62728" if corrupt else ("#1f77b4" if historical else "#2ca02c")
+            style = {"marker": "x", "color": color} if corrupt else {
+                "marker": "o", "edgecolors": color, "facecolors": "none" if historical else color}
+            ax.scatter(xs, ys, s=36, label=label, **style)
+            for r, x, y in zip(group, xs, ys):
+                mode = "" if r.mode == "not recorded" else f" {r.mode}"
+                ax.annotate(f"{y:.2f}×{mode}", (x, y), textcoords="offset points", xytext=(5, 4), fontsize=7)
+        ax.axhline(1.0, color="#7f7f7f", linewidth=0.6)
+        ax.margins(x=0.12)  # room for the last point's label
+        ax.set_ylabel("HF eager ÷ vLLM (same row)")
+        ax.set_ylim(bottom=0)
+        ax.grid(True, linewidth=0.3)
+        ax.legend(fontsize=8)
+        fig.autofmt_xdate()
+        caption = ("The headline ratio over time: HF eager ms/token divided by vLLM ms/token within one "
+                   "results row (one day, one machine); ✗ marks a row whose graphed capture was corrupt, "
+                   "so its ratio cannot be claimed. Rows differ in machine and tool: compare within a row.")
+        return Figure("headline_ratio_history", "bench", "Headline ratio by date", caption, svg_text(fig))
+
+    return [_styled(draw)]

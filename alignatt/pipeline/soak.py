@@ -1,0 +1,505 @@
+"""`alignatt soak`: minutes of mixed well-formed and hostile sessions against the server on loopback.
+
+The server runs in this process (127.0.0.1 only); a few client threads open sessions until the
+deadline, then stop by themselves (every session is bounded in updates and every reply wait in
+time). Well-formed sessions stream sentences word by word (tail arrival, commit, final) and check
+that `committed_text` only grows; hostile ones send what issue 10 found (malformed JSON, huge
+integers, lone surrogates, oversized frames, words with inner whitespace, token-bound breakers,
+control characters, seq replays, idle sockets, abandoned sessions) and check the server's answer.
+A sampler records RSS, file descriptors and active sessions over time. The `soak` artifact
+records the targets and whether they were met: RSS back within 5% of its start once the load
+ends, 0 retractions, 0 silent sessions (a reply that never came, with no close), 0 dropped finals,
+every hostile case answered as expected, file descriptors back.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import json
+import random
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from alignatt.core.errors import AlignattError
+
+RSS_TOLERANCE = 0.05
+FD_SLACK = 2  # descriptors the runtime may open lazily (e.g. a thread pool's wake-up pipe)
+
+
+class SoakOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = "gemma3-270m"
+    seam: str = "hf_qk_fast"
+    device: str = "cpu"
+    dtype: str | None = None
+    heads: str | None = Field(None, description="head-set file or bundled name (default: the model's)")
+    preset: str = "balanced"
+    minutes: float = Field(30.0, gt=0, description="how long sessions keep starting")
+    clients: int = Field(3, ge=1, le=8, description="client threads (concurrent sessions)")
+    hostile_share: float = Field(0.5, ge=0, le=1)
+    sample_s: float = Field(5.0, gt=0, description="RSS / descriptor sampling period")
+    settle_s: float = Field(20.0, ge=0, description="wait after the load before the final RSS")
+    reply_timeout_s: float = Field(120.0, gt=0, description="a reply later than this is a silent session")
+    init_timeout_s: float = Field(2.0, gt=0, description="the server's init timeout (idle sockets)")
+    max_sessions_total: int = Field(100_000, ge=1, description="sessions started, at most")
+    seed: int = 0
+
+
+@dataclass
+class Tally:
+    """What the clients saw; one per thread, summed at the end."""
+
+    sessions: dict[str, int] = field(default_factory=dict)
+    updates: int = 0
+    finals_sent: int = 0
+    finals_answered: int = 0
+    retractions: int = 0
+    silent_sessions: int = 0
+    client_errors: dict[str, int] = field(default_factory=dict)  # error codes received
+    unexpected: list[str] = field(default_factory=list)  # hostile cases answered otherwise
+
+    def add(self, other: "Tally") -> None:
+        for k, v in other.sessions.items():
+            self.sessions[k] = self.sessions.get(k, 0) + v
+        for k, v in other.client_errors.items():
+            self.client_errors[k] = self.client_errors.get(k, 0) + v
+        self.updates += other.updates
+        self.finals_sent += other.finals_sent
+        self.finals_answered += other.finals_answered
+        self.retractions += other.retractions
+        self.silent_sessions += other.silent_sessions
+        self.unexpected += other.unexpected
+
+
+class Silent(Exception):
+    """A reply that did not come in time, on a connection that was not closed."""
+
+
+class _Client:
+    def __init__(self, url: str, tally: Tally, timeout: float) -> None:
+        from websockets.sync.client import connect
+
+        self.ws = connect(url, open_timeout=10.0, max_size=None, legacy=True)
+        self.tally, self.timeout, self.seq = tally, timeout, 0
+        self.shown: dict[int, str] = {}  # utterance id -> committed_text last seen
+
+    def send(self, frame) -> None:
+        self.ws.send(frame if isinstance(frame, (str, bytes)) else json.dumps(frame))
+
+    def recv(self) -> dict:
+        try:
+            reply = json.loads(self.ws.recv(timeout=self.timeout))
+        except TimeoutError:
+            raise Silent from None
+        if reply.get("type") == "error":
+            code = reply.get("code", "?")
+            self.tally.client_errors[code] = self.tally.client_errors.get(code, 0) + 1
+        elif reply.get("type") == "translation":
+            uid, text = reply["utterance_id"], reply["committed_text"]
+            if not text.startswith(self.shown.get(uid, "")):
+                self.tally.retractions += 1
+            self.shown[uid] = text
+        return reply
+
+    def init(self, **fields) -> dict:
+        self.send({"type": "init", "protocol_version": 1, "source_lang": "en", "target_lang": "de", **fields})
+        return self.recv()
+
+    def ask(self, words, tail=(), final=False, utterance_id: int | None = 0, **extra) -> dict:
+        self.seq += 1
+        frame = {"type": "update", "seq": self.seq, "words": [[w, None, None] for w in words],
+                 "tail": {"words": [[w, None, None] for w in tail]}, "is_final": final, **extra}
+        if utterance_id is not None:
+            frame["utterance_id"] = utterance_id
+        self.send(frame)
+        self.tally.updates += 1
+        self.tally.finals_sent += final
+        while True:
+            reply = self.recv()
+            if reply.get("type") == "error" or (reply.get("seq") or -1) >= self.seq:
+                self.tally.finals_answered += final
+                return reply
+
+    def close(self) -> None:
+        self.ws.close()
+
+
+def _sentences(words: list[str]) -> list[list[str]]:
+    from alignatt.pipeline.stream_replay import ends_sentence
+
+    out, cur = [], []
+    for w in words:
+        cur.append(w)
+        if ends_sentence(w):
+            out.append(cur)
+            cur = []
+    return out + ([cur] if cur else [])
+
+
+def well_formed(c: _Client, rng: random.Random, sentences: list[list[str]]) -> None:
+    """One to two utterances, streamed word by word (arrival as tail, then commit), then a final."""
+    c.init(preset=rng.choice(["low_latency", "balanced", "high_latency"]))
+    named = rng.random() < 0.7  # else utterance_id is left out (the open utterance)
+    for uid in range(rng.randint(1, 2)):
+        words = rng.choice(sentences)
+        for i in range(len(words)):
+            c.ask(words[:i], words[i:i + 1], utterance_id=uid if named else None)
+            c.ask(words[: i + 1], utterance_id=uid if named else None)
+        reply = c.ask(words, final=True, utterance_id=uid if named else None)
+        if reply.get("type") != "translation" or not reply.get("final"):
+            c.tally.unexpected.append(f"well_formed final answered {reply.get('type')}: {reply.get('message', '')}"[:200])
+
+
+def _expect_error(c: _Client, frame, fragment: str, name: str) -> None:
+    c.send(frame)
+    r = c.recv()
+    if r.get("type") != "error" or fragment not in r.get("message", ""):
+        c.tally.unexpected.append(f"{name}: {r}"[:200])
+        return
+    r = c.ask(["still", "here"], utterance_id=None)
+    if r.get("type") != "translation":
+        c.tally.unexpected.append(f"{name}: session did not go on: {r}"[:200])
+
+
+_INIT = '{"type": "init", "protocol_version": 1, "source_lang": "en", "target_lang": "de"'
+
+
+def _update(c: _Client, **fields) -> str:
+    c.seq += 1  # a valid seq: the frame is refused for what it holds, not for its order
+    return json.dumps({"type": "update", "seq": c.seq, **fields})
+
+
+def _malformed_json(c: _Client) -> None:
+    c.init()
+    _expect_error(c, "{not json", "invalid JSON", "malformed_json")
+
+
+def _huge_integer(c: _Client) -> None:
+    c.init()
+    _expect_error(c, '{"type": "update", "seq": 1, "clock_ms": ' + "9" * 5000 + "}", "invalid JSON", "huge_integer")
+
+
+def _surrogate_override_key(c: _Client) -> None:
+    c.send(_INIT + ', "overrides": {"\\ud800": 1}}')
+    r = c.recv()
+    if r.get("type") != "error" or "surrogate" not in r.get("message", ""):
+        c.tally.unexpected.append(f"surrogate_override_key: {r}"[:200])
+    c.init()
+    if c.ask(["hello"], utterance_id=None).get("type") != "translation":
+        c.tally.unexpected.append("surrogate_override_key: the session did not work after the refusal")
+
+
+def _inner_whitespace(c: _Client) -> None:
+    c.init()
+    _expect_error(c, _update(c, words=[["two words", None, None]]), "whitespace", "inner_whitespace")
+
+
+def _oversized_frame(c: _Client) -> None:
+    c.init()
+    _expect_error(c, _update(c, pad="x" * 300_000), "exceeds", "oversized_frame")
+
+
+def _token_bound(c: _Client) -> None:
+    c.init()
+    words = [[f"{i}" + "x" * 190, None, None] for i in range(300)]  # within every word limit
+    _expect_error(c, _update(c, words=words, is_final=True), "max_prompt_tokens", "token_bound")
+
+
+def _update_before_init(c: _Client) -> None:
+    c.send(json.dumps({"type": "update", "seq": 1, "words": []}))
+    r = c.recv()
+    if r.get("type") != "error" or "before init" not in r.get("message", ""):
+        c.tally.unexpected.append(f"update_before_init: {r}"[:200])
+    c.init()
+    if c.ask(["hello"], utterance_id=None).get("type") != "translation":
+        c.tally.unexpected.append("update_before_init: the session did not work after init")
+
+
+def _hostile_frames() -> dict[str, Callable[[_Client], None]]:
+    return {
+        "malformed_json": _malformed_json,
+        "huge_integer": _huge_integer,
+        "surrogate_override_key": _surrogate_override_key,
+        "surrogate_prefix": _surrogate_prefix,
+        "inner_whitespace": _inner_whitespace,
+        "oversized_frame": _oversized_frame,
+        "token_bound": _token_bound,
+        "control_characters": _control_characters,
+        "seq_replay": _seq_replay,
+        "update_before_init": _update_before_init,
+        "abandoned": _abandoned,
+    }
+
+
+def _surrogate_prefix(c: _Client) -> None:
+    c.send('{"type": "init", "protocol_version": 1, "source_lang": "en", "target_lang": "de", '
+           '"accepted_target_prefix": "Das \\udfff"}')
+    r = c.recv()
+    if r.get("type") != "error" or "surrogate" not in r.get("message", ""):
+        c.tally.unexpected.append(f"surrogate_prefix: {r}"[:200])
+    if c.init().get("type") != "init_ok" or c.ask(["hello"], final=True).get("type") != "translation":
+        c.tally.unexpected.append("surrogate_prefix: the session did not work after the refusal")
+
+
+def _control_characters(c: _Client) -> None:
+    import re
+
+    c.init(accepted_target_prefix="Das \u202eHaus")
+    r = c.ask(["bell\x07", "rtl\u202ex", "end."], final=True)
+    bad = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+    if r.get("type") != "translation" or bad.search(r["committed_text"] + r["buffer_text"]):
+        c.tally.unexpected.append(f"control_characters: {r}"[:200])
+
+
+def _seq_replay(c: _Client) -> None:
+    c.init()
+    c.ask(["one"])
+    c.seq -= 1  # the same seq again
+    r = c.ask(["one", "two"])
+    if r.get("type") != "error" or "does not follow" not in r.get("message", ""):
+        c.tally.unexpected.append(f"seq_replay: {r}"[:200])
+
+
+def _abandoned(c: _Client) -> None:
+    c.init()
+    c.send(json.dumps({"type": "update", "seq": 1, "words": [["left", None, None], ["behind", None, None]]}))
+    c.close()  # gone before the reply
+
+
+def _connection_cases(url: str, tally: Tally, options: SoakOptions, name: str) -> None:
+    """Cases that need no protocol client: idle sockets, raw TCP, frames past the hard cap."""
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    host, port = url.removeprefix("ws://").rsplit(":", 1)
+    if name == "raw_tcp":
+        socket.create_connection((host, int(port)), timeout=5).close()
+        return
+    with connect(url, open_timeout=10.0, max_size=None) as ws:
+        try:
+            if name == "frame_past_hard_cap":
+                ws.send("x" * (5 * 256 * 1024))
+            ws.recv(timeout=max(options.init_timeout_s * 3, 10.0))
+            tally.unexpected.append(f"{name}: the server did not close the connection")
+        except ConnectionClosed as e:
+            want = 1009 if name == "frame_past_hard_cap" else 1008
+            if e.rcvd is None or e.rcvd.code != want:
+                tally.unexpected.append(f"{name}: closed with {e.rcvd}")
+        except TimeoutError:
+            tally.unexpected.append(f"{name}: no close in time")
+
+
+HOSTILE_CASES = sorted([*_hostile_frames(), "raw_tcp", "idle_no_init", "frame_past_hard_cap"])
+
+
+def run_session(url: str, kind: str, tally: Tally, rng: random.Random, sentences, options: SoakOptions) -> None:
+    tally.sessions[kind] = tally.sessions.get(kind, 0) + 1
+    if kind in ("raw_tcp", "idle_no_init", "frame_past_hard_cap"):
+        _connection_cases(url, tally, options, kind)
+        return
+    from websockets.exceptions import ConnectionClosed
+
+    c = _Client(url, tally, options.reply_timeout_s)
+    try:
+        if kind == "well_formed":
+            well_formed(c, rng, sentences)
+        else:
+            _hostile_frames()[kind](c)
+    except Silent:
+        tally.silent_sessions += 1
+    except ConnectionClosed as e:
+        if kind != "abandoned":
+            tally.unexpected.append(f"{kind}: connection closed ({e.rcvd})"[:200])
+    finally:
+        c.close()
+
+
+# ---- measuring ----
+
+
+def _trimmed_rss() -> int:
+    """RSS after a full collection and handing freed heap back to the OS (same at start and end)."""
+    import psutil
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    return psutil.Process().memory_info().rss
+
+
+def _fds() -> int:
+    import psutil
+
+    return psutil.Process().num_fds()
+
+
+class _Sampler(threading.Thread):
+    def __init__(self, period: float, started: float, sessions_active: Callable[[], int]) -> None:
+        super().__init__(name="soak-sampler", daemon=True)
+        self.period, self.started, self.sessions_active = period, started, sessions_active
+        self.samples: list[dict] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        import psutil
+
+        proc = psutil.Process()
+        while not self.stop.is_set():
+            self.samples.append({"t_s": round(time.monotonic() - self.started, 1),
+                                 "rss_mb": round(proc.memory_info().rss / 2**20, 1),
+                                 "fds": proc.num_fds(), "sessions_active": self.sessions_active()})
+            self.stop.wait(self.period)
+
+
+def run_soak(options: SoakOptions, out: str | Path | None = "outputs/cpu/soak.json", seam_factory=None):
+    """Start the server on loopback, run the load until the deadline, write the `soak` artifact."""
+    from alignatt.pipeline.artifacts import ARTIFACT_SCHEMA_VERSION, Check, SoakArtifact, write_artifact
+    from alignatt.pipeline.provenance import collect_provenance, model_identity
+    from alignatt.pipeline.stream_replay import load_stream
+    from alignatt.serve.config import DirectionRoute, ServerConfig, ServerLimits
+    from alignatt.serve.server import ServerThread
+
+    sentences = _sentences(load_stream().words)
+    route = DirectionRoute(model=options.model, seam=options.seam, device=options.device, dtype=options.dtype,
+                           heads=options.heads)
+    limits = ServerLimits(max_sessions=max(8, options.clients + 2), init_timeout_s=options.init_timeout_s)
+    config = ServerConfig(host="127.0.0.1", port=0, default_preset=options.preset, directions={"en-de": route},
+                          limits=limits)
+    cases = ["well_formed", *HOSTILE_CASES]
+    with ServerThread(config, seam_factory) as handle:
+        warm = Tally()
+        for kind in cases:  # every path once, so lazily built state exists before the start RSS
+            run_session(handle.url, kind, warm, random.Random(options.seed), sentences, options)
+        time.sleep(min(options.settle_s, 2.0))
+        rss_start, fds_start = _trimmed_rss(), _fds()
+        started = time.monotonic()
+        sampler = _Sampler(options.sample_s, started, lambda: handle.server.stats.sessions_active)
+        sampler.start()
+        deadline = started + options.minutes * 60.0
+        tallies = [Tally() for _ in range(options.clients)]
+        budget = {"left": options.max_sessions_total}
+        lock = threading.Lock()
+
+        def client_loop(i: int) -> None:
+            rng = random.Random(options.seed * 1000 + i)
+            while time.monotonic() < deadline:
+                with lock:
+                    if budget["left"] <= 0:
+                        return
+                    budget["left"] -= 1
+                hostile = rng.random() < options.hostile_share
+                kind = rng.choice(HOSTILE_CASES) if hostile else "well_formed"
+                try:
+                    run_session(handle.url, kind, tallies[i], rng, sentences, options)
+                except Exception as e:  # noqa: BLE001 - a client-side failure is recorded, the soak goes on
+                    tallies[i].unexpected.append(f"{kind}: client failed: {type(e).__name__}: {e}"[:200])
+
+        threads = [threading.Thread(target=client_loop, args=(i,), name=f"soak-client-{i}") for i in range(options.clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        load_s = time.monotonic() - started
+        time.sleep(options.settle_s)
+        rss_end, fds_end = _trimmed_rss(), _fds()
+        sampler.stop.set()
+        sampler.join()
+        stats = handle.call(lambda: {"errors": dict(handle.server.stats.errors),
+                                     "closes": dict(handle.server.stats.closes),
+                                     "sessions_opened": handle.server.stats.sessions_opened,
+                                     "sessions_active": handle.server.stats.sessions_active,
+                                     "updates": handle.server.stats.updates,
+                                     "engine_calls": handle.server.stats.engine_calls})
+    total = Tally()
+    for t in tallies:
+        total.add(t)
+    change = (rss_end - rss_start) / rss_start
+    dropped = total.finals_sent - total.finals_answered
+    checks = [
+        Check(name="rss_back_within_5pct", passed=abs(change) <= RSS_TOLERANCE,
+              detail=f"{rss_start / 2**20:.1f} -> {rss_end / 2**20:.1f} MiB ({change * 100:+.2f}%)"),
+        Check(name="zero_retractions", passed=total.retractions == 0, detail=str(total.retractions)),
+        Check(name="zero_silent_sessions", passed=total.silent_sessions == 0, detail=str(total.silent_sessions)),
+        Check(name="zero_dropped_finals", passed=dropped == 0, detail=f"{total.finals_answered}/{total.finals_sent} answered"),
+        Check(name="hostile_cases_as_expected", passed=not total.unexpected, detail="; ".join(total.unexpected[:5])),
+        Check(name="file_descriptors_back", passed=fds_end <= fds_start + FD_SLACK, detail=f"{fds_start} -> {fds_end}"),
+    ]
+    try:
+        model_id, revision = model_identity(options.model)
+    except Exception:  # noqa: BLE001 - identity is best effort (a test fake, a local path)
+        model_id, revision = options.model, None
+    artifact = SoakArtifact(
+        schema_version=ARTIFACT_SCHEMA_VERSION,
+        provenance=collect_provenance(model_id=model_id, model_revision=revision),
+        config={**options.model_dump(), "limits": limits.model_dump(), "hostile_cases": HOSTILE_CASES,
+                "warmup": "every case once before the start RSS (the server counters include it)",
+                "seam_factory": "alignatt" if seam_factory is None else type(seam_factory).__name__},
+        load_s=round(load_s, 1),
+        sessions=total.sessions,
+        updates=total.updates,
+        finals=total.finals_sent,
+        dropped_finals=dropped,
+        retractions=total.retractions,
+        silent_sessions=total.silent_sessions,
+        hostile_unexpected=total.unexpected[:50],
+        client_errors=total.client_errors,
+        server=stats,
+        rss_start_mb=round(rss_start / 2**20, 1),
+        rss_end_mb=round(rss_end / 2**20, 1),
+        rss_change_pct=round(change * 100, 2),
+        fds_start=fds_start,
+        fds_end=fds_end,
+        samples=sampler.samples,
+        checks=checks,
+        passed=all(c.passed for c in checks),
+    )
+    if out is not None:
+        write_artifact(out, artifact)
+    return artifact
+
+
+def summary_line(artifact) -> str:
+    checks = ", ".join(f"{c.name} {'ok' if c.passed else 'FAILED'} ({c.detail})" for c in artifact.checks)
+    return (f"soak {'passed' if artifact.passed else 'FAILED'}: {sum(artifact.sessions.values())} sessions, "
+            f"{artifact.updates} updates, {artifact.finals} finals in {artifact.load_s} s; {checks}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m alignatt.pipeline.soak`: `alignatt soak` without the typer CLI."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m alignatt.pipeline.soak", description=main.__doc__)
+    p.add_argument("--model", default="gemma3-270m")
+    p.add_argument("--seam", default="hf_qk_fast")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--minutes", type=float, default=30.0)
+    p.add_argument("--clients", type=int, default=3)
+    p.add_argument("--out", default="outputs/cpu/soak.json")
+    a = p.parse_args(argv)
+    try:
+        artifact = run_soak(SoakOptions(model=a.model, seam=a.seam, device=a.device, minutes=a.minutes,
+                                        clients=a.clients), a.out)
+    except ValidationError as e:
+        print(f"error: {e.errors()[0]['loc'][0]}: {e.errors()[0]['msg']}", file=sys.stderr)
+        return 2
+    except AlignattError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(summary_line(artifact))
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

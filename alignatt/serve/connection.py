@@ -1,0 +1,481 @@
+"""One WebSocket connection of the MT server: reader, session worker and writer, and their bounds.
+
+The reader validates frames and queues updates (partials coalesce, finals never); the worker
+runs them through the `Session` (engine work on the engine's thread); the writer sends replies
+from a bounded outbox. Nothing that goes wrong inside ends a session silently: it becomes an
+error frame, or a close with a code and a reason (1008 a bound passed, 1011 an internal error,
+1013 busy), counted in `ServerStats.closes`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from alignatt.serve.budget import PromptBudget
+from alignatt.core.prompt import recent_history
+from alignatt.serve.config import DirectionRoute, head_set_name, resolve_heads, resolve_preset
+from alignatt.serve.multi_target import MultiTargetSession
+from alignatt.serve.pool import Engine, route_key
+from alignatt.serve.protocol import (
+    BAD_PROTOCOL,
+    BUSY,
+    PROCESSING_FAILED,
+    UNSUPPORTED_DIRECTION,
+    ErrorFrame,
+    InitFrame,
+    InitOk,
+    ProtocolError,
+    TranslationFrame,
+    UpdateFrame,
+    override_policy_fields,
+    parse_frame,
+)
+from alignatt.serve.scheduler import SchedulerBusy, Superseded
+from alignatt.serve.session import BudgetExceeded, Session, SessionConfig, Step, UpdateRejected
+
+if TYPE_CHECKING:
+    from alignatt.serve.server import MTServer
+
+log = logging.getLogger("alignatt.serve.server")
+
+
+# Close codes: 1008 policy violation (a bound the client passed), 1011 an internal error,
+# 1013 try again later (the session limit).
+CLOSE_POLICY, CLOSE_INTERNAL, CLOSE_BUSY = 1008, 1011, 1013
+# How long a close handshake may wait on a client that does not read before the socket is cut.
+_CLOSE_WAIT_S = 5.0
+
+
+class Connection:
+    """One WebSocket connection: a reader that validates and queues, a worker that translates, and
+    a writer that sends. Replies go through a bounded outbox, so neither the reader nor the worker
+    ever waits on a client that stops reading; past a bound that session is closed with a reason.
+    """
+
+    def __init__(self, server: MTServer, ws, connection_id: int) -> None:
+        self.id = connection_id
+        self.keys: list = [connection_id]  # the scheduler's session keys (one per target)
+        self.multi: MultiTargetSession | None = None  # `target_langs` sessions
+        self.server = server
+        self.ws = ws
+        self.limits = server.config.limits
+        self.session: Session | None = None
+        self.engine: Engine | None = None
+        self.pending: collections.deque[tuple[UpdateFrame, float]] = collections.deque()
+        self.wake = asyncio.Event()
+        self.last_seq: int | None = None
+        self.worker: asyncio.Task | None = None
+        self.holds_slot = False
+        self.outbox: collections.deque[str] = collections.deque()
+        self.outbox_bytes = 0
+        self.outbox_wake = asyncio.Event()
+        self.writer: asyncio.Task | None = None
+        self.closing: tuple[int, str] | None = None  # (code, reason) once the session is ending
+        self._closer: asyncio.Task | None = None
+
+    async def run(self) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        self.writer = asyncio.create_task(self._write())
+        try:
+            while self.closing is None:
+                try:
+                    # Bytes for every frame: a frame that is not UTF-8 gets an error frame
+                    # instead of failing the connection.
+                    wait = self.limits.init_timeout_s if self.session is None else None
+                    raw = await asyncio.wait_for(self.ws.recv(decode=False), wait)
+                except ConnectionClosed:
+                    break
+                except asyncio.TimeoutError:
+                    self._end(CLOSE_POLICY, f"no init within {self.limits.init_timeout_s:g} s", "init_timeout")
+                    break
+                received = time.perf_counter()
+                try:
+                    frame = parse_frame(raw, self.limits.max_frame_bytes)
+                    if isinstance(frame, InitFrame):
+                        await self._init(frame)
+                    else:
+                        self._enqueue(frame, received)
+                except ProtocolError as e:
+                    self.server.stats.errors[e.code] += 1
+                    self._send(e.frame().to_json())
+                    if e.code == BUSY:
+                        self._end(CLOSE_BUSY, "session limit reached", "busy")
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # a bug on the reader's side: a reply, or a close with a reason
+                    self._fail("reading a frame", e)
+        finally:
+            if self.worker is not None:
+                self.worker.cancel()
+            if self.holds_slot:
+                self.server.stats.sessions_active -= 1
+                self.holds_slot = False
+            if self.session is not None:
+                for key in self.keys:  # drops their queued drafts, aborts their running ones
+                    self.engine.close_session(key)
+            if self.closing is None:
+                self.closing = (1000, "")  # the client left: the writer stops
+            self.outbox_wake.set()
+            await self._wait_closed()
+
+    # ---- sending ----
+
+    def _send(self, text: str) -> None:
+        """Queue one reply for the writer; never waits. Past the outbox bounds the session closes."""
+        if self.closing is not None:
+            return
+        self.outbox.append(text)
+        self.outbox_bytes += len(text)
+        if len(self.outbox) > self.limits.max_outgoing_frames or self.outbox_bytes > self.limits.max_outgoing_bytes:
+            self._abandon(
+                f"{len(self.outbox)} replies ({self.outbox_bytes} bytes) queued: the client is not reading",
+                "slow_reader",
+            )
+            return
+        self.outbox_wake.set()
+
+    async def _write(self) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        while True:
+            while not self.outbox:
+                if self.closing is not None:
+                    await self._close_socket(*self.closing)
+                    return
+                self.outbox_wake.clear()
+                await self.outbox_wake.wait()
+            text = self.outbox.popleft()
+            self.outbox_bytes -= len(text)
+            try:
+                # websockets' own keepalive ping waits behind a blocked write, so a stalled send
+                # is timed here: it is what notices a client that stopped reading.
+                await asyncio.wait_for(self.ws.send(text), self.limits.send_stall_s)
+            except asyncio.TimeoutError:
+                self._abandon(f"a reply was blocked for {self.limits.send_stall_s:g} s: the client is not reading",
+                              "send_stall", from_writer=True)
+                return
+            except ConnectionClosed:
+                return  # the client left; its session ends with the reader loop
+
+    def _end(self, code: int, reason: str, kind: str) -> None:
+        """Close after the queued replies are sent (an error frame first, then the close)."""
+        if self.closing is None:
+            self.closing = (code, reason)
+            self.server.stats.closes[kind] += 1
+            log.info("connection %d: closing (%d %s)", self.id, code, reason)
+        self.outbox_wake.set()
+
+    def _abandon(self, reason: str, kind: str, code: int = CLOSE_POLICY, from_writer: bool = False) -> None:
+        """Close now, dropping queued replies (the client is not taking them, or cannot)."""
+        if self.closing is not None and self._closer is not None:
+            return
+        self.closing = (code, reason)
+        self.server.stats.closes[kind] += 1
+        log.warning("connection %d: closing (%d %s)", self.id, code, reason)
+        self.outbox.clear()
+        self.outbox_bytes = 0
+        self.pending.clear()
+        if self.worker is not None and self.worker is not asyncio.current_task():
+            self.worker.cancel()
+        if self.writer is not None and not from_writer and self.writer is not asyncio.current_task():
+            self.writer.cancel()
+        self._closer = asyncio.create_task(self._close_socket(code, reason))
+
+    async def _close_socket(self, code: int, reason: str) -> None:
+        try:
+            await asyncio.wait_for(self.ws.close(code, reason[:120]), _CLOSE_WAIT_S)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - a close that cannot complete: cut the socket
+            transport = getattr(self.ws, "transport", None)
+            if transport is not None:
+                transport.abort()
+
+    async def _wait_closed(self) -> None:
+        tasks = [t for t in (self.writer, self._closer) if t is not None]
+        if tasks:
+            done, late = await asyncio.wait(tasks, timeout=self.limits.send_stall_s + _CLOSE_WAIT_S)
+            for t in late:
+                t.cancel()
+
+    def _fail(self, stage: str, error: BaseException) -> None:
+        """An unexpected error: tell the client if a frame can still be sent, else close with a reason."""
+        log.exception("connection %d: %s failed", self.id, stage, exc_info=error)
+        self.server.stats.errors[PROCESSING_FAILED] += 1
+        try:
+            message = f"internal error while {stage}: {type(error).__name__}"
+            self._send(ErrorFrame(code=PROCESSING_FAILED, message=message).to_json())
+        except Exception:  # noqa: BLE001 - not even an error frame: end the session, with a reason
+            self._abandon(f"internal error while {stage}", "internal_error", code=CLOSE_INTERNAL)
+
+    # ---- the session ----
+
+    def _routes(self, frame: InitFrame) -> dict[str, tuple[str, DirectionRoute]]:
+        """(direction, route) per target language; every one must be served, by one engine."""
+        server = self.server
+        targets = frame.targets
+        if frame.target_langs is not None and frame.target_lang.strip().lower() not in targets:
+            raise ProtocolError(BAD_PROTOCOL, f"target_lang {frame.target_lang!r} is not one of target_langs {targets}")
+        routes = {}
+        for target in targets:
+            direction = f"{frame.source_lang.strip().lower()}-{target}"
+            route = server.config.directions.get(direction)
+            if route is None:
+                supported = sorted(server.config.directions)
+                raise ProtocolError(
+                    UNSUPPORTED_DIRECTION,
+                    f"direction {direction} is not served here; supported: {', '.join(supported)}",
+                    supported=supported,
+                )
+            routes[target] = (direction, route)
+        if len({route_key(r) for _, r in routes.values()}) > 1:
+            raise ProtocolError(BAD_PROTOCOL, f"target_langs {targets} are served by different models; "
+                                              "a multi-target session needs one engine for all of them")
+        return routes
+
+    def _bounded_context(self, frame: InitFrame) -> tuple[str, list[tuple[str, str]], int]:
+        """The context text and the history turns kept (the newest), or bad_protocol past a bound."""
+        cfg = self.server.config.context
+        context = frame.context_text.strip()
+        if len(context) > cfg.max_context_chars:
+            raise ProtocolError(BAD_PROTOCOL, f"context_text of {len(context)} characters exceeds the "
+                                              f"{cfg.max_context_chars}-character bound")
+        for i, pair in enumerate(frame.history):
+            longest = max(len(x) for x in pair)
+            if longest > cfg.max_history_entry_chars:
+                raise ProtocolError(BAD_PROTOCOL, f"history[{i}] has a text of {longest} characters; the "
+                                                  f"bound is {cfg.max_history_entry_chars}")
+        kept = recent_history([tuple(p) for p in frame.history], cfg)
+        return context, kept, len(frame.history) - len(kept)
+
+    async def _init(self, frame: InitFrame) -> None:
+        server = self.server
+        if self.session is not None:
+            raise ProtocolError(BAD_PROTOCOL, "this connection already has a session (one init per connection)")
+        routes = self._routes(frame)
+        direction, route = next(iter(routes.values()))
+        context, history, trimmed = self._bounded_context(frame)
+        preset = resolve_preset(frame.preset or server.config.default_preset)
+        fields, unknown = override_policy_fields(frame.overrides)
+        policy = preset.policy.model_copy(update=fields)
+        if server.stats.sessions_active >= self.limits.max_sessions:
+            raise ProtocolError(BUSY, f"all {self.limits.max_sessions} sessions are in use; retry later")
+        server.stats.sessions_active += 1  # hold the slot while the engine is looked up
+        self.holds_slot = True
+        try:
+            engine = await asyncio.get_running_loop().run_in_executor(
+                None, server.registry.get, route, direction
+            )
+            budget = await server.budget_for(engine)
+        except Exception as e:
+            server.stats.sessions_active -= 1
+            self.holds_slot = False
+            log.exception("engine for %s failed to load", direction)
+            raise ProtocolError(PROCESSING_FAILED, f"cannot load the engine for {direction}: {e}"[:300]) from None
+        if budget is not None:
+            try:  # tokenizing runs where the engine's tokenizer lives
+                await asyncio.get_running_loop().run_in_executor(
+                    engine.executor, _check_init_budget, budget, frame.accepted_target_prefix, history,
+                    context,
+                )
+            except BudgetExceeded as e:
+                server.stats.sessions_active -= 1
+                self.holds_slot = False
+                raise ProtocolError(BAD_PROTOCOL, str(e)) from None
+        multi = frame.target_langs is not None
+        keys = [(self.id, t) for t in routes] if multi else [self.id]
+        views = []
+        try:
+            for key, (d, r) in zip(keys, routes.values()):
+                views.append(engine.open_view(key, resolve_heads(r, d)))
+        except SchedulerBusy as e:
+            for key in keys[: len(views)]:
+                engine.close_session(key)
+            server.stats.sessions_active -= 1
+            self.holds_slot = False
+            raise ProtocolError(BUSY, f"{e}; retry later") from None
+        config = SessionConfig(policy=policy, max_new_tokens=preset.max_new_tokens, limits=self.limits,
+                               context=server.config.context)
+        self.engine, self.keys = engine, keys
+        sessions: dict[str, Session] = {}
+        described = []
+        for i, (view, (target, (d, r))) in enumerate(zip(views, routes.items())):
+            # The client's prefix and history are in its target_lang (the first target).
+            sessions[target] = Session(
+                view, config, source_lang=frame.source_lang.strip().lower(), target_lang=target,
+                accepted_target_prefix=frame.accepted_target_prefix if i == 0 else "",
+                history=history if i == 0 else [], context_text=context, budget=budget,
+            )
+            described.append({"target_lang": target, "direction": d, "model": r.model, "seam": r.seam,
+                              "head_set": head_set_name(r, d), "heads": [(h.layer, h.head) for h in view.heads]})
+        self.session = next(iter(sessions.values()))
+        if multi:
+            self.multi = MultiTargetSession(sessions, lambda pairs, final: engine.draft_together(
+                [((self.id, t), request) for t, request in pairs], final))
+        server.stats.sessions_opened += 1
+        self.worker = asyncio.create_task(self._work())
+        self.worker.add_done_callback(self._worker_done)
+        ok = InitOk(
+            direction=direction,
+            preset=preset.name,
+            model=route.model,
+            seam=route.seam,
+            heads=described[0]["heads"],
+            policy=policy.model_dump(),
+            unknown_overrides=unknown,
+            ignored_fields=frame.unknown_fields(),
+            source_lang=frame.source_lang.strip().lower(),
+            target_lang=described[0]["target_lang"],
+            head_set=described[0]["head_set"],
+            session=config.model_dump(),
+            context_chars=len(context),
+            history_received=len(frame.history),
+            history_used=len(history),
+            history_trimmed=trimmed,
+            targets=described if multi else None,
+        )
+        self._send(ok.to_json())
+        self._record(server.session_log, {
+            "connection": self.id, **ok.model_dump(include={"direction", "preset", "policy", "unknown_overrides"}),
+            "accepted_target_prefix": frame.accepted_target_prefix, "history": len(frame.history),
+            "history_trimmed": trimmed, "context_chars": len(context), "targets": list(routes),
+        })
+
+    def _enqueue(self, update: UpdateFrame, received: float) -> None:
+        if self.session is None:
+            raise ProtocolError(BAD_PROTOCOL, "update before init: send an init frame first", seq=update.seq)
+        if self.last_seq is not None and update.seq <= self.last_seq:
+            raise ProtocolError(
+                BAD_PROTOCOL, f"seq {update.seq} does not follow seq {self.last_seq}", seq=update.seq
+            )
+        if len(update.words) > self.limits.max_update_words:
+            raise ProtocolError(
+                BAD_PROTOCOL,
+                f"{len(update.words)} committed words in one update; the limit is "
+                f"{self.limits.max_update_words} (utterances close at {self.limits.max_utterance_words})",
+                seq=update.seq,
+            )
+        longest = max((len(w) for w in update.words + update.tail_words), default=0)
+        if longest > self.limits.max_word_chars:
+            raise ProtocolError(
+                BAD_PROTOCOL, f"a word of {longest} characters; the limit is {self.limits.max_word_chars}",
+                seq=update.seq,
+            )
+        self.last_seq = update.seq
+        for key in self.keys:  # a draft still running for an older partial is stale now
+            self.engine.supersede(key)
+        # Every update carries the open utterance's whole state: queued partials are stale now.
+        kept = collections.deque(item for item in self.pending if item[0].is_final)
+        self.server.stats.coalesced += len(self.pending) - len(kept)
+        kept.append((update, received))
+        self.pending = kept
+        finals = sum(1 for item in kept if item[0].is_final)
+        if finals > self.limits.max_pending_finals:
+            self._abandon(f"{finals} finals queued for the engine; the limit is {self.limits.max_pending_finals}",
+                          "pending_finals")
+            return
+        self.wake.set()
+
+    async def _work(self) -> None:
+        while self.closing is None:
+            while not self.pending:
+                self.wake.clear()
+                await self.wake.wait()
+            update, received = self.pending.popleft()
+            try:
+                await self._process(update, received)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the worker never dies silently: a reply or a close with a reason
+                self._fail(f"answering seq {update.seq}", e)
+
+    def _worker_done(self, task: asyncio.Task) -> None:
+        if task.cancelled() or self.closing is not None:
+            return
+        # Unreachable by design (`_work` catches everything); if it ever happens, say so.
+        error = task.exception()
+        log.error("connection %d: worker ended: %r", self.id, error)
+        self._abandon(f"internal error: the session's worker ended ({type(error).__name__})",
+                      "internal_error", code=CLOSE_INTERNAL)
+
+    async def _process(self, update: UpdateFrame, received: float) -> None:
+        session, stats = self.session, self.server.stats
+        args = (update.words, update.tail_words, update.is_final, update.utterance_id)
+        stats.updates += 1
+        try:
+            if self.multi is not None:  # one frame per target, each naming its target
+                if self.multi.needs_engine(*args):
+                    loop = asyncio.get_running_loop()
+                    steps = await loop.run_in_executor(self.engine.executor, self.multi.update, *args)
+                else:
+                    steps = self.multi.update(*args)
+            elif session.needs_engine(*args):
+                loop = asyncio.get_running_loop()
+                steps = [(None, await loop.run_in_executor(self.engine.executor, self.engine.update, self.id,
+                                                          session, *args))]
+            else:
+                steps = [(None, session.update(*args))]  # no model work: answer from the event loop
+            frames = []
+            for target, step in steps:
+                frame = translation_frame(update, step, received)
+                frame.target_lang = target
+                frames.append((step, frame, frame.to_json()))
+        except asyncio.CancelledError:
+            raise
+        except Superseded:  # a newer update of this session is queued; it answers instead
+            stats.coalesced += 1
+            return
+        except UpdateRejected as e:
+            stats.errors[BAD_PROTOCOL] += 1
+            self._send(ErrorFrame(code=BAD_PROTOCOL, message=str(e)[:300], seq=update.seq).to_json())
+            return
+        except Exception as e:  # the engine (or the reply) failed on this update; the session goes on
+            log.exception("update seq=%s failed", update.seq)
+            stats.errors[PROCESSING_FAILED] += 1
+            message = f"{type(e).__name__}: {e}"[:300]
+            self._send(ErrorFrame(code=PROCESSING_FAILED, message=message, seq=update.seq).to_json())
+            return
+        for step, frame, text in frames:
+            self._send(text)
+            stats.engine_calls += step.engine_calls
+            stats.paths[step.path] += 1
+            self._record(self.server.step_log, {"connection": self.id, **frame.model_dump(include=_LOGGED)})
+
+    def _record(self, records, entry: dict) -> None:
+        try:
+            records.append(entry)
+        except Exception:  # noqa: BLE001 - a record that cannot be kept loses nothing the client needs
+            log.exception("connection %d: record not kept", self.id)
+
+
+def _check_init_budget(budget: PromptBudget, prefix: str, history: list, context_text: str) -> None:
+    budget.check_prefix(prefix)
+    budget.check_context(history, context_text)
+
+
+_LOGGED = {"seq", "utterance_id", "final", "path", "engine_calls", "compute_ms", "server_ms",
+           "committed_text", "committed_delta", "stop_reason"}
+
+
+def translation_frame(update: UpdateFrame, step: Step, received: float) -> TranslationFrame:
+    return TranslationFrame(
+        seq=update.seq,
+        utterance_id=step.utterance_id,
+        final=step.final,
+        forced_final=step.forced_final,
+        committed_text=step.committed_text.strip(),
+        committed_delta=step.committed_delta,
+        buffer_text=step.buffer_text,
+        covered_source_units=step.covered_source_units,
+        stop_reason=step.stop_reason,
+        path=step.path,
+        engine_calls=step.engine_calls,
+        compute_ms=round(step.elapsed_ms, 3),
+        server_ms=round((time.perf_counter() - received) * 1000.0, 3),
+        ignored_fields=update.unknown_fields() or None,
+    )

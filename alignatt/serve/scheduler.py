@@ -1,0 +1,387 @@
+"""One draft scheduler per engine: every session's partials and finals, batched onto one seam.
+
+The scheduler owns the engine's one thread (the seam is built, driven and closed there) and keeps
+the engine's batch full: whenever fewer than `max_batch` drafts are in the engine, queued ones are
+submitted and join the running batch at the next step (for `vllm_capture` that is vLLM's own
+continuous batching; a seam without a batch interface runs through `OneAtATime`, a batch of one).
+
+Rules:
+- a session has at most one partial queued or running: a newer update supersedes it (a queued
+  one is dropped, a running one is aborted in the engine), its waiter gets `Superseded`;
+- finals are never superseded, dropped or reordered, and are submitted ahead of partials;
+- partials are taken least-recently-served session first, so a fast speaker cannot starve others;
+- sessions are admitted up to `capacity` (`SchedulerBusy` beyond), and a session may queue at most
+  `max_queued_finals` finals (a client that floods finals is refused, others are not slowed);
+- results are handed over through futures: a session that never collects them blocks nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Optional, Protocol, Sequence, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from alignatt.core.draft import Draft, DraftRequest, Seam
+
+log = logging.getLogger("alignatt.serve.scheduler")
+
+
+class Superseded(Exception):
+    """This partial was replaced by a newer update of its session before it was answered."""
+
+
+class SchedulerBusy(Exception):
+    """The engine serves as many sessions (or queued finals) as it is configured for."""
+
+
+@runtime_checkable
+class BatchSeam(Protocol):
+    """A seam that takes drafts into a running batch."""
+
+    name: str
+    max_batch: int
+
+    def submit(self, request: DraftRequest) -> Hashable: ...
+
+    def abort(self, handle: Hashable) -> None: ...
+
+    def step(self) -> list[tuple[Hashable, Draft]]: ...
+
+    def has_unfinished(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+class OneAtATime:
+    """A `BatchSeam` over a seam that drafts one request at a time (the HF seams): each step runs
+    the oldest submitted draft to completion. A running draft cannot be aborted; its result is
+    simply not delivered."""
+
+    max_batch = 1
+
+    def __init__(self, seam: Seam) -> None:
+        self.seam = seam
+        self.name = seam.name
+        self._queue: collections.OrderedDict[int, DraftRequest] = collections.OrderedDict()
+        self._ids = itertools.count()
+
+    def submit(self, request: DraftRequest) -> int:
+        handle = next(self._ids)
+        self._queue[handle] = request
+        return handle
+
+    def abort(self, handle: Hashable) -> None:
+        self._queue.pop(handle, None)  # type: ignore[arg-type]
+
+    def has_unfinished(self) -> bool:
+        return bool(self._queue)
+
+    def step(self) -> list[tuple[Hashable, Draft]]:
+        if not self._queue:
+            return []
+        handle, request = self._queue.popitem(last=False)
+        return [(handle, self.seam.draft(request))]
+
+    def close(self) -> None:
+        self.seam.close()
+
+
+def as_batch_seam(seam: Any) -> BatchSeam:
+    """The seam itself when it batches (submit/step/abort), else a batch of one around it."""
+    if all(callable(getattr(seam, m, None)) for m in ("submit", "step", "abort", "has_unfinished")):
+        return seam
+    return OneAtATime(seam)
+
+
+class SchedulerConfig(BaseModel):
+    """How many sessions an engine admits and how much work it takes at once."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    capacity: int = Field(64, ge=1, description="sessions admitted; more get `busy`")
+    max_batch: Optional[int] = Field(None, ge=1, description="drafts in the engine at once; None: the seam's")
+    max_queued_finals: int = Field(8, ge=1, description="finals one session may have waiting")
+    abort_running: bool = Field(True, description="a newer update aborts its session's running partial")
+
+
+@dataclass
+class _Job:
+    session: Hashable
+    request: DraftRequest
+    final: bool
+    future: Future
+    order: int
+    submitted_at: float
+    handle: Any = None
+    started_at: Optional[float] = None
+
+
+@dataclass
+class SchedulerStats:
+    steps: int = 0
+    submitted: int = 0
+    finished: int = 0
+    superseded_queued: int = 0
+    aborted_running: int = 0
+    discarded: int = 0  # finished after being superseded (could not be aborted)
+    failed: int = 0
+    refused: int = 0
+    batch_sizes: collections.Counter = field(default_factory=collections.Counter)  # drafts in the engine per step
+    peak_in_flight: int = 0
+
+    def as_dict(self) -> dict:
+        out = {k: v for k, v in self.__dict__.items() if k != "batch_sizes"}
+        out["batch_sizes"] = {str(k): v for k, v in sorted(self.batch_sizes.items())}
+        return out
+
+
+class DraftScheduler:
+    """Builds the seam on its own thread, then schedules every session's drafts onto it."""
+
+    def __init__(self, build: Callable[[], Seam], config: SchedulerConfig | None = None, name: str = "0",
+                 start_timeout_s: float = 1800.0) -> None:
+        self.config = config or SchedulerConfig()
+        self.name = name
+        self.stats = SchedulerStats()
+        self.seam: Seam | None = None
+        self._engine: BatchSeam | None = None
+        self._cond = threading.Condition()
+        self._sessions: dict[Hashable, float] = {}  # session -> when it was last served (fairness)
+        self._finals: collections.deque[_Job] = collections.deque()
+        self._partials: dict[Hashable, _Job] = {}  # queued partial per session
+        self._running: dict[Any, _Job] = {}  # engine handle -> job
+        self._to_abort: list[Any] = []
+        self._order = itertools.count()
+        self._stopping = False
+        self._built = threading.Event()
+        self._build_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(build,), name=f"engine-{name}", daemon=True)
+        self._thread.start()
+        if not self._built.wait(start_timeout_s):
+            raise TimeoutError(f"engine {name} did not load within {start_timeout_s:.0f}s")
+        if self._build_error is not None:
+            self._thread.join(5)
+            raise self._build_error
+
+    @property
+    def max_batch(self) -> int:
+        own = getattr(self._engine, "max_batch", 1)
+        return min(self.config.max_batch, own) if self.config.max_batch else own
+
+    # ---- sessions ----
+
+    def open_session(self, session: Hashable) -> None:
+        with self._cond:
+            if session in self._sessions:
+                return
+            if len(self._sessions) >= self.config.capacity:
+                self.stats.refused += 1
+                raise SchedulerBusy(f"all {self.config.capacity} sessions of engine {self.name} are in use")
+            self._sessions[session] = 0.0
+
+    def close_session(self, session: Hashable) -> None:
+        """The session is gone: its queued work is dropped and its running work aborted."""
+        with self._cond:
+            self._sessions.pop(session, None)
+            self._drop_partial(session, "session closed")
+            for job in [j for j in self._finals if j.session == session]:
+                self._finals.remove(job)
+                job.future.set_exception(Superseded("session closed"))
+            for handle, job in list(self._running.items()):
+                if job.session == session:
+                    self._abort_running(handle, job, "session closed")
+            self._cond.notify_all()
+
+    @property
+    def sessions(self) -> int:
+        return len(self._sessions)
+
+    # ---- work ----
+
+    def submit(self, session: Hashable, request: DraftRequest, final: bool = False) -> Future:
+        """Queue one draft; the future resolves to its `Draft` (or `Superseded`, or the error)."""
+        future: Future = Future()
+        with self._cond:
+            if self._stopping:
+                raise RuntimeError(f"engine {self.name} is shutting down")
+            if session not in self._sessions:
+                raise SchedulerBusy(f"session {session!r} was not admitted to engine {self.name}")
+            job = _Job(session, request, final, future, next(self._order), time.perf_counter())
+            if final:
+                queued = sum(1 for j in self._finals if j.session == session)
+                if queued >= self.config.max_queued_finals:
+                    raise SchedulerBusy(f"session {session!r} already has {queued} finals waiting")
+                self._finals.append(job)
+            else:
+                self._supersede_locked(session)
+                self._partials[session] = job
+            self.stats.submitted += 1
+            self._cond.notify_all()
+        return future
+
+    def supersede(self, session: Hashable) -> None:
+        """A newer update of `session` arrived: its queued or running partial is stale."""
+        with self._cond:
+            self._supersede_locked(session)
+            self._cond.notify_all()
+
+    def _supersede_locked(self, session: Hashable) -> None:
+        self._drop_partial(session, "a newer update of this session arrived")
+        if self.config.abort_running:
+            for handle, job in list(self._running.items()):
+                if job.session == session and not job.final:
+                    self._abort_running(handle, job, "a newer update of this session arrived")
+
+    def _drop_partial(self, session: Hashable, why: str) -> None:
+        job = self._partials.pop(session, None)
+        if job is not None:
+            self.stats.superseded_queued += 1
+            job.future.set_exception(Superseded(why))
+
+    def _abort_running(self, handle: Any, job: _Job, why: str) -> None:
+        del self._running[handle]
+        self._to_abort.append(handle)
+        self.stats.aborted_running += 1
+        job.future.set_exception(Superseded(why))
+
+    def _next_jobs(self, room: int) -> list[_Job]:
+        """Finals first (in order), then partials of the least recently served sessions."""
+        picked: list[_Job] = []
+        while self._finals and len(picked) < room:
+            picked.append(self._finals.popleft())
+        if len(picked) < room and self._partials:
+            waiting = sorted(self._partials.values(), key=lambda j: (self._sessions.get(j.session, 0.0), j.order))
+            for job in waiting[: room - len(picked)]:
+                del self._partials[job.session]
+                picked.append(job)
+        now = time.perf_counter()
+        for job in picked:
+            job.started_at = now
+            if job.session in self._sessions:
+                self._sessions[job.session] = now
+        return picked
+
+    # ---- the engine thread ----
+
+    def _run(self, build: Callable[[], Seam]) -> None:
+        try:
+            self.seam = build()
+            self._engine = as_batch_seam(self.seam)
+        except BaseException as e:  # reported to the constructing thread
+            self._build_error = e
+            self._built.set()
+            return
+        self._built.set()
+        try:
+            self._loop()
+        finally:
+            try:
+                self._engine.close()
+            except Exception as e:  # noqa: BLE001 - shutdown goes on; the failure is logged
+                log.warning("engine %s: closing its seam failed: %s", self.name, e)
+
+    def _loop(self) -> None:
+        engine = self._engine
+        while True:
+            with self._cond:
+                while not self._stopping and not (self._finals or self._partials or self._running
+                                                   or self._to_abort or engine.has_unfinished()):
+                    self._cond.wait()
+                if self._stopping:
+                    self._fail_all(RuntimeError(f"engine {self.name} shut down"))
+                    return
+                aborts, self._to_abort = self._to_abort, []
+                jobs = self._next_jobs(max(self.max_batch - len(self._running), 0))
+            for handle in aborts:
+                engine.abort(handle)
+            for job in jobs:
+                try:
+                    job.handle = engine.submit(job.request)
+                except Exception as e:  # noqa: BLE001 - a bad request fails alone
+                    self.stats.failed += 1
+                    job.future.set_exception(e)
+                    continue
+                with self._cond:
+                    self._running[job.handle] = job
+            if not engine.has_unfinished():
+                self._fail_running(RuntimeError(f"engine {self.name} holds none of its running drafts"))
+                continue
+            with self._cond:
+                in_flight = len(self._running)
+            self.stats.batch_sizes[in_flight] += 1
+            self.stats.peak_in_flight = max(self.stats.peak_in_flight, in_flight)
+            self.stats.steps += 1
+            try:
+                finished = engine.step()
+            except Exception as e:  # noqa: BLE001 - the engine failed this step: fail what it held
+                log.exception("engine %s step failed", self.name)
+                self._fail_running(e)
+                continue
+            self._deliver(finished)
+
+    def _deliver(self, finished: Sequence[tuple[Any, Draft]]) -> None:
+        with self._cond:
+            for handle, draft in finished:
+                job = self._running.pop(handle, None)
+                if job is None:
+                    self.stats.discarded += 1  # superseded while it ran to completion
+                    continue
+                self.stats.finished += 1
+                job.future.set_result(draft)
+
+    def _fail_running(self, error: BaseException) -> None:
+        with self._cond:
+            running, self._running = list(self._running.values()), {}
+            for job in running:
+                self.stats.failed += 1
+                job.future.set_exception(error)
+        engine = self._engine
+        for job in running:  # a failed step may leave them in the engine
+            try:
+                engine.abort(job.handle)
+            except Exception:  # noqa: BLE001 - best effort
+                pass
+
+    def _fail_all(self, error: BaseException) -> None:
+        for job in [*self._finals, *self._partials.values(), *self._running.values()]:
+            if not job.future.done():
+                job.future.set_exception(error)
+        self._finals.clear()
+        self._partials.clear()
+        self._running.clear()
+
+    def close(self, timeout_s: float = 120.0) -> None:
+        """Fail what is pending, stop the thread, close the seam on it."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            log.warning("engine %s: its thread did not stop within %.0fs", self.name, timeout_s)
+
+
+class SessionSeam:
+    """The `Seam` a `Session` drafts through: its drafts go to the engine's scheduler.
+
+    `final` says how the next draft is queued (set by the server before each update; the
+    session's updates run one at a time)."""
+
+    def __init__(self, scheduler: DraftScheduler, session: Hashable, timeout_s: float = 600.0) -> None:
+        self.scheduler = scheduler
+        self.session = session
+        self.name = getattr(scheduler.seam, "name", "seam")
+        self.final = False
+        self.timeout_s = timeout_s
+
+    def draft(self, request: DraftRequest) -> Draft:
+        return self.scheduler.submit(self.session, request, final=self.final).result(self.timeout_s)
+
+    def close(self) -> None:
+        self.scheduler.close_session(self.session)
