@@ -259,7 +259,6 @@ class Connection:
             raise ProtocolError(BAD_PROTOCOL, "this connection already has a session (one init per connection)")
         routes = self._routes(frame)
         direction, route = next(iter(routes.values()))
-        context, history, trimmed = self._bounded_context(frame)
         preset = resolve_preset(frame.preset or server.config.default_preset)
         fields, unknown = override_policy_fields(frame.overrides)
         policy = preset.policy.model_copy(update=fields)
@@ -277,16 +276,17 @@ class Connection:
             self.holds_slot = False
             log.exception("engine for %s failed to load", direction)
             raise ProtocolError(PROCESSING_FAILED, f"cannot load the engine for {direction}: {e}"[:300]) from None
-        if budget is not None:
-            try:  # tokenizing runs where the engine's tokenizer lives
+        try:
+            if budget is not None:  # tokenizing runs where the engine's tokenizer lives
                 await asyncio.get_running_loop().run_in_executor(
-                    engine.executor, _check_init_budget, budget, frame.accepted_target_prefix, history,
-                    context,
+                    engine.executor, _check_init_budget, budget, frame.accepted_target_prefix,
+                    [tuple(p) for p in frame.history], frame.context_text,
                 )
-            except BudgetExceeded as e:
-                server.stats.sessions_active -= 1
-                self.holds_slot = False
-                raise ProtocolError(BAD_PROTOCOL, str(e)) from None
+            context, history, trimmed = self._bounded_context(frame)
+        except (BudgetExceeded, ProtocolError) as e:
+            server.stats.sessions_active -= 1
+            self.holds_slot = False
+            raise ProtocolError(BAD_PROTOCOL, getattr(e, "message", None) or str(e)) from None
         multi = frame.target_langs is not None
         keys = [(self.id, t) for t in routes] if multi else [self.id]
         views = []
