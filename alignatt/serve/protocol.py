@@ -13,6 +13,10 @@ whisperlivekit 0.2.26):
                                  committed_delta, buffer_text, covered_source_units, stop_reason}
     server → client   error     {code, message, seq?, supported?}
 
+Opt-in extension (docs/server.md): `init.target_langs: [...]` translates into several targets;
+`init_ok.targets` lists them and every `translation` frame then carries `target_lang`. Without
+it neither field appears.
+
 `parse_frame` is the one place that validates input; everything it rejects becomes a
 `ProtocolError` with a code and a message the client can show. Unknown fields are tolerated and
 reported back (`ignored_fields`), never silently dropped. A string holding a lone UTF-16
