@@ -110,3 +110,26 @@ def test_target_langs_must_be_served_and_include_target_lang(tmp_path):
         err = c.init(target_lang="de", target_langs=["fr"])
         assert err["code"] == "bad_protocol" and "not one of target_langs" in err["message"]
         assert c.init(target_langs=["de", "fr"])["type"] == "init_ok"
+
+
+def test_two_targets_draft_in_one_engine_batch_through_the_scheduler(tmp_path):
+    from tests.batch_fakes import StandInBatchSeam
+    from tests.mt_fakes import FakeSeam
+
+    seams = []
+
+    def factory(route, heads):
+        seam = StandInBatchSeam(steps_for=lambda r: 3)
+        seam.inner = FakeSeam(heads=heads)
+        seams.append(seam)
+        return seam
+
+    with ServerThread(fake_config(tmp_path, ("en-de", "en-fr")), factory) as srv, Client(srv.url) as c:
+        c.init(target_langs=["de", "fr"])
+        c.update(SRC[:3], SRC[3:5])
+        a, b = c.recv(), c.recv()
+        assert (a["target_lang"], b["target_lang"]) == ("de", "fr") and a["engine_calls"] == b["engine_calls"] == 1
+        (seam,) = seams
+        assert [r.target_lang for _, r in seam.submitted] == ["de", "fr"]
+        assert max(len(batch) for batch in seam.batches) == 2  # both targets' drafts in the engine at once
+        assert a["committed_text"] == "W0:the W1:causal" == b["committed_text"]

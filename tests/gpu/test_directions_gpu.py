@@ -32,7 +32,7 @@ def test_four_directions_run_on_one_engine_with_their_own_heads(seam):
     with ServerThread(cfg) as srv:
         assert len(srv.server.registry.engines) == 1
         engine = srv.server.registry.engines[0]
-        own = {d: [tuple(h) for h in load_head_set(f"gemma-4-E4B-it_{d}").top_k(4)] for d in DIRECTIONS}
+        own = {d: [(h.layer, h.head) for h in load_head_set(f"gemma-4-E4B-it_{d}").top_k(4)] for d in DIRECTIONS}
         assert {(h.layer, h.head) for h in engine.heads} == {h for hs in own.values() for h in hs}
         print(f"{seam}: one engine, {len(engine.heads)} heads for {len(DIRECTIONS)} directions")
         for d in DIRECTIONS:
