@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # The CPU build of torch; a GPU host overrides this (e.g. TORCH_SPEC=torch==2.11.0).
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= embedded,pipeline,dev
+EXTRAS ?= embedded,pipeline,dev,eval
 
 .PHONY: install pipeline test
 

@@ -239,6 +239,60 @@ def soak_cmd(
         raise typer.Exit(1)
 
 
+@app.command("eval")
+def eval_cmd(
+    test_set: str = typer.Option("en-de", "--test-set", help="named set (en-de), .jsonl, word-alignment .json, or SOURCE:TARGET files"),
+    direction: str = typer.Option(None, help="source-target, e.g. cs-en (default: the test set's, else en-de)"),
+    model: str = typer.Option(DEFAULT_MODEL, help="model preset or local checkpoint"),
+    variants: str = typer.Option("hf_qk_fast", help="comma-separated seam[:vllm_mode], e.g. vllm_capture:cudagraph,vllm_capture:eager"),
+    presets: str = typer.Option("low_latency,balanced,high_latency", help="comma-separated latency presets"),
+    drivers: str = typer.Option("inprocess", help="inprocess, websocket, or both (comma-separated)"),
+    limit: int = typer.Option(None, help="first N sentences of the test set"),
+    max_source_words: int = typer.Option(None, help="only sentences with at most this many words"),
+    longform_talks: int = typer.Option(0, help="long-form talks of consecutive pairs (0: none)"),
+    pairs_per_talk: int = typer.Option(5, help="pairs concatenated into one talk"),
+    words_per_second: float = typer.Option(2.4, help="ASR word rate"),
+    commit_lag: float = typer.Option(2.0, "--commit-lag", help="seconds from a word's arrival to its commit"),
+    device: str = typer.Option("cpu"),
+    dtype: str = typer.Option(None),
+    top_k: int = typer.Option(4, "--top-k"),
+    heads: str = typer.Option(None, help="head-set file or bundled name (default: the model's)"),
+    comet_model: str = typer.Option(None, "--comet-model", help="local COMET checkpoint (unbabel-comet); else skipped"),
+    out: str = typer.Option("outputs/eval.json", help="the eval artifact"),
+    metrics: str = typer.Option(None, help="also write DVC metrics JSON here"),
+    plot: str = typer.Option(None, help="also write the quality-vs-latency CSV here"),
+    figure: str = typer.Option(None, help="also write the quality-vs-latency SVG here (needs matplotlib)"),
+) -> None:
+    """Replay a test set ASR-style through the server's Session per preset; score quality and latency."""
+    from pydantic import ValidationError
+
+    from alignatt.evaluate.outputs import write_derived
+    from alignatt.evaluate.run import EvalOptions, run_eval
+
+    split = lambda s: [x.strip() for x in s.split(",") if x.strip()]  # noqa: E731
+    try:
+        options = EvalOptions(
+            model=model, variants=split(variants), presets=split(presets), drivers=split(drivers),
+            test_set=test_set, direction=direction, limit=limit, max_source_words=max_source_words,
+            longform_talks=longform_talks, pairs_per_talk=pairs_per_talk, words_per_second=words_per_second,
+            commit_lag_seconds=commit_lag, device=device, dtype=dtype, top_k=top_k, heads=heads,
+            comet_model=comet_model,
+        )
+    except ValidationError as e:
+        first = e.errors()[0]
+        fail(f"{'.'.join(map(str, first['loc']))}: {first['msg']}")
+    artifact = run_eval(options, out, progress=lambda m: typer.echo(m, err=True))
+    write_derived(artifact, metrics, plot)
+    if figure:
+        from alignatt.evaluate.figure import quality_latency_svg
+
+        if quality_latency_svg(artifact, figure) is None:
+            typer.echo("matplotlib is not installed: no SVG written", err=True)
+    for c in artifact.checks:
+        typer.echo(f"{'ok  ' if c.passed else 'FAIL'} {c.name}: {c.detail}")
+    typer.echo(f"wrote {out}")
+
+
 # ---- pipeline: env, bench, report, audit (alignatt.pipeline.provenance / bench / report / audit) ----
 
 

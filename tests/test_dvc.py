@@ -57,7 +57,7 @@ def test_stage_graph_and_outputs():
     # env -> every measuring stage -> report (report depends on the whole outputs folder)
     edges = {line.strip().rstrip(";") for line in dvc(ROOT, "dag", "--dot", "report").splitlines()
              if "->" in line}
-    for stage in ("bench@eager", "bench@cudagraph", "smoke"):
+    for stage in ("bench@eager", "bench@cudagraph", "smoke", "eval"):
         assert f'"env" -> "{stage}"' in edges
         assert f'"{stage}" -> "report"' in edges
     assert spec["plots"] and "metrics" in spec["stages"]["bench"]["do"]

@@ -199,6 +199,42 @@ class MeasurementArtifact(_Artifact):
     synthetic_weights: bool = False
 
 
+class EvalRow(_Strict):
+    """One scored configuration of `alignatt eval`: a preset (or the offline baseline), a seam
+    variant, a driver, and sentence-level or long-form streams."""
+
+    preset: str  # low_latency | balanced | high_latency | offline (the full-sentence ceiling)
+    variant: str  # the seam as run, e.g. hf_qk_fast or vllm_capture:cudagraph
+    driver: Literal["inprocess", "websocket", "offline"]
+    form: Literal["sentence", "longform"]
+    label: Literal["scored", "latency only"]  # latency only: synthetic weights, BLEU is no translation score
+    instances: int  # sentences (sentence form) or reference segments (long form)
+    bleu: float
+    chrf: float
+    latency: dict[str, float | int | None] = Field(default_factory=dict)  # OmniSTEval's scores
+    retractions: int  # committed text that did not extend what was shown (must be 0)
+    buffer_units_shown: int = 0  # held draft units shown, summed over updates
+    buffer_units_replaced: int = 0  # of those, units the final text did not keep
+    buffer_replaced_share: float | None = None
+    updates: int = 0
+    engine_calls: int = 0
+    wall_ms: float = 0.0  # the driver's round trips, summed
+    paths: dict[str, int] = Field(default_factory=dict)
+    hypotheses: list[str]  # per sentence, or per resegmented reference segment (long form)
+    # Per stream, per emitted target unit: [source words committed, arrived, CU ms, CA ms].
+    emissions: list[list[tuple[int, int, float, float]]] = Field(default_factory=list)
+
+
+class EvalArtifact(_Artifact):
+    kind: Literal["eval"] = "eval"
+    config: dict[str, Any]  # model, variants, presets, drivers, schedule, subset sizes
+    test_set: dict[str, Any]  # name, direction, description, ids of the pairs used
+    synthetic_weights: bool
+    rows: list[EvalRow]
+    comet: dict[str, Any]  # {"status": "ok", ...} or {"status": "skipped", "reason": ...}
+    checks: list[Check] = Field(default_factory=list)  # 0 retractions, driver and variant equality
+
+
 class SoakArtifact(_Artifact):
     """`alignatt soak`: mixed well-formed and hostile sessions on loopback, memory over time, targets."""
 
@@ -225,11 +261,12 @@ class SoakArtifact(_Artifact):
 
 
 Artifact = Annotated[
-    Union[EnvArtifact, FingerprintArtifact, BenchArtifact, ServerSmokeArtifact, MeasurementArtifact, SoakArtifact],
+    Union[EnvArtifact, FingerprintArtifact, BenchArtifact, ServerSmokeArtifact, MeasurementArtifact, SoakArtifact,
+          EvalArtifact],
     Field(discriminator="kind"),
 ]
 AnyArtifact = Union[EnvArtifact, FingerprintArtifact, BenchArtifact, ServerSmokeArtifact, MeasurementArtifact,
-                    SoakArtifact]
+                    SoakArtifact, EvalArtifact]
 FINGERPRINT_FILE = "fingerprint.json"  # outputs/<profile>/fingerprint.json, written by the env stage
 _ARTIFACT = TypeAdapter(Artifact)
 

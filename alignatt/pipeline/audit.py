@@ -33,6 +33,7 @@ from alignatt.pipeline.artifacts import (
     BENCH_FILE,
     FINGERPRINT_FILE,
     BenchArtifact,
+    EvalArtifact,
     FingerprintArtifact,
     ServerSmokeArtifact,
     load_json,
@@ -122,7 +123,7 @@ def provenance_gaps(artifact) -> list[str]:
         gaps.append(f"unknown whether the code differed from {p.git_commit[:12]} (ALIGNATT_GIT_DIRTY)")
     if p.container_image != HOST and not p.container_digest:
         gaps.append(f"container image {p.container_image!r} without a digest")
-    if isinstance(artifact, (BenchArtifact, ServerSmokeArtifact)) and not p.model_id:
+    if isinstance(artifact, (BenchArtifact, ServerSmokeArtifact, EvalArtifact)) and not p.model_id:
         gaps.append("model id not recorded")
     if isinstance(artifact, BenchArtifact):
         from alignatt.pipeline.bench import OWN_FACTORIES
@@ -186,6 +187,12 @@ def audit_artifact(path: Path, result: AuditResult) -> None:
         _check_derived(path, artifact, rel, result)
     if isinstance(artifact, (BenchArtifact, ServerSmokeArtifact)):
         _check_fingerprint(path, artifact, rel, result)
+    if isinstance(artifact, EvalArtifact):
+        from alignatt.evaluate.outputs import derived_findings
+
+        for where, message in derived_findings(path, artifact):
+            result.checked.append(where)
+            result.add(where, "derived", message)
 
 
 def _check_fingerprint(path: Path, artifact, rel: str, result: AuditResult) -> None:

@@ -21,6 +21,7 @@ from alignatt.pipeline.artifacts import (
     BENCH_FILE,
     BenchArtifact,
     EnvArtifact,
+    EvalArtifact,
     FingerprintArtifact,
     MeasurementArtifact,
     PublishedArtifact,
@@ -228,6 +229,12 @@ def cross_day_note(rows: list[ResultRow]) -> str | None:
             f"{ms(hi)} on {d2} ({(hi / lo - 1) * 100:.0f}% apart)")
 
 
+def eval_sections(inputs: ReportInputs) -> list[dict[str, Any]]:
+    from alignatt.evaluate.outputs import report_section
+
+    return report_section(inputs.root, inputs.of_kind("eval"))
+
+
 def figure_items(figures: list[Figure]) -> dict[str, list[dict[str, str]]]:
     """Figures for the template, by the artifact kind they are drawn from."""
     out: dict[str, list[dict[str, str]]] = {}
@@ -255,6 +262,7 @@ def build_context(inputs: ReportInputs, figures: list[Figure] | None = None) -> 
         cross_day=cross_day_note(rows),
         smoke_rows=smoke_rows(inputs),
         measurements=measurement_items(inputs),
+        evals=eval_sections(inputs),
         artifacts=artifact_list(inputs),
         figures=figure_items(figures or []),
     )

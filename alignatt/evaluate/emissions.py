@@ -1,0 +1,103 @@
+"""From replay steps to what the user saw: each target unit's emission, retractions, replaced drafts.
+
+A target unit (a word; a character for zh/ja targets) is emitted by the first step whose committed
+text contains it. It gets that step's ASR state (source words committed and arrived) and two
+times: computation-unaware = the stream time of the ASR event that triggered the update;
+computation-aware = when its reply was ready on a real-time clock where the engine serves updates
+one at a time (an update starts at max(its event time, the end of the previous one) and takes the
+round trip the driver measured), so a slow engine accumulates lag.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from alignatt.evaluate.replay import ReplayStep
+from alignatt.pipeline.stream_replay import count_retractions
+
+CHAR_LANGS = ("zh", "ja")
+
+
+def units(text: str, target_lang: str) -> list[str]:
+    if target_lang in CHAR_LANGS:
+        return [c for c in text if not c.isspace()]
+    return text.split()
+
+
+def join_units(texts: list[str], target_lang: str) -> str:
+    sep = "" if target_lang in CHAR_LANGS else " "
+    return sep.join(t.strip() for t in texts if t.strip())
+
+
+@dataclass
+class Emission:
+    text: str
+    committed_words: int
+    arrived_words: int
+    cu_ms: float
+    ca_ms: float
+
+
+@dataclass
+class StreamOutput:
+    """One replayed stream: its hypothesis, per-unit emissions and display statistics."""
+
+    hypothesis: str
+    utterances: list[str]  # each closed utterance's final committed text, in order
+    emissions: list[Emission]
+    retractions: int
+    buffer_units_shown: int
+    buffer_units_replaced: int
+    updates: int
+    engine_calls: int
+    paths: dict[str, int] = field(default_factory=dict)
+    wall_ms: float = 0.0  # sum of the driver's round trips
+
+
+def computation_aware_ms(steps: list[ReplayStep]) -> list[float]:
+    ready, clock = [], 0.0
+    for s in steps:
+        clock = max(s.stream_ms, clock) + s.reply.round_trip_ms
+        ready.append(round(clock, 3))
+    return ready
+
+
+def stream_output(steps: list[ReplayStep], target_lang: str) -> StreamOutput:
+    ca = computation_aware_ms(steps)
+    final_text: dict[int, str] = {}
+    for s in steps:  # the last text of each utterance is what stays on screen
+        final_text[s.reply.utterance_id] = s.reply.committed_text
+    emissions: list[Emission] = []
+    shown_units: dict[int, int] = {}
+    shown = replaced = 0
+    for s, ready in zip(steps, ca):
+        uid, text = s.reply.utterance_id, s.reply.committed_text
+        have = units(text, target_lang)
+        for u in have[shown_units.get(uid, 0):]:
+            emissions.append(Emission(u, s.committed_words, s.arrived_words, s.stream_ms, ready))
+        shown_units[uid] = max(shown_units.get(uid, 0), len(have))
+        buffer = units(s.reply.buffer_text, target_lang)
+        if buffer and not s.reply.final:
+            later = units(final_text[uid], target_lang)[len(have):]
+            kept = 0
+            while kept < min(len(buffer), len(later)) and buffer[kept] == later[kept]:
+                kept += 1
+            shown += len(buffer)
+            replaced += len(buffer) - kept
+    paths: dict[str, int] = {}
+    for s in steps:
+        paths[s.reply.path] = paths.get(s.reply.path, 0) + 1
+    utterances = [final_text[k] for k in sorted(final_text)]
+    events = [{"utterance_id": s.reply.utterance_id, "committed_text": s.reply.committed_text} for s in steps]
+    return StreamOutput(
+        hypothesis=join_units(utterances, target_lang),
+        utterances=utterances,
+        emissions=emissions,
+        retractions=count_retractions(events),
+        buffer_units_shown=shown,
+        buffer_units_replaced=replaced,
+        updates=len(steps),
+        engine_calls=sum(s.reply.engine_calls for s in steps),
+        paths=dict(sorted(paths.items())),
+        wall_ms=round(sum(s.reply.round_trip_ms for s in steps), 3),
+    )

@@ -1,0 +1,134 @@
+"""What the eval stage derives from an `EvalArtifact`: DVC metrics, plot data, and the report's view.
+
+The audit recomputes the metrics and the plot data from the artifact beside them (`eval.json` ->
+`eval_metrics.json`, `quality_latency.csv`), so neither can drift from what was measured.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+METRIC_KEYS = ("laal_words", "al_words", "laal_ms", "ca_laal_ms", "al_ms", "ca_al_ms",
+               "long_yaal", "ca_long_yaal", "stream_laal", "ca_stream_laal")
+PLOT_COLUMNS = ("variant", "driver", "preset", "label", "bleu", "chrf", "laal_words", "laal_ms", "ca_laal_ms")
+
+
+def eval_metrics(artifact) -> dict[str, Any]:
+    """Nested for `dvc metrics show/diff`: variant / driver / form / preset -> figures."""
+    out: dict[str, Any] = {}
+    for r in artifact.rows:
+        figures = {"bleu": r.bleu, "chrf": r.chrf, "retractions": r.retractions,
+                   "buffer_replaced_share": r.buffer_replaced_share}
+        figures.update({k: r.latency[k] for k in METRIC_KEYS if k in r.latency})
+        out.setdefault(r.variant, {}).setdefault(r.driver, {}).setdefault(r.form, {})[r.preset] = figures
+    return out
+
+
+def quality_latency_points(artifact) -> list[dict[str, Any]]:
+    """One point per preset and the offline baseline (sentence form), per variant and driver."""
+    order = {"low_latency": 0, "balanced": 1, "high_latency": 2, "offline": 3}
+    points = []
+    for r in artifact.rows:
+        if r.form != "sentence":
+            continue
+        points.append({"variant": r.variant, "driver": r.driver, "preset": r.preset, "label": r.label,
+                       "bleu": r.bleu, "chrf": r.chrf, "laal_words": r.latency.get("laal_words"),
+                       "laal_ms": r.latency.get("laal_ms"), "ca_laal_ms": r.latency.get("ca_laal_ms")})
+    return sorted(points, key=lambda p: (p["variant"], p["driver"], order.get(p["preset"], 9)))
+
+
+def quality_latency_csv(artifact) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=PLOT_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for p in quality_latency_points(artifact):
+        writer.writerow({k: "" if p[k] is None else p[k] for k in PLOT_COLUMNS})
+    return buf.getvalue()
+
+
+def metrics_path(artifact_path: Path) -> Path:
+    return artifact_path.with_name(artifact_path.stem + "_metrics.json")
+
+
+def plot_path(artifact_path: Path) -> Path:
+    return artifact_path.with_name("quality_latency.csv")
+
+
+def _atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def write_derived(artifact, metrics: str | Path | None, plot: str | Path | None) -> None:
+    if metrics:
+        _atomic(Path(metrics), json.dumps(eval_metrics(artifact), indent=1, allow_nan=False) + "\n")
+    if plot:
+        _atomic(Path(plot), quality_latency_csv(artifact))
+
+
+def derived_findings(path: Path, artifact) -> list[tuple[str, str]]:
+    """(file, message) for metrics / plot data beside an eval artifact that it no longer gives."""
+    findings = []
+    m = metrics_path(path)
+    if m.exists():
+        try:
+            same = json.loads(m.read_text(encoding="utf-8")) == eval_metrics(artifact)
+        except json.JSONDecodeError:
+            same = False
+        if not same:
+            findings.append((str(m), f"metrics do not match {path}: re-run the eval stage"))
+    p = plot_path(path)
+    if p.exists() and p.read_text(encoding="utf-8") != quality_latency_csv(artifact):
+        findings.append((str(p), f"plot data do not match {path}: re-run the eval stage"))
+    return findings
+
+
+# ---- the Benchmarks page ----------------------------------------------------------------------
+
+
+def _fmt(x, digits=1) -> str:
+    return "—" if x is None else f"{x:.{digits}f}"
+
+
+def report_section(root: Path, paths: list[tuple[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per eval artifact: its tables (one per preset) and its quality-vs-latency points."""
+    sections = []
+    for rel, a in paths:
+        p = a.provenance
+        presets: dict[str, list[dict[str, str]]] = {}
+        for r in a.rows:
+            lat = r.latency
+            presets.setdefault(r.preset, []).append({
+                "variant": r.variant, "driver": r.driver, "form": r.form, "label": r.label,
+                "instances": str(r.instances), "bleu": _fmt(r.bleu), "chrf": _fmt(r.chrf),
+                "laal_words": _fmt(lat.get("laal_words"), 2), "al_words": _fmt(lat.get("al_words"), 2),
+                "laal_ms": _fmt(lat.get("laal_ms"), 0), "ca_laal_ms": _fmt(lat.get("ca_laal_ms"), 0),
+                "al_ms": _fmt(lat.get("al_ms"), 0), "ca_al_ms": _fmt(lat.get("ca_al_ms"), 0),
+                "long_yaal": _fmt(lat.get("long_yaal"), 0), "ca_long_yaal": _fmt(lat.get("ca_long_yaal"), 0),
+                "stream_laal": _fmt(lat.get("stream_laal"), 0), "ca_stream_laal": _fmt(lat.get("ca_stream_laal"), 0),
+                "retractions": str(r.retractions),
+                "replaced": "—" if r.buffer_replaced_share is None else f"{100 * r.buffer_replaced_share:.0f}%",
+            })
+        cfg = a.config
+        sections.append({
+            "path": rel, "date": p.date, "machine": p.gpu_name or "CPU", "model": cfg.get("model"),
+            "synthetic": a.synthetic_weights, "test_set": a.test_set.get("name"),
+            "direction": a.test_set.get("direction"), "description": a.test_set.get("description"),
+            "sentences": len(a.test_set.get("sentence_ids", [])),
+            "talks": len(a.test_set.get("longform_ids", [])),
+            "wps": cfg.get("words_per_second"), "lag": cfg.get("commit_lag_seconds"),
+            "presets": [(name, presets[name]) for name in ("low_latency", "balanced", "high_latency", "offline")
+                        if name in presets],
+            "points": [{k: (_fmt(v, 2) if isinstance(v, float) or v is None else v) for k, v in pt.items()}
+                       for pt in quality_latency_points(a)],
+            "checks": [("✓" if c.passed else "✗", c.name, c.detail) for c in a.checks],
+            "comet": a.comet.get("system_score") if a.comet.get("status") == "ok" else
+                     f"skipped: {a.comet.get('reason')}",
+        })
+    return sections

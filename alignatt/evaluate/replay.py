@@ -1,0 +1,189 @@
+"""ASR-like replay of a source stream through the server's `Session`, in-process or over WebSocket.
+
+Word i arrives as unstable tail at i / words_per_second and is committed commit_lag_seconds later
+(`alignatt.pipeline.stream_replay.asr_events`, the smoke stream's schedule). Every ASR event
+becomes one update carrying the open utterance's state (committed words + tail), in lockstep: the
+next update is sent after the reply. An utterance closes (`is_final`) at the commit of the stream's
+last word, or, with `close_on_punctuation` (long-form), at the commit of a word that ends a
+sentence, as WhisperLiveKit's client does; the session may also force a final on its own.
+
+Both drivers answer the same `Reply`, so one loop (`replay`) drives either:
+- `InProcessDriver`: a `Session` built exactly as the server builds one for a preset;
+- `WebSocketDriver`: protocol v1 frames to a running `alignatt serve` (e.g. a `ServerThread`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+from alignatt.core.draft import Seam
+from alignatt.core.errors import AlignattError
+from alignatt.pipeline.stream_replay import SmokeStream, asr_events, ends_sentence
+from alignatt.serve.config import ServerLimits, resolve_preset
+from alignatt.serve.session import Session, SessionConfig
+
+
+class Schedule:
+    """ASR pacing: words per second and the lag from arrival to commit."""
+
+    def __init__(self, words_per_second: float = 2.4, commit_lag_seconds: float = 2.0) -> None:
+        if words_per_second <= 0 or commit_lag_seconds < 0:
+            raise AlignattError("words per second must be > 0 and the commit lag >= 0")
+        self.words_per_second = words_per_second
+        self.commit_lag_seconds = commit_lag_seconds
+
+    def events(self, words: list[str]):
+        stream = SmokeStream(words_per_second=self.words_per_second,
+                             commit_lag_seconds=self.commit_lag_seconds, text=" ".join(words))
+        return asr_events(stream)
+
+    def source_ms(self, n_words: int) -> float:
+        """Source duration: word i is spoken during [i, i + 1) / words_per_second."""
+        return n_words / self.words_per_second * 1000.0
+
+
+@dataclass
+class Reply:
+    utterance_id: int
+    final: bool
+    committed_text: str  # the utterance's accepted target (append-only)
+    buffer_text: str  # drafted but held, shown to the user as the unstable part
+    path: str
+    engine_calls: int
+    compute_ms: float  # inside the session (drafting included)
+    round_trip_ms: float  # as the driver saw it (in-process: the same as compute_ms)
+
+
+@dataclass
+class ReplayStep:
+    """One update and its reply, with the ASR state at that moment."""
+
+    stream_ms: float  # when the ASR event happened (stream time)
+    trigger: str  # arrive | commit
+    committed_words: int  # source words committed so far in the whole stream
+    arrived_words: int  # source words arrived so far in the whole stream
+    is_final: bool  # the update closed the utterance
+    reply: Reply
+
+
+class Driver(Protocol):
+    name: str
+
+    def open(self) -> None: ...
+
+    def update(self, committed: list[str], tail: list[str], is_final: bool, utterance_id: int) -> Reply: ...
+
+    def close(self) -> None: ...
+
+
+def session_config(preset: str, limits: ServerLimits | None = None) -> SessionConfig:
+    """The `SessionConfig` the server gives a session of this preset (serve/connection.py `_init`)."""
+    p = resolve_preset(preset)
+    limits = limits or ServerLimits()
+    return SessionConfig(policy=p.policy, max_new_tokens=p.max_new_tokens, limits=limits)
+
+
+class InProcessDriver:
+    name = "inprocess"
+
+    def __init__(self, seam: Seam, preset: str, source_lang: str = "en", target_lang: str = "de") -> None:
+        self.seam, self.preset = seam, preset
+        self.source_lang, self.target_lang = source_lang, target_lang
+        self.config = session_config(preset)
+        self.session: Session | None = None
+
+    def open(self) -> None:
+        self.session = Session(self.seam, self.config, self.source_lang, self.target_lang)
+
+    def update(self, committed, tail, is_final, utterance_id) -> Reply:
+        started = time.perf_counter()
+        step = self.session.update(committed, tail, is_final, utterance_id)
+        rtt = (time.perf_counter() - started) * 1000.0
+        # The server strips committed_text in its frame; so does this driver.
+        return Reply(step.utterance_id, step.final, step.committed_text.strip(), step.buffer_text,
+                     step.path, step.engine_calls, step.elapsed_ms, rtt)
+
+    def close(self) -> None:
+        self.session = None
+
+
+class WebSocketDriver:
+    name = "websocket"
+
+    def __init__(self, url: str, preset: str, source_lang: str = "en", target_lang: str = "de",
+                 timeout_s: float = 600.0) -> None:
+        self.url, self.preset = url, preset
+        self.source_lang, self.target_lang = source_lang, target_lang
+        self.timeout_s = timeout_s
+        self.ws = None
+        self.seq = 0
+
+    def open(self) -> None:
+        from websockets.sync.client import connect
+
+        self.ws = connect(self.url, open_timeout=30, max_size=None)
+        self.ws.send(json.dumps({"type": "init", "protocol_version": 1, "source_lang": self.source_lang,
+                                 "target_lang": self.target_lang, "preset": self.preset}))
+        ok = json.loads(self.ws.recv(timeout=self.timeout_s))
+        if ok.get("type") != "init_ok":
+            raise AlignattError(f"server refused the session: {ok.get('code')}: {ok.get('message')}")
+        self.seq = 0
+
+    def update(self, committed, tail, is_final, utterance_id) -> Reply:
+        self.seq += 1
+        frame = {"type": "update", "seq": self.seq, "utterance_id": utterance_id,
+                 "words": [[w, None, None] for w in committed], "is_final": is_final}
+        if tail:
+            frame["tail"] = {"words": [[w, None, None] for w in tail]}
+        started = time.perf_counter()
+        self.ws.send(json.dumps(frame))
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AlignattError(f"no reply to update seq {self.seq} within {self.timeout_s:.0f}s")
+            reply = json.loads(self.ws.recv(timeout=remaining))
+            if reply.get("type") == "error" and reply.get("seq") in (None, self.seq):
+                raise AlignattError(f"server error on seq {self.seq}: {reply.get('code')}: {reply.get('message')}")
+            if reply.get("type") == "translation" and reply.get("seq", -1) >= self.seq:
+                break
+        rtt = (time.perf_counter() - started) * 1000.0
+        return Reply(reply["utterance_id"], reply["final"], reply["committed_text"], reply["buffer_text"],
+                     reply.get("path", ""), reply.get("engine_calls", 0), reply.get("compute_ms", 0.0), rtt)
+
+    def close(self) -> None:
+        if self.ws is not None:
+            self.ws.close()
+            self.ws = None
+
+
+def replay(words: list[str], driver: Driver, schedule: Schedule,
+           close_on_punctuation: bool = False) -> list[ReplayStep]:
+    """Replay one stream (a sentence, or a talk) through the driver; one step per sent update."""
+    steps: list[ReplayStep] = []
+    uid = utt_start = committed = arrived = 0
+    last = len(words) - 1
+    driver.open()
+    try:
+        for ev in schedule.events(words):
+            final = False
+            if ev.kind == "arrive":
+                arrived = ev.index + 1
+            else:
+                committed = ev.index + 1
+                final = ev.index == last or (close_on_punctuation and ends_sentence(words[ev.index]))
+            open_words = words[utt_start:committed]
+            tail = [] if final else words[committed:arrived]
+            if not open_words and not tail:
+                continue
+            reply = driver.update(open_words, tail, final, uid)
+            steps.append(ReplayStep(round(ev.t * 1000.0, 3), ev.kind, committed, arrived, final, reply))
+            if final or reply.final:  # the session may force a final on a long utterance
+                uid += 1
+                utt_start = committed
+    finally:
+        driver.close()
+    return steps

@@ -1,0 +1,339 @@
+"""`alignatt eval`: replay a test set per preset, seam variant and driver; score; write the artifact.
+
+Per seam variant (e.g. `hf_qk_fast`, or `vllm_capture:cudagraph` and `vllm_capture:eager` on the
+same instances), per preset and per driver, every sentence is replayed as its own stream (one
+session each, closed at its last word); long-form talks (consecutive pairs concatenated, no
+boundaries given) are replayed with sentence closing left to the punctuation the ASR commits and
+the session's own forced finals, then resegmented against the references. The offline baseline
+translates each whole sentence in one final update (same session, model and prompt).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from alignatt.core.errors import AlignattError
+from alignatt.evaluate import scoring
+from alignatt.evaluate.emissions import Emission, StreamOutput, stream_output, units
+from alignatt.evaluate.replay import InProcessDriver, Schedule, WebSocketDriver, replay
+from alignatt.evaluate.testsets import TestPair, TestSet, load_test_set, select
+
+PRESETS = ("low_latency", "balanced", "high_latency")
+RETRACTION_CHECK = "0 retractions in every replay"
+
+
+class EvalOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = "gemma3-270m"
+    variants: list[str] = Field(default_factory=lambda: ["hf_qk_fast"],
+                                description="seam[:vllm_mode], e.g. vllm_capture:cudagraph")
+    presets: list[str] = Field(default_factory=lambda: list(PRESETS))
+    drivers: list[Literal["inprocess", "websocket"]] = Field(default_factory=lambda: ["inprocess"])
+    test_set: str = "en-de"
+    direction: str | None = None
+    limit: int | None = Field(None, ge=1, description="sentences (first N of the test set)")
+    max_source_words: int | None = Field(None, ge=1, description="only sentences this short")
+    longform_talks: int = Field(0, ge=0, description="talks of consecutive pairs (0: no long form)")
+    pairs_per_talk: int = Field(5, ge=1)
+    words_per_second: float = Field(2.4, gt=0)
+    commit_lag_seconds: float = Field(2.0, ge=0)
+    device: str = "cpu"
+    dtype: str | None = None
+    top_k: int = Field(4, ge=1)
+    heads: str | None = None
+    comet_model: str | None = None
+    offline_baseline: bool = True
+    isolate_variants: bool | None = Field(None, description="each variant in its own process (None: when vLLM runs several)")
+
+
+def parse_variant(variant: str) -> tuple[str, dict[str, Any]]:
+    from alignatt.pipeline.artifacts import KNOWN_SEAMS, VLLM_MODES
+
+    seam, _, mode = variant.partition(":")
+    if seam not in KNOWN_SEAMS:
+        raise AlignattError(f"unknown seam {seam!r} in variant {variant!r}: use one of {', '.join(KNOWN_SEAMS)}")
+    if mode and (seam != "vllm_capture" or mode not in VLLM_MODES):
+        raise AlignattError(f"variant {variant!r}: only vllm_capture takes a mode ({', '.join(VLLM_MODES)})")
+    return seam, ({"vllm_mode": mode} if mode else {})
+
+
+class _Borrowed:
+    """The eval's seam lent to a server: the server's shutdown must not close it."""
+
+    def __init__(self, seam) -> None:
+        self._seam = seam
+        self.name = seam.name
+
+    def draft(self, request):
+        return self._seam.draft(request)
+
+    def close(self) -> None:
+        pass
+
+
+def _talks(pairs: list[TestPair], count: int, per_talk: int) -> list[list[TestPair]]:
+    talks = [pairs[i:i + per_talk] for i in range(0, len(pairs), per_talk)][:count]
+    return [t for t in talks if t]
+
+
+def _row(preset, variant, driver, form, label, outputs: list[StreamOutput], hypotheses, references,
+         target_lang, latency) -> dict[str, Any]:
+    from alignatt.pipeline.artifacts import EvalRow
+
+    shown = sum(o.buffer_units_shown for o in outputs)
+    replaced = sum(o.buffer_units_replaced for o in outputs)
+    paths: dict[str, int] = {}
+    for o in outputs:
+        for k, v in o.paths.items():
+            paths[k] = paths.get(k, 0) + v
+    return EvalRow(
+        preset=preset, variant=variant, driver=driver, form=form, label=label,
+        instances=len(references), **scoring.quality(hypotheses, references, target_lang),
+        latency=latency, retractions=sum(o.retractions for o in outputs),
+        buffer_units_shown=shown, buffer_units_replaced=replaced,
+        buffer_replaced_share=round(replaced / shown, 4) if shown else None,
+        updates=sum(o.updates for o in outputs), engine_calls=sum(o.engine_calls for o in outputs),
+        wall_ms=round(sum(o.wall_ms for o in outputs), 3), paths=dict(sorted(paths.items())),
+        hypotheses=hypotheses,
+        emissions=[[(e.committed_words, e.arrived_words, e.cu_ms, e.ca_ms) for e in o.emissions] for o in outputs],
+    )
+
+
+def _sentence_row(pairs, outputs, preset, variant, driver, label, ts: TestSet, schedule: Schedule):
+    items = [scoring.SentenceLatencyInput(p.reference, len(p.source_words), schedule.source_ms(len(p.source_words)),
+                                          o.emissions) for p, o in zip(pairs, outputs)]
+    latency = scoring.sentence_latency(items, ts.target_lang)
+    return _row(preset, variant, driver, "sentence", label, outputs, [o.hypothesis for o in outputs],
+                [p.reference for p in pairs], ts.target_lang, latency)
+
+
+def _longform_row(talks, outputs, preset, variant, driver, label, ts: TestSet, schedule: Schedule):
+    inputs = []
+    for talk, out in zip(talks, outputs):
+        spans, start = [], 0
+        for p in talk:
+            n = len(p.source_words)
+            spans.append((schedule.source_ms(start), schedule.source_ms(n)))
+            start += n
+        inputs.append(scoring.TalkInput([p.reference for p in talk], spans, out.emissions))
+    latency, resegmented = scoring.longform(inputs, ts.target_lang)
+    references = [p.reference for t in talks for p in t]
+    # Quality of the long form is OmniSTEval's (sacrebleu on the resegmented output); the row's
+    # own corpus scores of the same segments must agree with it.
+    omni_quality = {"omnisteval_bleu": latency.pop("bleu"), "omnisteval_chrf": latency.pop("chrf")}
+    latency.update(omni_quality, talks=len(talks), closed_utterances=sum(len(o.utterances) for o in outputs))
+    return _row(preset, variant, driver, "longform", label, outputs, resegmented, references,
+                ts.target_lang, latency)
+
+
+def _offline_output(driver: InProcessDriver, words: list[str], target_lang: str,
+                    schedule: Schedule) -> StreamOutput:
+    """The whole sentence in one final update, sent when the ASR commits its last word: every
+    target unit is emitted then (the wait-for-the-sentence latency through the same schedule)."""
+    driver.open()
+    reply = driver.update(words, [], True, 0)
+    driver.close()
+    last_commit_ms = round(schedule.events(words)[-1].t * 1000.0, 3)
+    n = len(words)
+    emissions = [Emission(u, n, n, last_commit_ms, round(last_commit_ms + reply.round_trip_ms, 3))
+                 for u in units(reply.committed_text, target_lang)]
+    return StreamOutput(hypothesis=reply.committed_text, utterances=[reply.committed_text], emissions=emissions,
+                        retractions=0, buffer_units_shown=0, buffer_units_replaced=0, updates=1,
+                        engine_calls=reply.engine_calls, paths={reply.path: 1}, wall_ms=reply.round_trip_ms)
+
+
+def _same_emissions(a: StreamOutput, b: StreamOutput) -> bool:
+    key = lambda o: [(e.text, e.committed_words, e.arrived_words, e.cu_ms) for e in o.emissions]  # noqa: E731
+    return a.hypothesis == b.hypothesis and key(a) == key(b)
+
+
+def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_options: dict[str, Any], ts: TestSet,
+                 pairs: list[TestPair], talks: list[list[TestPair]], presets: list[str], schedule: Schedule,
+                 label: str, factory, progress):
+    """Every preset and driver (and the offline baseline) on one seam variant: (rows, checks)."""
+    from alignatt.pipeline.artifacts import Check
+    from alignatt.serve.config import DirectionRoute, ServerConfig, resolve_heads
+
+    direction = f"{ts.source_lang}-{ts.target_lang}"
+    rows, checks = [], []
+    route = DirectionRoute(model=options.model, seam=seam_name, heads=options.heads, top_k=options.top_k,
+                           device=options.device, dtype=options.dtype, seam_options=seam_options)
+    heads = resolve_heads(route, direction)
+    progress(f"[{variant}] loading the seam")
+    seam = factory(route, heads)
+    try:
+        server = None
+        if "websocket" in options.drivers:
+            from alignatt.serve.server import ServerThread
+
+            config = ServerConfig(host="127.0.0.1", port=0, directions={direction: route})
+            server = ServerThread(config, lambda r, h: _Borrowed(seam)).start()
+        try:
+            for preset in presets:
+                sentence_outputs: dict[str, list[StreamOutput]] = {}
+                for driver_name in options.drivers:
+                    driver = (InProcessDriver(seam, preset, ts.source_lang, ts.target_lang)
+                              if driver_name == "inprocess" else
+                              WebSocketDriver(server.url, preset, ts.source_lang, ts.target_lang))
+                    outs = []
+                    for i, p in enumerate(pairs):
+                        outs.append(stream_output(replay(p.source_words, driver, schedule), ts.target_lang))
+                    sentence_outputs[driver_name] = outs
+                    rows.append(_sentence_row(pairs, outs, preset, variant, driver_name, label, ts, schedule))
+                    progress(f"[{variant}] {preset} {driver_name}: BLEU {rows[-1].bleu:.2f}, "
+                             f"LAAL {rows[-1].latency.get('laal_words')} words")
+                if len(sentence_outputs) == 2:
+                    a, b = sentence_outputs["inprocess"], sentence_outputs["websocket"]
+                    same = [_same_emissions(x, y) for x, y in zip(a, b)]
+                    checks.append(Check(
+                        name=f"{variant} {preset}: in-process and WebSocket replays emit the same",
+                        passed=all(same),
+                        detail=f"{sum(same)}/{len(same)} sentences with identical text, ASR states and stream times"))
+                if talks:
+                    driver = InProcessDriver(seam, preset, ts.source_lang, ts.target_lang)
+                    outs = []
+                    for talk in talks:
+                        words = [w for p in talk for w in p.source_words]
+                        outs.append(stream_output(replay(words, driver, schedule, close_on_punctuation=True),
+                                                  ts.target_lang))
+                    rows.append(_longform_row(talks, outs, preset, variant, "inprocess", label, ts, schedule))
+                    progress(f"[{variant}] {preset} long form: LongYAAL {rows[-1].latency.get('long_yaal')} ms")
+        finally:
+            if server is not None:
+                server.stop()
+        if options.offline_baseline:
+            driver = InProcessDriver(seam, "balanced", ts.source_lang, ts.target_lang)
+            outs = [_offline_output(driver, p.source_words, ts.target_lang, schedule) for p in pairs]
+            row = _sentence_row(pairs, outs, "offline", variant, "offline", label, ts, schedule)
+            rows.append(row)
+            progress(f"[{variant}] offline baseline: BLEU {row.bleu:.2f}")
+    finally:
+        seam.close()
+    return rows, checks
+
+
+def _variant_in_subprocess(options: EvalOptions, variant: str):
+    """One variant in a child `python -m alignatt.evaluate.run`; its rows and checks come back."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from alignatt.pipeline.artifacts import load_artifact
+
+    with tempfile.TemporaryDirectory(prefix="alignatt-eval-") as tmp:
+        spec, out = Path(tmp) / "options.json", Path(tmp) / "eval.json"
+        child_options = {"variants": [variant], "isolate_variants": False, "comet_model": None}
+        spec.write_text(options.model_copy(update=child_options)
+                        .model_dump_json(), encoding="utf-8")
+        done = subprocess.run([sys.executable, "-m", "alignatt.evaluate.run", str(spec), str(out)])
+        if done.returncode != 0 or not out.exists():
+            raise AlignattError(f"the eval of variant {variant} failed (exit {done.returncode}; its log is above)")
+        child = load_artifact(out)
+    return child.rows, [c for c in child.checks if c.name != RETRACTION_CHECK]
+
+
+def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=None, progress=print):
+    """Run the whole evaluation; returns the `EvalArtifact` (written atomically to `out`)."""
+    from alignatt.pipeline.artifacts import ARTIFACT_SCHEMA_VERSION, Check, EvalArtifact, write_artifact
+    from alignatt.pipeline.provenance import collect_provenance, model_identity
+    from alignatt.serve.config import default_seam_factory, resolve_preset
+    from alignatt.serve.protocol import ProtocolError
+
+    # Everything that can be wrong with the input fails here, before a model loads.
+    ts = load_test_set(options.test_set, options.direction)
+    pairs = select(ts, options.limit, options.max_source_words)
+    talks = _talks(ts.pairs, options.longform_talks, options.pairs_per_talk)
+    try:
+        presets = [resolve_preset(p).name for p in options.presets]
+    except ProtocolError as e:
+        raise AlignattError(e.message) from None
+    variants = [(v, *parse_variant(v)) for v in options.variants]
+    schedule = Schedule(options.words_per_second, options.commit_lag_seconds)
+    direction = f"{ts.source_lang}-{ts.target_lang}"
+    try:
+        model_id, revision = model_identity(options.model)
+    except Exception:  # identity is best effort (a local path without metadata)
+        model_id, revision = options.model, None
+    synthetic = revision == "random weights"
+    label = "latency only" if synthetic else "scored"
+    factory = seam_factory or default_seam_factory
+
+    rows, checks = [], []
+    # vLLM engines each get a process of their own (as in the bench and the GPU checks): a second
+    # engine in the same process is not something vLLM promises to support.
+    isolate = options.isolate_variants
+    if isolate is None:
+        isolate = len(variants) > 1 and any(seam == "vllm_capture" for _, seam, _ in variants)
+    for variant, seam_name, seam_options in variants:
+        if isolate and seam_factory is None:
+            got_rows, got_checks = _variant_in_subprocess(options, variant)
+        else:
+            got_rows, got_checks = _run_variant(options, variant, seam_name, seam_options, ts, pairs, talks,
+                                                presets, schedule, label, factory, progress)
+        rows += got_rows
+        checks += got_checks
+    by_variant = {(r.variant, r.preset): r.hypotheses for r in rows
+                  if r.form == "sentence" and r.driver in ("inprocess", "offline")}
+
+    checks.append(Check(name=RETRACTION_CHECK, passed=all(r.retractions == 0 for r in rows),
+                        detail=", ".join(f"{r.preset}/{r.variant}/{r.driver}/{r.form}: {r.retractions}"
+                                         for r in rows if r.retractions) or "none"))
+    if len(variants) > 1:
+        first = variants[0][0]
+        for variant, _, _ in variants[1:]:
+            for preset in [*presets, *(["offline"] if options.offline_baseline else [])]:
+                a, b = by_variant.get((first, preset)), by_variant.get((variant, preset))
+                if a is None or b is None:
+                    continue
+                diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+                checks.append(Check(name=f"{preset}: {variant} gives the same hypotheses as {first}",
+                                    passed=not diff,
+                                    detail=f"{len(a) - len(diff)}/{len(a)} identical"
+                                    + (f"; differ at {diff[:10]}" if diff else "")))
+    comet = scoring.comet(options.comet_model, [p.source for p in pairs],
+                          next((r.hypotheses for r in rows if r.preset == "offline"), rows[0].hypotheses),
+                          [p.reference for p in pairs])
+    artifact = EvalArtifact(
+        schema_version=ARTIFACT_SCHEMA_VERSION,
+        provenance=collect_provenance(model_id=model_id, model_revision=revision),
+        config={**options.model_dump(), "schedule": {"words_per_second": options.words_per_second,
+                                                      "commit_lag_seconds": options.commit_lag_seconds},
+                "computation_aware_clock": "engine serves updates one at a time: start = max(event time, "
+                                           "previous reply), ready = start + measured round trip",
+                "latency_units": "words: source words committed when a target unit was emitted; ms: stream time"},
+        test_set={"name": ts.name, "direction": direction, "description": ts.description,
+                  "pairs_available": len(ts.pairs), "sentence_ids": [p.id for p in pairs],
+                  "longform_ids": [[p.id for p in t] for t in talks]},
+        synthetic_weights=synthetic,
+        rows=rows,
+        comet=comet,
+        checks=checks,
+    )
+    if out is not None:
+        write_artifact(out, artifact)
+    return artifact
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m alignatt.evaluate.run OPTIONS_JSON OUT_JSON`: one run (a variant's child process)."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m alignatt.evaluate.run OPTIONS_JSON OUT_JSON", file=sys.stderr)
+        return 2
+    try:
+        options = EvalOptions.model_validate_json(Path(args[0]).read_text(encoding="utf-8"))
+        run_eval(options, args[1], progress=lambda m: print(m, file=sys.stderr, flush=True))
+    except AlignattError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

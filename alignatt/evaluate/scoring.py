@@ -1,0 +1,184 @@
+"""Scores from the field's libraries: sacrebleu, OmniSTEval (AL, LAAL, YAAL, LongYAAL), mweralign, COMET.
+
+No metric formula is written here: sentence-level AL/LAAL/YAAL come from OmniSTEval's scorers
+(adapted from SimulEval's latency scorer), long-form streams are resegmented against the
+references with OmniSTEval's `resegment` (SoftSegmenter) and scored with its `evaluate_instances`
+(LongYAAL, computation-aware and -unaware); StreamLAAL resegments with mwerSegmenter (the
+`mweralign` package) and scores each segment with OmniSTEval's LAAL; quality from sacrebleu.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from alignatt.evaluate.emissions import CHAR_LANGS, Emission
+
+log = logging.getLogger(__name__)
+
+
+def bleu_tokenizer(target_lang: str) -> str:
+    return {"zh": "zh", "ja": "ja-mecab"}.get(target_lang, "13a")
+
+
+def quality(hypotheses: list[str], references: list[str], target_lang: str) -> dict[str, float]:
+    from sacrebleu.metrics import BLEU, CHRF
+
+    bleu = BLEU(tokenize=bleu_tokenizer(target_lang)).corpus_score(hypotheses, [references])
+    chrf = CHRF().corpus_score(hypotheses, [references])
+    return {"bleu": round(bleu.score, 4), "chrf": round(chrf.score, 4)}
+
+
+@dataclass
+class SentenceLatencyInput:
+    reference: str
+    source_words: int
+    source_ms: float
+    emissions: list[Emission]
+
+
+def _instances(items: list[SentenceLatencyInput], target_lang: str, unit: str):
+    from omnisteval import Instance
+
+    latency_unit = "char" if target_lang in CHAR_LANGS else "word"
+    out = []
+    for i, it in enumerate(items):
+        if not it.emissions:
+            continue  # nothing emitted: the scorers skip it; the row counts it
+        if unit == "words":
+            cu = [float(e.committed_words) for e in it.emissions]
+            out.append(Instance(reference=it.reference, latency_unit=latency_unit, index=i,
+                                source_length=float(it.source_words), emission_cu=cu))
+        else:
+            out.append(Instance(reference=it.reference, latency_unit=latency_unit, index=i,
+                                source_length=it.source_ms,
+                                emission_cu=[e.cu_ms for e in it.emissions],
+                                emission_ca=[e.ca_ms for e in it.emissions]))
+    return out
+
+
+def _r(x: float) -> float | None:
+    return None if x != x else round(float(x), 4)  # NaN (no scorable instance) -> None
+
+
+def sentence_latency(items: list[SentenceLatencyInput], target_lang: str) -> dict[str, float | None]:
+    """AL / LAAL / YAAL per sentence, averaged: in source words (committed when emitted, the
+    SimulEval text convention) and in ms, computation-unaware and -aware."""
+    from omnisteval.scoring import ALScorer, LAALScorer, YAALScorer
+
+    words = _instances(items, target_lang, "words")
+    times = _instances(items, target_lang, "ms")
+    out: dict[str, float | None] = {
+        "al_words": _r(ALScorer()(words)) if words else None,
+        "laal_words": _r(LAALScorer()(words)) if words else None,
+    }
+    for aware, prefix in ((False, ""), (True, "ca_")):
+        for name, scorer in (("al", ALScorer), ("laal", LAALScorer), ("yaal", YAALScorer)):
+            out[f"{prefix}{name}_ms"] = _r(scorer(computation_aware=aware)(times)) if times else None
+    out["scored_instances"] = len(times)
+    return out
+
+
+@dataclass
+class TalkInput:
+    """One long-form stream: its reference segments (with source spans) and emissions."""
+
+    references: list[str]
+    segment_ms: list[tuple[float, float]]  # (offset, duration) of each reference's source, ms
+    emissions: list[Emission]
+
+
+def longform(talks: list[TalkInput], target_lang: str) -> tuple[dict[str, float | None], list[str]]:
+    """Resegment each talk's output against its references (OmniSTEval) and score it; also the
+    resegmented hypotheses, one per reference segment."""
+    from omnisteval import Word, evaluate_instances, resegment
+
+    char = target_lang in CHAR_LANGS
+    ref_words, hyp_words, segmentation, ref_sentences = [], [], [], []
+    seq = 0
+    for doc, talk in enumerate(talks):
+        end = max(o + d for o, d in talk.segment_ms)
+        recording = []
+        for seg_id, (ref, (offset, duration)) in enumerate(zip(talk.references, talk.segment_ms)):
+            ref_text = ref.replace(" ", "") if char else ref
+            ref_sentences.append(ref_text)
+            segmentation.append({"doc_id": doc, "seg_id": seg_id, "offset": offset, "duration": duration,
+                                 "time_to_recording_end": end - offset})
+            unit_list = list(ref_text.strip().lower()) if char else ref_text.strip().lower().split()
+            # As OmniSTEval's loader does: a reference word's time is its segment's offset, so
+            # hypothesis words emitted before a segment starts are not aligned to it.
+            recording += [Word(u, emission_cu=offset, seq_id=seq) for u in unit_list]
+            seq += 1
+        ref_words.append(recording)
+        hyp_words.append([Word(e.text, emission_cu=e.cu_ms, emission_ca=e.ca_ms) for e in talk.emissions])
+    lang = None if char else target_lang
+    instances, _ = resegment(ref_words, hyp_words, segmentation, ref_sentences, char_level=char, lang=lang)
+    scores, _, _ = evaluate_instances(instances, is_longform=True, bleu_tokenizer=bleu_tokenizer(target_lang))
+    keep = ("bleu", "chrf", "long_yaal", "ca_long_yaal", "long_laal", "ca_long_laal", "long_al", "ca_long_al")
+    out = {k: _r(scores[k]) if k in scores else None for k in keep}
+    out.update(stream_laal(talks, target_lang))
+    return out, [i.prediction for i in instances]
+
+
+def mwer_segments(references: list[str], hypothesis_units: list[str]) -> list[int]:
+    """How many hypothesis units mwerSegmenter (mweralign) gives each reference segment."""
+    from mweralign import align_texts
+
+    # Pre-tokenised on the units themselves, so every unit comes back unchanged and in order and
+    # keeps its emission time.
+    aligned = align_texts("\n".join(references), " ".join(hypothesis_units), is_tokenized=True)
+    lines = aligned.split("\n")[: len(references)]
+    counts = [len(line.split()) for line in lines] + [0] * (len(references) - len(lines))
+    if [u for line in lines for u in line.split()] != hypothesis_units:
+        raise ValueError("mweralign changed the hypothesis units")
+    return counts
+
+
+def stream_laal(talks: list[TalkInput], target_lang: str) -> dict[str, float | None]:
+    """StreamLAAL: the output resegmented by mwerSegmenter (mweralign), then LAAL per segment
+    with delays relative to the segment's start (OmniSTEval's LAAL scorer)."""
+    try:
+        import mweralign  # noqa: F401
+    except ImportError:
+        return {"stream_laal": None, "ca_stream_laal": None}
+    from omnisteval import Instance
+    from omnisteval.scoring import LAALScorer
+
+    char = target_lang in CHAR_LANGS
+    instances = []
+    for talk in talks:
+        refs = [" ".join(r.replace(" ", "")) if char else r for r in talk.references]
+        counts = mwer_segments(refs, [e.text for e in talk.emissions])
+        start = 0
+        for ref, (offset, duration), n in zip(talk.references, talk.segment_ms, counts):
+            seg = talk.emissions[start:start + n]
+            start += n
+            if seg:
+                instances.append(Instance(reference=ref.replace(" ", "") if char else ref,
+                                          latency_unit="char" if char else "word", source_length=duration,
+                                          emission_cu=[e.cu_ms - offset for e in seg],
+                                          emission_ca=[e.ca_ms - offset for e in seg]))
+    if not instances:
+        return {"stream_laal": None, "ca_stream_laal": None}
+    return {"stream_laal": _r(LAALScorer(computation_aware=False)(instances)),
+            "ca_stream_laal": _r(LAALScorer(computation_aware=True)(instances))}
+
+
+def comet(model_path: str | None, sources: list[str], hypotheses: list[str],
+          references: list[str]) -> dict[str, object]:
+    """COMET from a local checkpoint (`unbabel-comet`); without one, skipped with the reason."""
+    if not model_path:
+        return {"status": "skipped", "reason": "no --comet-model checkpoint given (models cannot be downloaded here)"}
+    try:
+        from comet import load_from_checkpoint
+    except ImportError:
+        return {"status": "skipped", "reason": "unbabel-comet is not installed (pip install 'alignatt[comet]')"}
+    try:
+        model = load_from_checkpoint(model_path)
+    except Exception as e:  # a wrong path or a broken checkpoint: recorded, not fatal
+        return {"status": "skipped", "reason": f"cannot load {model_path}: {type(e).__name__}: {e}"[:300]}
+    import torch
+
+    data = [{"src": s, "mt": h, "ref": r} for s, h, r in zip(sources, hypotheses, references)]
+    out = model.predict(data, batch_size=8, gpus=1 if torch.cuda.is_available() else 0, progress_bar=False)
+    return {"status": "ok", "model": model_path, "system_score": round(float(out.system_score), 4)}
