@@ -147,3 +147,11 @@ def test_embedded_model_serves_four_directions_on_one_engine(gemma3_270m):
             np.testing.assert_allclose(a.rows, b.rows, atol=1e-5)
     finally:
         registry.close()
+
+
+def test_cjk_sentence_ends_bound_a_zh_final():
+    from alignatt.serve.session import bound_to_source, count_sentence_ends
+
+    assert count_sentence_ends("我们走了。他们留下。") == 2
+    assert bound_to_source("", "我们走了。他们留下。", ["We", "left."]) == "我们走了。"
+    assert bound_to_source("我们", "走了。他们留下。", ["We", "left."]) == "走了。"

@@ -134,7 +134,8 @@ def _clean(words: list[str]) -> list[str]:
 
 
 # A sentence end: terminal punctuation (optionally closed by quotes/brackets) before space or end.
-_SENTENCE_END = re.compile(r"[.!?。！？…]+[\"'»«”’)\]]*(?=\s|$)")
+# CJK full stops end a sentence without a following space (zh/ja put none).
+_SENTENCE_END = re.compile(r"[.!?。！？…]+[\"'»«”’)\]]*(?=\s|$)|[。！？]+[”’」』）]*")
 # Tokens ending in a period that do not end a sentence (German and English abbreviations, initials).
 _ABBREVIATION = re.compile(
     r"(?:^|\s)(?:[A-Za-zÄÖÜäöü]|z\.\s?B|d\.\s?h|u\.\s?a|bzw|usw|ca|vgl|Nr|Dr|Prof|St|etc|e\.g|i\.e|vs)\.$"
