@@ -74,7 +74,8 @@ def test_each_target_behaves_as_its_own_single_target_session():
                 (alone.committed_text, alone.path, alone.buffer_text)
 
 
-OPS = st.sampled_from(["arrive", "commit", "commit_all", "final", "rewrite", "skip", "drop_tail", "fail"])
+OPS = st.sampled_from(["arrive", "commit", "commit_all", "final", "rewrite", "skip", "skip_with_words",
+                        "drop_tail", "fail"])
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -112,6 +113,10 @@ def test_two_target_session_never_retracts_on_either_target(ops, border, hold_ba
             counter += 1
         elif op == "skip":
             uid, committed, tail = uid + n, [], []
+            shown = {t: "" for t in m.targets}
+        elif op == "skip_with_words":  # the next utterance's first update already has words
+            uid, committed, tail = uid + n, [f"n{counter}"], [f"t{counter}"]
+            counter += 1
             shown = {t: "" for t in m.targets}
         elif op == "drop_tail":
             tail = []

@@ -275,10 +275,13 @@ class Session:
         fresh = utterance_id is not None and u.utterance_id not in (None, utterance_id)
         committed_text = "" if fresh else u.committed_text
         covered = 0 if fresh else u.covered_source_units
+        history = self.history
+        if fresh and (u.committed_words or u.committed_text):  # `update` closes the open one first
+            history = history + [(" ".join(u.committed_words), u.committed_text)]
         words, tail, _ = self._normalise(committed_words, tail_words, is_final)
         if is_final or len(words) > self.config.limits.max_utterance_words:
-            return self._request(words, len(words), committed_text, self._final_budget(len(words), covered))
-        return self._request(words + tail, len(words), committed_text, self.config.max_new_tokens)
+            return self._request(words, len(words), committed_text, self._final_budget(len(words), covered), history)
+        return self._request(words + tail, len(words), committed_text, self.config.max_new_tokens, history)
 
     def update(
         self,
@@ -374,7 +377,8 @@ class Session:
             self._remember(" ".join(u.committed_words), u.committed_text)
         self._open = _Utterance(utterance_id=utterance_id)
 
-    def _request(self, source: list[str], committed: int, prefix: str, max_new: int) -> DraftRequest:
+    def _request(self, source: list[str], committed: int, prefix: str, max_new: int,
+                 history: list[tuple[str, str]] | None = None) -> DraftRequest:
         return DraftRequest(
             source_words=source,
             committed_words=committed,
@@ -383,7 +387,7 @@ class Session:
             source_lang=self.source_lang,
             target_lang=self.target_lang,
             context_text=self.context_text,
-            history=recent_history(self.history, self.config.context),
+            history=recent_history(self.history if history is None else history, self.config.context),
         )
 
     def _draft(self, source: list[str], committed: int, prefix: str, max_new: int) -> Draft:
