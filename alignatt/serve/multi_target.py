@@ -50,6 +50,9 @@ class MultiTargetSession:
         args = (committed_words, tail_words, is_final, utterance_id)
         planned = {t: s.planned_request(*args) for t, s in self.sessions.items()}
         wanted = [(t, r) for t, r in planned.items() if r is not None]
+        for t, request in wanted:  # token bounds refuse before any engine work, as in Session._draft
+            if self.sessions[t].budget is not None:
+                self.sessions[t].budget.check_request(request)
         if wanted:
             drafts = self.draft_together(wanted, bool(is_final))
             self.batches.append(len(wanted))
