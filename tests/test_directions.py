@@ -36,8 +36,7 @@ def test_shipped_e4b_sets_are_the_published_files_byte_for_byte():
         assert shipped == (Path(SHARED) / f"gemma-4-E4B-it_{d}.json").read_bytes()
 
 
-# Calibrated and shipped so far (en-cs: see the report; `alignatt heads calibrate --reverse`).
-EMBEDDED_DIRECTIONS = ("en-de", "en-zh", "en-it", "cs-en")
+EMBEDDED_DIRECTIONS = ("en-de", "en-zh", "en-it", "en-cs", "cs-en")  # calibrated here and shipped
 
 
 @pytest.mark.parametrize("direction", EMBEDDED_DIRECTIONS)
@@ -112,12 +111,7 @@ def test_embedded_model_serves_four_directions_on_one_engine(gemma3_270m):
     from alignatt.serve.config import default_seam_factory
     from alignatt.serve.session import Session, SessionConfig
 
-    # Directions without a calibrated embedded set yet borrow the en-de one at a different depth,
-    # so that every direction still has heads of its own.
-    borrowed = {"en-cs": 5}
-    routes = {d: DirectionRoute(model="gemma3-270m", seam="hf_qk_fast", top_k=4) if d in EMBEDDED_DIRECTIONS
-              else DirectionRoute(model="gemma3-270m", seam="hf_qk_fast", heads="gemma-3-270m_en-de",
-                                  top_k=borrowed[d]) for d in DIRECTIONS}
+    routes = {d: DirectionRoute(model="gemma3-270m", seam="hf_qk_fast", top_k=4) for d in DIRECTIONS}
     registry = EngineRegistry(default_seam_factory, routes=routes)
     sources = {"en": "The house is small.".split(), "cs": "Dům je malý.".split()}
     try:

@@ -71,7 +71,7 @@ E4B_ARCHITECTURE = Architecture(model_types=("gemma4", "gemma4_text"), num_hidde
 E4B_DIRECTIONS = ("en-de", "en-it", "en-zh", "en-cs", "cs-en")  # the published sets, shipped as data
 E4B_HEAD_SETS = {d: f"gemma-4-E4B-it_{d}" for d in E4B_DIRECTIONS}
 # Calibrated here on the embedded model (alignatt heads calibrate; split-half check in each file).
-GEMMA3_270M_HEAD_SETS = {d: f"gemma-3-270m_{d}" for d in ("en-de", "en-zh", "en-it", "cs-en")}
+GEMMA3_270M_HEAD_SETS = {d: f"gemma-3-270m_{d}" for d in ("en-de", "en-zh", "en-it", "en-cs", "cs-en")}
 
 
 MODEL_PRESETS: dict[str, ModelPreset] = {
