@@ -218,6 +218,50 @@ def smoke_cmd(
     typer.echo(summary_line(artifact))
     typer.echo(f"wrote {out}")
 
+@app.command("load")
+def load_cmd(
+    model: str = typer.Option("gemma3-270m", help="model preset or local checkpoint"),
+    seam: str = typer.Option("hf_qk_fast", help="capture seam"),
+    preset: str = typer.Option("balanced", help="latency preset"),
+    device: str = typer.Option("cpu"),
+    dtype: str = typer.Option(None),
+    top_k: int = typer.Option(4, "--top-k"),
+    heads: str = typer.Option(None, help="head-set file or bundled name (default: the model's)"),
+    vllm_mode: str = typer.Option(None, help="vllm_capture only: eager | cudagraph | compiled"),
+    speakers: str = typer.Option("1,2,4", help="load levels: concurrent speakers, comma-separated"),
+    streams: str = typer.Option("smoke,long", help="streams speakers replay in turn: smoke, long or paths"),
+    speed: float = typer.Option(1.0, help="replay speed (1.0: real time)"),
+    stagger: float = typer.Option(0.14, help="seconds between speakers' starts"),
+    pacing: str = typer.Option("lockstep", help="lockstep (an update waits for its reply) | realtime (sent when due)"),
+    prefix_caching: bool = typer.Option(None, "--prefix-caching/--no-prefix-caching",
+                                        help="vllm_capture: vLLM prefix caching (default on for the server)"),
+    max_num_seqs: int = typer.Option(None, help="vllm_capture: engine batch limit (server default 128)"),
+    capture_cost: str = typer.Option("auto", help="captured vs uncaptured wall per batch: auto | on | off"),
+    capture_cost_batches: str = typer.Option("1,8,32,64", help="batch sizes of the capture-cost measurement"),
+    profile_dir: str = typer.Option(None, help="capture cost: torch-profile batch-1 drafts (captured and "
+                                            "uncaptured) into this folder"),
+    out: str = typer.Option("outputs/load.json", help="where to write the load artifact"),
+    metrics: str = typer.Option(None, help="DVC metrics JSON"),
+    plot: str = typer.Option(None, help="plot CSV: RTT against speakers"),
+) -> None:
+    """N concurrent real-time speakers on one server per load level; writes the load artifact."""
+    from pydantic import ValidationError
+
+    from alignatt.pipeline.load import LoadOptions, run_load
+
+    try:
+        options = LoadOptions(model=model, seam=seam, preset=preset, device=device, dtype=dtype, top_k=top_k,
+                              heads=heads, vllm_mode=vllm_mode, speakers=speakers, streams=streams, speed=speed,
+                              stagger_s=stagger, pacing=pacing, prefix_caching=prefix_caching, max_num_seqs=max_num_seqs,
+                              capture_cost=capture_cost, capture_cost_batches=capture_cost_batches,
+                              profile_dir=profile_dir)
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise AlignattError(f"load option {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    run_load(options, out, metrics, plot)
+    typer.echo(f"wrote {out}")
+
+
 @app.command("soak")
 def soak_cmd(
     model: str = typer.Option("gemma3-270m", help="model preset or local checkpoint"),
@@ -232,7 +276,7 @@ def soak_cmd(
     from alignatt.pipeline.soak import SoakOptions, run_soak, summary_line
 
     artifact = run_soak(SoakOptions(model=model, seam=seam, device=device, minutes=minutes, clients=clients,
-                                    seed=seed), out)
+                                    seed=seed), out, progress=lambda m: typer.echo(m, err=True))
     typer.echo(summary_line(artifact))
     typer.echo(f"wrote {out}")
     if not artifact.passed:
@@ -258,6 +302,7 @@ def eval_cmd(
     top_k: int = typer.Option(4, "--top-k"),
     heads: str = typer.Option(None, help="head-set file or bundled name (default: the model's)"),
     comet_model: str = typer.Option(None, "--comet-model", help="local COMET checkpoint (unbabel-comet); else skipped"),
+    offline: bool = typer.Option(True, help="also the offline full-sentence baseline"),
     out: str = typer.Option("outputs/eval.json", help="the eval artifact"),
     metrics: str = typer.Option(None, help="also write DVC metrics JSON here"),
     plot: str = typer.Option(None, help="also write the quality-vs-latency CSV here"),
@@ -276,7 +321,7 @@ def eval_cmd(
             test_set=test_set, direction=direction, limit=limit, max_source_words=max_source_words,
             longform_talks=longform_talks, pairs_per_talk=pairs_per_talk, words_per_second=words_per_second,
             commit_lag_seconds=commit_lag, device=device, dtype=dtype, top_k=top_k, heads=heads,
-            comet_model=comet_model,
+            comet_model=comet_model, offline_baseline=offline,
         )
     except ValidationError as e:
         first = e.errors()[0]

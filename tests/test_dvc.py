@@ -40,7 +40,7 @@ def test_dvc_is_initialised_without_analytics():
 def test_stage_graph_and_outputs():
     spec = yaml.safe_load((ROOT / "dvc.yaml").read_text())
     stages = dvc(ROOT, "stage", "list", "--names-only").split()
-    assert stages[:5] == ["env", "bench@eager", "bench@cudagraph", "smoke", "report"]
+    assert stages == ["env", "bench@eager", "bench@cudagraph", "smoke", "load", "eval", "report"]
     for name, stage in spec["stages"].items():
         body = stage.get("do", stage)
         cmds = body["cmd"] if isinstance(body["cmd"], list) else [body["cmd"]]
@@ -70,6 +70,8 @@ STAGE_ENTRY_MODULES = {
     "env": ["alignatt.pipeline.doctor", "alignatt.pipeline.provenance", "alignatt.pipeline.artifacts"],
     "bench": ["alignatt.pipeline.bench", "alignatt.pipeline.params"],
     "smoke": ["alignatt.pipeline.smoke"],
+    "eval": ["alignatt.evaluate.run", "alignatt.evaluate.outputs"],
+    "load": ["alignatt.pipeline.load"],
     "report": ["alignatt.pipeline.report", "alignatt.pipeline.figures"],
 }
 
@@ -118,7 +120,7 @@ def test_stage_code_deps_cover_every_module_the_stage_imports():
                 continue
             assert any(path == d or d in path.parents for d in deps), (
                 f"stage {stage} runs {path.relative_to(ROOT)} but does not depend on it")
-        if stage in ("bench", "smoke", "report"):
+        if stage in ("bench", "smoke", "eval", "report"):
             assert ROOT / "alignatt" / "data" in deps, f"{stage} reads the packaged prompts / heads"
             assert any(d.name == "fingerprint.json" for d in deps) or stage == "report"
     # the front end and modules no stage runs are not deps: editing them re-runs nothing

@@ -164,3 +164,25 @@ def test_isolated_variants_run_in_child_processes_and_are_compared(tmp_path):
     assert all(r.label == "latency only" for r in a.rows)
     same = next(c for c in a.checks if "gives the same hypotheses" in c.name)
     assert same.passed, same.detail
+
+
+@pytest.mark.slow
+def test_the_eval_command_end_to_end_writes_what_the_audit_accepts(tmp_path):
+    """`alignatt eval` on the tiny random Gemma-4 (one 3-word sentence, one preset), then
+    `alignatt audit` on its outputs: schema and derived files pass (provenance depends on the
+    checkout's state, so it is not asserted here)."""
+    jl = tmp_path / "one.jsonl"
+    jl.write_text('{"source": "the cat sat", "reference": "die Katze sass"}\n')
+    outputs = tmp_path / "outputs"
+    runner = CliRunner()
+    r = runner.invoke(app, ["eval", "--model", "tiny-gemma4", "--test-set", str(jl), "--presets", "balanced",
+                            "--no-offline", "--out", str(outputs / "eval.json"),
+                            "--metrics", str(outputs / "eval_metrics.json"),
+                            "--plot", str(outputs / "quality_latency.csv")])
+    assert r.exit_code == 0, r.output
+    assert "ok   0 retractions in every replay" in r.output
+    a = load_artifact(outputs / "eval.json")
+    assert a.synthetic_weights and [row.label for row in a.rows] == ["latency only"]
+    audit = runner.invoke(app, ["audit", "--json", "--no-report", "--root", str(tmp_path), str(outputs)])
+    findings = json.loads(audit.output)["findings"]
+    assert not [f for f in findings if f["check"] in ("schema", "derived")], findings

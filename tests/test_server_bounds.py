@@ -268,3 +268,16 @@ def test_the_docs_list_every_limit_with_its_default():
         assert name in rows, f"docs/server.md does not list the limit {name}"
         assert rows[name] == repr(field.default), (name, rows[name], field.default)
     assert "1009" in doc and "bad_protocol" in doc
+
+
+def test_a_failure_while_opening_a_session_frees_its_slot(tmp_path, monkeypatch):
+    with fake_server(tmp_path, max_sessions=1) as srv:
+        with monkeypatch.context() as mp:
+            mp.setattr(Session, "__init__", _raise)
+            with Client(srv.url) as c:
+                err = c.init()
+                assert err["code"] == "processing_failed" and "cannot open a session" in err["message"]
+                assert srv.call(lambda: srv.server.stats.sessions_active) == 0
+        with Client(srv.url) as c:  # the one slot is free again
+            assert c.init()["type"] == "init_ok"
+            still_translates(c)

@@ -199,6 +199,57 @@ class MeasurementArtifact(_Artifact):
     synthetic_weights: bool = False
 
 
+# ---- load benchmark (filled by `alignatt load`) -----------------------------------------------
+
+
+class LoadLevel(_Strict):
+    """N concurrent real-time speakers on one server: what they saw."""
+
+    speakers: int
+    streams: list[str]  # stream of each speaker, cycled
+    wall_s: float
+    updates: int
+    partial_drafts: int
+    partial_rtt_ms_p50: float | None
+    partial_rtt_ms_p95: float | None
+    partial_rtt_ms_p99: float | None
+    final_rtt_ms_p50: float | None
+    final_rtt_ms_p95: float | None
+    lag_s_max: float  # how far the replays fell behind real time, worst speaker
+    lag_s_first_third: float  # mean lag over the first and last third of every speaker's run
+    lag_s_last_third: float
+    lag_grows: bool  # last third's mean lag exceeds the first third's by more than 0.25 s
+    fast_path_events: int
+    engine_steps: int
+    engine_batch_sizes: dict[str, int]  # drafts in the engine at a step -> steps
+    superseded: int  # partials superseded by a newer update (queued dropped + running aborted)
+    peak_gpu_memory_mib: float | None  # torch's peak allocation in this process during the level
+    gpu_memory_used_mib: float | None  # device-wide, at the end of the level
+    retractions: int
+    finals_expected: int
+    finals_delivered: int
+    finals_in_order: bool
+    error_frames: int
+    texts_differing_from_alone: int | None = None  # updates whose committed text differs from N=1
+    decisions_differing_from_alone: int | None = None  # updates whose path or released text differs
+
+
+class CaptureCostRow(_Strict):
+    batch: int
+    captured_ms: float  # median wall of one draft_many of `batch` prompts, capture on
+    uncaptured_ms: float
+    ratio: float
+
+
+class LoadArtifact(_Artifact):
+    kind: Literal["load"] = "load"
+    config: dict[str, Any]  # model, seam, preset, speakers, streams, speed, stagger, engine facts
+    synthetic_weights: bool
+    levels: list[LoadLevel]
+    capture_cost: list[CaptureCostRow] = Field(default_factory=list)
+    capture_cost_note: str = ""  # why it is empty (CPU, not vllm_capture) or how it was measured
+
+
 class EvalRow(_Strict):
     """One scored configuration of `alignatt eval`: a preset (or the offline baseline), a seam
     variant, a driver, and sentence-level or long-form streams."""
@@ -262,11 +313,11 @@ class SoakArtifact(_Artifact):
 
 Artifact = Annotated[
     Union[EnvArtifact, FingerprintArtifact, BenchArtifact, ServerSmokeArtifact, MeasurementArtifact, SoakArtifact,
-          EvalArtifact],
+          EvalArtifact, LoadArtifact],
     Field(discriminator="kind"),
 ]
 AnyArtifact = Union[EnvArtifact, FingerprintArtifact, BenchArtifact, ServerSmokeArtifact, MeasurementArtifact,
-                    SoakArtifact, EvalArtifact]
+                    SoakArtifact, EvalArtifact, LoadArtifact]
 FINGERPRINT_FILE = "fingerprint.json"  # outputs/<profile>/fingerprint.json, written by the env stage
 _ARTIFACT = TypeAdapter(Artifact)
 

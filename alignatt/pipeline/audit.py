@@ -35,6 +35,7 @@ from alignatt.pipeline.artifacts import (
     BenchArtifact,
     EvalArtifact,
     FingerprintArtifact,
+    LoadArtifact,
     ServerSmokeArtifact,
     load_json,
     parse_artifact,
@@ -123,7 +124,7 @@ def provenance_gaps(artifact) -> list[str]:
         gaps.append(f"unknown whether the code differed from {p.git_commit[:12]} (ALIGNATT_GIT_DIRTY)")
     if p.container_image != HOST and not p.container_digest:
         gaps.append(f"container image {p.container_image!r} without a digest")
-    if isinstance(artifact, (BenchArtifact, ServerSmokeArtifact, EvalArtifact)) and not p.model_id:
+    if isinstance(artifact, (BenchArtifact, ServerSmokeArtifact, EvalArtifact, LoadArtifact)) and not p.model_id:
         gaps.append("model id not recorded")
     if isinstance(artifact, BenchArtifact):
         from alignatt.pipeline.bench import OWN_FACTORIES

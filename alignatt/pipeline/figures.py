@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 FIGURES_DIR = "figures"  # under reports/, beside BENCHMARKS.md
 # Modules that register figure functions when imported (this one, and e.g. a load or eval module).
-FIGURE_MODULES: tuple[str, ...] = ("alignatt.pipeline.figures",)
+FIGURE_MODULES: tuple[str, ...] = ("alignatt.pipeline.figures", "alignatt.pipeline.load_report")
 SVG_RC = {"svg.hashsalt": "alignatt-report", "svg.fonttype": "none", "svg.image_inline": True,
           "path.simplify": False}
 SVG_METADATA = {"Date": None, "Creator": "alignatt report", "Format": None, "Type": None}

@@ -27,6 +27,7 @@ class Profile(BaseModel):
     dtype: str | None = None
     bench: dict[str, Any] = Field(default_factory=dict)  # overrides of the `bench:` section
     smoke: dict[str, Any] = Field(default_factory=dict)  # options of the smoke stage
+    load: dict[str, Any] = Field(default_factory=dict)  # options of the load stage (`alignatt load`)
     eval: dict[str, Any] = Field(default_factory=dict)  # options of the eval stage (`alignatt eval` flags)
     note: str = ""  # why the profile deviates from the protocol, shown in the methodology
     # seams that cannot run on this profile's machine by design (vllm_capture on a CPU): their

@@ -32,6 +32,7 @@ from alignatt.pipeline.artifacts import (
 )
 from alignatt.core.errors import AlignattError
 from alignatt.pipeline.figures import FIGURES_DIR, Figure, render_figures
+from alignatt.pipeline.load_report import capacity_rows, capture_cost_rows
 from alignatt.pipeline.report_rows import ResultRow, load_note, machine_of, our_rows, published_rows
 
 TEMPLATE = "BENCHMARKS.md.j2"
@@ -169,6 +170,11 @@ def artifact_list(inputs: ReportInputs) -> list[dict[str, str]]:
 def measurement_items(inputs: ReportInputs) -> list[dict[str, Any]]:
     items = []
     for rel, a in inputs.measurements:
+        if a.kind == "soak":  # its own fields, shown like a measurement
+            from alignatt.pipeline.soak import report_item
+
+            items.append(report_item(rel, a, machine_of(a)))
+            continue
         scalars = {k: v for k, v in a.results.items() if isinstance(v, (int, float, str, bool))}
         items.append(dict(
             path=rel, name=a.name, date=a.provenance.date, machine=machine_of(a),
@@ -265,6 +271,8 @@ def build_context(inputs: ReportInputs, figures: list[Figure] | None = None) -> 
         evals=eval_sections(inputs),
         artifacts=artifact_list(inputs),
         figures=figure_items(figures or []),
+        capacity=capacity_rows(inputs),
+        capture_cost=capture_cost_rows(inputs),
     )
 
 

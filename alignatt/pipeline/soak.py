@@ -48,7 +48,7 @@ class SoakOptions(BaseModel):
     hostile_share: float = Field(0.5, ge=0, le=1)
     sample_s: float = Field(5.0, gt=0, description="RSS / descriptor sampling period")
     settle_s: float = Field(20.0, ge=0, description="wait after the load before the final RSS")
-    reply_timeout_s: float = Field(120.0, gt=0, description="a reply later than this is a silent session")
+    reply_timeout_s: float = Field(300.0, gt=0, description="a reply later than this is a silent session")
     init_timeout_s: float = Field(2.0, gt=0, description="the server's init timeout (idle sockets)")
     max_sessions_total: int = Field(100_000, ge=1, description="sessions started, at most")
     seed: int = 0
@@ -145,13 +145,18 @@ def _sentences(words: list[str]) -> list[list[str]]:
     return out + ([cur] if cur else [])
 
 
-def well_formed(c: _Client, rng: random.Random, sentences: list[list[str]]) -> None:
-    """One to two utterances, streamed word by word (arrival as tail, then commit), then a final."""
+def well_formed(c: _Client, rng: random.Random, sentences: list[list[str]], deadline: float) -> None:
+    """One to two utterances, streamed word by word (arrival as tail, then commit), then a final.
+
+    Past the deadline the open utterance goes straight to its final, so the load ends promptly.
+    """
     c.init(preset=rng.choice(["low_latency", "balanced", "high_latency"]))
     named = rng.random() < 0.7  # else utterance_id is left out (the open utterance)
     for uid in range(rng.randint(1, 2)):
         words = rng.choice(sentences)
         for i in range(len(words)):
+            if time.monotonic() > deadline:
+                break
             c.ask(words[:i], words[i:i + 1], utterance_id=uid if named else None)
             c.ask(words[: i + 1], utterance_id=uid if named else None)
         reply = c.ask(words, final=True, utterance_id=uid if named else None)
@@ -301,7 +306,8 @@ def _connection_cases(url: str, tally: Tally, options: SoakOptions, name: str) -
 HOSTILE_CASES = sorted([*_hostile_frames(), "raw_tcp", "idle_no_init", "frame_past_hard_cap"])
 
 
-def run_session(url: str, kind: str, tally: Tally, rng: random.Random, sentences, options: SoakOptions) -> None:
+def run_session(url: str, kind: str, tally: Tally, rng: random.Random, sentences, options: SoakOptions,
+                deadline: float = float("inf")) -> None:
     tally.sessions[kind] = tally.sessions.get(kind, 0) + 1
     if kind in ("raw_tcp", "idle_no_init", "frame_past_hard_cap"):
         _connection_cases(url, tally, options, kind)
@@ -311,7 +317,7 @@ def run_session(url: str, kind: str, tally: Tally, rng: random.Random, sentences
     c = _Client(url, tally, options.reply_timeout_s)
     try:
         if kind == "well_formed":
-            well_formed(c, rng, sentences)
+            well_formed(c, rng, sentences, deadline)
         else:
             _hostile_frames()[kind](c)
     except Silent:
@@ -345,9 +351,12 @@ def _fds() -> int:
 
 
 class _Sampler(threading.Thread):
-    def __init__(self, period: float, started: float, sessions_active: Callable[[], int]) -> None:
+    def __init__(self, period: float, started: float, sessions_active: Callable[[], int],
+                 progress: Callable[[str], None] | None = None) -> None:
         super().__init__(name="soak-sampler", daemon=True)
         self.period, self.started, self.sessions_active = period, started, sessions_active
+        self.progress = progress
+        self._last_report = 0.0
         self.samples: list[dict] = []
         self.stop = threading.Event()
 
@@ -356,13 +365,19 @@ class _Sampler(threading.Thread):
 
         proc = psutil.Process()
         while not self.stop.is_set():
-            self.samples.append({"t_s": round(time.monotonic() - self.started, 1),
-                                 "rss_mb": round(proc.memory_info().rss / 2**20, 1),
-                                 "fds": proc.num_fds(), "sessions_active": self.sessions_active()})
+            sample = {"t_s": round(time.monotonic() - self.started, 1),
+                      "rss_mb": round(proc.memory_info().rss / 2**20, 1),
+                      "fds": proc.num_fds(), "sessions_active": self.sessions_active()}
+            self.samples.append(sample)
+            if self.progress is not None and sample["t_s"] - self._last_report >= 60:
+                self._last_report = sample["t_s"]
+                self.progress(f"soak: {sample['t_s']:.0f} s, RSS {sample['rss_mb']} MiB, {sample['fds']} fds, "
+                              f"{sample['sessions_active']} sessions active")
             self.stop.wait(self.period)
 
 
-def run_soak(options: SoakOptions, out: str | Path | None = "outputs/cpu/soak.json", seam_factory=None):
+def run_soak(options: SoakOptions, out: str | Path | None = "outputs/cpu/soak.json", seam_factory=None,
+             progress: Callable[[str], None] | None = None):
     """Start the server on loopback, run the load until the deadline, write the `soak` artifact."""
     from alignatt.pipeline.artifacts import ARTIFACT_SCHEMA_VERSION, Check, SoakArtifact, write_artifact
     from alignatt.pipeline.provenance import collect_provenance, model_identity
@@ -370,6 +385,12 @@ def run_soak(options: SoakOptions, out: str | Path | None = "outputs/cpu/soak.js
     from alignatt.serve.config import DirectionRoute, ServerConfig, ServerLimits
     from alignatt.serve.server import ServerThread
 
+    try:
+        model_id, revision = model_identity(options.model)
+    except Exception:  # noqa: BLE001 - identity is best effort (a test fake, a local path)
+        model_id, revision = options.model, None
+    # Recorded before the load: the code and the machine that ran it, not whatever is checked out after.
+    provenance = collect_provenance(model_id=model_id, model_revision=revision)
     sentences = _sentences(load_stream().words)
     route = DirectionRoute(model=options.model, seam=options.seam, device=options.device, dtype=options.dtype,
                            heads=options.heads)
@@ -380,11 +401,15 @@ def run_soak(options: SoakOptions, out: str | Path | None = "outputs/cpu/soak.js
     with ServerThread(config, seam_factory) as handle:
         warm = Tally()
         for kind in cases:  # every path once, so lazily built state exists before the start RSS
-            run_session(handle.url, kind, warm, random.Random(options.seed), sentences, options)
+            run_session(handle.url, kind, warm, random.Random(options.seed), sentences, options,
+                        deadline=time.monotonic() + 30.0)
         time.sleep(min(options.settle_s, 2.0))
         rss_start, fds_start = _trimmed_rss(), _fds()
         started = time.monotonic()
-        sampler = _Sampler(options.sample_s, started, lambda: handle.server.stats.sessions_active)
+        if progress is not None:
+            progress(f"soak: warm-up done ({warm.updates} updates, unexpected: {warm.unexpected or 'none'}, "
+                     f"silent {warm.silent_sessions}), RSS {rss_start / 2**20:.1f} MiB; load for {options.minutes:g} min")
+        sampler = _Sampler(options.sample_s, started, lambda: handle.server.stats.sessions_active, progress)
         sampler.start()
         deadline = started + options.minutes * 60.0
         tallies = [Tally() for _ in range(options.clients)]
@@ -401,7 +426,7 @@ def run_soak(options: SoakOptions, out: str | Path | None = "outputs/cpu/soak.js
                 hostile = rng.random() < options.hostile_share
                 kind = rng.choice(HOSTILE_CASES) if hostile else "well_formed"
                 try:
-                    run_session(handle.url, kind, tallies[i], rng, sentences, options)
+                    run_session(handle.url, kind, tallies[i], rng, sentences, options, deadline)
                 except Exception as e:  # noqa: BLE001 - a client-side failure is recorded, the soak goes on
                     tallies[i].unexpected.append(f"{kind}: client failed: {type(e).__name__}: {e}"[:200])
 
@@ -411,6 +436,8 @@ def run_soak(options: SoakOptions, out: str | Path | None = "outputs/cpu/soak.js
         for t in threads:
             t.join()
         load_s = time.monotonic() - started
+        if progress is not None:
+            progress(f"soak: load ended after {load_s:.0f} s; settling {options.settle_s:g} s")
         time.sleep(options.settle_s)
         rss_end, fds_end = _trimmed_rss(), _fds()
         sampler.stop.set()
@@ -422,7 +449,7 @@ def run_soak(options: SoakOptions, out: str | Path | None = "outputs/cpu/soak.js
                                      "updates": handle.server.stats.updates,
                                      "engine_calls": handle.server.stats.engine_calls})
     total = Tally()
-    for t in tallies:
+    for t in [warm, *tallies]:  # the warm-up's sessions are checked like the others
         total.add(t)
     change = (rss_end - rss_start) / rss_start
     dropped = total.finals_sent - total.finals_answered
@@ -435,15 +462,11 @@ def run_soak(options: SoakOptions, out: str | Path | None = "outputs/cpu/soak.js
         Check(name="hostile_cases_as_expected", passed=not total.unexpected, detail="; ".join(total.unexpected[:5])),
         Check(name="file_descriptors_back", passed=fds_end <= fds_start + FD_SLACK, detail=f"{fds_start} -> {fds_end}"),
     ]
-    try:
-        model_id, revision = model_identity(options.model)
-    except Exception:  # noqa: BLE001 - identity is best effort (a test fake, a local path)
-        model_id, revision = options.model, None
     artifact = SoakArtifact(
         schema_version=ARTIFACT_SCHEMA_VERSION,
-        provenance=collect_provenance(model_id=model_id, model_revision=revision),
+        provenance=provenance,
         config={**options.model_dump(), "limits": limits.model_dump(), "hostile_cases": HOSTILE_CASES,
-                "warmup": "every case once before the start RSS (the server counters include it)",
+                "warmup": "every case once before the start RSS; counted in every total",
                 "seam_factory": "alignatt" if seam_factory is None else type(seam_factory).__name__},
         load_s=round(load_s, 1),
         sessions=total.sessions,
@@ -469,6 +492,25 @@ def run_soak(options: SoakOptions, out: str | Path | None = "outputs/cpu/soak.js
     return artifact
 
 
+def report_item(rel: str, artifact, machine: str) -> dict:
+    """The soak as an item of the Benchmarks page's "Other measurements" (report.measurement_items)."""
+    sessions = sum(artifact.sessions.values())
+    hostile = sessions - artifact.sessions.get("well_formed", 0)
+    return dict(
+        path=rel, name="server_soak", date=artifact.provenance.date, machine=machine,
+        description=(f"`alignatt soak`: {artifact.config.get('minutes')} min of mixed well-formed and hostile "
+                     f"sessions on loopback ({artifact.config.get('model')}, {artifact.config.get('seam')}, "
+                     f"{artifact.config.get('clients')} clients); targets {'met' if artifact.passed else 'MISSED'}"),
+        synthetic=False,
+        results=[f"sessions = {sessions} ({hostile} hostile)", f"updates = {artifact.updates}",
+                 f"finals = {artifact.finals}", f"load_s = {artifact.load_s}",
+                 f"rss_mb = {artifact.rss_start_mb} -> {artifact.rss_end_mb} ({artifact.rss_change_pct:+.2f}%)",
+                 f"fds = {artifact.fds_start} -> {artifact.fds_end}",
+                 f"server closes = {artifact.server.get('closes', {})}"],
+        checks=[("✓" if c.passed else "✗", c.name, c.detail) for c in artifact.checks],
+    )
+
+
 def summary_line(artifact) -> str:
     checks = ", ".join(f"{c.name} {'ok' if c.passed else 'FAILED'} ({c.detail})" for c in artifact.checks)
     return (f"soak {'passed' if artifact.passed else 'FAILED'}: {sum(artifact.sessions.values())} sessions, "
@@ -489,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     try:
         artifact = run_soak(SoakOptions(model=a.model, seam=a.seam, device=a.device, minutes=a.minutes,
-                                        clients=a.clients), a.out)
+                                        clients=a.clients), a.out, progress=lambda m: print(m, file=sys.stderr, flush=True))
     except ValidationError as e:
         print(f"error: {e.errors()[0]['loc'][0]}: {e.errors()[0]['msg']}", file=sys.stderr)
         return 2

@@ -60,6 +60,7 @@ class Connection:
         self.id = connection_id
         self.keys: list = [connection_id]  # the scheduler's session keys (one per target)
         self.multi: MultiTargetSession | None = None  # `target_langs` sessions
+        self.described: list[dict] = []  # per target: direction, model, seam, head set, heads
         self.server = server
         self.ws = ws
         self.limits = server.config.limits
@@ -130,7 +131,7 @@ class Connection:
         if self.closing is not None:
             return
         self.outbox.append(text)
-        self.outbox_bytes += len(text)
+        self.outbox_bytes += len(text.encode("utf-8", "surrogatepass"))
         if len(self.outbox) > self.limits.max_outgoing_frames or self.outbox_bytes > self.limits.max_outgoing_bytes:
             self._abandon(
                 f"{len(self.outbox)} replies ({self.outbox_bytes} bytes) queued: the client is not reading",
@@ -150,7 +151,7 @@ class Connection:
                 self.outbox_wake.clear()
                 await self.outbox_wake.wait()
             text = self.outbox.popleft()
-            self.outbox_bytes -= len(text)
+            self.outbox_bytes -= len(text.encode("utf-8", "surrogatepass"))
             try:
                 # websockets' own keepalive ping waits behind a blocked write, so a stalled send
                 # is timed here: it is what notices a client that stopped reading.
@@ -267,56 +268,20 @@ class Connection:
         server.stats.sessions_active += 1  # hold the slot while the engine is looked up
         self.holds_slot = True
         try:
-            engine = await asyncio.get_running_loop().run_in_executor(
-                None, server.registry.get, route, direction
-            )
-            budget = await server.budget_for(engine)
-        except Exception as e:
+            self.session, self.engine = await self._open_session(frame, routes, direction, preset, policy)
+        except BaseException as e:
             server.stats.sessions_active -= 1
             self.holds_slot = False
-            log.exception("engine for %s failed to load", direction)
-            raise ProtocolError(PROCESSING_FAILED, f"cannot load the engine for {direction}: {e}"[:300]) from None
-        try:
-            if budget is not None:  # tokenizing runs where the engine's tokenizer lives
-                await asyncio.get_running_loop().run_in_executor(
-                    engine.executor, _check_init_budget, budget, frame.accepted_target_prefix,
-                    [tuple(p) for p in frame.history], frame.context_text,
-                )
-            context, history, trimmed = self._bounded_context(frame)
-        except (BudgetExceeded, ProtocolError) as e:
-            server.stats.sessions_active -= 1
-            self.holds_slot = False
-            raise ProtocolError(BAD_PROTOCOL, getattr(e, "message", None) or str(e)) from None
-        multi = frame.target_langs is not None
-        keys = [(self.id, t) for t in routes] if multi else [self.id]
-        views = []
-        try:
-            for key, (d, r) in zip(keys, routes.values()):
-                views.append(engine.open_view(key, resolve_heads(r, d)))
-        except SchedulerBusy as e:
-            for key in keys[: len(views)]:
-                engine.close_session(key)
-            server.stats.sessions_active -= 1
-            self.holds_slot = False
-            raise ProtocolError(BUSY, f"{e}; retry later") from None
-        config = SessionConfig(policy=policy, max_new_tokens=preset.max_new_tokens, limits=self.limits,
-                               context=server.config.context)
-        self.engine, self.keys = engine, keys
-        sessions: dict[str, Session] = {}
-        described = []
-        for i, (view, (target, (d, r))) in enumerate(zip(views, routes.items())):
-            # The client's prefix and history are in its target_lang (the first target).
-            sessions[target] = Session(
-                view, config, source_lang=frame.source_lang.strip().lower(), target_lang=target,
-                accepted_target_prefix=frame.accepted_target_prefix if i == 0 else "",
-                history=history if i == 0 else [], context_text=context, budget=budget,
-            )
-            described.append({"target_lang": target, "direction": d, "model": r.model, "seam": r.seam,
-                              "head_set": head_set_name(r, d), "heads": [(h.layer, h.head) for h in view.heads]})
-        self.session = next(iter(sessions.values()))
-        if multi:
-            self.multi = MultiTargetSession(sessions, lambda pairs, final: engine.draft_together(
-                [((self.id, t), request) for t, request in pairs], final))
+            if isinstance(e, ProtocolError):
+                raise
+            if isinstance(e, BudgetExceeded):
+                raise ProtocolError(BAD_PROTOCOL, str(e)[:300]) from None
+            if isinstance(e, SchedulerBusy):
+                raise ProtocolError(BUSY, f"{e}; retry later") from None
+            if not isinstance(e, Exception):
+                raise
+            log.exception("session for %s could not be opened", direction)
+            raise ProtocolError(PROCESSING_FAILED, f"cannot open a session for {direction}: {e}"[:300]) from None
         server.stats.sessions_opened += 1
         self.worker = asyncio.create_task(self._work())
         self.worker.add_done_callback(self._worker_done)
@@ -325,26 +290,67 @@ class Connection:
             preset=preset.name,
             model=route.model,
             seam=route.seam,
-            heads=described[0]["heads"],
+            heads=self.described[0]["heads"],
             policy=policy.model_dump(),
             unknown_overrides=unknown,
             ignored_fields=frame.unknown_fields(),
             source_lang=frame.source_lang.strip().lower(),
-            target_lang=described[0]["target_lang"],
-            head_set=described[0]["head_set"],
-            session=config.model_dump(),
-            context_chars=len(context),
+            target_lang=self.described[0]["target_lang"],
+            head_set=self.described[0]["head_set"],
+            session=self.session.config.model_dump(),
+            context_chars=len(self.session.context_text),
             history_received=len(frame.history),
-            history_used=len(history),
-            history_trimmed=trimmed,
-            targets=described if multi else None,
+            history_used=len(self.session.history),
+            history_trimmed=len(frame.history) - len(self.session.history),
+            targets=self.described if self.multi is not None else None,
         )
         self._send(ok.to_json())
         self._record(server.session_log, {
             "connection": self.id, **ok.model_dump(include={"direction", "preset", "policy", "unknown_overrides"}),
             "accepted_target_prefix": frame.accepted_target_prefix, "history": len(frame.history),
-            "history_trimmed": trimmed, "context_chars": len(context), "targets": list(routes),
+            "history_trimmed": len(frame.history) - len(self.session.history),
+            "context_chars": len(self.session.context_text), "targets": list(routes),
         })
+
+    async def _open_session(self, frame: InitFrame, routes: dict[str, tuple[str, DirectionRoute]], direction: str,
+                            preset, policy) -> tuple[Session, Engine]:
+        """The engine (loaded on first use), the init's bounds checked, and a session per target."""
+        loop = asyncio.get_running_loop()
+        route = routes[next(iter(routes))][1]
+        engine = await loop.run_in_executor(None, self.server.registry.get, route, direction)
+        budget = await self.server.budget_for(engine)
+        if budget is not None:  # tokenizing runs where the engine's tokenizer lives
+            await loop.run_in_executor(engine.executor, _check_init_budget, budget, frame.accepted_target_prefix,
+                                       [tuple(p) for p in frame.history], frame.context_text)
+        context, history, _ = self._bounded_context(frame)
+        config = SessionConfig(policy=policy, max_new_tokens=preset.max_new_tokens, limits=self.limits,
+                               context=self.server.config.context)
+        multi = frame.target_langs is not None
+        keys = [(self.id, t) for t in routes] if multi else [self.id]
+        opened: list = []
+        try:
+            sessions: dict[str, Session] = {}
+            described = []
+            for i, (key, (target, (d, r))) in enumerate(zip(keys, routes.items())):
+                view = engine.open_view(key, resolve_heads(r, d))  # SchedulerBusy past the engine's capacity
+                opened.append(key)
+                # The client's prefix and history are in its target_lang (the first target).
+                sessions[target] = Session(
+                    view, config, source_lang=frame.source_lang.strip().lower(), target_lang=target,
+                    accepted_target_prefix=frame.accepted_target_prefix if i == 0 else "",
+                    history=history if i == 0 else [], context_text=context, budget=budget,
+                )
+                described.append({"target_lang": target, "direction": d, "model": r.model, "seam": r.seam,
+                                  "head_set": head_set_name(r, d), "heads": [(h.layer, h.head) for h in view.heads]})
+        except BaseException:
+            for key in opened:
+                engine.close_session(key)
+            raise
+        self.keys, self.described = keys, described
+        if multi:
+            self.multi = MultiTargetSession(sessions, lambda pairs, final: engine.draft_together(
+                [((self.id, t), request) for t, request in pairs], final))
+        return next(iter(sessions.values())), engine
 
     def _enqueue(self, update: UpdateFrame, received: float) -> None:
         if self.session is None:

@@ -110,10 +110,15 @@ class ModelSpec:
 
 
 def resolve_model(model: str) -> ModelSpec:
-    """Where vLLM finds `model`: a preset (random-config or pretrained) or a local directory."""
+    """Where vLLM finds `model`: a preset the table marks `vllm` (random-config or pretrained), or a
+    local checkpoint directory."""
     from alignatt.models.presets import MODEL_PRESETS, check_model_name, e4b_config_path
 
     preset = check_model_name(model)
+    if preset is not None and not preset.vllm:
+        runs = [p.name for p in MODEL_PRESETS.values() if p.vllm]
+        raise AlignattError(f"vllm_capture does not run {model!r}; use one of {', '.join(runs)} "
+                            "or a local Gemma-4 checkpoint directory")
     if preset is None:  # a local checkpoint directory
         path = Path(model).resolve()
         if not (path / "config.json").exists():
@@ -134,9 +139,8 @@ def resolve_model(model: str) -> ModelSpec:
                 f"model {preset.model_id} is not in the local HF cache (alignatt never downloads): {e}"
             ) from None
         return ModelSpec(model, local, "auto", False, local)
-    runs = [p.name for p in MODEL_PRESETS.values() if p.source in ("random_config", "pretrained")]
-    raise AlignattError(f"vllm_capture does not run {model!r} ({preset.source}); use one of "
-                        f"{', '.join(runs)} or a local Gemma-4 checkpoint directory")
+    raise AlignattError(f"the preset table marks {model!r} as vLLM-capable, but vllm_capture cannot load "
+                        f"a {preset.source} model")
 
 
 def load_tokenizer(spec: ModelSpec, tokenizer: Any) -> Any:

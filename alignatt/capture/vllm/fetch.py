@@ -51,6 +51,7 @@ class DraftState:
     first_token_at: Optional[float] = None
     finished_at: Optional[float] = None
     finish_reason: Optional[str] = None
+    cached_tokens: Optional[int] = None  # prompt tokens vLLM's prefix cache served (None: not reported)
 
 
 @dataclass(frozen=True)

@@ -115,6 +115,7 @@ class VllmCaptureSeam:
         self._aborted: set[str] = set()
         self._counter = 0
         self._warned: set[str] = set()
+        self.prompt_tokens = self.cached_prompt_tokens = 0  # prefix-cache hits, over finished drafts
 
     # ---- compatibility views (checks and describe read these) ----
 
@@ -188,6 +189,8 @@ class VllmCaptureSeam:
                     continue
                 raise RuntimeError(f"alignatt: output for unknown request {out.request_id}")
             state.tokens.extend(out.outputs[0].token_ids)
+            if state.cached_tokens is None and getattr(out, "num_cached_tokens", None) is not None:
+                state.cached_tokens = int(out.num_cached_tokens)
             if state.first_token_at is None and state.tokens:
                 state.first_token_at = now
             if out.finished:
@@ -250,6 +253,9 @@ class VllmCaptureSeam:
             timings.append(Timings(prefill_ms=(first - st.submitted_at) * 1e3,
                                    decode_ms=(st.finished_at - first) * 1e3))
             trimmed.append((tokens, stop_reason))
+        for st in states:
+            self.cached_prompt_tokens += st.cached_tokens or 0
+            self.prompt_tokens += len(st.prompt.input_ids)
         fetched: dict[int, Any] = {}
         if self.fetcher is not None:
             items = [(i, self._item(st, len(tok))) for i, (st, (tok, _)) in enumerate(zip(states, trimmed)) if tok]
@@ -330,6 +336,8 @@ class VllmCaptureSeam:
             "reconstruct": self.reconstruct,
             "engine_start_s": round(e.start_s, 2) if e else None,
             "options": engine_options(self.config.vllm_mode),
+            "prompt_tokens": self.prompt_tokens,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
             "query_cache_mib": round(sum(c.nbytes() for c in hooks.caches.values()) / 2**20, 1) if hooks else 0,
             "keep_alive_add": bool(hooks.keep_alive) if hooks else False,
         }

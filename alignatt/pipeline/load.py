@@ -1,0 +1,397 @@
+"""`alignatt load`: N concurrent real-time speakers on one MT server, and what each load level costs.
+
+The server runs in-process on loopback (one engine, its scheduler batching every session's
+drafts). For each N in `speakers`, N native clients (`alignatt.pipeline.stream_replay`) each
+replay a stream in real time through their own WebSocket (lockstep by default: an update waits for
+its reply; `pacing=realtime`: sent when due, never waiting), starts staggered by
+`stagger_s`; speaker i replays stream i mod len(streams) (the bundled smoke stream and a
+composed multi-minute stream by default). Per level the `load` artifact records partial and
+final RTT, schedule lag (max, and whether it grows), fast-path events, the engine's batch-size
+histogram, peak GPU memory, retractions, finals delivered in order, error frames, and how many
+updates differ from the same stream served alone (the N=1 level, which replays the first stream;
+lockstep replays send the same updates in the same order at any load, so updates match by seq). On a GPU with `vllm_capture`
+it also measures the capture cost: captured vs uncaptured `draft_many` wall at each batch size,
+same prompts, same run (after the server has stopped, one engine at a time).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from alignatt.core.errors import AlignattError
+from alignatt.pipeline.smoke import percentile
+from alignatt.pipeline.stream_replay import RunRecord, SmokeStream, count_retractions, ends_sentence, load_stream, replay_native
+
+BUNDLED_STREAMS = {"smoke": "mt_server_smoke_stream.json", "long": "mt_load_long_stream.json"}
+LAG_GROWTH_S = 0.25  # last third's mean lag over the first third's beyond this: the lag grows
+
+
+def _int_list(value: Any) -> list[int]:
+    if isinstance(value, str):
+        try:
+            return [int(x) for x in value.replace(" ", "").split(",") if x]
+        except ValueError:
+            raise ValueError(f"expected comma-separated integers, got {value!r}") from None
+    return [int(x) for x in value]
+
+
+class LoadOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = "gemma3-270m"
+    seam: str = "hf_qk_fast"
+    preset: str = "balanced"
+    device: str = "cpu"
+    dtype: str | None = None
+    top_k: int = Field(4, ge=1)
+    heads: str | None = None
+    vllm_mode: str | None = None
+    speakers: list[int] = Field(default_factory=lambda: [1, 2, 4])
+    streams: list[str] = Field(default_factory=lambda: ["smoke", "long"], description="'smoke', 'long' or paths")
+    speed: float = Field(1.0, gt=0, description="1.0: real time")
+    stagger_s: float = Field(0.14, ge=0, description="start of speaker i: i * stagger_s")
+    pacing: Literal["lockstep", "realtime"] = Field(
+        "lockstep", description="lockstep: an update waits for its reply; realtime: sent when due, never waits")
+    prefix_caching: bool | None = Field(None, description="vllm_capture: None = the server's default (on)")
+    max_num_seqs: int | None = Field(None, ge=1, description="vllm_capture: the engine's batch limit")
+    capture_cost: Literal["auto", "on", "off"] = "auto"  # auto: on CUDA with vllm_capture
+    capture_cost_batches: list[int] = Field(default_factory=lambda: [1, 8, 32, 64])
+    capture_cost_tokens: int = Field(16, ge=1)
+    capture_cost_repeats: int = Field(3, ge=1)
+    profile_dir: str | None = Field(None, description="capture cost: torch-profile batch 1, captured and "
+                                                      "uncaptured, into this folder")
+
+    @field_validator("speakers", "capture_cost_batches", mode="before")
+    @classmethod
+    def _ints(cls, value: Any) -> list[int]:
+        out = _int_list(value)
+        if not out or min(out) < 1:
+            raise ValueError("give at least one count, each >= 1")
+        return out
+
+    @field_validator("streams", mode="before")
+    @classmethod
+    def _names(cls, value: Any) -> list[str]:
+        return [s for s in value.split(",") if s] if isinstance(value, str) else list(value)
+
+
+def resolve_streams(names: list[str]) -> list[tuple[str, SmokeStream]]:
+    from importlib import resources
+
+    out = []
+    for name in names:
+        if name in BUNDLED_STREAMS:
+            path = resources.files("alignatt") / "data" / BUNDLED_STREAMS[name]
+            out.append((name, load_stream(str(path))))
+        else:
+            out.append((name, load_stream(name)))
+    if not out:
+        raise AlignattError("no streams to replay")
+    return out
+
+
+# ---- one level ----
+
+
+def _speakers_run(url: str, streams: list[tuple[str, SmokeStream]], n: int, options: LoadOptions,
+                  preset: str) -> tuple[list[RunRecord | BaseException], float]:
+    results: list[RunRecord | BaseException] = [RuntimeError("did not run")] * n
+
+    def speaker(i: int) -> None:
+        time.sleep(i * options.stagger_s)
+        _, stream = streams[i % len(streams)]
+        try:
+            if options.pacing == "realtime":
+                from alignatt.pipeline.realtime_replay import replay_realtime
+
+                results[i] = replay_realtime(url, stream, options.speed, preset)
+            else:
+                results[i] = replay_native(url, stream, options.speed, preset)
+        except BaseException as e:  # noqa: BLE001 - reported in the level as errors
+            results[i] = e
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=speaker, args=(i,), name=f"speaker-{i}", daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results, time.perf_counter() - started
+
+
+def _thirds(events: list[dict]) -> tuple[list[float], list[float]]:
+    lags = [e["lag_s"] for e in events]
+    k = max(len(lags) // 3, 1)
+    return lags[:k], lags[-k:]
+
+
+def _finals_in_order(events: list[dict], expected: int) -> tuple[int, bool]:
+    finals = [e for e in events if e.get("final") and not e.get("error")]
+    ids = [e.get("utterance_id") for e in finals]
+    ordered = all(isinstance(a, int) and isinstance(b, int) and b > a for a, b in zip(ids, ids[1:]))
+    return len(finals), ordered and len(finals) == expected
+
+
+def _signature(events: list[dict]) -> dict[int, tuple]:
+    return {e["seq"]: (e.get("committed_text"), e.get("path"), e.get("committed_delta")) for e in events}
+
+
+def summarise_level(n: int, runs: list[RunRecord | BaseException], streams: list[tuple[str, SmokeStream]],
+                    wall_s: float, engine_before: dict, engine_after: dict, server_delta: dict,
+                    memory: tuple[float | None, float | None], alone: dict[str, dict[int, tuple]]) -> dict:
+    """The `LoadLevel` fields of one level (a dict), from its speakers' records."""
+    events, errors = [], 0
+    retractions = finals_expected = finals_delivered = 0
+    in_order = True
+    first, last = [], []
+    texts_diff = decisions_diff = 0
+    compared = False
+    for i, run in enumerate(runs):
+        name, stream = streams[i % len(streams)]
+        expected = sum(1 for w in stream.words if ends_sentence(w))
+        finals_expected += expected
+        if isinstance(run, BaseException):
+            errors += 1
+            in_order = False
+            continue
+        ev = run.events
+        events += ev
+        errors += sum(1 for e in ev if e.get("error"))
+        retractions += count_retractions(ev)
+        delivered, ordered = _finals_in_order(ev, expected)
+        finals_delivered += delivered
+        in_order = in_order and ordered
+        a, b = _thirds(ev)
+        first += a
+        last += b
+        if name in alone and n > 1:
+            compared = True
+            ref = alone[name]
+            for seq, sig in _signature(ev).items():
+                want = ref.get(seq)
+                if want is None:
+                    continue
+                texts_diff += sig[0] != want[0]
+                decisions_diff += sig[1:] != want[1:]
+    partial = [e["rtt_ms"] for e in events if e.get("path") == "draft" and not e.get("final")]
+    finals = [e["rtt_ms"] for e in events if e.get("final")]
+    lag_first = statistics.fmean(first) if first else 0.0
+    lag_last = statistics.fmean(last) if last else 0.0
+    sizes_before = engine_before.get("batch_sizes", {})
+    sizes = {k: v - sizes_before.get(k, 0) for k, v in engine_after.get("batch_sizes", {}).items()}
+    return dict(
+        speakers=n,
+        streams=[streams[i % len(streams)][0] for i in range(n)],
+        wall_s=round(wall_s, 2),
+        updates=len(events),
+        partial_drafts=len(partial),
+        partial_rtt_ms_p50=percentile(partial, 0.5),
+        partial_rtt_ms_p95=percentile(partial, 0.95),
+        partial_rtt_ms_p99=percentile(partial, 0.99),
+        final_rtt_ms_p50=percentile(finals, 0.5),
+        final_rtt_ms_p95=percentile(finals, 0.95),
+        lag_s_max=round(max((e["lag_s"] for e in events), default=0.0), 3),
+        lag_s_first_third=round(lag_first, 3),
+        lag_s_last_third=round(lag_last, 3),
+        lag_grows=lag_last - lag_first > LAG_GROWTH_S,
+        fast_path_events=sum(1 for e in events if e.get("path") == "fast_path"),
+        engine_steps=engine_after.get("steps", 0) - engine_before.get("steps", 0),
+        engine_batch_sizes={k: v for k, v in sorted(sizes.items(), key=lambda kv: int(kv[0])) if v},
+        superseded=server_delta.get("coalesced", 0),
+        peak_gpu_memory_mib=memory[0],
+        gpu_memory_used_mib=memory[1],
+        retractions=retractions,
+        finals_expected=finals_expected,
+        finals_delivered=finals_delivered,
+        finals_in_order=in_order,
+        error_frames=errors,
+        texts_differing_from_alone=texts_diff if compared else None,
+        decisions_differing_from_alone=decisions_diff if compared else None,
+    )
+
+
+def _wait_for_sessions_to_close(handle: Any, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while handle.call(lambda: handle.server.stats.sessions_active) > 0:
+        if time.monotonic() > deadline:
+            raise AlignattError(f"sessions of the previous load level still open after {timeout_s:.0f}s")
+        time.sleep(0.05)
+
+
+def _reset_gpu_peak() -> None:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+    except Exception:  # noqa: BLE001 - memory figures are best effort
+        pass
+
+
+def _gpu_memory() -> tuple[float | None, float | None]:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None, None
+        free, total = torch.cuda.mem_get_info()
+        return round(torch.cuda.max_memory_allocated() / 2**20, 1), round((total - free) / 2**20, 1)
+    except Exception:  # noqa: BLE001
+        return None, None
+
+
+# ---- the run ----
+
+
+def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json", metrics: str | Path | None = None,
+             plot: str | Path | None = None, seam_factory=None):
+    """Start the server on loopback, run every load level, write the artifact (and metrics/plot)."""
+    from alignatt.pipeline.artifacts import ARTIFACT_SCHEMA_VERSION, CaptureCostRow, LoadArtifact, LoadLevel, write_artifact
+    from alignatt.pipeline.provenance import collect_provenance, model_identity
+    from alignatt.serve.config import DirectionRoute, ServerConfig, ServerLimits, resolve_heads, resolve_preset
+    from alignatt.serve.protocol import ProtocolError
+    from alignatt.serve.server import ServerThread
+
+    try:
+        preset = resolve_preset(options.preset).name
+    except ProtocolError as e:
+        raise AlignattError(e.message) from None
+    streams = resolve_streams(options.streams)
+    seam_options: dict[str, Any] = {}
+    if options.vllm_mode:
+        seam_options["vllm_mode"] = options.vllm_mode
+    if options.seam == "vllm_capture":
+        if options.prefix_caching is not None:
+            seam_options["enable_prefix_caching"] = options.prefix_caching
+        if options.max_num_seqs is not None:
+            seam_options["max_num_seqs"] = options.max_num_seqs
+    route = DirectionRoute(model=options.model, seam=options.seam, heads=options.heads, top_k=options.top_k,
+                           device=options.device, dtype=options.dtype, seam_options=seam_options)
+    top = max(options.speakers)
+    config = ServerConfig(host="127.0.0.1", port=0, default_preset=preset, directions={"en-de": route},
+                          limits=ServerLimits(max_sessions=top))
+    levels: list[dict] = []
+    alone: dict[str, dict[int, tuple]] = {}
+    engine_facts: dict[str, Any] = {}
+    with ServerThread(config, seam_factory) as handle:
+        engine = handle.server.registry.engines[0]
+        heads = list(engine.heads)
+        describe = getattr(engine.seam, "describe", None)
+        for n in sorted(set(options.speakers)):
+            _wait_for_sessions_to_close(handle)  # the last level's sessions hold admission slots until closed
+            before = engine.stats()
+            server_before = handle.call(lambda: {"coalesced": handle.server.stats.coalesced})
+            _reset_gpu_peak()
+            runs, wall = _speakers_run(handle.url, streams, n, options, preset)
+            memory = _gpu_memory()
+            after = engine.stats()
+            server_after = handle.call(lambda: {"coalesced": handle.server.stats.coalesced})
+            delta = {k: server_after[k] - server_before[k] for k in server_after}
+            level = summarise_level(n, runs, streams, wall, before, after, delta, memory, alone)
+            if n == 1:
+                for i, run in enumerate(runs):
+                    if not isinstance(run, BaseException):
+                        alone[streams[i % len(streams)][0]] = _signature(run.events)
+            levels.append(level)
+            print(level_line(level), flush=True)
+        # After the levels: the seam's counters (prefix-cache hits) cover the whole run.
+        engine_facts = {"seam_describe": describe() if callable(describe) else None,
+                        "max_batch": engine.scheduler.max_batch, "scheduler": engine.stats()}
+    cost: list[dict] = []
+    note = ""
+    want_cost = options.capture_cost == "on" or (
+        options.capture_cost == "auto" and options.seam == "vllm_capture" and options.device.startswith("cuda"))
+    if want_cost:
+        from alignatt.pipeline.capture_cost import capture_cost
+
+        cost = capture_cost(options, heads or resolve_heads(route, "en-de"))
+        note = (f"draft_many of the bench prompts, {options.capture_cost_tokens} fixed-length tokens, "
+                f"median of {options.capture_cost_repeats} after a warm-up, capture on then off, one engine at a time")
+    else:
+        note = "not measured: needs vllm_capture on CUDA (capture_cost=on forces it)"
+    try:
+        model_id, revision = model_identity(options.model)
+    except Exception:  # noqa: BLE001 - identity is best effort (a local path without metadata)
+        model_id, revision = options.model, None
+    synthetic = bool((engine_facts.get("seam_describe") or {}).get("synthetic_weights")) or options.model.endswith(
+        "-synthetic")
+    artifact = LoadArtifact(
+        schema_version=ARTIFACT_SCHEMA_VERSION,
+        provenance=collect_provenance(model_id=model_id, model_revision=revision),
+        config={
+            "model": options.model, "seam": options.seam, "preset": preset, "device": options.device,
+            "dtype": options.dtype, "vllm_mode": options.vllm_mode, "heads": [[h.layer, h.head] for h in heads],
+            "speakers": sorted(set(options.speakers)), "streams": [s for s, _ in streams],
+            "stream_words": {s: len(st.words) for s, st in streams},
+            "stream_seconds": {s: round(len(st.words) / st.words_per_second + st.commit_lag_seconds, 1)
+                               for s, st in streams},
+            "speed": options.speed, "stagger_s": options.stagger_s, "pacing": options.pacing,
+            "seam_options": route.seam_options, "lag_growth_threshold_s": LAG_GROWTH_S, **engine_facts,
+        },
+        synthetic_weights=synthetic,
+        levels=[LoadLevel(**lv) for lv in levels],
+        capture_cost=[CaptureCostRow(**c) for c in cost],
+        capture_cost_note=note,
+    )
+    if out is not None:
+        write_artifact(out, artifact)
+    if metrics is not None:
+        write_metrics(metrics, artifact)
+    if plot is not None:
+        write_plot(plot, artifact)
+    return artifact
+
+
+def level_line(level: dict) -> str:
+    return (f"N={level['speakers']}: partial RTT p50 {level['partial_rtt_ms_p50']} / p95 {level['partial_rtt_ms_p95']}"
+            f" / p99 {level['partial_rtt_ms_p99']} ms, final p95 {level['final_rtt_ms_p95']} ms, lag max "
+            f"{level['lag_s_max']} s ({'growing' if level['lag_grows'] else 'not growing'}), retractions "
+            f"{level['retractions']}, finals {level['finals_delivered']}/{level['finals_expected']}"
+            f"{' in order' if level['finals_in_order'] else ' NOT all in order'}, errors {level['error_frames']}, "
+            f"batch sizes {level['engine_batch_sizes']}")
+
+
+def write_metrics(path: str | Path, artifact) -> None:
+    """DVC metrics: the headline figures per load level (and the capture cost ratios)."""
+    data: dict[str, Any] = {}
+    for lv in artifact.levels:
+        data[f"speakers_{lv.speakers}"] = {
+            "partial_rtt_ms_p50": lv.partial_rtt_ms_p50, "partial_rtt_ms_p95": lv.partial_rtt_ms_p95,
+            "partial_rtt_ms_p99": lv.partial_rtt_ms_p99, "final_rtt_ms_p95": lv.final_rtt_ms_p95,
+            "lag_s_max": lv.lag_s_max, "lag_grows": lv.lag_grows, "retractions": lv.retractions,
+            "finals_in_order": lv.finals_in_order, "error_frames": lv.error_frames,
+        }
+    if artifact.capture_cost:
+        data["capture_cost_ratio"] = {f"batch_{c.batch}": c.ratio for c in artifact.capture_cost}
+    _atomic_write(path, json.dumps(data, indent=1) + "\n")
+
+
+def write_plot(path: str | Path, artifact) -> None:
+    """Plot data: RTT against speakers, one row per level (`dvc plots show`)."""
+    from io import StringIO
+
+    buf = StringIO()
+    w = csv.writer(buf)
+    label = f"{artifact.config['seam']}/{artifact.config.get('vllm_mode') or 'default'}"
+    w.writerow(["speakers", "configuration", "partial_rtt_ms_p50", "partial_rtt_ms_p95", "partial_rtt_ms_p99",
+                "lag_s_max"])
+    for lv in artifact.levels:
+        w.writerow([lv.speakers, label, lv.partial_rtt_ms_p50, lv.partial_rtt_ms_p95, lv.partial_rtt_ms_p99,
+                    lv.lag_s_max])
+    _atomic_write(path, buf.getvalue())
+
+
+def _atomic_write(path: str | Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)

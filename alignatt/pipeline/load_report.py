@@ -1,0 +1,85 @@
+"""The Benchmarks page's capacity section: a table per load level and RTT p95 against speakers.
+
+Rows and the figure come from the `load` artifacts (`alignatt load`, DVC stage `load`); the
+figure registers itself with `alignatt.pipeline.figures` (kind `load`), one line per
+configuration (artifact: profile, seam, vLLM mode, prefix caching).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from alignatt.pipeline.figures import Figure, _new_figure, _styled, figure_for, svg_text
+
+if TYPE_CHECKING:
+    from alignatt.pipeline.report import ReportInputs
+
+
+def _fmt(value: float | None, digits: int = 0) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def configuration(rel: str, artifact: Any) -> str:
+    c = artifact.config
+    folder = rel.rsplit("/", 2)[-2] if "/" in rel else rel
+    caching = (c.get("seam_describe") or {}).get("enable_prefix_caching")
+    extra = "" if caching is None else (", prefix caching" if caching else ", no prefix caching")
+    mode = f" {c['vllm_mode']}" if c.get("vllm_mode") else ""
+    return f"{folder}: {c.get('seam')}{mode}{extra}"
+
+
+def capacity_rows(inputs: "ReportInputs") -> list[dict[str, Any]]:
+    from alignatt.pipeline.report_rows import machine_of
+
+    rows = []
+    for rel, a in sorted(inputs.of_kind("load"), key=lambda t: t[0]):
+        for lv in a.levels:
+            rows.append(dict(
+                source=rel, date=a.provenance.date, machine=machine_of(a), model=a.config.get("model"),
+                synthetic=a.synthetic_weights, configuration=configuration(rel, a), speakers=lv.speakers,
+                p50=_fmt(lv.partial_rtt_ms_p50), p95=_fmt(lv.partial_rtt_ms_p95), p99=_fmt(lv.partial_rtt_ms_p99),
+                final_p95=_fmt(lv.final_rtt_ms_p95), lag=f"{lv.lag_s_max:.2f}",
+                lag_grows="grows" if lv.lag_grows else "steady", retractions=lv.retractions,
+                finals=f"{lv.finals_delivered}/{lv.finals_expected}{'' if lv.finals_in_order else ' (order!)'}",
+                errors=lv.error_frames, fast_path=lv.fast_path_events,
+                batch_max=max((int(k) for k in lv.engine_batch_sizes), default=0),
+                gpu_mib=_fmt(lv.peak_gpu_memory_mib), differing=_fmt(lv.texts_differing_from_alone),
+            ))
+    return rows
+
+
+def capture_cost_rows(inputs: "ReportInputs") -> list[dict[str, Any]]:
+    rows = []
+    for rel, a in sorted(inputs.of_kind("load"), key=lambda t: t[0]):
+        for c in a.capture_cost:
+            rows.append(dict(source=rel, date=a.provenance.date, batch=c.batch, captured=f"{c.captured_ms:.1f}",
+                             uncaptured=f"{c.uncaptured_ms:.1f}", ratio=f"{c.ratio:.2f}×"))
+    return rows
+
+
+@figure_for("load")
+def rtt_against_speakers(inputs: "ReportInputs") -> list[Figure]:
+    loads = sorted(inputs.of_kind("load"), key=lambda t: t[0])
+    series = [(configuration(rel, a), [(lv.speakers, lv.partial_rtt_ms_p95) for lv in a.levels
+                                       if lv.partial_rtt_ms_p95 is not None]) for rel, a in loads]
+    series = [(label, pts) for label, pts in series if pts]
+    if not series:
+        return []
+
+    def draw() -> Figure:
+        fig, ax = _new_figure(7.0, 4.0)
+        for label, pts in series:
+            xs, ys = zip(*sorted(pts))
+            ax.plot(xs, ys, marker="o", linewidth=1, label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("concurrent real-time speakers")
+        ax.set_ylabel("partial-draft RTT p95 (ms)")
+        ax.axhline(300.0, color="#7f7f7f", linewidth=0.6, linestyle="--")
+        ax.grid(True, linewidth=0.3)
+        ax.legend(fontsize=8)
+        caption = ("Partial-draft round trip (p95, client side) against the number of concurrent real-time "
+                   "speakers, one line per configuration; the dashed line is the 300 ms target.")
+        return Figure("capacity_rtt_p95", "load", "Capacity: RTT p95 against speakers", caption, svg_text(fig))
+
+    return [_styled(draw)]

@@ -1,0 +1,72 @@
+"""One vLLM engine for the batching GPU tests, in its own process (one capturing engine per
+process): drafts a growing utterance one update at a time (each prompt extends the previous one's
+source, so prefix caching serves the shared prefix), then the same requests submitted a step
+apart into one running batch, and writes every draft's tokens and rows to an .npz.
+
+`python -m tests.gpu.batching_worker SPEC.json OUT.npz`; SPEC: checkpoint, dtype, mode,
+prefix_caching, heads, tokens, kv_cache_memory_gib.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+SENTENCE = ("the night train to the coast leaves from platform four at ten past eleven and "
+            "arrives shortly after sunrise").split()
+
+
+def requests(tokens: int):
+    from alignatt.core.draft import DraftRequest
+
+    # A growing utterance: every update drafts over one more word (the tail is the last word).
+    return [DraftRequest(source_words=SENTENCE[:k], committed_words=k - 1, max_new_tokens=tokens)
+            for k in range(4, len(SENTENCE) + 1, 2)]
+
+
+def main(spec_path: str, out_path: str) -> int:
+    from alignatt.capture.vllm.seam import VllmCaptureSeam
+    from alignatt.checks.cross_engine import ensure_reduced_checkpoint
+    from alignatt.checks.records import choose_tokenizer
+    from alignatt.core.draft import Head
+
+    spec = json.loads(Path(spec_path).read_text())
+    tokenizer, _ = choose_tokenizer("auto")
+    ckpt = Path(spec["checkpoint"])
+    ensure_reduced_checkpoint(ckpt, tokenizer)
+    seam = VllmCaptureSeam(str(ckpt), [Head(l, h) for l, h in spec["heads"]], tokenizer=tokenizer,
+                           vllm_mode=spec["mode"], dtype=spec["dtype"], fixed_length=True,
+                           enable_prefix_caching=spec["prefix_caching"], max_num_seqs=16,
+                           kv_cache_memory_gib=spec["kv_cache_memory_gib"])
+    out: dict[str, np.ndarray] = {}
+    try:
+        reqs = requests(spec["tokens"])
+        for i, r in enumerate(reqs):  # one update at a time, like a session
+            d = seam.draft(r)
+            out[f"alone_tokens_{i}"] = np.asarray([t.token_id for t in d.tokens])
+            out[f"alone_rows_{i}"] = np.stack([t.rows for t in d.tokens])
+        # Continuous batching: request i joins the running batch at step i.
+        handles, done = [], {}
+        for r in reqs:
+            handles.append(seam.submit(r))
+            done.update(seam.step())
+        while seam.has_unfinished():
+            done.update(seam.step())
+        for i, h in enumerate(handles):
+            d = done[h]
+            out[f"batch_tokens_{i}"] = np.asarray([t.token_id for t in d.tokens])
+            out[f"batch_rows_{i}"] = np.stack([t.rows for t in d.tokens])
+        facts = seam.describe()
+        out["cached_prompt_tokens"] = np.asarray(facts["cached_prompt_tokens"])
+        out["prompt_tokens"] = np.asarray(facts["prompt_tokens"])
+    finally:
+        seam.close()
+    np.savez(out_path, **out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(*sys.argv[1:3]))

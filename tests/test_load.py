@@ -1,0 +1,211 @@
+"""`alignatt load` on CPU: load levels through the real server with stand-in seams (fast), the
+level summary's judgements (lag growth, finals order, errors), and a 4-speaker loopback run on the
+embedded model with 0 retractions (slow)."""
+
+import json
+
+import pytest
+
+from alignatt.core.errors import AlignattError
+from alignatt.pipeline.load import LoadOptions, resolve_streams, run_load, summarise_level
+from alignatt.pipeline.stream_replay import RunRecord, SmokeStream
+from tests.batch_fakes import StandInBatchSeam
+from tests.mt_fakes import FakeSeam
+
+SHORT = {"description": "two short sentences", "words_per_second": 6.0, "commit_lag_seconds": 0.5,
+         "replay_speed": 1.0, "text": "The tram leaves at noon. Please buy a ticket first."}
+
+
+@pytest.fixture
+def short_stream(tmp_path):
+    path = tmp_path / "short.json"
+    path.write_text(json.dumps(SHORT))
+    return str(path)
+
+
+def test_load_levels_through_the_server_with_a_batching_seam(tmp_path, short_stream):
+    from alignatt.pipeline.artifacts import LoadArtifact, load_artifact
+
+    seam = StandInBatchSeam(max_batch=8, steps_for=lambda r: 2, step_s=0.002)
+    options = LoadOptions(model="gemma3-270m", speakers="1,3", streams=[short_stream], speed=2.0, stagger_s=0.01,
+                          capture_cost="off")
+    out, metrics, plot = tmp_path / "load.json", tmp_path / "m.json", tmp_path / "p.csv"
+    artifact = run_load(options, out, metrics, plot, seam_factory=lambda route, heads: seam)
+    assert isinstance(load_artifact(out), LoadArtifact)
+    one, three = artifact.levels
+    assert (one.speakers, three.speakers) == (1, 3)
+    for lv in artifact.levels:
+        assert lv.retractions == 0 and lv.error_frames == 0
+        assert lv.finals_expected == 2 * lv.speakers and lv.finals_delivered == lv.finals_expected
+        assert lv.finals_in_order
+        assert lv.partial_rtt_ms_p50 is not None and lv.partial_rtt_ms_p99 >= lv.partial_rtt_ms_p50
+        assert lv.engine_steps > 0 and sum(lv.engine_batch_sizes.values()) == lv.engine_steps
+        assert lv.peak_gpu_memory_mib is None  # no GPU here
+    assert one.texts_differing_from_alone is None  # nothing to compare the alone run with
+    assert three.texts_differing_from_alone == 0 and three.decisions_differing_from_alone == 0  # deterministic seam
+    assert artifact.capture_cost == [] and "not measured" in artifact.capture_cost_note
+    m = json.loads(metrics.read_text())
+    assert m["speakers_3"]["retractions"] == 0
+    rows = plot.read_text().splitlines()
+    assert rows[0].startswith("speakers,") and len(rows) == 3
+
+
+def test_a_one_at_a_time_seam_reports_batches_of_one(tmp_path, short_stream):
+    options = LoadOptions(speakers=[2], streams=[short_stream], speed=3.0, stagger_s=0.0, capture_cost="off")
+    artifact = run_load(options, None, seam_factory=lambda route, heads: FakeSeam(heads=heads, delay_s=0.002))
+    (lv,) = artifact.levels
+    assert set(lv.engine_batch_sizes) == {"1"} and lv.retractions == 0 and lv.finals_in_order
+
+
+def _events(lags, finals=(0, 1), error=False):
+    events = [{"seq": i + 1, "lag_s": lag, "path": "draft", "rtt_ms": 10.0 + i, "committed_text": "",
+               "utterance_id": 0} for i, lag in enumerate(lags)]
+    for k, uid in enumerate(finals):
+        events.append({"seq": len(events) + 1, "lag_s": lags[-1], "final": True, "path": "final", "rtt_ms": 50.0,
+                       "utterance_id": uid, "committed_text": f"text {k}"})
+    if error:
+        events.append({"seq": len(events) + 1, "lag_s": 0.0, "error": "processing_failed", "rtt_ms": 1.0})
+    return events
+
+
+def test_the_level_summary_judges_lag_growth_finals_order_and_errors():
+    stream = SmokeStream(words_per_second=2.0, commit_lag_seconds=1.0, text="One two. Three four.")
+    streams = [("s", stream)]
+    steady = RunRecord("native", _events([0.1] * 9), 1.0, 0.1)
+    growing = RunRecord("native", _events([0.0, 0.0, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0]), 1.0, 3.0)
+    swapped = RunRecord("native", _events([0.1] * 9, finals=(1, 0)), 1.0, 0.1)
+    failed = RuntimeError("connection refused")
+    args = (1.0, {"steps": 0, "batch_sizes": {}}, {"steps": 4, "batch_sizes": {"1": 1, "2": 3}}, {"coalesced": 2},
+            (None, None), {})
+    ok = summarise_level(1, [steady], streams, *args)
+    assert not ok["lag_grows"] and ok["finals_in_order"] and ok["finals_delivered"] == 2 and ok["error_frames"] == 0
+    assert ok["engine_batch_sizes"] == {"1": 1, "2": 3} and ok["superseded"] == 2
+    assert summarise_level(1, [growing], streams, *args)["lag_grows"]
+    assert not summarise_level(1, [swapped], streams, *args)["finals_in_order"]
+    bad = summarise_level(2, [steady, failed], streams, *args)
+    assert bad["error_frames"] == 1 and not bad["finals_in_order"] and bad["finals_expected"] == 4
+    err = summarise_level(1, [RunRecord("native", _events([0.1] * 3, error=True), 1.0, 0.1)], streams, *args)
+    assert err["error_frames"] == 1
+
+
+def test_alone_comparison_counts_updates_that_differ():
+    stream = SmokeStream(words_per_second=2.0, commit_lag_seconds=1.0, text="One two. Three four.")
+    base = _events([0.1] * 3)
+    changed = [dict(e) for e in base]
+    changed[1]["committed_text"] = "different"
+    from alignatt.pipeline.load import _signature
+
+    level = summarise_level(2, [RunRecord("native", base, 1, 0), RunRecord("native", changed, 1, 0)], [("s", stream)],
+                            1.0, {}, {}, {}, (None, None), {"s": _signature(base)})
+    assert level["texts_differing_from_alone"] == 1 and level["decisions_differing_from_alone"] == 0
+
+
+def test_bundled_streams_and_bad_options():
+    names = dict(resolve_streams(["smoke", "long"]))
+    assert len(names["long"].words) / names["long"].words_per_second > 120  # multi-minute
+    with pytest.raises(AlignattError, match="cannot read stream"):
+        resolve_streams(["/nonexistent/stream.json"])
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
+        LoadOptions(speakers="1,x")
+    with pytest.raises(ValidationError):
+        LoadOptions(speakers="0")
+
+
+def test_the_cli_refuses_bad_speaker_lists_with_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from alignatt.cli import app
+
+    result = CliRunner().invoke(app, ["load", "--speakers", "1,two", "--out", str(tmp_path / "x.json")])
+    assert result.exit_code == 2 and "speakers" in result.output
+    assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.slow
+def test_four_speakers_on_the_embedded_model_with_no_retractions(tmp_path):
+    # One short sentence each: on a loaded 2-core runner a draft of the embedded model takes
+    # seconds, and the replays are lockstep (every update waits for its reply).
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps({**SHORT, "text": "The tram leaves at noon."}))
+    options = LoadOptions(speakers=[4], streams=[str(path)], speed=1.0, stagger_s=0.14, capture_cost="off")
+    artifact = run_load(options, tmp_path / "load.json")
+    (lv,) = artifact.levels
+    assert lv.retractions == 0 and lv.error_frames == 0
+    assert lv.finals_delivered == lv.finals_expected == 4 and lv.finals_in_order
+    assert lv.partial_drafts > 0
+
+
+def test_the_report_shows_a_capacity_table_and_the_rtt_figure(tmp_path, short_stream):
+    import shutil
+    from pathlib import Path
+
+    from alignatt.pipeline.report import render_all
+
+    root = Path(__file__).resolve().parents[1]
+    site = tmp_path / "site"
+    (site / "reports").mkdir(parents=True)
+    shutil.copy(root / "reports" / "BENCHMARKS.md.j2", site / "reports")
+    shutil.copy(root / "params.yaml", site / "params.yaml")
+    (site / "outputs" / "published").mkdir(parents=True)
+    seam = StandInBatchSeam(max_batch=8, steps_for=lambda r: 2, step_s=0.002)
+    options = LoadOptions(speakers="1,2", streams=[short_stream], speed=3.0, stagger_s=0.0, capture_cost="off")
+    run_load(options, site / "outputs" / "cpu" / "load.json", seam_factory=lambda route, heads: seam)
+    text, figures = render_all(site)
+    assert "## Capacity (many speakers on one engine)" in text
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "fake_batch" not in line
+            and "cpu: hf_qk_fast" in line]
+    assert [r.split(" | ")[3] for r in rows] == ["1", "2"]  # one row per load level
+    assert any(f.name == "capacity_rtt_p95" and f.kind == "load" for f in figures)
+    assert "outputs/cpu/load.json" in text  # listed with the artifacts
+
+
+def test_the_capture_cost_compares_captured_and_uncaptured_on_the_same_prompts(tmp_path):
+    """With a stand-in for make_seam: both engines get the same prompts at every batch size, one
+    engine at a time, each closed; the profiler writes a trace and an operator table."""
+    from alignatt.pipeline.capture_cost import capture_cost
+
+    built = []
+
+    class Timed:
+        def __init__(self, capture):
+            self.capture, self.batches, self.closed = capture, [], False
+
+        def draft_many(self, requests):
+            assert not any(not s.closed for s in built if s is not self)  # one engine at a time
+            self.batches.append([r.source_words for r in requests])
+            return []
+
+        def close(self):
+            self.closed = True
+
+    def make(name, capture, **kw):
+        assert name == "vllm_capture" and kw["fixed_length"]
+        built.append(Timed(capture))
+        return built[-1]
+
+    options = LoadOptions(seam="vllm_capture", device="cuda", capture_cost_batches="1,3", capture_cost_repeats=2,
+                          profile_dir=str(tmp_path / "prof"))
+    rows = capture_cost(options, [], make=make)
+    assert [r["batch"] for r in rows] == [1, 3] and all(r["ratio"] > 0 for r in rows)
+    captured, plain = built
+    assert captured.capture and not plain.capture and captured.closed and plain.closed
+    assert captured.batches == plain.batches  # same prompts, same order
+    assert (tmp_path / "prof" / "captured_top_ops.txt").exists()
+    assert (tmp_path / "prof" / "uncaptured_trace.json").exists()
+
+
+def test_realtime_pacing_supersedes_stale_partials_and_still_delivers_every_final(tmp_path, short_stream):
+    """Speakers that never wait, on an engine slower than their updates: stale partials are
+    superseded (aborted in the engine), every final arrives in order, nothing is retracted."""
+    seam = StandInBatchSeam(max_batch=4, steps_for=lambda r: 20, step_s=0.005)  # ~100 ms a draft
+    options = LoadOptions(speakers=[3], streams=[short_stream], speed=1.0, stagger_s=0.02, pacing="realtime",
+                          capture_cost="off")
+    artifact = run_load(options, tmp_path / "load.json", seam_factory=lambda route, heads: seam)
+    (lv,) = artifact.levels
+    assert artifact.config["pacing"] == "realtime"
+    assert lv.superseded > 0 and seam.aborted  # running partials were aborted, not finished
+    assert lv.finals_delivered == lv.finals_expected == 6 and lv.finals_in_order
+    assert lv.retractions == 0 and lv.error_frames == 0
+    assert lv.updates < 3 * 2 * len(SHORT["text"].split())  # superseded updates got no reply

@@ -1,0 +1,57 @@
+"""The vLLM engine config and model resolution on CPU (no vLLM needed): what `vllm.LLM` is
+started with, which models the preset table lets it run, and option errors as one clear line."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from alignatt.capture.vllm.engine import ModelSpec, VllmEngineConfig, engine_options, resolve_model
+from alignatt.core.errors import AlignattError
+
+
+def test_llm_arguments_follow_the_config():
+    spec = ModelSpec("m", "/models/m", "dummy", True, "/models/m")
+    args = VllmEngineConfig(model="m", vllm_mode="cudagraph", enable_prefix_caching=True, max_num_seqs=128,
+                            kv_cache_memory_gib=2.0).llm_arguments(spec)
+    assert args["model"] == "/models/m" and args["load_format"] == "dummy"
+    assert args["enable_prefix_caching"] is True and args["max_num_seqs"] == 128
+    assert args["kv_cache_memory_bytes"] == 2 * 2**30
+    assert args["compilation_config"] == engine_options("cudagraph")["compilation_config"]
+    assert "async_scheduling" not in args  # vLLM's default unless asked
+    assert VllmEngineConfig(model="m", async_scheduling=False).llm_arguments(spec)["async_scheduling"] is False
+
+
+def test_bad_engine_options_are_one_clear_error():
+    with pytest.raises(AlignattError, match="unknown vllm_mode"):
+        VllmEngineConfig(model="m", vllm_mode="turbo")
+    with pytest.raises(AlignattError, match="CUDA only"):
+        VllmEngineConfig(model="m", device="cpu")
+
+
+def test_the_seam_refuses_unknown_options_before_touching_the_gpu():
+    from alignatt.capture.vllm.seam import VllmCaptureSeam
+
+    with pytest.raises(AlignattError, match="bad vllm_capture option max_num_seqz"):
+        VllmCaptureSeam("gemma4-e4b-synthetic", [], max_num_seqz=4)
+
+
+def test_models_come_from_the_preset_table():
+    with pytest.raises(AlignattError, match="does not run 'gemma3-270m'"):
+        resolve_model("gemma3-270m")
+    with pytest.raises(AlignattError, match="unknown model"):
+        resolve_model("no-such-model")
+    spec = resolve_model("gemma4-e4b-synthetic")  # the E4B config in a temporary directory
+    try:
+        assert spec.synthetic and spec.load_format == "dummy"
+        assert (Path(spec.config_dir) / "config.json").exists()
+    finally:
+        shutil.rmtree(spec.tmp_dir)
+
+
+def test_a_local_directory_needs_a_config(tmp_path):
+    with pytest.raises(AlignattError, match="no config.json"):
+        resolve_model(str(tmp_path))
+    (tmp_path / "config.json").write_text("{}")
+    spec = resolve_model(str(tmp_path))
+    assert spec.load_format == "auto" and not spec.synthetic and spec.tmp_dir is None
