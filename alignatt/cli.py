@@ -134,12 +134,13 @@ def heads_calibrate(
     top: int = typer.Option(10, "--top", help="heads to print after calibrating"),
     device: str = typer.Option("cpu", "--device"),
     dtype: str = typer.Option(None, "--dtype", help="float32 | bfloat16 (default: the model's)"),
+    reverse: bool = typer.Option(False, "--reverse", help="read the pairs target->source (cs-en pairs calibrate en-cs)"),
 ) -> None:
     """Score every head by how often its source argmax hits the aligned word; write a head set."""
     from alignatt.heads.calibrate import calibrate
     from alignatt.heads.sets import describe_head_set, write_head_set
 
-    head_set = calibrate(model, pairs, max_pairs=max_pairs, device=device, dtype=dtype)
+    head_set = calibrate(model, pairs, max_pairs=max_pairs, device=device, dtype=dtype, reverse=reverse)
     path = write_head_set(out, head_set)
     typer.echo(describe_head_set(head_set, max(top, 1)))
     typer.echo(f"wrote {path}")

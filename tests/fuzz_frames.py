@@ -61,6 +61,8 @@ FIELD_STRATEGIES = {
         "history": st.one_of(st.just([]), st.lists(st.tuples(hostile_text, hostile_text).map(list), max_size=3),
                              json_value),
         "accepted_target_prefix": st.one_of(st.just(""), st.just("Das"), hostile_text),
+        "target_langs": st.one_of(st.none(), st.just(["de"]), st.lists(st.sampled_from(["de", "fr", "zh"]),
+                                                                       min_size=1, max_size=3), json_value),
     },
     UpdateFrame: {
         "type": st.just("update"),

@@ -52,7 +52,8 @@ def test_translate_json_is_consistent(tiny_gemma4):
     assert all(d["emit"] for d in decisions[: data["emit_count"]])
     for d in decisions:
         assert d["aligned_text"] == SOURCE.split()[d["aligned_word"]]
-        assert set(d["mass"]) == {"accessible", "inaccessible", "other_prompt", "generated"}
+        assert set(d["mass"]) == {"accessible", "inaccessible", "other_prompt", "generated",
+                                  "context", "history", "context_share"}
     assert len(data["heads"]) == 4  # the default top-4 of the model's head set
     assert data["timings_ms"]["per_token"] > 0
 

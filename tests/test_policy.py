@@ -124,3 +124,65 @@ def test_vectorised_mass_and_alignment_match_the_per_token_definitions():
     assert list(d.aligned_words()) == [0, 1, 3, 5]
     d.tokens = d.tokens[:2]  # derived from the current tokens, never a stale copy
     assert list(d.aligned_words()) == [0, 1] and d.mass_split(3).shape == (2, 4)
+
+
+# ---- context guard ----
+
+def with_context_mass(draft, per_token: list[float]):
+    """Give each token head-averaged context mass (taken from its other-prompt share)."""
+    import numpy as np
+
+    for t, m in zip(draft.tokens, per_token):
+        t.context_mass = np.full(len(t.other_prompt_mass), m, dtype=np.float32)
+    return draft
+
+
+def test_a_token_that_looks_at_the_context_is_held_and_traced():
+    # make_draft puts 0.6 of each token's mass on the source; 0.3 on the rest of the prompt.
+    d = with_context_mass(make_draft(SRC, ["Das", " Modell", " Kessler", " gibt"], [0, 1, 2, 2]),
+                          [0.0, 0.05, 0.28, 0.0])
+    d.tokens[2].rows *= 0.2  # "Kessler" takes 0.12 from the source, 0.28 from the context
+    r = decide(d, 6, PolicyConfig(border_words=0))
+    assert r.emitted_text == "Das Modell"
+    assert r.stop_reason == "alignatt:context_leak"
+    held = r.decisions[2]
+    assert held.reason == "context_leak" and not held.emit
+    assert held.mass["context"] == pytest.approx(0.28)
+    assert held.mass["context_share"] == pytest.approx(0.28 / (0.12 + 0.28))
+    assert r.decisions[1].mass["context_share"] < 0.5 and r.decisions[1].emit
+    # configurable: a higher share lets it through; the final is never held for it
+    assert decide(d, 6, PolicyConfig(border_words=0, max_context_share=0.9)).emitted_text == "Das Modell Kessler gibt"
+    assert decide(d, 6, PolicyConfig(border_words=0), final=True).emitted_text == "Das Modell Kessler gibt"
+
+
+def test_context_mass_never_aligns_a_token_to_the_source():
+    d = with_context_mass(make_draft(SRC, ["Das", " Modell"], [0, 1]), [0.2, 0.2])
+    plain = make_draft(SRC, ["Das", " Modell"], [0, 1])
+    assert list(d.aligned_words()) == list(plain.aligned_words())
+    assert [x.mass["accessible"] for x in decide(d, 6).decisions] == \
+        [x.mass["accessible"] for x in decide(plain, 6).decisions]
+
+
+# ---- CJK target units ----
+
+def test_cjk_targets_use_characters_and_latin_runs_as_units():
+    from alignatt.core.policy import target_units
+
+    pieces = ["我们", "希望", "它们", "向", "左", "移动", "。"]
+    assert word_starts(pieces, "zh") == [0, 1, 2, 3, 4, 5]  # the full stop belongs to 移动
+    assert word_starts(pieces, "de") == [0]  # without the CJK rule: one endless word
+    assert word_starts(["我是", "Sara", " Papi", "，", "来自"], "zh") == [0, 1, 2, 4]
+    assert target_units("我们希望 Sara Papi，来自2026年。", "zh") == 4 + 2 + 2 + 1 + 1
+    assert target_units("Das Haus, ist klein.", "de") == 4
+
+
+def test_zh_draft_emits_whole_units_up_to_the_frontier():
+    pieces = ["我们", "希望", "它们", "向", "左"]
+    d = make_draft(SRC, pieces, [0, 1, 2, 4, 5], committed_words=6, stop_reason="max_new_tokens")
+    d.request.target_lang = "zh"
+    r = decide(d, 3, PolicyConfig(border_words=0))
+    assert r.emitted_text == "我们希望它们" and r.words_emitted == 6
+    r = decide(d, 3, PolicyConfig(border_words=0, hold_back_words=1))
+    assert r.emitted_text == "我们希望"
+    d.request.target_lang = "de"  # the same pieces as one whitespace word: nothing to emit
+    assert decide(d, 3, PolicyConfig(border_words=0)).emit_count == 0

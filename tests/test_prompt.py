@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from alignatt.core.draft import DraftRequest
 from alignatt.core.errors import AlignattError
 from alignatt.models.presets import tiny_tokenizer
-from alignatt.core.prompt import build_prompt
+from alignatt.core.prompt import build_prompt, language_name
 
 TOKENIZER = tiny_tokenizer()
 
@@ -100,3 +100,84 @@ def test_embedded_tokenizer_is_subword_not_characters(gemma3_270m):
     assert len(ids) <= 10
     assert tok.convert_ids_to_tokens(tok(" house", add_special_tokens=False)["input_ids"]) == ["▁house"]
     assert tok("<start_of_turn>", add_special_tokens=False)["input_ids"] == [tok.convert_tokens_to_ids("<start_of_turn>")]
+
+
+# ---- context and history (outside the source region) ----
+
+CONTEXT = "Speaker: Mariella Vantoni. Terms: encoder = Kodierer."
+HISTORY = [("We start now.", "Wir fangen jetzt an."), ("The house is small.", "Das Haus ist klein.")]
+
+
+def check_blocks(tokenizer, request, layout):
+    """Context and history tokens decode to their texts, in order, all before the source."""
+    check_source_spans(tokenizer, request, layout)
+    first_source = min(layout.source_token_positions)
+    ctx, hist = layout.context_token_positions, layout.history_token_positions
+    assert not set(ctx) & set(hist) and not set(ctx + hist) & set(layout.source_token_positions)
+    if request.context_text:
+        assert tokenizer.decode([layout.input_ids[p] for p in ctx]).strip() == request.context_text.strip()
+    else:
+        assert ctx == []
+    assert all(p < first_source for p in ctx + hist)
+    if request.history:
+        assert max(ctx, default=-1) < min(hist)  # context first, then the earlier turns
+        decoded = tokenizer.decode([layout.input_ids[p] for p in hist])
+        for s, t in request.history:
+            assert s in decoded and t in decoded
+    else:
+        assert hist == []
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(words=words_strategy, prefix=st.sampled_from(["", "Der Anfang"]),
+       context=st.sampled_from(["", CONTEXT, "the cat sat"]), n_history=st.integers(0, 2))
+def test_source_spans_stay_exact_with_context_and_history(words, prefix, context, n_history):
+    request = DraftRequest(source_words=words, committed_words=len(words), target_prefix=prefix,
+                           context_text=context, history=HISTORY[:n_history])
+    layout = build_prompt(TOKENIZER, request)
+    check_blocks(TOKENIZER, request, layout)
+    bare = build_prompt(TOKENIZER, DraftRequest(source_words=words, committed_words=len(words),
+                                                target_prefix=prefix))
+    shift = len(layout.input_ids) - len(bare.input_ids)
+    # The source tokens are the same tokens, only moved by the blocks in front of them.
+    assert [p - shift for p in layout.source_token_positions] == bare.source_token_positions
+    assert layout.input_ids[-len(bare.input_ids) + min(bare.source_token_positions):] == \
+        bare.input_ids[min(bare.source_token_positions):]
+
+
+def test_source_that_repeats_a_history_turn_is_the_last_occurrence():
+    request = DraftRequest(source_words="The house is small.".split(), committed_words=2,
+                           context_text="The house is small.", history=HISTORY)
+    layout = build_prompt(TOKENIZER, request)
+    check_blocks(TOKENIZER, request, layout)
+
+
+def test_chat_prompt_puts_context_in_the_system_turn_and_history_as_turns():
+    request = DraftRequest(source_words="the cat sat".split(), committed_words=3,
+                           context_text=CONTEXT, history=HISTORY[:1])
+    text = build_prompt(TOKENIZER, request).text
+    assert text.index(CONTEXT) < text.index("We start now.") < text.index("Wir fangen jetzt an.") < text.index("the cat sat")
+    assert text.count("<start_of_turn>model") == 2  # one earlier assistant turn, then the open one
+
+
+def test_direction_aware_language_names():
+    for src, tgt, names in (("en", "zh", ("English", "Chinese")), ("cs", "en", ("Czech", "English")),
+                            ("en", "it", ("English", "Italian"))):
+        text = build_prompt(TOKENIZER, DraftRequest(source_words=["x"], committed_words=1,
+                                                    source_lang=src, target_lang=tgt)).text
+        assert f"Translate the following {names[0]} text into {names[1]}" in text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("direction", ["en-de", "en-zh", "cs-en", "en-it"])
+def test_embedded_few_shot_spans_with_context_and_history(gemma3_270m, direction):
+    tok = gemma3_270m.tokenizer
+    src, tgt = direction.split("-")
+    words = "Das ist gut, sagte Herr Nováček.".split() if src == "cs" else "It's well-known, said Mr. Smith.".split()
+    history = [("Dobrý den.", "Good morning.")] if src == "cs" else [("Good morning.", "早上好。" if tgt == "zh" else "Buongiorno.")]
+    request = DraftRequest(source_words=words, committed_words=3, target_prefix="", source_lang=src,
+                           target_lang=tgt, context_text=CONTEXT, history=history)
+    layout = build_prompt(tok, request)
+    assert layout.style == "few_shot"
+    check_blocks(tok, request, layout)
+    assert layout.text.endswith(f"\n{language_name(tgt)}:")

@@ -145,3 +145,34 @@ def test_a_block_table_that_does_not_cover_the_draft_is_refused():
     engine.block_ids["req-1"] = ([3], [5])  # one block short in both groups
     with pytest.raises(AlignattError, match="does not cover the draft"):
         engine.fetcher.fetch([item])
+
+
+def test_context_and_history_mass_batched_equals_reference_and_dense():
+    """Mass on the prompt's context block and history turns (parts of other_prompt), per token
+    and head: the batched fetch, the per-request reference and dense attention agree; a request
+    without the blocks reports None."""
+    from dataclasses import replace
+
+    requests = [("a", ([3, 0], [5, 1]), 14, 5, [9, 10, 11], 12), ("b", ([1, 6], [2, 7, 9]), 20, 9, [14, 15, 16], 17),
+                ("c", ([4], [0, 3]), 9, 1, [6, 7], 8)]
+    blocks = {"a": ((1, 2, 3), (5, 6, 7, 8)), "b": ((0, 1, 2, 3, 4, 5), (8, 9, 10, 11, 12)), "c": ((), ())}
+    batched, reference = StandInEngine(), StandInEngine()
+    items = [replace(batched.add(*r), context_positions=blocks[r[0]][0], history_positions=blocks[r[0]][1])
+             for r in requests]
+    ref_items = [replace(reference.add(*r), context_positions=blocks[r[0]][0], history_positions=blocks[r[0]][1])
+                 for r in requests]
+    got, _ = batched.fetcher.fetch(items)
+    for (rid, *_), item, g, ref_item in zip(requests, items, got, ref_items):
+        want, _ = reference.fetcher.fetch_one(ref_item)
+        if not item.context_positions:
+            assert g.context is None and g.history is None and want.context is None
+            continue
+        np.testing.assert_allclose(g.context, want.context, atol=1e-6)
+        np.testing.assert_allclose(g.history, want.history, atol=1e-6)
+        for t in range(item.n_tokens):
+            for i in range(len(HEADS)):
+                dense = batched.dense(rid, item, t, i)
+                assert abs(g.context[t, i] - float(dense[list(item.context_positions)].sum())) < 1e-6
+                assert abs(g.history[t, i] - float(dense[list(item.history_positions)].sum())) < 1e-6
+        assert (g.context <= g.other_prompt + 1e-6).all()  # a part of the other-prompt mass
+    assert got[1].context.max() > 0  # the sliding layer still sees b's context for early tokens

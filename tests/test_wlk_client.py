@@ -150,3 +150,34 @@ def test_engine_failure_drops_one_update_only(tmp_path):
         c.insert_tokens([token(2, "again"), token(3, "world.")])
         seg, buf = c.process()
         assert seg is not None and seg.text == "W0:again W1:world."
+
+
+@pytest.mark.slow
+def test_context_from_the_client_changes_what_is_drafted(gemma3_270m, monkeypatch):
+    """`--alignatt-context` on the unmodified client: the embedded model's translation of the same
+    speech names the person from the context, and does not without it."""
+    # The client allows 15 s per call; a shared 2-core test machine can be slower than that.
+    monkeypatch.setattr(WLK, "_CALL_TIMEOUT_SECONDS", 300.0)
+    from alignatt.serve.config import DirectionRoute, ServerConfig
+    from alignatt.serve.server import ServerThread
+
+    cfg = ServerConfig(port=0, default_preset="low_latency",
+                       directions={"en-de": DirectionRoute(model="gemma3-270m", seam="hf_qk_fast")})
+    words = "Thank you, doctor.".split()
+    finals = {}
+    with ServerThread(cfg) as srv:
+        for context in ("", "Names: Dr. Kowalczyk."):
+            engine = WLK.AlignAttRemoteEngine(url=srv.url, source_language="en", preset=None,
+                                              latency="low", context_text=context)
+            c = engine.new_session("de")
+            c.insert_tokens([token(i, w) for i, w in enumerate(words)])
+            seg, _ = c.process()
+            if seg is None:
+                seg, _ = c.validate_buffer_and_reset()
+            finals[context] = seg.text
+        inits = srv.call(lambda: list(srv.server.session_log))
+        drafted = srv.call(lambda: [s for s in srv.server.step_log if s["engine_calls"]])
+    assert [i["context_chars"] for i in inits] == [0, len("Names: Dr. Kowalczyk.")]
+    assert finals[""].startswith("Danke") and "Kowalczyk" not in finals[""], finals
+    assert "Kowalczyk" in finals["Names: Dr. Kowalczyk."], finals
+    assert {d["connection"] for d in drafted} == {1, 2}

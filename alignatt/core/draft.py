@@ -39,6 +39,10 @@ class DraftRequest:
     max_new_tokens: int = 20
     source_lang: str = "en"
     target_lang: str = "de"
+    # Outside the source region of the prompt: a glossary/background block and earlier turns
+    # ([source, target] pairs, oldest first). Attention on them is neither source nor target.
+    context_text: str = ""
+    history: list[tuple[str, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.source_words or not any(w.strip() for w in self.source_words):
@@ -78,6 +82,9 @@ class TokenCapture:
     rows: np.ndarray  # float32 [n_heads, n_source_tokens]: attention over source token positions
     other_prompt_mass: np.ndarray  # float32 [n_heads]: mass on non-source prompt tokens
     generated_mass: np.ndarray  # float32 [n_heads]: mass on target prefix + drafted tokens
+    # Parts of other_prompt_mass: the context block and the history turns (None: no such block).
+    context_mass: np.ndarray | None = None  # float32 [n_heads]
+    history_mass: np.ndarray | None = None  # float32 [n_heads]
 
     def mass(self, source_word_of_token: Sequence[int], committed_words: int) -> dict[str, float]:
         """Head-averaged mass split for a frontier of `committed_words` source words."""
@@ -127,6 +134,15 @@ class Draft:
     def mass_split(self, committed_words: int) -> np.ndarray:
         """[T, 4] head-averaged mass per token, in `MASS_KEYS` order, for this frontier."""
         return mass_split(*self._stacked(), self.source_word_of_token, committed_words)
+
+    def block_mass(self, block: str) -> np.ndarray:
+        """[T] head-averaged mass on the `context` or `history` block (0 where there is none)."""
+        out = np.zeros(len(self.tokens))
+        for i, t in enumerate(self.tokens):
+            m = getattr(t, f"{block}_mass")
+            if m is not None and len(m):
+                out[i] = float(np.mean(m))
+        return out
 
 
 def mass_split(

@@ -5,6 +5,11 @@ template: a system instruction, the source text as the user turn, and the accept
 appended after the generation prompt, so the model continues its own (assistant) turn. A base
 model without a chat template (the embedded Gemma-3-270M) gets a short few-shot prompt instead.
 
+Outside the source region the prompt may hold a bounded background/glossary block
+(`context_text`, in the system turn or under a header line) and earlier turns (`history`, as
+previous user/assistant turns or previous example lines). Their token positions are reported
+apart from the source's, so the policy can tell attention on them from attention on the source.
+
 The whole prompt is tokenized in one go (the model sees its canonical tokenization) and the
 tokenizer's character offsets map every token that overlaps a source word to that word, so a
 frontier in words becomes a frontier in token positions.
@@ -12,8 +17,10 @@ frontier in words becomes a frontier in token positions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from alignatt.core.draft import DraftRequest
 from alignatt.core.errors import AlignattError
@@ -30,12 +37,50 @@ SYSTEM_INSTRUCTION = (
     "mid-sentence. Output only the {tgt} translation, nothing else."
 )
 
+CONTEXT_HEADER = "Background and glossary (reference only, do not translate)"
+
+
+class ContextConfig(BaseModel):
+    """How much context and history a session puts in its prompt, and the bounds it accepts."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    history_pairs: int = Field(3, ge=0, description="earlier [source, target] turns in the prompt (0: none)")
+    max_context_chars: int = Field(2000, ge=0, description="longer context_text is refused")
+    max_history_entry_chars: int = Field(1000, ge=1, description="longer history texts are refused")
+
+
+def recent_history(history: list[tuple[str, str]], config: ContextConfig) -> list[tuple[str, str]]:
+    """The last `history_pairs` turns (oldest first); 0 keeps none."""
+    return [tuple(p) for p in history[-config.history_pairs:]] if config.history_pairs else []
+
+
 # Few-shot pairs for base models, keyed by (source, target) language; other pairs go zero-shot.
 FEW_SHOT_EXAMPLES: dict[tuple[str, str], list[tuple[str, str]]] = {
     ("en", "de"): [
         ("The house is small.", "Das Haus ist klein."),
         ("I would like to order a coffee, please.", "Ich möchte bitte einen Kaffee bestellen."),
         ("We met at the station yesterday.", "Wir haben uns gestern am Bahnhof getroffen."),
+    ],
+    ("en", "it"): [
+        ("The house is small.", "La casa è piccola."),
+        ("I would like to order a coffee, please.", "Vorrei ordinare un caffè, per favore."),
+        ("We met at the station yesterday.", "Ci siamo incontrati ieri alla stazione."),
+    ],
+    ("en", "zh"): [
+        ("The house is small.", "这座房子很小。"),
+        ("I would like to order a coffee, please.", "我想点一杯咖啡。"),
+        ("We met at the station yesterday.", "我们昨天在车站见了面。"),
+    ],
+    ("en", "cs"): [
+        ("The house is small.", "Dům je malý."),
+        ("I would like to order a coffee, please.", "Chtěl bych si objednat kávu, prosím."),
+        ("We met at the station yesterday.", "Včera jsme se potkali na nádraží."),
+    ],
+    ("cs", "en"): [
+        ("Dům je malý.", "The house is small."),
+        ("Chtěl bych si objednat kávu, prosím.", "I would like to order a coffee, please."),
+        ("Včera jsme se potkali na nádraží.", "We met at the station yesterday."),
     ],
 }
 
@@ -49,6 +94,8 @@ class PromptLayout:
     prefix_start: int  # first position of the accepted target prefix (== len when no prefix)
     style: Literal["chat", "few_shot"]
     stop_at_newline: bool  # few-shot drafts end at a line break (the next example would follow)
+    context_token_positions: list[int] = field(default_factory=list)  # the context block's tokens
+    history_token_positions: list[int] = field(default_factory=list)  # the earlier turns' tokens
 
     def word_token_positions(self, word: int) -> list[int]:
         return [p for p, w in zip(self.source_token_positions, self.source_word_of_token) if w == word]
@@ -56,6 +103,10 @@ class PromptLayout:
 
 def language_name(code: str) -> str:
     return LANGUAGE_NAMES.get(code, code)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 def build_prompt(tokenizer: Any, request: DraftRequest) -> PromptLayout:
@@ -66,21 +117,41 @@ def build_prompt(tokenizer: Any, request: DraftRequest) -> PromptLayout:
     source = " ".join(words)
     prefix = request.target_prefix.strip()
     src, tgt = language_name(request.source_lang), language_name(request.target_lang)
+    context = request.context_text.strip()
+    history = [(_one_line(a), _one_line(b)) for a, b in request.history if _one_line(a) and _one_line(b)]
 
     if getattr(tokenizer, "chat_template", None):
         style: Literal["chat", "few_shot"] = "chat"
-        base = _render_chat(tokenizer, SYSTEM_INSTRUCTION.format(src=src, tgt=tgt), source)
+        instruction = SYSTEM_INSTRUCTION.format(src=src, tgt=tgt)
+        base = _render_chat(tokenizer, instruction, context, history, source)
+        after = base.find(instruction)
+        after = after + len(instruction) if after >= 0 else 0
         text = base + prefix
     else:
         style = "few_shot"
-        base = _few_shot(request.source_lang, request.target_lang, src, tgt, source)
+        base, after = _few_shot(request.source_lang, request.target_lang, src, tgt, context, history, source)
         bos = getattr(tokenizer, "bos_token", None)
         if bos and not base.startswith(bos):
-            base = bos + base
+            base, after = bos + base, after + len(bos)
         text = base + (" " + prefix if prefix else "")
 
+    # Context, then history, then the source, each searched after the one before it.
+    context_spans, history_spans, cursor = [], [], after
+    if context:
+        at = base.find(context, cursor)
+        if at < 0:
+            raise AlignattError("the chat template altered the context text; cannot locate it")
+        context_spans.append((at, at + len(context)))
+        cursor = at + len(context)
+    for turn in history:
+        for part in turn:
+            at = base.find(part, cursor)
+            if at < 0:
+                raise AlignattError("the chat template altered a history turn; cannot locate it")
+            history_spans.append((at, at + len(part)))
+            cursor = at + len(part)
     start = base.rfind(source)
-    if start < 0:
+    if start < cursor:
         raise AlignattError("the chat template altered the source text; cannot locate source words")
     word_spans, cursor = [], start
     for w in words:
@@ -112,21 +183,44 @@ def build_prompt(tokenizer: Any, request: DraftRequest) -> PromptLayout:
         prefix_start=prefix_start,
         style=style,
         stop_at_newline=style == "few_shot",
+        context_token_positions=_overlapping(offsets, context_spans),
+        history_token_positions=_overlapping(offsets, history_spans),
     )
 
 
-def _render_chat(tokenizer: Any, instruction: str, source: str) -> str:
-    messages = [{"role": "system", "content": instruction}, {"role": "user", "content": source}]
+def _overlapping(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:
+    """Token positions whose characters overlap any of the spans."""
+    return [pos for pos, (a, b) in enumerate(offsets) if b > a and any(a < e and b > s for s, e in spans)]
+
+
+def _render_chat(tokenizer: Any, instruction: str, context: str, history: list[tuple[str, str]],
+                 source: str) -> str:
+    system = f"{instruction}\n\n{CONTEXT_HEADER}:\n{context}" if context else instruction
+    turns = []
+    for s, t in history:
+        turns += [{"role": "user", "content": s}, {"role": "assistant", "content": t}]
+    messages = [{"role": "system", "content": system}, *turns, {"role": "user", "content": source}]
     try:
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    except Exception:  # templates without a system role: fold the instruction into the user turn
-        merged = [{"role": "user", "content": f"{instruction}\n\n{source}"}]
+    except Exception:  # templates without a system role: fold the instruction into the first user turn
+        first = turns[0]["content"] if turns else source
+        merged = [{"role": "user", "content": f"{system}\n\n{first}"}, *turns[1:],
+                  *([{"role": "user", "content": source}] if turns else [])]
         return tokenizer.apply_chat_template(merged, tokenize=False, add_generation_prompt=True)
 
 
-def _few_shot(src_code: str, tgt_code: str, src: str, tgt: str, source: str) -> str:
+def _few_shot(src_code: str, tgt_code: str, src: str, tgt: str, context: str,
+              history: list[tuple[str, str]], source: str) -> tuple[str, int]:
+    """The few-shot prompt and where its fixed examples end (context and history come after)."""
     lines = [f"Translate {src} to {tgt}.", ""]
     for s, t in FEW_SHOT_EXAMPLES.get((src_code, tgt_code), []):
         lines += [f"{src}: {s}", f"{tgt}: {t}", ""]
+    examples_end = len("\n".join(lines))
+    if context:
+        lines += [f"{CONTEXT_HEADER}: {context}", ""]
+    for s, t in history:
+        lines += [f"{src}: {s}", f"{tgt}: {t}"]
+    if history:
+        lines.append("")
     lines += [f"{src}: {source}", f"{tgt}:"]
-    return "\n".join(lines)
+    return "\n".join(lines), examples_end

@@ -60,6 +60,19 @@ class AlignedPair(BaseModel):
         return out
 
 
+def reversed_pair(pair: AlignedPair) -> AlignedPair:
+    """The same aligned pair read the other way (target -> source): word alignments are symmetric,
+    so a cs-en set also calibrates en-cs (its Czech side is then the reference target)."""
+    src, tgt = pair.direction.split("-")
+    return AlignedPair(
+        pair_id=pair.pair_id, direction=f"{tgt}-{src}", source_text=pair.target_text,
+        target_text=pair.source_text or " ".join(pair.source_words), source_words=list(pair.target_words),
+        target_words=list(pair.source_words),
+        alignments=[WordAlignment(source_span=a.target_span, target_span=a.source_span, confidence=a.confidence)
+                    for a in pair.alignments],
+    )
+
+
 def load_pairs(path: str | Path | None = None) -> list[AlignedPair]:
     """Word-aligned pairs from a JSON list (default: the bundled en-de pairs)."""
     if path is None:
@@ -299,6 +312,7 @@ def calibrate(
     device: str = "cpu",
     dtype: str | None = None,
     progress: bool = True,
+    reverse: bool = False,
 ) -> HeadSet:
     """Score every head of `model` (a preset name, path or `LoadedModel`) on word-aligned pairs."""
     import torch
@@ -311,6 +325,8 @@ def calibrate(
     if pairs is None or isinstance(pairs, (str, Path)):
         pairs = load_pairs(pairs)
     pairs = list(pairs)[:max_pairs] if max_pairs else list(pairs)
+    if reverse:
+        pairs, pairs_file = [reversed_pair(p) for p in pairs], f"{pairs_file} (reversed)"
     if not pairs:
         raise AlignattError("no pairs to calibrate on")
     directions = {p.direction for p in pairs}

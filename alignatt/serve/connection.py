@@ -16,8 +16,10 @@ import time
 from typing import TYPE_CHECKING
 
 from alignatt.serve.budget import PromptBudget
-from alignatt.serve.config import resolve_preset
-from alignatt.serve.pool import Engine
+from alignatt.core.prompt import recent_history
+from alignatt.serve.config import DirectionRoute, head_set_name, resolve_heads, resolve_preset
+from alignatt.serve.multi_target import MultiTargetSession
+from alignatt.serve.pool import Engine, route_key
 from alignatt.serve.protocol import (
     BAD_PROTOCOL,
     BUSY,
@@ -56,6 +58,9 @@ class Connection:
 
     def __init__(self, server: MTServer, ws, connection_id: int) -> None:
         self.id = connection_id
+        self.keys: list = [connection_id]  # the scheduler's session keys (one per target)
+        self.multi: MultiTargetSession | None = None  # `target_langs` sessions
+        self.described: list[dict] = []  # per target: direction, model, seam, head set, heads
         self.server = server
         self.ws = ws
         self.limits = server.config.limits
@@ -112,7 +117,8 @@ class Connection:
                 self.server.stats.sessions_active -= 1
                 self.holds_slot = False
             if self.session is not None:
-                self.engine.close_session(self.id)  # drops its queued drafts, aborts its running ones
+                for key in self.keys:  # drops their queued drafts, aborts their running ones
+                    self.engine.close_session(key)
             if self.closing is None:
                 self.closing = (1000, "")  # the client left: the writer stops
             self.outbox_wake.set()
@@ -210,19 +216,50 @@ class Connection:
 
     # ---- the session ----
 
+    def _routes(self, frame: InitFrame) -> dict[str, tuple[str, DirectionRoute]]:
+        """(direction, route) per target language; every one must be served, by one engine."""
+        server = self.server
+        targets = frame.targets
+        if frame.target_langs is not None and frame.target_lang.strip().lower() not in targets:
+            raise ProtocolError(BAD_PROTOCOL, f"target_lang {frame.target_lang!r} is not one of target_langs {targets}")
+        routes = {}
+        for target in targets:
+            direction = f"{frame.source_lang.strip().lower()}-{target}"
+            route = server.config.directions.get(direction)
+            if route is None:
+                supported = sorted(server.config.directions)
+                raise ProtocolError(
+                    UNSUPPORTED_DIRECTION,
+                    f"direction {direction} is not served here; supported: {', '.join(supported)}",
+                    supported=supported,
+                )
+            routes[target] = (direction, route)
+        if len({route_key(r) for _, r in routes.values()}) > 1:
+            raise ProtocolError(BAD_PROTOCOL, f"target_langs {targets} are served by different models; "
+                                              "a multi-target session needs one engine for all of them")
+        return routes
+
+    def _bounded_context(self, frame: InitFrame) -> tuple[str, list[tuple[str, str]], int]:
+        """The context text and the history turns kept (the newest), or bad_protocol past a bound."""
+        cfg = self.server.config.context
+        context = frame.context_text.strip()
+        if len(context) > cfg.max_context_chars:
+            raise ProtocolError(BAD_PROTOCOL, f"context_text of {len(context)} characters exceeds the "
+                                              f"{cfg.max_context_chars}-character bound")
+        for i, pair in enumerate(frame.history):
+            longest = max(len(x) for x in pair)
+            if longest > cfg.max_history_entry_chars:
+                raise ProtocolError(BAD_PROTOCOL, f"history[{i}] has a text of {longest} characters; the "
+                                                  f"bound is {cfg.max_history_entry_chars}")
+        kept = recent_history([tuple(p) for p in frame.history], cfg)
+        return context, kept, len(frame.history) - len(kept)
+
     async def _init(self, frame: InitFrame) -> None:
         server = self.server
         if self.session is not None:
             raise ProtocolError(BAD_PROTOCOL, "this connection already has a session (one init per connection)")
-        direction = frame.direction
-        route = server.config.directions.get(direction)
-        if route is None:
-            supported = sorted(server.config.directions)
-            raise ProtocolError(
-                UNSUPPORTED_DIRECTION,
-                f"direction {direction} is not served here; supported: {', '.join(supported)}",
-                supported=supported,
-            )
+        routes = self._routes(frame)
+        direction, route = next(iter(routes.values()))
         preset = resolve_preset(frame.preset or server.config.default_preset)
         fields, unknown = override_policy_fields(frame.overrides)
         policy = preset.policy.model_copy(update=fields)
@@ -231,10 +268,12 @@ class Connection:
         server.stats.sessions_active += 1  # hold the slot while the engine is looked up
         self.holds_slot = True
         try:
-            self.session, self.engine = await self._open_session(frame, route, direction, preset, policy)
+            self.session, self.engine = await self._open_session(frame, routes, direction, preset, policy)
         except BaseException as e:
             server.stats.sessions_active -= 1
             self.holds_slot = False
+            if isinstance(e, ProtocolError):
+                raise
             if isinstance(e, BudgetExceeded):
                 raise ProtocolError(BAD_PROTOCOL, str(e)[:300]) from None
             if isinstance(e, SchedulerBusy):
@@ -243,7 +282,6 @@ class Connection:
                 raise
             log.exception("session for %s could not be opened", direction)
             raise ProtocolError(PROCESSING_FAILED, f"cannot open a session for {direction}: {e}"[:300]) from None
-        engine = self.engine
         server.stats.sessions_opened += 1
         self.worker = asyncio.create_task(self._work())
         self.worker.add_done_callback(self._worker_done)
@@ -252,43 +290,67 @@ class Connection:
             preset=preset.name,
             model=route.model,
             seam=route.seam,
-            heads=[(h.layer, h.head) for h in engine.heads],
+            heads=self.described[0]["heads"],
             policy=policy.model_dump(),
             unknown_overrides=unknown,
             ignored_fields=frame.unknown_fields(),
+            source_lang=frame.source_lang.strip().lower(),
+            target_lang=self.described[0]["target_lang"],
+            head_set=self.described[0]["head_set"],
+            session=self.session.config.model_dump(),
+            context_chars=len(self.session.context_text),
+            history_received=len(frame.history),
+            history_used=len(self.session.history),
+            history_trimmed=len(frame.history) - len(self.session.history),
+            targets=self.described if self.multi is not None else None,
         )
         self._send(ok.to_json())
         self._record(server.session_log, {
             "connection": self.id, **ok.model_dump(include={"direction", "preset", "policy", "unknown_overrides"}),
             "accepted_target_prefix": frame.accepted_target_prefix, "history": len(frame.history),
+            "history_trimmed": len(frame.history) - len(self.session.history),
+            "context_chars": len(self.session.context_text), "targets": list(routes),
         })
 
-    async def _open_session(self, frame: InitFrame, route, direction: str, preset, policy) -> tuple[Session, Engine]:
-        """The engine (loaded on first use), the init's token bounds checked, and the session."""
+    async def _open_session(self, frame: InitFrame, routes: dict[str, tuple[str, DirectionRoute]], direction: str,
+                            preset, policy) -> tuple[Session, Engine]:
+        """The engine (loaded on first use), the init's bounds checked, and a session per target."""
         loop = asyncio.get_running_loop()
+        route = routes[next(iter(routes))][1]
         engine = await loop.run_in_executor(None, self.server.registry.get, route, direction)
         budget = await self.server.budget_for(engine)
-        history = [tuple(p) for p in frame.history]
         if budget is not None:  # tokenizing runs where the engine's tokenizer lives
             await loop.run_in_executor(engine.executor, _check_init_budget, budget, frame.accepted_target_prefix,
-                                       history, frame.context_text)
-        config = SessionConfig(policy=policy, max_new_tokens=preset.max_new_tokens, limits=self.limits)
-        seam = engine.open_session(self.id)  # SchedulerBusy past the engine's capacity
+                                       [tuple(p) for p in frame.history], frame.context_text)
+        context, history, _ = self._bounded_context(frame)
+        config = SessionConfig(policy=policy, max_new_tokens=preset.max_new_tokens, limits=self.limits,
+                               context=self.server.config.context)
+        multi = frame.target_langs is not None
+        keys = [(self.id, t) for t in routes] if multi else [self.id]
+        opened: list = []
         try:
-            session = Session(
-                seam,
-                config,
-                source_lang=frame.source_lang.strip().lower(),
-                target_lang=frame.target_lang.strip().lower(),
-                accepted_target_prefix=frame.accepted_target_prefix,
-                history=history,
-                context_text=frame.context_text,
-                budget=budget,
-            )
+            sessions: dict[str, Session] = {}
+            described = []
+            for i, (key, (target, (d, r))) in enumerate(zip(keys, routes.items())):
+                view = engine.open_view(key, resolve_heads(r, d))  # SchedulerBusy past the engine's capacity
+                opened.append(key)
+                # The client's prefix and history are in its target_lang (the first target).
+                sessions[target] = Session(
+                    view, config, source_lang=frame.source_lang.strip().lower(), target_lang=target,
+                    accepted_target_prefix=frame.accepted_target_prefix if i == 0 else "",
+                    history=history if i == 0 else [], context_text=context, budget=budget,
+                )
+                described.append({"target_lang": target, "direction": d, "model": r.model, "seam": r.seam,
+                                  "head_set": head_set_name(r, d), "heads": [(h.layer, h.head) for h in view.heads]})
         except BaseException:
-            engine.close_session(self.id)
+            for key in opened:
+                engine.close_session(key)
             raise
-        return session, engine
+        self.keys, self.described = keys, described
+        if multi:
+            self.multi = MultiTargetSession(sessions, lambda pairs, final: engine.draft_together(
+                [((self.id, t), request) for t, request in pairs], final))
+        return next(iter(sessions.values())), engine
 
     def _enqueue(self, update: UpdateFrame, received: float) -> None:
         if self.session is None:
@@ -311,7 +373,8 @@ class Connection:
                 seq=update.seq,
             )
         self.last_seq = update.seq
-        self.engine.supersede(self.id)  # a draft still running for an older partial is stale now
+        for key in self.keys:  # a draft still running for an older partial is stale now
+            self.engine.supersede(key)
         # Every update carries the open utterance's whole state: queued partials are stale now.
         kept = collections.deque(item for item in self.pending if item[0].is_final)
         self.server.stats.coalesced += len(self.pending) - len(kept)
@@ -351,13 +414,23 @@ class Connection:
         args = (update.words, update.tail_words, update.is_final, update.utterance_id)
         stats.updates += 1
         try:
-            if session.needs_engine(*args):
+            if self.multi is not None:  # one frame per target, each naming its target
+                if self.multi.needs_engine(*args):
+                    loop = asyncio.get_running_loop()
+                    steps = await loop.run_in_executor(self.engine.executor, self.multi.update, *args)
+                else:
+                    steps = self.multi.update(*args)
+            elif session.needs_engine(*args):
                 loop = asyncio.get_running_loop()
-                step = await loop.run_in_executor(self.engine.executor, self.engine.update, self.id, session, *args)
+                steps = [(None, await loop.run_in_executor(self.engine.executor, self.engine.update, self.id,
+                                                          session, *args))]
             else:
-                step = session.update(*args)  # no model work: answer from the event loop
-            frame = translation_frame(update, step, received)
-            text = frame.to_json()
+                steps = [(None, session.update(*args))]  # no model work: answer from the event loop
+            frames = []
+            for target, step in steps:
+                frame = translation_frame(update, step, received)
+                frame.target_lang = target
+                frames.append((step, frame, frame.to_json()))
         except asyncio.CancelledError:
             raise
         except Superseded:  # a newer update of this session is queued; it answers instead
@@ -373,10 +446,11 @@ class Connection:
             message = f"{type(e).__name__}: {e}"[:300]
             self._send(ErrorFrame(code=PROCESSING_FAILED, message=message, seq=update.seq).to_json())
             return
-        self._send(text)
-        stats.engine_calls += step.engine_calls
-        stats.paths[step.path] += 1
-        self._record(self.server.step_log, {"connection": self.id, **frame.model_dump(include=_LOGGED)})
+        for step, frame, text in frames:
+            self._send(text)
+            stats.engine_calls += step.engine_calls
+            stats.paths[step.path] += 1
+            self._record(self.server.step_log, {"connection": self.id, **frame.model_dump(include=_LOGGED)})
 
     def _record(self, records, entry: dict) -> None:
         try:

@@ -1,8 +1,10 @@
-"""Engines: a loaded seam per (model, seam, heads, options), each driven by one draft scheduler.
+"""Engines: a loaded seam per (model, seam, device, dtype, options), each driven by one draft scheduler.
 
 One model serves every session of its routes. An engine's drafts are batched by its
 `DraftScheduler` (alignatt.serve.scheduler) on the engine's own thread, off the server's event
 loop; session updates that wait for a draft wait on the engine's `executor`, one thread each.
+Directions that share a model share its engine: it captures the union of their heads once, and
+each session sees only its direction's rows (`HeadRows`).
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Hashable
+from dataclasses import replace
+from typing import Any, Hashable, Sequence
 
-from alignatt.core.draft import Head, Seam
+from alignatt.core.draft import Draft, DraftRequest, Head, Seam
 from alignatt.serve.config import DirectionRoute, SeamFactory, resolve_heads
 from alignatt.serve.scheduler import DraftScheduler, SchedulerConfig, SessionSeam
 
@@ -64,6 +67,15 @@ class Engine:
         self._proxies.pop(key, None)
         self.scheduler.close_session(key)
 
+    def open_view(self, key: Hashable, heads: list[Head]) -> "HeadRows":
+        """Admit a session that drafts with `heads` (a subset of the engine's): its seam view."""
+        return HeadRows(self.open_session(key), self.heads, heads)
+
+    def draft_together(self, keyed: Sequence[tuple[Hashable, DraftRequest]], final: bool) -> list[Draft]:
+        """Several sessions' drafts queued at once, so the scheduler runs them in one batch."""
+        futures = [self.scheduler.submit(key, request, final=final) for key, request in keyed]
+        return [f.result(600.0) for f in futures]
+
     def supersede(self, key: Hashable) -> None:
         """A newer update of the session arrived: its queued or running partial is stale."""
         self.scheduler.supersede(key)
@@ -89,22 +101,81 @@ class Engine:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
 
-class EngineRegistry:
-    """Engines by (model, seam, device, dtype, heads): directions with equal routes share one."""
+class HeadRows:
+    """One direction's seam on a shared engine: the engine drafts with the union of every route's
+    heads; this view keeps its own heads' rows (and masses), in its own order.
 
-    def __init__(self, factory: SeamFactory, scheduler: SchedulerConfig | None = None) -> None:
+    `prefetched` holds drafts already made for it in a batch (`MultiTargetSession`): a request
+    equal to one of them is answered from there instead of the engine."""
+
+    def __init__(self, seam: Seam, engine_heads: list[Head], heads: list[Head]) -> None:
+        missing = [h for h in heads if h not in engine_heads]
+        if missing:
+            raise ValueError(f"heads {missing} are not captured by this engine")
+        self.seam = seam
+        self.heads = list(heads)
+        self.index = [engine_heads.index(h) for h in heads]
+        self._n_engine = len(engine_heads)
+        self.prefetched: list[tuple[DraftRequest, Draft]] = []
+
+    @property
+    def name(self) -> str:
+        return getattr(self.seam, "name", "seam")
+
+    def select(self, draft: Draft) -> Draft:
+        idx = self.index
+
+        def pick(a):
+            return a if a is None or len(a) != self._n_engine else a[idx]
+
+        tokens = [replace(t, rows=pick(t.rows), other_prompt_mass=pick(t.other_prompt_mass),
+                          generated_mass=pick(t.generated_mass), context_mass=pick(t.context_mass),
+                          history_mass=pick(t.history_mass)) for t in draft.tokens]
+        return replace(draft, heads=list(self.heads) if draft.heads else [], tokens=tokens)
+
+    def draft(self, request: DraftRequest) -> Draft:
+        for i, (r, d) in enumerate(self.prefetched):
+            if r == request:
+                del self.prefetched[i]
+                return d
+        return self.select(self.seam.draft(request))
+
+    def close(self) -> None:
+        self.seam.close()
+
+
+def route_key(route: DirectionRoute) -> tuple:
+    """Routes with equal keys share one engine (their heads are captured together)."""
+    return (route.model, route.seam, route.device, route.dtype,
+            json.dumps(route.seam_options, sort_keys=True, default=str))
+
+
+class EngineRegistry:
+    """Engines by (model, seam, device, dtype, options): directions of one model share one, whose
+    heads are the union of the heads of every route in `routes` with that key."""
+
+    def __init__(self, factory: SeamFactory, scheduler: SchedulerConfig | None = None,
+                 routes: dict[str, DirectionRoute] | None = None) -> None:
         self.factory = factory
         self.scheduler = scheduler
+        self.routes = dict(routes or {})
         self._engines: dict[tuple, Engine] = {}
         self._lock = threading.Lock()
 
+    def union_heads(self, route: DirectionRoute, direction: str) -> list[Head]:
+        """Every same-engine route's heads, directions in sorted order, each head once."""
+        heads: list[Head] = []
+        for d, r in sorted({**self.routes, direction: route}.items()):
+            if route_key(r) == route_key(route):
+                heads += [h for h in resolve_heads(r, d) if h not in heads]
+        return heads
+
     def get(self, route: DirectionRoute, direction: str) -> Engine:
-        heads = resolve_heads(route, direction)
-        key = (route.model, route.seam, route.device, route.dtype, tuple(heads),
-               json.dumps(route.seam_options, sort_keys=True, default=str))
+        key = route_key(route)
         with self._lock:  # loads are rare and slow; one at a time
             engine = self._engines.get(key)
             if engine is None:
+                heads = self.union_heads(route, direction)
                 started = time.perf_counter()
                 engine = Engine(f"{len(self._engines)}", route, heads, self.factory, self.scheduler)
                 self._engines[key] = engine

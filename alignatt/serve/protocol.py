@@ -13,6 +13,10 @@ whisperlivekit 0.2.26):
                                  committed_delta, buffer_text, covered_source_units, stop_reason}
     server → client   error     {code, message, seq?, supported?}
 
+Opt-in extension (docs/server.md): `init.target_langs: [...]` translates into several targets;
+`init_ok.targets` lists them and every `translation` frame then carries `target_lang`. Without
+it neither field appears.
+
 `parse_frame` is the one place that validates input; everything it rejects becomes a
 `ProtocolError` with a code and a message the client can show. Unknown fields are tolerated and
 reported back (`ignored_fields`), never silently dropped. A string holding a lone UTF-16
@@ -106,10 +110,19 @@ class InitFrame(_Incoming):
     context_text: StrictStr = ""
     history: list[tuple[StrictStr, StrictStr]] = Field(default_factory=list)
     accepted_target_prefix: StrictStr = ""
+    # Opt-in extension: translate into several targets; every translation frame names its target.
+    target_langs: list[StrictStr] | None = Field(None, min_length=1, max_length=16)
 
     @property
     def direction(self) -> str:
         return f"{self.source_lang.strip().lower()}-{self.target_lang.strip().lower()}"
+
+    @property
+    def targets(self) -> list[str]:
+        """The target languages (one unless `target_langs` is given), lower-case, in order."""
+        if self.target_langs is None:
+            return [self.target_lang.strip().lower()]
+        return list(dict.fromkeys(t.strip().lower() for t in self.target_langs))
 
 
 class Tail(_Incoming):
@@ -168,6 +181,18 @@ class InitOk(_Outgoing):
     policy: dict[str, Any] = Field(default_factory=dict)
     unknown_overrides: list[str] = Field(default_factory=list)
     ignored_fields: list[str] = Field(default_factory=list)
+    # The effective configuration: what the preset and overrides resolved to, and what was kept
+    # of the client's context and history.
+    source_lang: str = ""
+    target_lang: str = ""
+    head_set: str = ""
+    session: dict[str, Any] = Field(default_factory=dict)
+    context_chars: int = 0
+    history_received: int = 0
+    history_used: int = 0
+    history_trimmed: int = 0
+    targets: list[dict[str, Any]] | None = None  # only for `target_langs` sessions
+    _optional: ClassVar[frozenset[str]] = frozenset({"targets"})
 
 
 class TranslationFrame(_Outgoing):
@@ -183,11 +208,12 @@ class TranslationFrame(_Outgoing):
     stop_reason: str | None = None
     # Not in the client's contract (it ignores them); they make latency and the fast path visible.
     path: str = ""
+    target_lang: str | None = None  # only in `target_langs` sessions
     engine_calls: int = 0
     compute_ms: float = 0.0  # inside the session (drafting included)
     server_ms: float = 0.0  # frame received -> reply sent (queueing included)
     ignored_fields: list[str] | None = None
-    _optional: ClassVar[frozenset[str]] = frozenset({"ignored_fields"})
+    _optional: ClassVar[frozenset[str]] = frozenset({"ignored_fields", "target_lang"})
 
 
 class ErrorFrame(_Outgoing):

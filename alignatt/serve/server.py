@@ -53,7 +53,8 @@ class MTServer:
         resolve_preset(self.config.default_preset)  # fail at start, not at the first session
         # Each engine's scheduler admits as many sessions as the server does.
         self.registry = EngineRegistry(seam_factory or default_seam_factory,
-                                       SchedulerConfig(capacity=self.config.limits.max_sessions))
+                                       SchedulerConfig(capacity=self.config.limits.max_sessions),
+                                       routes=self.config.directions)
         self.stats = ServerStats()
         limits = self.config.limits
         # Recent translation steps, server-side (the smoke reads the fast-path latencies here).

@@ -28,7 +28,10 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field
 
 from alignatt.core.draft import Draft, DraftRequest, Seam
-from alignatt.core.policy import AFTER_STOP, SOURCE_FRONTIER, UNSTABLE_TAIL, PolicyConfig, PolicyResult, decide
+from alignatt.core.policy import (
+    AFTER_STOP, CONTEXT_LEAK, SOURCE_FRONTIER, UNSTABLE_TAIL, PolicyConfig, PolicyResult, decide,
+)
+from alignatt.core.prompt import ContextConfig, recent_history
 
 if TYPE_CHECKING:
     from alignatt.serve.budget import PromptBudget
@@ -41,7 +44,7 @@ FINAL = "final"
 FINAL_CACHED = "final_cached"
 EMPTY = "empty"
 
-_ATTENTION_STOPS = (UNSTABLE_TAIL, SOURCE_FRONTIER, AFTER_STOP)
+_ATTENTION_STOPS = (UNSTABLE_TAIL, SOURCE_FRONTIER, AFTER_STOP, CONTEXT_LEAK)
 
 
 class SessionLimits(BaseModel):
@@ -72,6 +75,7 @@ class SessionConfig(BaseModel):
     final_extra_tokens: int = Field(8, ge=1)
     final_max_new_tokens: int = Field(256, ge=1)
     limits: SessionLimits = Field(default_factory=SessionLimits)
+    context: ContextConfig = Field(default_factory=ContextConfig, description="context/history in the prompt")
 
 
 class UpdateRejected(ValueError):
@@ -130,7 +134,8 @@ def _clean(words: list[str]) -> list[str]:
 
 
 # A sentence end: terminal punctuation (optionally closed by quotes/brackets) before space or end.
-_SENTENCE_END = re.compile(r"[.!?。！？…]+[\"'»«”’)\]]*(?=\s|$)")
+# CJK full stops end a sentence without a following space (zh/ja put none).
+_SENTENCE_END = re.compile(r"[.!?。！？…]+[\"'»«”’)\]]*(?=\s|$)|[。！？]+[”’」』）]*")
 # Tokens ending in a period that do not end a sentence (German and English abbreviations, initials).
 _ABBREVIATION = re.compile(
     r"(?:^|\s)(?:[A-Za-zÄÖÜäöü]|z\.\s?B|d\.\s?h|u\.\s?a|bzw|usw|ca|vgl|Nr|Dr|Prof|St|etc|e\.g|i\.e|vs)\.$"
@@ -183,9 +188,9 @@ class Session:
         self.config = config or SessionConfig()
         self.source_lang = source_lang
         self.target_lang = target_lang
-        # Kept for the session's record and for clients that reconnect; DraftRequest has no
-        # context field yet, so neither reaches the prompt.
-        self.history: list[tuple[str, str]] = list(history or [])
+        # Both reach the prompt (outside the source region); the prompt gets the last
+        # `context.history_pairs` turns, which is what a reconnecting client sends back.
+        self.history: list[tuple[str, str]] = [tuple(p) for p in history or []]
         self.context_text = context_text
         self.budget = budget  # counts prompt tokens; None: no token bounds (tests, offline use)
         self.engine_calls = 0
@@ -256,6 +261,28 @@ class Session:
         words, tail, _ = self._normalise(committed_words, tail_words, is_final)
         return self._cached_path(words, tail, is_final) is None
 
+    def planned_request(
+        self, committed_words: list[str], tail_words: list[str], is_final: bool,
+        utterance_id: int | None = None,
+    ) -> DraftRequest | None:
+        """The DraftRequest `update` would send to the engine for this update (None: no engine call).
+
+        Lets a caller draft several sessions' requests in one engine batch before updating them.
+        """
+        if not self.needs_engine(committed_words, tail_words, is_final, utterance_id):
+            return None
+        u = self._open
+        fresh = utterance_id is not None and u.utterance_id not in (None, utterance_id)
+        committed_text = "" if fresh else u.committed_text
+        covered = 0 if fresh else u.covered_source_units
+        history = self.history
+        if fresh and (u.committed_words or u.committed_text):  # `update` closes the open one first
+            history = history + [(" ".join(u.committed_words), u.committed_text)]
+        words, tail, _ = self._normalise(committed_words, tail_words, is_final)
+        if is_final or len(words) > self.config.limits.max_utterance_words:
+            return self._request(words, len(words), committed_text, self._final_budget(len(words), covered), history)
+        return self._request(words + tail, len(words), committed_text, self.config.max_new_tokens, history)
+
     def update(
         self,
         committed_words: list[str],
@@ -289,7 +316,7 @@ class Session:
             stop = result.stop_reason if result else None
             step = self._step(u, before, delta, "", len(words), stop, path, calls_before,
                               started, result, final=True, forced=forced)
-            self.history.append((" ".join(words), u.committed_text + delta))
+            self._remember(" ".join(words), u.committed_text + delta)
             self._open = _Utterance(utterance_id=(u.utterance_id or 0) + 1)
             return self._finish(step, rewritten, ignored)
 
@@ -329,6 +356,11 @@ class Session:
 
     # ---- internals ----
 
+    def _remember(self, source: str, target: str) -> None:
+        """Record a closed utterance; only the turns a prompt can use are kept."""
+        self.history.append((source, target))
+        del self.history[: -max(self.config.context.history_pairs, 1)]
+
     def _enter_utterance(self, utterance_id: int | None) -> None:
         u = self._open
         if utterance_id is None or u.utterance_id == utterance_id:
@@ -342,32 +374,39 @@ class Session:
             )
         # The client moved on without a final: keep what was shown, open the new utterance.
         if u.committed_words or u.committed_text:
-            self.history.append((" ".join(u.committed_words), u.committed_text))
+            self._remember(" ".join(u.committed_words), u.committed_text)
         self._open = _Utterance(utterance_id=utterance_id)
 
-    def _draft(self, source: list[str], committed: int, prefix: str, max_new: int) -> Draft:
-        request = DraftRequest(
+    def _request(self, source: list[str], committed: int, prefix: str, max_new: int,
+                 history: list[tuple[str, str]] | None = None) -> DraftRequest:
+        return DraftRequest(
             source_words=source,
             committed_words=committed,
             target_prefix=prefix,
             max_new_tokens=max_new,
             source_lang=self.source_lang,
             target_lang=self.target_lang,
+            context_text=self.context_text,
+            history=recent_history(self.history if history is None else history, self.config.context),
         )
+
+    def _draft(self, source: list[str], committed: int, prefix: str, max_new: int) -> Draft:
+        request = self._request(source, committed, prefix, max_new)
         if self.budget is not None:
             self.budget.check_request(request)  # raises BudgetExceeded before any engine work
         self.engine_calls += 1
         return self.seam.draft(request)
 
-    def _final_draft(self, words: list[str]) -> tuple[PolicyResult, str]:
-        cfg = self.config
+    def _final_budget(self, n_words: int, covered: int) -> int:
         # The committed text already covers part of the source: budget only the rest, so a final
         # stays about as quick as a partial (clients time out on slow ones).
-        uncovered = max(len(words) - self._open.covered_source_units, 1)
-        budget = min(
-            cfg.final_max_new_tokens,
-            int(cfg.final_tokens_per_word * uncovered) + cfg.final_extra_tokens,
-        )
+        cfg = self.config
+        uncovered = max(n_words - covered, 1)
+        return min(cfg.final_max_new_tokens, int(cfg.final_tokens_per_word * uncovered) + cfg.final_extra_tokens)
+
+    def _final_draft(self, words: list[str]) -> tuple[PolicyResult, str]:
+        cfg = self.config
+        budget = self._final_budget(len(words), self._open.covered_source_units)
         draft = self._draft(words, len(words), self._open.committed_text, budget)
         result = decide(draft, len(words), cfg.policy, final=True)
         return result, emitted_text(result.emitted_text)

@@ -177,6 +177,7 @@ class HFCaptureSeam:
         other_mass = (full * other).sum(-1)
         generated_mass = full[..., prompt.prefix_start:].sum(-1)
         rows, other_mass, generated_mass = (t.float().cpu().numpy() for t in (rows, other_mass, generated_mass))
+        blocks = block_masses(full, prompt)
         pieces = _pieces(self.loaded.tokenizer, drafted)
         return [
             TokenCapture(
@@ -185,9 +186,30 @@ class HFCaptureSeam:
                 rows=np.ascontiguousarray(rows[i], dtype=np.float32),
                 other_prompt_mass=other_mass[i].astype(np.float32),
                 generated_mass=generated_mass[i].astype(np.float32),
+                **{f"{k}_mass": None if v is None else v[i] for k, v in blocks.items()},
             )
             for i, tok in enumerate(drafted)
         ]
+
+
+def block_masses(full: torch.Tensor, prompt: PromptLayout, key_lo: int = 0) -> dict[str, np.ndarray | None]:
+    """fp32 [T, heads] mass on the context block and on the history turns (None: no such block).
+
+    `full` holds rows over the contiguous key positions key_lo..; positions outside it (a
+    sliding window) contribute 0.
+    """
+    out: dict[str, np.ndarray | None] = {}
+    for name, positions in (("context", prompt.context_token_positions),
+                            ("history", prompt.history_token_positions)):
+        rel = [p - key_lo for p in positions if 0 <= p - key_lo < full.shape[-1]]
+        if not positions:
+            out[name] = None
+        elif not rel:
+            out[name] = np.zeros(full.shape[:2], dtype=np.float32)
+        else:
+            idx = torch.tensor(rel, device=full.device)
+            out[name] = full.index_select(-1, idx).sum(-1).float().cpu().numpy().astype(np.float32)
+    return out
 
 
 def _pieces(tokenizer: Any, ids: list[int]) -> list[str]:

@@ -63,6 +63,9 @@ class FetchItem:
     n_tokens: int  # drafted tokens whose rows are wanted (>= 1)
     source_positions: tuple[int, ...]
     generated_start: int  # first key position counted as generated (target prefix + draft)
+    # The prompt's context block and history turns (empty: none; their mass is then not reported).
+    context_positions: tuple[int, ...] = ()
+    history_positions: tuple[int, ...] = ()
 
 
 @dataclass
@@ -79,6 +82,8 @@ class FetchedRows:
     other_prompt: np.ndarray  # float32 [T, H]
     generated: np.ndarray  # float32 [T, H]
     raw: Optional[RawCapture] = None
+    context: Optional[np.ndarray] = None  # float32 [T, H]: mass on the context block (None: no block)
+    history: Optional[np.ndarray] = None  # float32 [T, H]: mass on the history turns (None: none)
 
 
 @dataclass
@@ -189,23 +194,30 @@ class BatchFetcher:
             rows = probs.gather(-1, src_index) * g["src_valid"][:, None, None, :].to(probs.dtype)
             gen = (probs * g["is_gen"][:, None, None, :].to(probs.dtype)).sum(-1)
             other = (probs * g["is_other"][:, None, None, :].to(probs.dtype)).sum(-1)
-            per_layer[layer] = (rows, other, gen)
+            ctx = (probs * g["is_ctx"][:, None, None, :].to(probs.dtype)).sum(-1)
+            hist = (probs * g["is_hist"][:, None, None, :].to(probs.dtype)).sum(-1)
+            per_layer[layer] = (rows, other, gen, ctx, hist)
         rows = torch.stack([per_layer[l][0][:, :, i] for l, i in self.order], dim=2)  # [R, T, H, S]
         other = torch.stack([per_layer[l][1][:, :, i] for l, i in self.order], dim=2)  # [R, T, H]
         gen = torch.stack([per_layer[l][2][:, :, i] for l, i in self.order], dim=2)
-        packed = torch.cat([rows.reshape(-1), other.reshape(-1), gen.reshape(-1)]).cpu().numpy()
+        ctx = torch.stack([per_layer[l][3][:, :, i] for l, i in self.order], dim=2)
+        hist = torch.stack([per_layer[l][4][:, :, i] for l, i in self.order], dim=2)
+        packed = torch.cat([rows.reshape(-1), other.reshape(-1), gen.reshape(-1), ctx.reshape(-1),
+                            hist.reshape(-1)]).cpu().numpy()
         t2 = time.perf_counter()
         H = len(self.order)
         n_rows, n_mass = R * T * H * S, R * T * H
         rows_h = packed[:n_rows].reshape(R, T, H, S)
-        other_h = packed[n_rows:n_rows + n_mass].reshape(R, T, H)
-        gen_h = packed[n_rows + n_mass:].reshape(R, T, H)
+        other_h, gen_h, ctx_h, hist_h = (packed[n_rows + k * n_mass:n_rows + (k + 1) * n_mass].reshape(R, T, H)
+                                         for k in range(4))
         out = []
         for r, it in enumerate(items):
             n, s = it.n_tokens, len(it.source_positions)
             raw = self._raw(r, it, spans, gathered, probs_of) if self.keep_raw else None
             out.append(FetchedRows(np.ascontiguousarray(rows_h[r, :n, :, :s]),
-                                   np.ascontiguousarray(other_h[r, :n]), np.ascontiguousarray(gen_h[r, :n]), raw))
+                                   np.ascontiguousarray(other_h[r, :n]), np.ascontiguousarray(gen_h[r, :n]), raw,
+                                   np.ascontiguousarray(ctx_h[r, :n]) if it.context_positions else None,
+                                   np.ascontiguousarray(hist_h[r, :n]) if it.history_positions else None))
         return out, FetchTimings((t1 - t0) * 1e3, (t2 - t1) * 1e3)
 
     def _host_indices(self, items: Sequence[FetchItem], blocks: list[Any], T: int, S: int
@@ -241,6 +253,8 @@ class BatchFetcher:
             src_valid = np.zeros((R, S), np.int64)
             is_gen = np.zeros((R, L), np.int64)
             is_other = np.zeros((R, L), np.int64)
+            is_ctx = np.zeros((R, L), np.int64)
+            is_hist = np.zeros((R, L), np.int64)
             for r, it in enumerate(items):
                 kb = kernel_block_ids(blocks[r][src.group], src.blocks_per_kv_block)
                 n_keys = his[r] - los[r] + 1
@@ -257,10 +271,13 @@ class BatchFetcher:
                 gen = kp >= it.generated_start
                 is_gen[r, :n_keys] = gen
                 is_other[r, :n_keys] = ~source_key & ~gen
+                for flags, positions in ((is_ctx, it.context_positions), (is_hist, it.history_positions)):
+                    rel = np.asarray(positions, np.int64) - los[r]
+                    flags[r, rel[(rel >= 0) & (rel < n_keys)]] = 1
             at: dict = {}
             for name, array in (("qpos", qpos), ("kpos", kpos), ("qslots", qslots), ("kslots", kslots),
                                 ("src_index", src_index), ("src_valid", src_valid), ("is_gen", is_gen),
-                                ("is_other", is_other)):
+                                ("is_other", is_other), ("is_ctx", is_ctx), ("is_hist", is_hist)):
                 put(name, array, at)
             spans[layer] = {"at": at, "L": L, "lo": los, "hi": his}
         return np.concatenate(parts), spans
@@ -313,6 +330,7 @@ class BatchFetcher:
         other = torch.stack([splits[l].other_prompt[:, i] for l, i in self.order], dim=1)
         gen = torch.stack([splits[l].generated[:, i] for l, i in self.order], dim=1)
         rows, other, gen = (t.cpu().numpy().astype(np.float32) for t in (rows, other, gen))
+        blocks_mass = self._block_masses(probs_of, fetched, it)
         t2 = time.perf_counter()
         raw = None
         if self.keep_raw:
@@ -325,7 +343,23 @@ class BatchFetcher:
                     entry["out"] = f["out"].float().cpu().numpy()
                 layers[layer] = entry
             raw = RawCapture(query_positions=qpos.cpu().numpy(), layers=layers)
-        return FetchedRows(rows, other, gen, raw), FetchTimings((t1 - t0) * 1e3, (t2 - t1) * 1e3)
+        return (FetchedRows(rows, other, gen, raw, blocks_mass["context"], blocks_mass["history"]),
+                FetchTimings((t1 - t0) * 1e3, (t2 - t1) * 1e3))
+
+    def _block_masses(self, probs_of: dict, fetched: dict, it: FetchItem) -> dict:
+        """[T, H] mass on the context block and the history turns, in head order (None: no block)."""
+        out = {}
+        for name, positions in (("context", it.context_positions), ("history", it.history_positions)):
+            if not positions:
+                out[name] = None
+                continue
+            per_layer = {}
+            for layer, probs in probs_of.items():
+                rel = [p - fetched[layer]["lo"] for p in positions if 0 <= p - fetched[layer]["lo"] < probs.shape[-1]]
+                idx = torch.tensor(rel, dtype=torch.long, device=probs.device)
+                per_layer[layer] = probs.index_select(-1, idx).sum(-1)
+            out[name] = torch.stack([per_layer[l][:, i] for l, i in self.order], dim=1).cpu().numpy().astype(np.float32)
+        return out
 
 
 def _batched_rows(plan: LayerPlan, q: torch.Tensor, qpos: torch.Tensor, keys: torch.Tensor,

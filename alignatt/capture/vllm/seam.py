@@ -280,7 +280,10 @@ class VllmCaptureSeam:
                     self.raw[st.internal] = got.raw
                     self.last_raw_id = st.internal
                 captures = [TokenCapture(tok, pieces[j], np.ascontiguousarray(got.rows[j]), got.other_prompt[j],
-                                         got.generated[j]) for j, tok in enumerate(tokens)]
+                                         got.generated[j],
+                                         context_mass=None if got.context is None else got.context[j],
+                                         history_mass=None if got.history is None else got.history[j])
+                            for j, tok in enumerate(tokens)]
             elif tokens:  # no capture: empty rows
                 n_src = len(st.prompt.source_token_positions)
                 empty, z = np.zeros((0, n_src), dtype=np.float32), np.zeros(0, dtype=np.float32)
@@ -308,7 +311,8 @@ class VllmCaptureSeam:
             self._warn_once("window", f"note: prompt + draft ({n_prompt + n_tokens}) exceeds the sliding window "
                             f"({window}); rows of early tokens read keys from blocks vLLM already freed")
         return FetchItem(st.internal, n_prompt, n_tokens, tuple(st.prompt.source_token_positions),
-                         st.prompt.prefix_start)
+                         st.prompt.prefix_start, tuple(st.prompt.context_token_positions),
+                         tuple(st.prompt.history_token_positions))
 
     def describe(self) -> dict:
         """Facts for artifacts and logs."""
