@@ -22,7 +22,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 ROOT = Path(__file__).resolve().parents[2]
 HEADS = [(0, 1), (1, 2), (2, 5), (3, 4), (5, 6), (8, 0), (10, 6), (11, 3)]  # sliding, full and KV-shared layers
 TOKENS = 12
-FP32_ROW_TOL = 1e-5  # fp32 rows: cached keys come from another forward, same arithmetic up to GEMM order
+# fp32 rows: cached keys come from another request's prefill (other GEMM shapes, other rounding),
+# amplified by random weights. On the H200 (d18a3fd) caching on vs off gave identical tokens and
+# rows within 5.3e-4 (a 1e-5 bound failed there); the cross-engine fp32 parity allows 0.02.
+FP32_ROW_TOL = 2e-3
 
 
 @pytest.fixture(scope="module")
