@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from alignatt.core.errors import AlignattError
-from alignatt.pipeline.stream_replay import RunRecord, SmokeStream, asr_events, ends_sentence
+from alignatt.pipeline.stream_replay import RunRecord, SmokeStream, UpdateCursor, asr_events
 
 _REPLY_FIELDS = ("utterance_id", "final", "forced_final", "path", "engine_calls", "server_ms", "compute_ms",
                  "committed_text", "committed_delta", "buffer_text", "stop_reason", "covered_source_units")
@@ -61,29 +61,19 @@ def replay_realtime(url: str, stream: SmokeStream, speed: float, preset: str, dr
 
         reader = threading.Thread(target=read, name="realtime-reader", daemon=True)
         reader.start()
-        seq = uid = utt_start = committed = arrived = 0
+        cursor = UpdateCursor(words)
+        seq = 0
         start = time.perf_counter()
         for ev in asr_events(stream):
             due = start + ev.t / speed
             now = time.perf_counter()
             if now < due:
                 time.sleep(due - now)
-            final = False
-            if ev.kind == "arrive":
-                arrived = ev.index + 1
-            else:
-                committed = ev.index + 1
-                final = ends_sentence(words[ev.index])
-            open_words = words[utt_start:committed]
-            tail = [] if final else words[committed:arrived]
-            if not open_words and not tail:
+            step = cursor.frame(ev)
+            if step is None:
                 continue
-            seq += 1
-            frame = {"type": "update", "seq": seq, "utterance_id": uid,
-                     "words": [[w, None, None] for w in open_words],
-                     "clock_ms": round(ev.t * 1000.0, 1), "is_final": final}
-            if tail:
-                frame["tail"] = {"words": [[w, None, None] for w in tail]}
+            frame, open_words, tail, final = step
+            seq = cursor.seq
             record = {"client": "realtime", "seq": seq, "trigger": ev.kind, "stream_s": round(ev.t, 3),
                       "committed_words": len(open_words), "tail_words": len(tail), "is_final": final}
             with lock:
@@ -91,8 +81,7 @@ def replay_realtime(url: str, stream: SmokeStream, speed: float, preset: str, dr
             ws.send(json.dumps(frame))
             if final:
                 finals_sent.append(seq)
-                uid += 1
-                utt_start = committed
+                cursor.close_utterance()
         # Every final is answered (never superseded): wait for them, bounded.
         deadline = time.monotonic() + drain_s
         while time.monotonic() < deadline:

@@ -83,6 +83,40 @@ def asr_events(stream: SmokeStream) -> list[AsrEvent]:
     return sorted(events, key=lambda e: (e.t, e.kind != "commit", e.index))
 
 
+class UpdateCursor:
+    """Where an ASR replay stands: the open utterance's committed words and the unstable tail at
+    each event, as the protocol-v1 update frame a client sends (both replay clients use it)."""
+
+    def __init__(self, words: list[str]) -> None:
+        self.words = words
+        self.seq = self.uid = self.utt_start = self.committed = self.arrived = 0
+
+    def frame(self, ev: AsrEvent) -> tuple[dict[str, Any], list[str], list[str], bool] | None:
+        """(frame, open words, tail, is_final) for this event, or None when there is nothing to send."""
+        final = False
+        if ev.kind == "arrive":
+            self.arrived = ev.index + 1
+        else:
+            self.committed = ev.index + 1
+            final = ends_sentence(self.words[ev.index])
+        open_words = self.words[self.utt_start:self.committed]
+        tail = [] if final else self.words[self.committed:self.arrived]
+        if not open_words and not tail:
+            return None
+        self.seq += 1
+        frame = {"type": "update", "seq": self.seq, "utterance_id": self.uid,
+                 "words": [[w, None, None] for w in open_words],
+                 "clock_ms": round(ev.t * 1000.0, 1), "is_final": final}
+        if tail:
+            frame["tail"] = {"words": [[w, None, None] for w in tail]}
+        return frame, open_words, tail, final
+
+    def close_utterance(self) -> None:
+        """The open utterance became final: the next words start a new one."""
+        self.uid += 1
+        self.utt_start = self.committed
+
+
 @dataclass
 class RunRecord:
     client: str
@@ -121,7 +155,7 @@ def replay_native(url: str, stream: SmokeStream, speed: float, preset: str) -> R
         ok = json.loads(ws.recv(timeout=600))
         if ok.get("type") != "init_ok":
             raise AlignattError(f"server refused the session: {ok.get('code')}: {ok.get('message')}")
-        seq = uid = utt_start = committed = arrived = 0
+        cursor = UpdateCursor(words)
         max_lag = 0.0
         start = time.perf_counter()
         for ev in asr_events(stream):
@@ -131,22 +165,11 @@ def replay_native(url: str, stream: SmokeStream, speed: float, preset: str) -> R
                 time.sleep(due - now)
             lag = max(time.perf_counter() - due, 0.0)
             max_lag = max(max_lag, lag)
-            final = False
-            if ev.kind == "arrive":
-                arrived = ev.index + 1
-            else:
-                committed = ev.index + 1
-                final = ends_sentence(words[ev.index])
-            open_words = words[utt_start:committed]
-            tail = [] if final else words[committed:arrived]
-            if not open_words and not tail:
+            step = cursor.frame(ev)
+            if step is None:
                 continue
-            seq += 1
-            frame = {"type": "update", "seq": seq, "utterance_id": uid,
-                     "words": [[w, None, None] for w in open_words],
-                     "clock_ms": round(ev.t * 1000.0, 1), "is_final": final}
-            if tail:
-                frame["tail"] = {"words": [[w, None, None] for w in tail]}
+            frame, open_words, tail, final = step
+            seq = cursor.seq
             sent = time.perf_counter()
             ws.send(json.dumps(frame))
             reply = _await_reply(ws, seq)
@@ -165,8 +188,7 @@ def replay_native(url: str, stream: SmokeStream, speed: float, preset: str) -> R
                 record.update(error=reply.get("code"), message=reply.get("message"))
             events.append(record)
             if final or reply.get("final"):
-                uid += 1
-                utt_start = committed
+                cursor.close_utterance()
         return RunRecord("native", events, time.perf_counter() - start, max_lag)
 
 
