@@ -26,12 +26,12 @@ def test_a_short_soak_on_the_fake_engine_meets_its_targets(tmp_path):
 
 
 def test_the_soak_is_shown_on_the_benchmarks_page(tmp_path):
-    from alignatt.pipeline.soak import report_item
+    from alignatt.pipeline.report import soak_item
 
     heads = head_set_file(tmp_path, "en-de", [(0, 0), (0, 1), (1, 2), (2, 3)])
     options = SoakOptions(model="fake", seam="fake", heads=heads, minutes=0.05, clients=1, sample_s=1.0,
                           settle_s=0.0, init_timeout_s=0.5)
     artifact = run_soak(options, None, seam_factory=FakeFactory())
-    item = report_item("outputs/cpu/soak.json", artifact, "cpu")
+    item = soak_item("outputs/cpu/soak.json", artifact, "cpu")
     assert item["name"] == "server_soak" and len(item["checks"]) == len(artifact.checks)
     assert any(line.startswith("rss_mb = ") for line in item["results"])

@@ -19,16 +19,14 @@ import gc
 import json
 import random
 import socket
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from alignatt.core.errors import AlignattError
 
 RSS_TOLERANCE = 0.05
 FD_SLACK = 2  # descriptors the runtime may open lazily (e.g. a thread pool's wake-up pipe)
@@ -492,56 +490,7 @@ def run_soak(options: SoakOptions, out: str | Path | None = "outputs/cpu/soak.js
     return artifact
 
 
-def report_item(rel: str, artifact, machine: str) -> dict:
-    """The soak as an item of the Benchmarks page's "Other measurements" (report.measurement_items)."""
-    sessions = sum(artifact.sessions.values())
-    hostile = sessions - artifact.sessions.get("well_formed", 0)
-    return dict(
-        path=rel, name="server_soak", date=artifact.provenance.date, machine=machine,
-        description=(f"`alignatt soak`: {artifact.config.get('minutes')} min of mixed well-formed and hostile "
-                     f"sessions on loopback ({artifact.config.get('model')}, {artifact.config.get('seam')}, "
-                     f"{artifact.config.get('clients')} clients); targets {'met' if artifact.passed else 'MISSED'}"),
-        synthetic=False,
-        results=[f"sessions = {sessions} ({hostile} hostile)", f"updates = {artifact.updates}",
-                 f"finals = {artifact.finals}", f"load_s = {artifact.load_s}",
-                 f"rss_mb = {artifact.rss_start_mb} -> {artifact.rss_end_mb} ({artifact.rss_change_pct:+.2f}%)",
-                 f"fds = {artifact.fds_start} -> {artifact.fds_end}",
-                 f"server closes = {artifact.server.get('closes', {})}"],
-        checks=[("✓" if c.passed else "✗", c.name, c.detail) for c in artifact.checks],
-    )
-
-
 def summary_line(artifact) -> str:
     checks = ", ".join(f"{c.name} {'ok' if c.passed else 'FAILED'} ({c.detail})" for c in artifact.checks)
     return (f"soak {'passed' if artifact.passed else 'FAILED'}: {sum(artifact.sessions.values())} sessions, "
             f"{artifact.updates} updates, {artifact.finals} finals in {artifact.load_s} s; {checks}")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m alignatt.pipeline.soak`: `alignatt soak` without the typer CLI."""
-    import argparse
-
-    p = argparse.ArgumentParser(prog="python -m alignatt.pipeline.soak", description=main.__doc__)
-    p.add_argument("--model", default="gemma3-270m")
-    p.add_argument("--seam", default="hf_qk_fast")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--minutes", type=float, default=30.0)
-    p.add_argument("--clients", type=int, default=3)
-    p.add_argument("--out", default="outputs/cpu/soak.json")
-    a = p.parse_args(argv)
-    try:
-        artifact = run_soak(SoakOptions(model=a.model, seam=a.seam, device=a.device, minutes=a.minutes,
-                                        clients=a.clients), a.out, progress=lambda m: print(m, file=sys.stderr, flush=True))
-    except ValidationError as e:
-        print(f"error: {e.errors()[0]['loc'][0]}: {e.errors()[0]['msg']}", file=sys.stderr)
-        return 2
-    except AlignattError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(summary_line(artifact))
-    print(f"wrote {a.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
