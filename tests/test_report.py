@@ -199,7 +199,7 @@ def test_another_stage_registers_its_figures_by_artifact_kind(tree, monkeypatch)
     @figures.figure_for("server_smoke")
     def rtt(inputs):
         smokes = inputs.of_kind("server_smoke")
-        fig, ax = figures._new_figure()
+        fig, ax = figures.new_figure()
         ax.bar([rel for rel, _ in smokes], [a.rtt_ms_p95 for _, a in smokes])
         return [figures.Figure("smoke_rtt", "server_smoke", "Smoke RTT p95", "p95 by artifact",
                                figures.svg_text(fig))]
