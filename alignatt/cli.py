@@ -398,9 +398,9 @@ def bench_cmd(
         seams=[s.strip() for s in seams.split(",") if s.strip()] if seams else None,
     )
     artifact = bench.run_bench(config, bench.SubprocessRunner(progress=progress))
-    typer.echo(bench.format_summary(artifact), err=True)
     bench.check_expected_seams(artifact)  # all expected seams skipped: one line, exit 2, nothing written
     artifact = bench.write_bench_outputs(artifact, out, metrics, plot, add)
+    typer.echo(bench.format_summary(artifact))
     typer.echo(f"wrote {out}")
 
 

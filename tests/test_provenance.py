@@ -134,3 +134,13 @@ def test_params_edits_are_recorded_not_called_uncommitted_code(tmp_path, monkeyp
     old = p.model_dump()
     del old["dvc_experiment"], old["params_changed"]
     assert Provenance.model_validate(old).params_changed == {}
+
+
+def test_provenance_does_not_import_the_artifact_schema():
+    """artifacts imports provenance (the block it embeds); the other way round would be a cycle."""
+    import ast
+
+    tree = ast.parse(Path(provenance.__file__).read_text(encoding="utf-8"))
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not {m for m in imported if m and m.startswith("alignatt.pipeline")}, imported

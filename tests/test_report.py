@@ -143,3 +143,69 @@ def test_templates_are_strict(tree):
 
 def test_the_committed_document_is_up_to_date():
     assert report.stale_report(ROOT) is None
+
+
+# ---- figures ---------------------------------------------------------------------------------
+
+
+def test_figures_are_byte_stable_undated_and_on_the_page(tree):
+    text, figures = report.render_all(tree)
+    again = report.render_all(tree)[1]
+    assert [f.name for f in figures] == ["latency_by_prompt_length_cpu", "latency_by_prompt_length_h200",
+                                         "headline_ratio_history"]
+    assert [f.svg for f in figures] == [f.svg for f in again]
+    for f in figures:
+        assert f.svg.startswith("<?xml") and "<dc:date>" not in f.svg and "Matplotlib v" not in f.svg
+        assert f"![{f.title}]({f.path})" in text
+    # the fixture's h200 run: three seams in eager and one in cudagraph, one line each
+    h200 = figures[1].svg
+    for label in ("hf_eager (eager)", "hf_qk_fast (eager)", "vllm_capture (eager)", "vllm_capture (cudagraph)"):
+        assert label in h200
+    assert "hf_eager (eager)" in figures[0].svg and "vllm_capture" not in figures[0].svg  # skipped on CPU
+    # the history: the published ratios and ours, each labelled with its value
+    history = figures[2].svg
+    rows = [r for r in report.collect_inputs(tree, report_params(tree)).rows() if r.speedup is not None]
+    assert {r.historical for r in rows} == {True, False} and len(rows) == 5
+    for r in rows:
+        assert f">{r.speedup:.2f}×" in history, r
+    assert ">5.35× cudagraph<" in history  # the published headline, marked corrupt
+
+
+def test_check_finds_stale_missing_and_orphan_figures(tree):
+    report.write_report(tree)
+    assert report.stale_report(tree) is None
+    folder = tree / "reports" / "figures"
+    svg = folder / "headline_ratio_history.svg"
+    svg.write_text(svg.read_text().replace("5.35×", "5.36×"))
+    assert "headline_ratio_history.svg is stale" in report.stale_report(tree)
+    svg.unlink()
+    assert "headline_ratio_history.svg does not exist" in report.stale_report(tree)
+    report.write_report(tree)
+    (folder / "old_figure.svg").write_text("<svg/>")
+    assert "old_figure.svg" in report.stale_report(tree)
+    report.write_report(tree)  # removes what no function draws any more
+    assert not (folder / "old_figure.svg").exists() and report.stale_report(tree) is None
+    # new data is a new figure: re-measuring makes the committed figure stale
+    write_run(tree, "h200", {"cudagraph": bench_artifact("h200", "cudagraph", {"vllm_capture": 0.5}, True, True)})
+    assert "stale" in report.stale_report(tree)
+
+
+def test_another_stage_registers_its_figures_by_artifact_kind(tree, monkeypatch):
+    """How the load and eval stages add theirs: a function keyed by their artifact kind."""
+    from alignatt.pipeline import figures
+
+    monkeypatch.setattr(figures, "_REGISTRY", figures.registered())  # undone after the test
+
+    @figures.figure_for("server_smoke")
+    def rtt(inputs):
+        smokes = inputs.of_kind("server_smoke")
+        fig, ax = figures.new_figure()
+        ax.bar([rel for rel, _ in smokes], [a.rtt_ms_p95 for _, a in smokes])
+        return [figures.Figure("smoke_rtt", "server_smoke", "Smoke RTT p95", "p95 by artifact",
+                               figures.svg_text(fig))]
+
+    text, made = report.render_all(tree)
+    assert "smoke_rtt" in [f.name for f in made]
+    assert "## Figures: server_smoke" in text and "![Smoke RTT p95](figures/smoke_rtt.svg)" in text
+    report.write_report(tree)
+    assert (tree / "reports" / "figures" / "smoke_rtt.svg").exists()

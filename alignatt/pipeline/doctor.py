@@ -16,7 +16,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from alignatt.pipeline.provenance import NOT_INSTALLED, package_version
 
@@ -34,6 +34,7 @@ class SeamReadiness(BaseModel):
     expected_to_run: bool  # False: listed in the profile's expect_skipped
     missing: list[str] = Field(default_factory=list)  # empty: it can run here
 
+    @computed_field
     @property
     def can_run(self) -> bool:
         return not self.missing
@@ -47,6 +48,7 @@ class Diagnosis(BaseModel):
     device: str
     seams: list[SeamReadiness]
 
+    @computed_field
     @property
     def ok(self) -> bool:
         return all(s.can_run for s in self.seams if s.expected_to_run)

@@ -89,7 +89,7 @@ def render_figures(inputs: "ReportInputs") -> list[Figure]:
 # ---- drawing, byte-stable --------------------------------------------------------------------
 
 
-def _new_figure(width: float = 7.0, height: float = 4.0):
+def new_figure(width: float = 7.0, height: float = 4.0):
     try:
         from matplotlib.figure import Figure as MplFigure
     except ImportError:
@@ -153,7 +153,7 @@ def latency_by_prompt_length(inputs: "ReportInputs") -> list[Figure]:
 
         def draw(series=series, profile=profile, machine=machine, day=day, model=any_art.config.model,
                  synthetic=synthetic) -> Figure:
-            fig, ax = _new_figure()
+            fig, ax = new_figure()
             for seam, mode, points in series:
                 xs, ys = zip(*points)
                 ax.plot(xs, ys, marker=MODE_MARKERS.get(mode, "x"), linestyle="-", linewidth=1,
@@ -181,7 +181,7 @@ def headline_ratio_history(inputs: "ReportInputs") -> list[Figure]:
         return []
 
     def draw() -> Figure:
-        fig, ax = _new_figure(7.0, 3.6)
+        fig, ax = new_figure(7.0, 3.6)
         for historical, corrupt, label in ((True, False, "published"), (True, True, "published, capture corrupt"),
                                            (False, False, "ours"), (False, True, "ours, capture corrupt")):
             group = [r for r in points if r.historical == historical and r.corrupt == corrupt]
