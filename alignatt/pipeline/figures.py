@@ -108,7 +108,7 @@ def svg_text(fig) -> str:
     return buf.getvalue()
 
 
-def _styled(draw: Callable[[], Figure]) -> Figure:
+def styled(draw: Callable[[], Figure]) -> Figure:
     """Draw under matplotlib's default style, whatever matplotlibrc this machine has."""
     import matplotlib
     import matplotlib.style
@@ -169,7 +169,7 @@ def latency_by_prompt_length(inputs: "ReportInputs") -> list[Figure]:
             return Figure(f"latency_by_prompt_length_{profile}", "bench", f"Latency by prompt length ({profile})",
                           caption, svg_text(fig))
 
-        figures.append(_styled(draw))
+        figures.append(styled(draw))
     return figures
 
 
@@ -208,4 +208,4 @@ def headline_ratio_history(inputs: "ReportInputs") -> list[Figure]:
                    "so its ratio cannot be claimed. Rows differ in machine and tool: compare within a row.")
         return Figure("headline_ratio_history", "bench", "Headline ratio by date", caption, svg_text(fig))
 
-    return [_styled(draw)]
+    return [styled(draw)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from alignatt.pipeline.figures import Figure, _new_figure, _styled, figure_for, svg_text
+from alignatt.pipeline.figures import Figure, new_figure, styled, figure_for, svg_text
 
 if TYPE_CHECKING:
     from alignatt.pipeline.report import ReportInputs
@@ -67,7 +67,7 @@ def rtt_against_speakers(inputs: "ReportInputs") -> list[Figure]:
         return []
 
     def draw() -> Figure:
-        fig, ax = _new_figure(7.0, 4.0)
+        fig, ax = new_figure(7.0, 4.0)
         for label, pts in series:
             xs, ys = zip(*sorted(pts))
             ax.plot(xs, ys, marker="o", linewidth=1, label=label)
@@ -82,4 +82,4 @@ def rtt_against_speakers(inputs: "ReportInputs") -> list[Figure]:
                    "speakers, one line per configuration; the dashed line is the 300 ms target.")
         return Figure("capacity_rtt_p95", "load", "Capacity: RTT p95 against speakers", caption, svg_text(fig))
 
-    return [_styled(draw)]
+    return [styled(draw)]
