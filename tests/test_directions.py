@@ -1,5 +1,7 @@
 """Directions: shipped head sets, one engine per model with each direction's own heads."""
 
+from pathlib import Path
+
 import pytest
 
 from alignatt.core.draft import DraftRequest
@@ -12,7 +14,9 @@ from alignatt.serve.server import ServerThread
 from tests.server_client import Client, FakeFactory
 
 DIRECTIONS = ("en-it", "en-zh", "en-cs", "cs-en")
-SHARED = "/work/shared/heads"
+# The reference data beside the checkout (../shared), as on the developers' machines and in CI.
+SHARED_DIR = Path(__file__).resolve().parents[2] / "shared"
+SHARED = SHARED_DIR / "heads"
 
 
 @pytest.mark.parametrize("direction", E4B_DIRECTIONS)
@@ -51,8 +55,10 @@ def test_embedded_model_has_a_calibrated_set_per_direction(direction):
 
 
 def test_reversed_pair_swaps_sides_and_alignments():
-    pair = load_pairs(f"/work/shared/data/word_alignments_cs-en.json")[0] if __import__("os").path.exists(
-        "/work/shared/data/word_alignments_cs-en.json") else pytest.skip("no cs-en pairs here")
+    pairs_file = SHARED_DIR / "data" / "word_alignments_cs-en.json"
+    if not pairs_file.exists():
+        pytest.skip("no cs-en pairs beside this checkout")
+    pair = load_pairs(str(pairs_file))[0]
     r = reversed_pair(pair)
     assert r.direction == "en-cs" and r.source_words == pair.target_words and r.target_words == pair.source_words
     assert r.target_text == pair.source_text and r.source_text == pair.target_text
