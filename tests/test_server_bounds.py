@@ -138,9 +138,10 @@ def test_a_send_blocked_past_the_stall_limit_closes_the_session(tmp_path):
 def test_pending_finals_are_bounded(tmp_path):
     with fake_server(tmp_path, seam_options={"delay_s": 0.3}, max_pending_finals=3) as srv, Client(srv.url) as c:
         c.init()
-        for u in range(8):
-            c.update(SRC[:3], final=True, utterance_id=u)
+        # the server may close while the finals are still being sent: either way it closes with 1008
         with pytest.raises(ConnectionClosed) as closed:
+            for u in range(8):
+                c.update(SRC[:3], final=True, utterance_id=u)
             while True:
                 c.recv(timeout=5)
         assert closed.value.rcvd.code == 1008 and "finals queued" in closed.value.rcvd.reason
