@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from alignatt.core.errors import AlignattError
-from alignatt.pipeline.stream_replay import RunRecord, SmokeStream, UpdateCursor, asr_events
+from alignatt.pipeline.stream_replay import RunRecord, SmokeStream, UpdateCursor, paced_events
 
 _REPLY_FIELDS = ("utterance_id", "final", "forced_final", "path", "engine_calls", "server_ms", "compute_ms",
                  "committed_text", "committed_delta", "buffer_text", "stop_reason", "covered_source_units")
@@ -64,11 +64,7 @@ def replay_realtime(url: str, stream: SmokeStream, speed: float, preset: str, dr
         cursor = UpdateCursor(words)
         seq = 0
         start = time.perf_counter()
-        for ev in asr_events(stream):
-            due = start + ev.t / speed
-            now = time.perf_counter()
-            if now < due:
-                time.sleep(due - now)
+        for ev, due in paced_events(stream, speed):
             step = cursor.frame(ev)
             if step is None:
                 continue

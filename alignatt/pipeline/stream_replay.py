@@ -83,6 +83,17 @@ def asr_events(stream: SmokeStream) -> list[AsrEvent]:
     return sorted(events, key=lambda e: (e.t, e.kind != "commit", e.index))
 
 
+def paced_events(stream: SmokeStream, speed: float):
+    """The stream's ASR events, each yielded when it is due (`speed` x real time), with its due time."""
+    start = time.perf_counter()
+    for ev in asr_events(stream):
+        due = start + ev.t / speed
+        now = time.perf_counter()
+        if now < due:
+            time.sleep(due - now)
+        yield ev, due
+
+
 class UpdateCursor:
     """Where an ASR replay stands: the open utterance's committed words and the unstable tail at
     each event, as the protocol-v1 update frame a client sends (both replay clients use it)."""
@@ -158,11 +169,7 @@ def replay_native(url: str, stream: SmokeStream, speed: float, preset: str) -> R
         cursor = UpdateCursor(words)
         max_lag = 0.0
         start = time.perf_counter()
-        for ev in asr_events(stream):
-            due = start + ev.t / speed
-            now = time.perf_counter()
-            if now < due:
-                time.sleep(due - now)
+        for ev, due in paced_events(stream, speed):
             lag = max(time.perf_counter() - due, 0.0)
             max_lag = max(max_lag, lag)
             step = cursor.frame(ev)
