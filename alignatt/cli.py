@@ -233,6 +233,8 @@ def load_cmd(
     speed: float = typer.Option(1.0, help="replay speed (1.0: real time)"),
     stagger: float = typer.Option(0.14, help="seconds between speakers' starts"),
     pacing: str = typer.Option("lockstep", help="lockstep (an update waits for its reply) | realtime (sent when due)"),
+    clients: str = typer.Option("processes", help="speakers in client processes of their own | threads of the "
+                                                  "server's process"),
     prefix_caching: bool = typer.Option(None, "--prefix-caching/--no-prefix-caching",
                                         help="vllm_capture: vLLM prefix caching (default on for the server)"),
     max_num_seqs: int = typer.Option(None, help="vllm_capture: engine batch limit (server default 128)"),
@@ -252,7 +254,7 @@ def load_cmd(
     try:
         options = LoadOptions(model=model, seam=seam, preset=preset, device=device, dtype=dtype, top_k=top_k,
                               heads=heads, vllm_mode=vllm_mode, speakers=speakers, streams=streams, speed=speed,
-                              stagger_s=stagger, pacing=pacing, prefix_caching=prefix_caching, max_num_seqs=max_num_seqs,
+                              stagger_s=stagger, pacing=pacing, clients=clients, prefix_caching=prefix_caching, max_num_seqs=max_num_seqs,
                               capture_cost=capture_cost, capture_cost_batches=capture_cost_batches,
                               profile_dir=profile_dir)
     except ValidationError as e:

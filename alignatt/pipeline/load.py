@@ -2,7 +2,8 @@
 
 The server runs in-process on loopback (one engine, its scheduler batching every session's
 drafts). For each N in `speakers`, N native clients (`alignatt.pipeline.stream_replay`) each
-replay a stream in real time through their own WebSocket (lockstep by default: an update waits for
+replay a stream in real time through their own WebSocket, from client processes of their own
+(alignatt.pipeline.load_clients: not the server's interpreter lock) (lockstep by default: an update waits for
 its reply; `pacing=realtime`: sent when due, never waiting), starts staggered by
 `stagger_s`; speaker i replays stream i mod len(streams) (the bundled smoke stream and a
 composed multi-minute stream by default). Per level the `load` artifact records partial and
@@ -19,7 +20,6 @@ from __future__ import annotations
 import csv
 import json
 import statistics
-import threading
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -27,8 +27,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from alignatt.core.errors import AlignattError
+from alignatt.pipeline.load_clients import SpeakerPlan, run_speakers
 from alignatt.pipeline.smoke import percentile
-from alignatt.pipeline.stream_replay import RunRecord, SmokeStream, count_retractions, ends_sentence, load_stream, replay_native
+from alignatt.pipeline.stream_replay import RunRecord, SmokeStream, count_retractions, ends_sentence, load_stream
 
 BUNDLED_STREAMS = {"smoke": "mt_server_smoke_stream.json", "long": "mt_load_long_stream.json"}
 LAG_GROWTH_S = 0.25  # last third's mean lag over the first third's beyond this: the lag grows
@@ -60,6 +61,10 @@ class LoadOptions(BaseModel):
     stagger_s: float = Field(0.14, ge=0, description="start of speaker i: i * stagger_s")
     pacing: Literal["lockstep", "realtime"] = Field(
         "lockstep", description="lockstep: an update waits for its reply; realtime: sent when due, never waits")
+    clients: Literal["processes", "threads"] = Field(
+        "processes", description="processes: speakers in client processes of their own (alignatt.pipeline."
+                                 "load_clients); threads: in the server's process (contends for its GIL)")
+    speakers_per_process: int = Field(16, ge=1, description="speaker threads per client process")
     prefix_caching: bool | None = Field(None, description="vllm_capture: None = the server's default (on)")
     max_num_seqs: int | None = Field(None, ge=1, description="vllm_capture: the engine's batch limit")
     capture_cost: Literal["auto", "on", "off"] = "auto"  # auto: on CUDA with vllm_capture
@@ -99,32 +104,6 @@ def resolve_streams(names: list[str]) -> list[tuple[str, SmokeStream]]:
 
 
 # ---- one level ----
-
-
-def _speakers_run(url: str, streams: list[tuple[str, SmokeStream]], n: int, options: LoadOptions,
-                  preset: str) -> tuple[list[RunRecord | BaseException], float]:
-    results: list[RunRecord | BaseException] = [RuntimeError("did not run")] * n
-
-    def speaker(i: int) -> None:
-        time.sleep(i * options.stagger_s)
-        _, stream = streams[i % len(streams)]
-        try:
-            if options.pacing == "realtime":
-                from alignatt.pipeline.realtime_replay import replay_realtime
-
-                results[i] = replay_realtime(url, stream, options.speed, preset)
-            else:
-                results[i] = replay_native(url, stream, options.speed, preset)
-        except BaseException as e:  # noqa: BLE001 - reported in the level as errors
-            results[i] = e
-
-    started = time.perf_counter()
-    threads = [threading.Thread(target=speaker, args=(i,), name=f"speaker-{i}", daemon=True) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results, time.perf_counter() - started
 
 
 def _thirds(events: list[dict]) -> tuple[list[float], list[float]]:
@@ -282,6 +261,8 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
     alone: dict[str, dict[int, tuple]] = {}
     engine_facts: dict[str, Any] = {}
     with ServerThread(config, seam_factory) as handle:
+        plan = SpeakerPlan(handle.url, preset, options.speed, options.stagger_s, options.pacing,
+                           tuple(s.model_dump() for _, s in streams))
         engine = handle.server.registry.engines[0]
         heads = list(engine.heads)
         describe = getattr(engine.seam, "describe", None)
@@ -290,7 +271,7 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
             before = engine.stats()
             server_before = handle.call(lambda: {"coalesced": handle.server.stats.coalesced})
             _reset_gpu_peak()
-            runs, wall = _speakers_run(handle.url, streams, n, options, preset)
+            runs, wall = run_speakers(plan, n, options.clients, options.speakers_per_process)
             memory = _gpu_memory()
             after = engine.stats()
             server_after = handle.call(lambda: {"coalesced": handle.server.stats.coalesced})
@@ -334,6 +315,7 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
             "stream_seconds": {s: round(len(st.words) / st.words_per_second + st.commit_lag_seconds, 1)
                                for s, st in streams},
             "speed": options.speed, "stagger_s": options.stagger_s, "pacing": options.pacing,
+            "clients": options.clients, "speakers_per_process": options.speakers_per_process,
             "seam_options": route.seam_options, "lag_growth_threshold_s": LAG_GROWTH_S, **engine_facts,
         },
         synthetic_weights=synthetic,
