@@ -177,7 +177,7 @@ def serve_cmd(
     dtype: str = typer.Option(None, help="float32 | bfloat16 (default: the model's)"),
     max_sessions: int = typer.Option(8, help="concurrent sessions; more get `busy`"),
     max_utterance_words: int = typer.Option(80, help="longer utterances are forced final"),
-    vllm_mode: str = typer.Option(None, help="vllm_capture only: eager | cudagraph | compiled (default cudagraph)"),
+    vllm_mode: str = typer.Option(None, help="vllm_capture only: eager | cudagraph | fullgraph | compiled (default cudagraph)"),
     config: str = typer.Option(None, help="ServerConfig JSON (several directions); replaces the options above"),
 ) -> None:
     """Run the MT server (WhisperLiveKit `alignatt` protocol v1) until interrupted."""
@@ -204,7 +204,7 @@ def smoke_cmd(
     heads: str = typer.Option(None, help="head-set file or bundled name (default: the model's)"),
     speed: float = typer.Option(None, help="replay speed (default: the stream file's, 4x)"),
     client: str = typer.Option("auto", help="native | wlk | both | auto (both when WhisperLiveKit imports)"),
-    vllm_mode: str = typer.Option(None, help="vllm_capture only: eager | cudagraph | compiled (default cudagraph)"),
+    vllm_mode: str = typer.Option(None, help="vllm_capture only: eager | cudagraph | fullgraph | compiled (default cudagraph)"),
     stream: str = typer.Option(None, help="stream JSON (default: the bundled smoke stream)"),
     out: str = typer.Option("outputs/server_smoke.json", help="where to write the smoke artifact"),
 ) -> None:
@@ -227,7 +227,7 @@ def load_cmd(
     dtype: str = typer.Option(None),
     top_k: int = typer.Option(4, "--top-k"),
     heads: str = typer.Option(None, help="head-set file or bundled name (default: the model's)"),
-    vllm_mode: str = typer.Option(None, help="vllm_capture only: eager | cudagraph | compiled"),
+    vllm_mode: str = typer.Option(None, help="vllm_capture only: eager | cudagraph | fullgraph | compiled"),
     speakers: str = typer.Option("1,2,4", help="load levels: concurrent speakers, comma-separated"),
     streams: str = typer.Option("smoke,long", help="streams speakers replay in turn: smoke, long or paths"),
     speed: float = typer.Option(1.0, help="replay speed (1.0: real time)"),

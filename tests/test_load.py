@@ -161,6 +161,51 @@ def test_the_report_shows_a_capacity_table_and_the_rtt_figure(tmp_path, short_st
     assert "outputs/cpu/load.json" in text  # listed with the artifacts
 
 
+def test_several_vllm_modes_are_configurations_of_one_run_each_with_its_own_levels_and_line(tmp_path, short_stream):
+    import shutil
+    from pathlib import Path
+
+    from alignatt.pipeline.report import render_all
+
+    built: list[dict] = []
+
+    def factory(route, heads):
+        built.append(dict(route.seam_options))
+        return StandInBatchSeam(max_batch=8, steps_for=lambda r: 2, step_s=0.002)
+
+    options = LoadOptions(seam="vllm_capture", vllm_mode="fullgraph,cudagraph", speakers="1,2", streams=[short_stream],
+                          speed=3.0, stagger_s=0.0, capture_cost="off")
+    site = tmp_path / "site"
+    out, metrics, plot = site / "outputs" / "h200" / "load.json", tmp_path / "m.json", tmp_path / "p.csv"
+    artifact = run_load(options, out, metrics, plot, seam_factory=factory)
+    assert [b["vllm_mode"] for b in built] == ["fullgraph", "cudagraph"]  # one server per mode, in order
+    assert [(lv.vllm_mode, lv.speakers) for lv in artifact.levels] == [
+        ("fullgraph", 1), ("fullgraph", 2), ("cudagraph", 1), ("cudagraph", 2)]
+    # Each mode's N=2 is compared with its own N=1.
+    assert all(lv.texts_differing_from_alone == 0 for lv in artifact.levels if lv.speakers == 2)
+    assert set(artifact.config["engines"]) == {"fullgraph", "cudagraph"}
+    m = json.loads(metrics.read_text())
+    assert set(m) == {"fullgraph", "cudagraph"} and m["cudagraph"]["speakers_2"]["retractions"] == 0
+    assert [r.split(",")[1] for r in plot.read_text().splitlines()[1:]] == [
+        "vllm_capture/fullgraph", "vllm_capture/fullgraph", "vllm_capture/cudagraph", "vllm_capture/cudagraph"]
+    root = Path(__file__).resolve().parents[1]
+    (site / "reports").mkdir(parents=True)
+    (site / "outputs" / "published").mkdir(parents=True)
+    shutil.copy(root / "reports" / "BENCHMARKS.md.j2", site / "reports")
+    shutil.copy(root / "params.yaml", site / "params.yaml")
+    text, figures = render_all(site)
+    configurations = {line.split(" | ")[2].split(" (")[0] for line in text.splitlines() if "h200: vllm_capture" in line}
+    assert configurations == {"h200: vllm_capture fullgraph", "h200: vllm_capture cudagraph"}
+    (capacity,) = [f for f in figures if f.name == "capacity_rtt_p95"]
+    assert capacity.svg.count("vllm_capture fullgraph") == 1 and capacity.svg.count("vllm_capture cudagraph") == 1
+
+
+def test_an_unknown_vllm_mode_in_the_list_fails_before_any_server_starts():
+    options = LoadOptions(seam="vllm_capture", vllm_mode="cudagraph,warp", speakers="1", capture_cost="off")
+    with pytest.raises(AlignattError, match="unknown vllm_mode 'warp'"):
+        run_load(options, None, seam_factory=lambda route, heads: pytest.fail("a server started"))
+
+
 def test_the_capture_cost_compares_captured_and_uncaptured_on_the_same_prompts(tmp_path):
     """With a stand-in for make_seam: both engines get the same prompts at every batch size, one
     engine at a time, each closed; the profiler writes a trace and an operator table."""

@@ -20,12 +20,11 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from alignatt.capture.names import SEAMS
+from alignatt.capture.names import SEAMS, VLLM_MODES
 from alignatt.core.errors import AlignattError
 from alignatt.pipeline.provenance import Fingerprint, Provenance
 
 ARTIFACT_SCHEMA_VERSION = 1
-VLLM_MODES = ("eager", "cudagraph", "compiled")
 KNOWN_SEAMS = SEAMS
 BENCH_FILE = re.compile(r"^bench_([a-z0-9]+)\.json$")  # outputs/<profile>/bench_<vLLM mode>.json
 TIMING_KEYS = ("prefill_ms", "decode_ms", "capture_ms", "reconstruct_ms")
@@ -50,7 +49,7 @@ class BenchConfig(_Strict):
     profile: str | None = None  # the params.yaml profile it came from, if any
     model: str
     seams: list[str]
-    vllm_mode: Literal["eager", "cudagraph", "compiled"] = "eager"
+    vllm_mode: Literal[VLLM_MODES] = "eager"  # type: ignore[valid-type]
     device: str = "cpu"
     dtype: str | None = None
     max_new_tokens: int = Field(20, ge=1)
@@ -232,6 +231,7 @@ class LoadLevel(_Strict):
     error_frames: int
     texts_differing_from_alone: int | None = None  # updates whose committed text differs from N=1
     decisions_differing_from_alone: int | None = None  # updates whose path or released text differs
+    vllm_mode: str | None = None  # the configuration (vllm_capture's mode) this level ran on
 
 
 class CaptureCostRow(_Strict):
@@ -239,6 +239,7 @@ class CaptureCostRow(_Strict):
     captured_ms: float  # median wall of one draft_many of `batch` prompts, capture on
     uncaptured_ms: float
     ratio: float
+    vllm_mode: str | None = None
 
 
 class LoadArtifact(_Artifact):

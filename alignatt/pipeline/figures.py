@@ -35,7 +35,7 @@ SVG_RC = {"svg.hashsalt": "alignatt-report", "svg.fonttype": "none", "svg.image_
           "path.simplify": False}
 SVG_METADATA = {"Date": None, "Creator": "alignatt report", "Format": None, "Type": None}
 SEAM_COLORS = {"hf_eager": "#d62728", "hf_qk_fast": "#1f77b4", "vllm_capture": "#2ca02c"}
-MODE_MARKERS = {"eager": "o", "cudagraph": "s", "compiled": "^"}
+MODE_MARKERS = {"eager": "o", "cudagraph": "s", "fullgraph": "D", "compiled": "^"}
 
 
 @dataclass(frozen=True)

@@ -230,41 +230,37 @@ def _gpu_memory() -> tuple[float | None, float | None]:
 # ---- the run ----
 
 
-def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json", metrics: str | Path | None = None,
-             plot: str | Path | None = None, seam_factory=None):
-    """Start the server on loopback, run every load level, write the artifact (and metrics/plot)."""
-    from alignatt.pipeline.artifacts import ARTIFACT_SCHEMA_VERSION, CaptureCostRow, LoadArtifact, LoadLevel, write_artifact
-    from alignatt.pipeline.provenance import collect_provenance, model_identity
-    from alignatt.serve.config import DirectionRoute, ServerConfig, ServerLimits, resolve_heads, resolve_preset
-    from alignatt.serve.protocol import ProtocolError
-    from alignatt.serve.server import ServerThread
+def _route(options: LoadOptions, mode: str | None):
+    from alignatt.serve.config import DirectionRoute
 
-    try:
-        preset = resolve_preset(options.preset).name
-    except ProtocolError as e:
-        raise AlignattError(e.message) from None
-    streams = resolve_streams(options.streams)
     seam_options: dict[str, Any] = {}
-    if options.vllm_mode:
-        seam_options["vllm_mode"] = options.vllm_mode
+    if mode:
+        seam_options["vllm_mode"] = mode
     if options.seam == "vllm_capture":
         if options.prefix_caching is not None:
             seam_options["enable_prefix_caching"] = options.prefix_caching
         if options.max_num_seqs is not None:
             seam_options["max_num_seqs"] = options.max_num_seqs
-    route = DirectionRoute(model=options.model, seam=options.seam, heads=options.heads, top_k=options.top_k,
-                           device=options.device, dtype=options.dtype, seam_options=seam_options)
-    top = max(options.speakers)
+    return DirectionRoute(model=options.model, seam=options.seam, heads=options.heads, top_k=options.top_k,
+                          device=options.device, dtype=options.dtype, seam_options=seam_options)
+
+
+def run_configuration(options: LoadOptions, mode: str | None, seam_factory=None) -> dict:
+    """Every load level on one server configuration (a vLLM mode): its levels, engine facts and heads."""
+    from alignatt.serve.config import ServerConfig, ServerLimits, resolve_preset
+    from alignatt.serve.server import ServerThread
+
+    preset = resolve_preset(options.preset).name
+    streams = resolve_streams(options.streams)
+    route = _route(options, mode)
     config = ServerConfig(host="127.0.0.1", port=0, default_preset=preset, directions={"en-de": route},
-                          limits=ServerLimits(max_sessions=top))
+                          limits=ServerLimits(max_sessions=max(options.speakers)))
     levels: list[dict] = []
     alone: dict[str, dict[int, tuple]] = {}
-    engine_facts: dict[str, Any] = {}
     with ServerThread(config, seam_factory) as handle:
         plan = SpeakerPlan(handle.url, preset, options.speed, options.stagger_s, options.pacing,
                            tuple(s.model_dump() for _, s in streams))
         engine = handle.server.registry.engines[0]
-        heads = list(engine.heads)
         describe = getattr(engine.seam, "describe", None)
         for n in sorted(set(options.speakers)):
             _wait_for_sessions_to_close(handle)  # the last level's sessions hold admission slots until closed
@@ -277,6 +273,7 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
             server_after = handle.call(lambda: {"coalesced": handle.server.stats.coalesced})
             delta = {k: server_after[k] - server_before[k] for k in server_after}
             level = summarise_level(n, runs, streams, wall, before, after, delta, memory, alone)
+            level["vllm_mode"] = mode
             if n == 1:
                 for i, run in enumerate(runs):
                     if not isinstance(run, BaseException):
@@ -284,20 +281,80 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
             levels.append(level)
             print(level_line(level), flush=True)
         # After the levels: the seam's counters (prefix-cache hits) cover the whole run.
-        engine_facts = {"seam_describe": describe() if callable(describe) else None,
-                        "max_batch": engine.scheduler.max_batch, "scheduler": engine.stats()}
-    cost: list[dict] = []
-    note = ""
+        facts = {"seam_describe": describe() if callable(describe) else None,
+                 "max_batch": engine.scheduler.max_batch, "scheduler": engine.stats()}
+        heads = [[h.layer, h.head] for h in engine.heads]
+    return {"levels": levels, "engine": facts, "heads": heads, "seam_options": route.seam_options}
+
+
+def configuration_in_child(payload: dict) -> dict:
+    """`run_configuration` for `alignatt.pipeline.isolated` (payload: options and mode)."""
+    return run_configuration(LoadOptions.model_validate(payload["options"]), payload["mode"])
+
+
+def capture_cost_in_child(payload: dict) -> list[dict]:
+    from alignatt.core.draft import Head
+    from alignatt.pipeline.capture_cost import capture_cost
+
+    options = LoadOptions.model_validate(payload["options"])
+    return capture_cost(options.model_copy(update={"vllm_mode": payload["mode"]}),
+                        [Head(int(a), int(b)) for a, b in payload["heads"]])
+
+
+def vllm_modes(options: LoadOptions) -> list[str | None]:
+    """The configurations of the run: each comma-separated vLLM mode (None: the seam's default)."""
+    from alignatt.capture.names import VLLM_MODES
+
+    modes = [m.strip() for m in (options.vllm_mode or "").split(",") if m.strip()] or [None]
+    unknown = [m for m in modes if m not in VLLM_MODES and m is not None]
+    if unknown:
+        raise AlignattError(f"unknown vllm_mode {unknown[0]!r}: use one of {', '.join(VLLM_MODES)}")
+    if len(modes) > 1 and options.seam != "vllm_capture":
+        raise AlignattError("several vllm modes need the vllm_capture seam")
+    return modes
+
+
+def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json", metrics: str | Path | None = None,
+             plot: str | Path | None = None, seam_factory=None):
+    """Every configuration's load levels on a loopback server, then the capture cost; writes the
+    artifact (and metrics/plot) once all of it is measured."""
+    from alignatt.pipeline.artifacts import ARTIFACT_SCHEMA_VERSION, CaptureCostRow, LoadArtifact, LoadLevel, write_artifact
+    from alignatt.pipeline.isolated import run_in_child
+    from alignatt.pipeline.provenance import collect_provenance, model_identity
+    from alignatt.serve.config import resolve_heads, resolve_preset
+    from alignatt.serve.protocol import ProtocolError
+
+    try:
+        preset = resolve_preset(options.preset).name
+    except ProtocolError as e:
+        raise AlignattError(e.message) from None
+    streams = resolve_streams(options.streams)
+    modes = vllm_modes(options)
     want_cost = options.capture_cost == "on" or (
         options.capture_cost == "auto" and options.seam == "vllm_capture" and options.device.startswith("cuda"))
+    # One vLLM engine per process: with a second one to come (another mode, the capture cost), each
+    # configuration runs in a child of its own.
+    isolate = seam_factory is None and options.seam == "vllm_capture" and (len(modes) > 1 or want_cost)
+    runs: list[dict] = []
+    for mode in modes:
+        payload = {"options": options.model_dump(), "mode": mode}
+        runs.append(run_in_child("alignatt.pipeline.load:configuration_in_child", payload, f"load ({mode})")
+                    if isolate else run_configuration(options, mode, seam_factory))
+    levels = [lv for r in runs for lv in r["levels"]]
+    cost: list[dict] = []
+    heads = runs[0]["heads"] or [[h.layer, h.head] for h in resolve_heads(_route(options, modes[0]), "en-de")]
     if want_cost:
-        from alignatt.pipeline.capture_cost import capture_cost
-
-        cost = capture_cost(options, heads or resolve_heads(route, "en-de"))
+        for mode in modes:
+            payload = {"options": options.model_dump(), "mode": mode or "cudagraph", "heads": heads}
+            rows = (run_in_child("alignatt.pipeline.load:capture_cost_in_child", payload, f"capture cost ({mode})")
+                    if seam_factory is None else capture_cost_in_child(payload))
+            cost += [{**row, "vllm_mode": mode or "cudagraph"} for row in rows]
         note = (f"draft_many of the bench prompts, {options.capture_cost_tokens} fixed-length tokens, "
                 f"median of {options.capture_cost_repeats} after a warm-up, capture on then off, one engine at a time")
     else:
         note = "not measured: needs vllm_capture on CUDA (capture_cost=on forces it)"
+    engine_facts = {**runs[0]["engine"], **({"engines": {str(m): r["engine"] for m, r in zip(modes, runs)}}
+                                            if len(modes) > 1 else {})}
     try:
         model_id, revision = model_identity(options.model)
     except Exception:  # noqa: BLE001 - identity is best effort (a local path without metadata)
@@ -309,14 +366,14 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
         provenance=collect_provenance(model_id=model_id, model_revision=revision),
         config={
             "model": options.model, "seam": options.seam, "preset": preset, "device": options.device,
-            "dtype": options.dtype, "vllm_mode": options.vllm_mode, "heads": [[h.layer, h.head] for h in heads],
+            "dtype": options.dtype, "vllm_mode": options.vllm_mode, "vllm_modes": modes, "heads": heads,
             "speakers": sorted(set(options.speakers)), "streams": [s for s, _ in streams],
             "stream_words": {s: len(st.words) for s, st in streams},
             "stream_seconds": {s: round(len(st.words) / st.words_per_second + st.commit_lag_seconds, 1)
                                for s, st in streams},
             "speed": options.speed, "stagger_s": options.stagger_s, "pacing": options.pacing,
             "clients": options.clients, "speakers_per_process": options.speakers_per_process,
-            "seam_options": route.seam_options, "lag_growth_threshold_s": LAG_GROWTH_S, **engine_facts,
+            "seam_options": runs[0]["seam_options"], "lag_growth_threshold_s": LAG_GROWTH_S, **engine_facts,
         },
         synthetic_weights=synthetic,
         levels=[LoadLevel(**lv) for lv in levels],
@@ -333,7 +390,8 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
 
 
 def level_line(level: dict) -> str:
-    return (f"N={level['speakers']}: partial RTT p50 {level['partial_rtt_ms_p50']} / p95 {level['partial_rtt_ms_p95']}"
+    mode = f"[{level['vllm_mode']}] " if level.get("vllm_mode") else ""
+    return (f"{mode}N={level['speakers']}: partial RTT p50 {level['partial_rtt_ms_p50']} / p95 {level['partial_rtt_ms_p95']}"
             f" / p99 {level['partial_rtt_ms_p99']} ms, final p95 {level['final_rtt_ms_p95']} ms, lag max "
             f"{level['lag_s_max']} s ({'growing' if level['lag_grows'] else 'not growing'}), retractions "
             f"{level['retractions']}, finals {level['finals_delivered']}/{level['finals_expected']}"
@@ -344,15 +402,19 @@ def level_line(level: dict) -> str:
 def write_metrics(path: str | Path, artifact) -> None:
     """DVC metrics: the headline figures per load level (and the capture cost ratios)."""
     data: dict[str, Any] = {}
+    several = len({lv.vllm_mode for lv in artifact.levels}) > 1
     for lv in artifact.levels:
-        data[f"speakers_{lv.speakers}"] = {
+        where = data.setdefault(str(lv.vllm_mode), {}) if several else data
+        where[f"speakers_{lv.speakers}"] = {
             "partial_rtt_ms_p50": lv.partial_rtt_ms_p50, "partial_rtt_ms_p95": lv.partial_rtt_ms_p95,
             "partial_rtt_ms_p99": lv.partial_rtt_ms_p99, "final_rtt_ms_p95": lv.final_rtt_ms_p95,
             "lag_s_max": lv.lag_s_max, "lag_grows": lv.lag_grows, "retractions": lv.retractions,
             "finals_in_order": lv.finals_in_order, "error_frames": lv.error_frames,
         }
     if artifact.capture_cost:
-        data["capture_cost_ratio"] = {f"batch_{c.batch}": c.ratio for c in artifact.capture_cost}
+        for c in artifact.capture_cost:
+            where = data.setdefault(str(c.vllm_mode), {}) if several else data
+            where.setdefault("capture_cost_ratio", {})[f"batch_{c.batch}"] = c.ratio
     _atomic_write(path, json.dumps(data, indent=1) + "\n")
 
 
@@ -362,11 +424,10 @@ def write_plot(path: str | Path, artifact) -> None:
 
     buf = StringIO()
     w = csv.writer(buf)
-    label = f"{artifact.config['seam']}/{artifact.config.get('vllm_mode') or 'default'}"
     w.writerow(["speakers", "configuration", "partial_rtt_ms_p50", "partial_rtt_ms_p95", "partial_rtt_ms_p99",
                 "lag_s_max"])
     for lv in artifact.levels:
-        w.writerow([lv.speakers, label, lv.partial_rtt_ms_p50, lv.partial_rtt_ms_p95, lv.partial_rtt_ms_p99,
+        w.writerow([lv.speakers, f"{artifact.config['seam']}/{lv.vllm_mode or 'default'}", lv.partial_rtt_ms_p50, lv.partial_rtt_ms_p95, lv.partial_rtt_ms_p99,
                     lv.lag_s_max])
     _atomic_write(path, buf.getvalue())
 

@@ -19,13 +19,15 @@ def _fmt(value: float | None, digits: int = 0) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
-def configuration(rel: str, artifact: Any) -> str:
+def configuration(rel: str, artifact: Any, vllm_mode: str | None = None) -> str:
+    """profile folder, seam, vLLM mode (the level's, in a run of several), prefix caching."""
     c = artifact.config
     folder = rel.rsplit("/", 2)[-2] if "/" in rel else rel
-    caching = (c.get("seam_describe") or {}).get("enable_prefix_caching")
+    engine = (c.get("engines") or {}).get(str(vllm_mode)) or c
+    caching = (engine.get("seam_describe") or {}).get("enable_prefix_caching")
     extra = "" if caching is None else (", prefix caching" if caching else ", no prefix caching")
-    mode = f" {c['vllm_mode']}" if c.get("vllm_mode") else ""
-    return f"{folder}: {c.get('seam')}{mode}{extra}"
+    mode = vllm_mode or c.get("vllm_mode")
+    return f"{folder}: {c.get('seam')}{f' {mode}' if mode else ''}{extra}"
 
 
 def capacity_rows(inputs: "ReportInputs") -> list[dict[str, Any]]:
@@ -36,7 +38,7 @@ def capacity_rows(inputs: "ReportInputs") -> list[dict[str, Any]]:
         for lv in a.levels:
             rows.append(dict(
                 source=rel, date=a.provenance.date, machine=machine_of(a), model=a.config.get("model"),
-                synthetic=a.synthetic_weights, configuration=configuration(rel, a), speakers=lv.speakers,
+                synthetic=a.synthetic_weights, configuration=configuration(rel, a, lv.vllm_mode), speakers=lv.speakers,
                 p50=_fmt(lv.partial_rtt_ms_p50), p95=_fmt(lv.partial_rtt_ms_p95), p99=_fmt(lv.partial_rtt_ms_p99),
                 final_p95=_fmt(lv.final_rtt_ms_p95), lag=f"{lv.lag_s_max:.2f}",
                 lag_grows="grows" if lv.lag_grows else "steady", retractions=lv.retractions,
@@ -52,7 +54,7 @@ def capture_cost_rows(inputs: "ReportInputs") -> list[dict[str, Any]]:
     rows = []
     for rel, a in sorted(inputs.of_kind("load"), key=lambda t: t[0]):
         for c in a.capture_cost:
-            rows.append(dict(source=rel, date=a.provenance.date, batch=c.batch, captured=f"{c.captured_ms:.1f}",
+            rows.append(dict(source=rel, date=a.provenance.date, vllm_mode=c.vllm_mode or "—", batch=c.batch, captured=f"{c.captured_ms:.1f}",
                              uncaptured=f"{c.uncaptured_ms:.1f}", ratio=f"{c.ratio:.2f}×"))
     return rows
 
@@ -60,9 +62,12 @@ def capture_cost_rows(inputs: "ReportInputs") -> list[dict[str, Any]]:
 @figure_for("load")
 def rtt_against_speakers(inputs: "ReportInputs") -> list[Figure]:
     loads = sorted(inputs.of_kind("load"), key=lambda t: t[0])
-    series = [(configuration(rel, a), [(lv.speakers, lv.partial_rtt_ms_p95) for lv in a.levels
-                                       if lv.partial_rtt_ms_p95 is not None]) for rel, a in loads]
-    series = [(label, pts) for label, pts in series if pts]
+    points: dict[str, list[tuple[int, float]]] = {}
+    for rel, a in loads:
+        for lv in a.levels:
+            if lv.partial_rtt_ms_p95 is not None:
+                points.setdefault(configuration(rel, a, lv.vllm_mode), []).append((lv.speakers, lv.partial_rtt_ms_p95))
+    series = sorted(points.items())
     if not series:
         return []
 

@@ -16,7 +16,7 @@ from typing import Any
 from alignatt.capture.names import HF_SEAMS
 from alignatt.pipeline.artifacts import BenchArtifact, EnvArtifact, PublishedArtifact, ServerSmokeArtifact
 
-MODE_ORDER = {"eager": 0, "cudagraph": 1, "compiled": 2}
+MODE_ORDER = {"eager": 0, "cudagraph": 1, "fullgraph": 2, "compiled": 3}
 
 
 # ---- what each artifact says about where it was measured -------------------------------------

@@ -22,11 +22,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from alignatt.capture.vllm import hooks as vllm_hooks
 from alignatt.capture.vllm.hooks import PINNED_VLLM, log
+from alignatt.capture.names import VLLM_MODES
 from alignatt.capture.vllm.qcache import LayerPlan
 from alignatt.core.errors import AlignattError
 from alignatt.models.synthetic_init import HFLikeInit
 
-VLLM_MODES = ("eager", "cudagraph", "compiled")
+# A fullgraph step holds at most this many tokens (longer prefills are chunked), and graphs are
+# captured up to this size, so no step falls back to eager.
+FULLGRAPH_MAX_TOKENS = 512
 
 
 def engine_options(mode: str) -> dict:
@@ -37,6 +40,14 @@ def engine_options(mode: str) -> dict:
         # Full CUDA graphs for decode batches, no torch.compile: numerics identical to eager.
         return {"enforce_eager": False,
                 "compilation_config": {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}}
+    if mode == "fullgraph":
+        # Full graphs for every step, no torch.compile. Under cudagraph a step that holds a prefill
+        # runs eager, and E4B's eager step costs about as much as 8 graphed ones; with many speakers
+        # nearly every step holds someone's prefill. TRITON_ATTN graphs mixed batches (its
+        # cudagraph support is ALWAYS); whether its numerics equal eager is measured, not assumed.
+        return {"enforce_eager": False, "max_num_batched_tokens": FULLGRAPH_MAX_TOKENS,
+                "compilation_config": {"mode": 0, "cudagraph_mode": "FULL",
+                                       "max_cudagraph_capture_size": FULLGRAPH_MAX_TOKENS}}
     if mode == "compiled":
         return {"enforce_eager": False}  # vLLM's default: torch.compile + CUDA graphs
     raise AlignattError(f"unknown vllm_mode {mode!r}: use one of {', '.join(VLLM_MODES)}")
