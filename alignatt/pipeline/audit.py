@@ -9,7 +9,7 @@ Findings, each with the file and a plain message:
 - `hash`: a historical artifact whose SHA-256 is not the one in its `SHA256SUMS`, a listed file
   that is missing, or a JSON file beside a manifest that the manifest does not list;
 - `derived`: DVC metrics / plot data that no longer match the bench artifact beside them;
-- `fingerprint`: a bench or smoke artifact whose provenance says it ran on another machine or
+- `fingerprint`: a bench, smoke, load or eval artifact whose provenance says it ran on another machine or
   stack than the `fingerprint.json` in its folder (what DVC decided to skip or re-run on);
 - `combined-row`: a report row built from several artifacts that disagree on date, GPU, model
   or versions;
@@ -186,7 +186,7 @@ def audit_artifact(path: Path, result: AuditResult) -> None:
         result.add(rel, "provenance", gap)
     if isinstance(artifact, BenchArtifact):
         _check_derived(path, artifact, rel, result)
-    if isinstance(artifact, (BenchArtifact, ServerSmokeArtifact)):
+    if isinstance(artifact, (BenchArtifact, ServerSmokeArtifact, LoadArtifact, EvalArtifact)):
         _check_fingerprint(path, artifact, rel, result)
     if isinstance(artifact, EvalArtifact):
         from alignatt.evaluate.outputs import derived_findings
