@@ -35,7 +35,7 @@ from alignatt.core.errors import AlignattError
 from alignatt.evaluate.replay import Reply
 from alignatt.pipeline.wlk_client import load_wlk_client
 
-CLIENT_LATENCY = "balanced"  # WhisperLiveKit's --alignatt-latency that leaves the policy to the preset
+CLIENT_LATENCY = "balanced"  # the client's latency preset that sends the tail and adds no policy overrides
 
 
 class WlkDriver:
