@@ -292,7 +292,7 @@ def eval_cmd(
     model: str = typer.Option(DEFAULT_MODEL, help="model preset or local checkpoint"),
     variants: str = typer.Option("hf_qk_fast", help="comma-separated seam[:vllm_mode], e.g. vllm_capture:cudagraph,vllm_capture:eager"),
     presets: str = typer.Option("low_latency,balanced,high_latency", help="comma-separated latency presets"),
-    drivers: str = typer.Option("inprocess", help="inprocess, websocket, or both (comma-separated)"),
+    drivers: str = typer.Option("inprocess", help="comma-separated: inprocess, websocket (alignatt serve, native client), wlk (alignatt serve, WhisperLiveKit client)"),
     limit: int = typer.Option(None, help="first N sentences of the test set"),
     max_source_words: int = typer.Option(None, help="only sentences with at most this many words"),
     longform_talks: int = typer.Option(0, help="long-form talks of consecutive pairs (0: none)"),

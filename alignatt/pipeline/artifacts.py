@@ -257,7 +257,7 @@ class EvalRow(_Strict):
 
     preset: str  # low_latency | balanced | high_latency | offline (the full-sentence ceiling)
     variant: str  # the seam as run, e.g. hf_qk_fast or vllm_capture:cudagraph
-    driver: Literal["inprocess", "websocket", "offline"]
+    driver: Literal["inprocess", "websocket", "wlk", "offline"]
     form: Literal["sentence", "longform"]
     label: Literal["scored", "latency only"]  # latency only: synthetic weights, BLEU is no translation score
     instances: int  # sentences (sentence form) or reference segments (long form)

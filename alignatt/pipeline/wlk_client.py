@@ -39,7 +39,10 @@ def load_wlk_client() -> types.ModuleType:
         package.__spec__ = spec
         package.__file__ = spec.origin
         sys.modules["whisperlivekit"] = package
-    return importlib.import_module("whisperlivekit.translation_alignatt")
+    try:
+        return importlib.import_module("whisperlivekit.translation_alignatt")
+    except ImportError as e:  # another release without the module, or `websockets` missing
+        raise AlignattError(f"the WhisperLiveKit client cannot be imported ({e}): {WLK_INSTALL_HINT}") from None
 
 
 def wlk_version() -> str | None:
