@@ -22,6 +22,23 @@ def test_llm_arguments_follow_the_config():
     assert VllmEngineConfig(model="m", async_scheduling=False).llm_arguments(spec)["async_scheduling"] is False
 
 
+def test_fullgraph_graphs_every_step_and_no_step_outgrows_its_graphs():
+    from alignatt.capture.names import VLLM_MODES
+    from alignatt.capture.vllm.engine import FULLGRAPH_MAX_TOKENS
+
+    spec = ModelSpec("m", "/models/m", "dummy", True, "/models/m")
+    args = VllmEngineConfig(model="m", vllm_mode="fullgraph").llm_arguments(spec)
+    graphs = args["compilation_config"]
+    assert graphs["mode"] == 0 and graphs["cudagraph_mode"] == "FULL"  # no torch.compile, mixed steps graphed
+    # A step never holds more tokens than the largest graph: longer prefills are chunked, not run eager.
+    assert args["max_num_batched_tokens"] == graphs["max_cudagraph_capture_size"] == FULLGRAPH_MAX_TOKENS
+    assert engine_options("cudagraph")["compilation_config"]["cudagraph_mode"] == "FULL_DECODE_ONLY"
+    assert set(VLLM_MODES) == {"eager", "cudagraph", "fullgraph", "compiled"}
+    for mode in VLLM_MODES:
+        engine_options(mode)  # every listed mode has its engine arguments
+    assert VllmEngineConfig(model="m").batch_invariant is False  # opt-in: it costs speed
+
+
 def test_bad_engine_options_are_one_clear_error():
     with pytest.raises(AlignattError, match="unknown vllm_mode"):
         VllmEngineConfig(model="m", vllm_mode="turbo")

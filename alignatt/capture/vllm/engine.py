@@ -66,6 +66,8 @@ class VllmEngineConfig(BaseModel):
     max_num_seqs: int = Field(16, ge=1, description="vLLM's running-batch limit")
     enable_prefix_caching: bool = False
     async_scheduling: Optional[bool] = Field(None, description="None: vLLM's default")
+    batch_invariant: bool = Field(False, description="vLLM's batch-invariant kernels (VLLM_BATCH_INVARIANT=1): a "
+                                                     "draft no longer depends on what else is in the batch")
     seed: int = 0
     capture: bool = True
     capture_output: bool = False
@@ -233,6 +235,8 @@ def start_engine(config: VllmEngineConfig, spec: ModelSpec, plans: Optional[dict
     # In-process engine on the V1 runner: the hooks wrap that runner's methods.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    # Read by vLLM when the engine starts; one engine per process, so it cannot leak into another.
+    os.environ["VLLM_BATCH_INVARIANT"] = "1" if config.batch_invariant else "0"
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if plans is not None and config.vllm_mode == "compiled":

@@ -331,6 +331,7 @@ class VllmCaptureSeam:
             "kv_cache_memory_gib": self.config.kv_cache_memory_gib,
             "max_num_seqs": self.config.max_num_seqs,
             "enable_prefix_caching": self.config.enable_prefix_caching,
+            "batch_invariant": self.config.batch_invariant,
             "heads": [[h.layer, h.head] for h in self.heads],
             "capture": self.capture,
             "reconstruct": self.reconstruct,
