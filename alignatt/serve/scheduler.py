@@ -12,7 +12,9 @@ Rules:
 - partials are taken least-recently-served session first, so a fast speaker cannot starve others;
 - sessions are admitted up to `capacity` (`SchedulerBusy` beyond), and a session may queue at most
   `max_queued_finals` finals (a client that floods finals is refused, others are not slowed);
-- results are handed over through futures: a session that never collects them blocks nothing.
+- results are handed over through futures: a session that never collects them blocks nothing;
+- an engine that dies (`EngineDied`: its process is gone) fails everything the scheduler holds
+  and every later submit or admission, with that error.
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ class Superseded(Exception):
 
 class SchedulerBusy(Exception):
     """The engine serves as many sessions (or queued finals) as it is configured for."""
+
+
+class EngineDied(Exception):
+    """The engine is gone (its process exited): what it held is lost, and it takes no more work."""
 
 
 @runtime_checkable
@@ -133,6 +139,7 @@ class SchedulerStats:
     discarded: int = 0  # finished after being superseded (could not be aborted)
     failed: int = 0
     refused: int = 0
+    admitted: int = 0  # sessions opened on this engine, ever
     batch_sizes: collections.Counter = field(default_factory=collections.Counter)  # drafts in the engine per step
     peak_in_flight: int = 0
 
@@ -160,6 +167,7 @@ class DraftScheduler:
         self._to_abort: list[Any] = []
         self._order = itertools.count()
         self._stopping = False
+        self.dead: EngineDied | None = None
         self._built = threading.Event()
         self._build_error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(build,), name=f"engine-{name}", daemon=True)
@@ -179,12 +187,15 @@ class DraftScheduler:
 
     def open_session(self, session: Hashable) -> None:
         with self._cond:
+            if self.dead is not None:
+                raise EngineDied(str(self.dead))
             if session in self._sessions:
                 return
             if len(self._sessions) >= self.config.capacity:
                 self.stats.refused += 1
                 raise SchedulerBusy(f"all {self.config.capacity} sessions of engine {self.name} are in use")
             self._sessions[session] = 0.0
+            self.stats.admitted += 1
 
     def close_session(self, session: Hashable) -> None:
         """The session is gone: its queued work is dropped and its running work aborted."""
@@ -203,6 +214,12 @@ class DraftScheduler:
     def sessions(self) -> int:
         return len(self._sessions)
 
+    @property
+    def queue_depth(self) -> int:
+        """Drafts queued or running."""
+        with self._cond:
+            return len(self._finals) + len(self._partials) + len(self._running)
+
     # ---- work ----
 
     def submit(self, session: Hashable, request: DraftRequest, final: bool = False) -> Future:
@@ -211,6 +228,8 @@ class DraftScheduler:
         with self._cond:
             if self._stopping:
                 raise RuntimeError(f"engine {self.name} is shutting down")
+            if self.dead is not None:
+                raise EngineDied(str(self.dead))
             if session not in self._sessions:
                 raise SchedulerBusy(f"session {session!r} was not admitted to engine {self.name}")
             job = _Job(session, request, final, future, next(self._order), time.perf_counter())
@@ -291,19 +310,28 @@ class DraftScheduler:
         engine = self._engine
         while True:
             with self._cond:
-                while not self._stopping and not (self._finals or self._partials or self._running
-                                                   or self._to_abort or engine.has_unfinished()):
+                while not self._stopping and self.dead is None and not (
+                        self._finals or self._partials or self._running or self._to_abort or engine.has_unfinished()):
                     self._cond.wait()
                 if self._stopping:
                     self._fail_all(RuntimeError(f"engine {self.name} shut down"))
                     return
+                if self.dead is not None:
+                    return
                 aborts, self._to_abort = self._to_abort, []
                 jobs = self._next_jobs(max(self.max_batch - len(self._running), 0))
-            for handle in aborts:
-                engine.abort(handle)
+            try:
+                for handle in aborts:
+                    engine.abort(handle)
+            except EngineDied as e:
+                self.engine_died(e, jobs)
+                return
             for job in jobs:
                 try:
                     job.handle = engine.submit(job.request)
+                except EngineDied as e:
+                    self.engine_died(e, [j for j in jobs if j.handle is None])
+                    return
                 except Exception as e:  # noqa: BLE001 - a bad request fails alone
                     self.stats.failed += 1
                     job.future.set_exception(e)
@@ -320,6 +348,9 @@ class DraftScheduler:
             self.stats.steps += 1
             try:
                 finished = engine.step()
+            except EngineDied as e:
+                self.engine_died(e)
+                return
             except Exception as e:  # noqa: BLE001 - the engine failed this step: fail what it held
                 log.exception("engine %s step failed", self.name)
                 self._fail_running(e)
@@ -348,6 +379,22 @@ class DraftScheduler:
                 engine.abort(job.handle)
             except Exception:  # noqa: BLE001 - best effort
                 pass
+
+    def engine_died(self, error: EngineDied, taken: Sequence[_Job] = ()) -> None:
+        """The engine is gone: fail every draft held (and `taken`, picked but not yet submitted),
+        refuse all later work. Called by whoever notices first: the engine thread or a watcher."""
+        with self._cond:
+            if self.dead is None:
+                self.dead = error
+                log.error("engine %s died: %s", self.name, error)
+            for job in [*taken, *self._finals, *self._partials.values(), *self._running.values()]:
+                if not job.future.done():
+                    self.stats.failed += 1
+                    job.future.set_exception(EngineDied(str(error)))
+            self._finals.clear()
+            self._partials.clear()
+            self._running.clear()
+            self._cond.notify_all()
 
     def _fail_all(self, error: BaseException) -> None:
         for job in [*self._finals, *self._partials.values(), *self._running.values()]:
