@@ -14,6 +14,7 @@ fits: no token of these tokenizers covers less than one UTF-8 byte, so a prompt 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from alignatt.core.draft import DraftRequest, Seam
@@ -49,6 +50,36 @@ def seam_positions(seam: Seam) -> int | None:
     return None
 
 
+@dataclass
+class TokenCounting:
+    """How a seam counts: a prompt's tokens, a text's tokens, and its template's (None: unknown)."""
+
+    prompt: Callable[[DraftRequest], int]
+    text: Callable[[str], int]
+    template_tokens: int | None = None
+
+
+def token_counting(seam: Seam) -> TokenCounting | None:
+    """The seam's own counters, else its tokenizer's through `build_prompt`; None when it has neither."""
+    own_prompt = getattr(seam, "count_prompt_tokens", None)
+    own_text = getattr(seam, "count_text_tokens", None)
+    if callable(own_prompt) and callable(own_text):
+        return TokenCounting(own_prompt, own_text)
+    tok = _tokenizer(seam)
+    if tok is None:
+        return None
+    from alignatt.core.prompt import build_prompt
+
+    def count_prompt(request: DraftRequest) -> int:
+        return len(build_prompt(tok, request).input_ids)
+
+    def count_text(text: str) -> int:
+        return len(tok(text, add_special_tokens=False)["input_ids"])
+
+    template = count_prompt(DraftRequest(source_words=["a"], committed_words=1, max_new_tokens=1))
+    return TokenCounting(count_prompt, count_text, template)
+
+
 class PromptBudget:
     """The effective token bounds of one engine, and the checks a session runs before drafting."""
 
@@ -74,24 +105,10 @@ class PromptBudget:
     @classmethod
     def for_seam(cls, seam: Seam, limits: SessionLimits, draft_tokens: int) -> "PromptBudget | None":
         """The seam's budget, or None for a seam that cannot count (it is then unbounded in tokens)."""
-        positions = seam_positions(seam)
-        own_prompt = getattr(seam, "count_prompt_tokens", None)
-        own_text = getattr(seam, "count_text_tokens", None)
-        if callable(own_prompt) and callable(own_text):
-            return cls(limits, own_prompt, own_text, positions, draft_tokens)
-        tok = _tokenizer(seam)
-        if tok is None:
+        counting = token_counting(seam)
+        if counting is None:
             return None
-        from alignatt.core.prompt import build_prompt
-
-        def count_prompt(request: DraftRequest) -> int:
-            return len(build_prompt(tok, request).input_ids)
-
-        def count_text(text: str) -> int:
-            return len(tok(text, add_special_tokens=False)["input_ids"])
-
-        template = count_prompt(DraftRequest(source_words=["a"], committed_words=1, max_new_tokens=1))
-        return cls(limits, count_prompt, count_text, positions, draft_tokens, template)
+        return cls(limits, counting.prompt, counting.text, seam_positions(seam), draft_tokens, counting.template_tokens)
 
     # ---- counting ----
 
