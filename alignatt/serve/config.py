@@ -8,9 +8,9 @@ directions draft with their own heads.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from alignatt.core.draft import Head, Seam
 from alignatt.core.errors import AlignattError
@@ -111,6 +111,10 @@ class DirectionRoute(BaseModel):
     seam_options: dict[str, Any] = Field(default_factory=dict, description="e.g. {'vllm_mode': 'eager'}")
 
 
+# Engines per route: a number, or "auto" (one per visible GPU on a `cuda` route, else one).
+EngineCount = int | Literal["auto"]
+
+
 class ServerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -121,6 +125,16 @@ class ServerConfig(BaseModel):
     limits: ServerLimits = Field(default_factory=ServerLimits)
     preload: bool = Field(True, description="load every direction's engine before listening")
     context: ContextConfig = Field(default_factory=ContextConfig, description="context/history bounds")
+    engines: EngineCount = Field("auto", description="engines per route: 1 runs in this process; more run one "
+                                                   "process each (one per GPU); auto: one per visible GPU on a "
+                                                   "cuda route, else 1")
+
+    @field_validator("engines")
+    @classmethod
+    def _engines(cls, value: EngineCount) -> EngineCount:
+        if value != "auto" and value < 1:
+            raise ValueError("engines must be 'auto' or at least 1")
+        return value
 
 
 def server_config(
@@ -138,6 +152,7 @@ def server_config(
     max_sessions: int = 8,
     max_utterance_words: int = 80,
     vllm_mode: str | None = None,
+    engines: EngineCount | str = "auto",
 ) -> ServerConfig:
     """A ServerConfig from a JSON file, or from one direction's options (the CLI's)."""
     from pathlib import Path
@@ -161,6 +176,7 @@ def server_config(
                 default_preset=preset,
                 directions={direction.strip().lower(): route},
                 limits=ServerLimits(max_sessions=max_sessions, max_utterance_words=max_utterance_words),
+                engines=engines,
             )
     except ValidationError as e:
         first = e.errors()[0]

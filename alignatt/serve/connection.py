@@ -4,7 +4,7 @@ The reader validates frames and queues updates (partials coalesce, finals never)
 runs them through the `Session` (engine work on the engine's thread); the writer sends replies
 from a bounded outbox. Nothing that goes wrong inside ends a session silently: it becomes an
 error frame, or a close with a code and a reason (1008 a bound passed, 1011 an internal error,
-1013 busy), counted in `ServerStats.closes`.
+1012 its engine died: reconnect, 1013 busy), counted in `ServerStats.closes`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from alignatt.serve.protocol import (
     override_policy_fields,
     parse_frame,
 )
-from alignatt.serve.scheduler import SchedulerBusy, Superseded
+from alignatt.serve.scheduler import EngineDied, SchedulerBusy, Superseded
 from alignatt.serve.session import BudgetExceeded, Session, SessionConfig, Step, UpdateRejected
 
 if TYPE_CHECKING:
@@ -44,8 +44,8 @@ log = logging.getLogger("alignatt.serve.server")
 
 
 # Close codes: 1008 policy violation (a bound the client passed), 1011 an internal error,
-# 1013 try again later (the session limit).
-CLOSE_POLICY, CLOSE_INTERNAL, CLOSE_BUSY = 1008, 1011, 1013
+# 1012 service restart (the session's engine died: reconnect), 1013 try again later (the session limit).
+CLOSE_POLICY, CLOSE_INTERNAL, CLOSE_RESTART, CLOSE_BUSY = 1008, 1011, 1012, 1013
 # How long a close handshake may wait on a client that does not read before the socket is cut.
 _CLOSE_WAIT_S = 5.0
 
@@ -204,6 +204,17 @@ class Connection:
             for t in late:
                 t.cancel()
 
+    def _engine_died(self, error: EngineDied, seq: int | None = None) -> None:
+        """The session's engine is gone: one `processing_failed` that says to reconnect (the client
+        resumes with `accepted_target_prefix`, on a live engine), then a 1012 close."""
+        if self.closing is not None:
+            return
+        self.server.stats.errors[PROCESSING_FAILED] += 1
+        message = f"{error}; reconnect to continue (send the text shown as accepted_target_prefix)"
+        self._send(ErrorFrame(code=PROCESSING_FAILED, message=message[:300], seq=seq).to_json())
+        self.pending.clear()
+        self._end(CLOSE_RESTART, "engine stopped: reconnect", "engine_died")
+
     def _fail(self, stage: str, error: BaseException) -> None:
         """An unexpected error: tell the client if a frame can still be sent, else close with a reason."""
         log.exception("connection %d: %s failed", self.id, stage, exc_info=error)
@@ -314,26 +325,26 @@ class Connection:
 
     async def _open_session(self, frame: InitFrame, routes: dict[str, tuple[str, DirectionRoute]], direction: str,
                             preset, policy) -> tuple[Session, Engine]:
-        """The engine (loaded on first use), the init's bounds checked, and a session per target."""
+        """The engine (loaded on first use, the least loaded of the route's), the init's bounds
+        checked, and a session per target."""
         loop = asyncio.get_running_loop()
         route = routes[next(iter(routes))][1]
-        engine = await loop.run_in_executor(None, self.server.registry.get, route, direction)
-        budget = await self.server.budget_for(engine)
-        if budget is not None:  # tokenizing runs where the engine's tokenizer lives
-            await loop.run_in_executor(engine.executor, _check_init_budget, budget, frame.accepted_target_prefix,
-                                       [tuple(p) for p in frame.history], frame.context_text)
-        context, history, _ = self._bounded_context(frame)
-        config = SessionConfig(policy=policy, max_new_tokens=preset.max_new_tokens, limits=self.limits,
-                               context=self.server.config.context)
         multi = frame.target_langs is not None
         keys = [(self.id, t) for t in routes] if multi else [self.id]
-        opened: list = []
+        # SchedulerBusy past the engine's capacity; every target on the one engine placed
+        engine = await loop.run_in_executor(None, self.server.registry.place, route, direction, keys)
         try:
+            budget = await self.server.budget_for(engine)
+            if budget is not None:  # tokenizing runs where the engine's tokenizer lives
+                await loop.run_in_executor(engine.executor, _check_init_budget, budget, frame.accepted_target_prefix,
+                                           [tuple(p) for p in frame.history], frame.context_text)
+            context, history, _ = self._bounded_context(frame)
+            config = SessionConfig(policy=policy, max_new_tokens=preset.max_new_tokens, limits=self.limits,
+                                   context=self.server.config.context)
             sessions: dict[str, Session] = {}
             described = []
             for i, (key, (target, (d, r))) in enumerate(zip(keys, routes.items())):
-                view = engine.open_view(key, resolve_heads(r, d))  # SchedulerBusy past the engine's capacity
-                opened.append(key)
+                view = engine.open_view(key, resolve_heads(r, d))
                 # The client's prefix and history are in its target_lang (the first target).
                 sessions[target] = Session(
                     view, config, source_lang=frame.source_lang.strip().lower(), target_lang=target,
@@ -343,13 +354,14 @@ class Connection:
                 described.append({"target_lang": target, "direction": d, "model": r.model, "seam": r.seam,
                                   "head_set": head_set_name(r, d), "heads": [(h.layer, h.head) for h in view.heads]})
         except BaseException:
-            for key in opened:
+            for key in keys:
                 engine.close_session(key)
             raise
         self.keys, self.described = keys, described
         if multi:
             self.multi = MultiTargetSession(sessions, lambda pairs, final: engine.draft_together(
                 [((self.id, t), request) for t, request in pairs], final))
+        engine.on_death(keys[0], lambda error: loop.call_soon_threadsafe(self._engine_died, error))
         return next(iter(sessions.values())), engine
 
     def _enqueue(self, update: UpdateFrame, received: float) -> None:
@@ -435,6 +447,9 @@ class Connection:
             raise
         except Superseded:  # a newer update of this session is queued; it answers instead
             stats.coalesced += 1
+            return
+        except EngineDied as e:  # the session cannot go on here; it reconnects to a live engine
+            self._engine_died(e, update.seq)
             return
         except UpdateRejected as e:
             stats.errors[BAD_PROTOCOL] += 1

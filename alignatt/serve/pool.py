@@ -1,25 +1,31 @@
-"""Engines: a loaded seam per (model, seam, device, dtype, options), each driven by one draft scheduler.
+"""Engines: loaded seams per (model, seam, device, dtype, options), each driven by one draft scheduler.
 
 One model serves every session of its routes. An engine's drafts are batched by its
 `DraftScheduler` (alignatt.serve.scheduler) on the engine's own thread, off the server's event
 loop; session updates that wait for a draft wait on the engine's `executor`, one thread each.
-Directions that share a model share its engine: it captures the union of their heads once, and
-each session sees only its direction's rows (`HeadRows`).
+Directions that share a model share its engines: they capture the union of their heads once, and
+each session sees only its direction's rows (`HeadRows`). A route served by several engines has
+one process per engine (`alignatt.serve.replicas`); each new session is placed on the least
+loaded live one and stays there.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, Hashable, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 from alignatt.core.draft import Draft, DraftRequest, Head, Seam
-from alignatt.serve.config import DirectionRoute, SeamFactory, resolve_heads
-from alignatt.serve.scheduler import DraftScheduler, SchedulerConfig, SessionSeam
+from alignatt.serve.budget import PromptBudget
+from alignatt.serve.config import DirectionRoute, EngineCount, SeamFactory, resolve_heads
+from alignatt.serve.replicas import EngineSpec, ProcessBatchSeam, replica_devices
+from alignatt.serve.scheduler import DraftScheduler, EngineDied, SchedulerConfig, SessionSeam
+from alignatt.serve.session import SessionLimits
 
 log = logging.getLogger("alignatt.serve.server")
 
@@ -39,20 +45,73 @@ class Engine:
     """A loaded seam, its scheduler, and the threads that wait for its drafts.
 
     The seam is built, driven and closed on the scheduler's thread, so whatever the engine binds
-    to its creating thread (CUDA graphs, vLLM's engine client) is only used there.
+    to its creating thread (CUDA graphs, vLLM's engine client) is only used there. With
+    `in_process=False` the seam lives in a child process pinned to `cuda_device`
+    (`ProcessBatchSeam`), and a watcher thread notices when that process exits.
     """
 
     def __init__(self, name: str, route: DirectionRoute, heads: list[Head], factory: SeamFactory,
-                 scheduler: SchedulerConfig | None = None) -> None:
+                 scheduler: SchedulerConfig | None = None, in_process: bool = True,
+                 cuda_device: str | None = None) -> None:
         self.name = name
         self.route = route
         self.heads = heads
+        self.cuda_device = cuda_device
         config = scheduler or SchedulerConfig()
-        self.scheduler = DraftScheduler(lambda: factory(served_route(route), heads), config, name=name)
+        if in_process:
+            build = lambda: factory(served_route(route), heads)  # noqa: E731
+        else:
+            spec = EngineSpec(factory, served_route(route), heads, cuda_device)
+            build = lambda: ProcessBatchSeam(spec, name)  # noqa: E731
+        self.scheduler = DraftScheduler(build, config, name=name)
         self.seam: Seam = self.scheduler.seam
         # One waiting thread per admitted session: a session's update blocks only its own thread.
         self.executor = ThreadPoolExecutor(max_workers=config.capacity, thread_name_prefix=f"engine-{name}-wait")
         self._proxies: dict[Hashable, SessionSeam] = {}
+        self._on_death: dict[Hashable, Callable[[EngineDied], None]] = {}
+        self._lock = threading.Lock()
+        self._closing = False
+        if isinstance(self.seam, ProcessBatchSeam):
+            threading.Thread(target=self._watch, name=f"engine-{name}-watch", daemon=True).start()
+
+    # ---- the engine's process ----
+
+    @property
+    def alive(self) -> bool:
+        """It takes work: not known dead, and its process (if it has one) still runs."""
+        return self.scheduler.dead is None and getattr(self.seam, "alive", True)
+
+    def load(self) -> tuple[int, int]:
+        """What placement compares: admitted sessions, then drafts queued or running."""
+        return self.scheduler.sessions, self.scheduler.queue_depth
+
+    def on_death(self, key: Hashable, notify: Callable[[EngineDied], None]) -> None:
+        """Call `notify` (from the watcher's thread) when this engine dies while `key` is open;
+        at once if it already has."""
+        with self._lock:
+            self._on_death[key] = notify
+        if self.scheduler.dead is not None:
+            notify(self.scheduler.dead)
+
+    def _watch(self) -> None:
+        self.seam.wait_exited()
+        if self._closing:
+            return
+        error = self.seam.died()
+        self.scheduler.engine_died(error)
+        with self._lock:
+            notify = list(self._on_death.values())
+        for n in notify:
+            try:
+                n(error)
+            except Exception:  # noqa: BLE001 - one session's notice failing must not stop the others'
+                log.exception("engine %s: telling a session it died failed", self.name)
+
+    def budget(self, limits: SessionLimits, draft_tokens: int) -> PromptBudget | None:
+        """The engine's token bounds, counted with its seam's tokenizer (in its process)."""
+        if isinstance(self.seam, ProcessBatchSeam):
+            return self.seam.prompt_budget(limits, draft_tokens)
+        return PromptBudget.for_seam(self.seam, limits, draft_tokens)
 
     # ---- sessions (the server's side) ----
 
@@ -65,6 +124,8 @@ class Engine:
 
     def close_session(self, key: Hashable) -> None:
         self._proxies.pop(key, None)
+        with self._lock:
+            self._on_death.pop(key, None)
         self.scheduler.close_session(key)
 
     def open_view(self, key: Hashable, heads: list[Head]) -> "HeadRows":
@@ -90,10 +151,13 @@ class Engine:
 
     def stats(self) -> dict:
         return {"engine": self.name, "seam": getattr(self.seam, "name", "?"), "max_batch": self.scheduler.max_batch,
+                "device": self.route.device, "gpu": self.cuda_device, "pid": getattr(self.seam, "pid", os.getpid()),
+                "alive": self.alive, "sessions": self.scheduler.sessions, "queued": self.scheduler.queue_depth,
                 **self.scheduler.stats.as_dict()}
 
     def close(self) -> None:
         """Stop the scheduler (it closes the seam on its own thread), then the waiting threads."""
+        self._closing = True
         try:
             self.scheduler.close()
         except Exception as e:  # noqa: BLE001 - shutdown goes on; the failure is logged
@@ -151,15 +215,19 @@ def route_key(route: DirectionRoute) -> tuple:
 
 
 class EngineRegistry:
-    """Engines by (model, seam, device, dtype, options): directions of one model share one, whose
-    heads are the union of the heads of every route in `routes` with that key."""
+    """Engines by (model, seam, device, dtype, options): directions of one model share them, and
+    their heads are the union of the heads of every route in `routes` with that key. `engines`
+    says how many serve one key (`replica_devices`): one runs in this process, more run in a
+    process each."""
 
     def __init__(self, factory: SeamFactory, scheduler: SchedulerConfig | None = None,
-                 routes: dict[str, DirectionRoute] | None = None) -> None:
+                 routes: dict[str, DirectionRoute] | None = None, engines: EngineCount = 1) -> None:
         self.factory = factory
         self.scheduler = scheduler
         self.routes = dict(routes or {})
-        self._engines: dict[tuple, Engine] = {}
+        self.engines_per_route = engines
+        self._engines: dict[tuple, list[Engine]] = {}
+        self._count = 0
         self._lock = threading.Lock()
 
     def union_heads(self, route: DirectionRoute, direction: str) -> list[Head]:
@@ -170,26 +238,77 @@ class EngineRegistry:
                 heads += [h for h in resolve_heads(r, d) if h not in heads]
         return heads
 
-    def get(self, route: DirectionRoute, direction: str) -> Engine:
+    def load(self, route: DirectionRoute, direction: str) -> list[Engine]:
+        """The route's engines, loaded on first use (several at once, one process each)."""
         key = route_key(route)
         with self._lock:  # loads are rare and slow; one at a time
-            engine = self._engines.get(key)
-            if engine is None:
-                heads = self.union_heads(route, direction)
-                started = time.perf_counter()
-                engine = Engine(f"{len(self._engines)}", route, heads, self.factory, self.scheduler)
-                self._engines[key] = engine
-                log.info("engine %s: %s/%s heads=%s loaded in %.1fs (batch %d)", engine.name, route.model,
-                         route.seam, [(h.layer, h.head) for h in heads], time.perf_counter() - started,
-                         engine.scheduler.max_batch)
+            engines = self._engines.get(key)
+            if engines is None:
+                engines = self._build(route, direction)
+                self._engines[key] = engines
+            return engines
+
+    def _build(self, route: DirectionRoute, direction: str) -> list[Engine]:
+        heads = self.union_heads(route, direction)
+        devices = replica_devices(route, self.engines_per_route)
+        names = [str(self._count + i) for i in range(len(devices))]
+        self._count += len(devices)
+        started = time.perf_counter()
+        if devices == [None]:
+            engines = [Engine(names[0], route, heads, self.factory, self.scheduler)]
+        else:
+            with ThreadPoolExecutor(max_workers=len(devices)) as pool:
+                futures = [pool.submit(Engine, n, route, heads, self.factory, self.scheduler, False, d)
+                           for n, d in zip(names, devices)]
+            failed = [f.exception() for f in futures if f.exception() is not None]
+            if failed:
+                for f in futures:
+                    if f.exception() is None:
+                        f.result().close()
+                raise failed[0]
+            engines = [f.result() for f in futures]
+        for e in engines:
+            log.info("engine %s: %s/%s heads=%s on %s loaded in %.1fs (batch %d)", e.name, route.model, route.seam,
+                     [(h.layer, h.head) for h in heads], f"GPU {e.cuda_device}" if e.cuda_device else
+                     ("its own process" if isinstance(e.seam, ProcessBatchSeam) else "this process"),
+                     time.perf_counter() - started, e.scheduler.max_batch)
+        return engines
+
+    def get(self, route: DirectionRoute, direction: str) -> Engine:
+        """The route's least loaded live engine (without admitting anything to it)."""
+        return least_loaded(self.load(route, direction), route)
+
+    def place(self, route: DirectionRoute, direction: str, keys: Sequence[Hashable]) -> Engine:
+        """Admit the session `keys` (one per target) to the route's least loaded live engine;
+        `SchedulerBusy` when it is full, `EngineDied` when none is left."""
+        engines = self.load(route, direction)
+        with self._lock:  # placements one at a time, so two sessions never both see the same load
+            engine = least_loaded(engines, route)
+            admitted = []
+            try:
+                for key in keys:
+                    engine.scheduler.open_session(key)
+                    admitted.append(key)
+            except BaseException:
+                for key in admitted:
+                    engine.close_session(key)
+                raise
             return engine
 
     @property
     def engines(self) -> list[Engine]:
-        return list(self._engines.values())
+        return [e for engines in list(self._engines.values()) for e in engines]
 
     def close(self) -> None:
         with self._lock:
-            engines, self._engines = list(self._engines.values()), {}
+            engines, self._engines = self.engines, {}
         for e in engines:
             e.close()
+
+
+def least_loaded(engines: Sequence[Engine], route: DirectionRoute) -> Engine:
+    """Fewest admitted sessions, then fewest drafts queued or running, then the first; dead ones never."""
+    live = [e for e in engines if e.alive]
+    if not live:
+        raise EngineDied(f"every engine serving {route.model}/{route.seam} has stopped")
+    return min(live, key=lambda e: e.load())

@@ -7,13 +7,16 @@ updates), which run inline. Per connection, queued partial updates are coalesced
 is kept: each one carries the whole state of the open utterance) while finals are never dropped
 or reordered; the client reads replies until one has its seq or a newer one. A connection's
 reader, worker and writer are `alignatt.serve.connection`. What is served (presets, limits,
-directions) is `alignatt.serve.config`.
+directions, engines per route) is `alignatt.serve.config`. Besides WebSocket upgrades the server
+answers two plain HTTP GETs, for load balancers and monitoring: `/health` and `/stats`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import http
+import json
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -22,6 +25,7 @@ from typing import Callable
 from alignatt.core.errors import AlignattError
 from alignatt.serve.budget import PromptBudget
 from alignatt.serve.config import SeamFactory, ServerConfig, default_seam_factory, resolve_preset, server_config
+from alignatt.serve.pool import route_key
 from alignatt.serve.connection import Connection, translation_frame  # noqa: F401 - translation_frame re-exported
 from alignatt.serve.pool import Engine, EngineRegistry
 from alignatt.serve.records import ByteBoundedLog
@@ -46,6 +50,9 @@ class ServerStats:
     errors: collections.Counter = field(default_factory=collections.Counter)
     closes: collections.Counter = field(default_factory=collections.Counter)  # server-side closes by reason
 
+    def as_dict(self) -> dict:
+        return {k: dict(v) if isinstance(v, collections.Counter) else v for k, v in vars(self).items()}
+
 
 class MTServer:
     def __init__(self, config: ServerConfig | None = None, seam_factory: SeamFactory | None = None):
@@ -54,7 +61,7 @@ class MTServer:
         # Each engine's scheduler admits as many sessions as the server does.
         self.registry = EngineRegistry(seam_factory or default_seam_factory,
                                        SchedulerConfig(capacity=self.config.limits.max_sessions),
-                                       routes=self.config.directions)
+                                       routes=self.config.directions, engines=self.config.engines)
         self.stats = ServerStats()
         limits = self.config.limits
         # Recent translation steps, server-side (the smoke reads the fast-path latencies here).
@@ -70,12 +77,13 @@ class MTServer:
         if self.config.preload:
             loop = asyncio.get_running_loop()
             for direction, route in self.config.directions.items():
-                await loop.run_in_executor(None, self.registry.get, route, direction)
+                await loop.run_in_executor(None, self.registry.load, route, direction)
         limits = self.config.limits
         self._server = await serve(
             self._handle,
             self.config.host,
             self.config.port,
+            process_request=self._http,
             max_size=limits.max_frame_bytes * limits.hard_frame_factor,
             ping_interval=limits.ping_interval_s,
             ping_timeout=limits.ping_timeout_s,
@@ -101,7 +109,7 @@ class MTServer:
         if engine.name not in self._budgets:
             draft_tokens = SessionConfig().final_max_new_tokens
             budget = await asyncio.get_running_loop().run_in_executor(
-                engine.executor, PromptBudget.for_seam, engine.seam, self.config.limits, draft_tokens
+                engine.executor, engine.budget, self.config.limits, draft_tokens
             )
             self._budgets[engine.name] = budget
             log.info("engine %s: token bounds %s", engine.name, budget.describe() if budget else "none (no tokenizer)")
@@ -110,6 +118,38 @@ class MTServer:
     async def _handle(self, ws) -> None:
         self.stats.connections += 1
         await Connection(self, ws, self.stats.connections).run()
+
+    # ---- health and stats ----
+
+    def snapshot(self) -> dict:
+        """The server's counters and every engine's figures (`Engine.stats`), alive or not."""
+        return {**self.stats.as_dict(), "engines": [e.stats() for e in self.registry.engines]}
+
+    def health(self) -> dict:
+        """ok: a new session would be admitted; full: the session limit is reached; down: some
+        served route has engines but none of them is alive (a route not loaded yet counts as up)."""
+        loaded: dict[tuple, list[bool]] = {}
+        for e in self.registry.engines:
+            loaded.setdefault(route_key(e.route), []).append(e.alive)
+        down = any(not any(alive) for alive in loaded.values())
+        active, limit = self.stats.sessions_active, self.config.limits.max_sessions
+        status = "down" if down else "full" if active >= limit else "ok"
+        return {"status": status, "sessions_active": active, "max_sessions": limit,
+                "engines": len(self.registry.engines), "engines_alive": sum(a for v in loaded.values() for a in v)}
+
+    def _http(self, connection, request):
+        """`GET /health` (200 when ok, else 503) and `GET /stats`; anything else is a WebSocket."""
+        if request.path == "/health":
+            body = self.health()
+            status = http.HTTPStatus.OK if body["status"] == "ok" else http.HTTPStatus.SERVICE_UNAVAILABLE
+        elif request.path == "/stats":
+            body, status = self.snapshot(), http.HTTPStatus.OK
+        else:
+            return None
+        response = connection.respond(status, json.dumps(body, default=str) + "\n")
+        del response.headers["Content-Type"]
+        response.headers["Content-Type"] = "application/json"
+        return response
 
 
 # ---- running it ----

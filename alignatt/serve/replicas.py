@@ -1,0 +1,346 @@
+"""Engines in their own processes: one child per GPU, driven through typed messages over a pipe.
+
+With several engines per route, each one is a child process (multiprocessing "spawn") that pins
+itself to one CUDA device and builds the route's seam there, so everything the model binds to its
+process (vLLM's engine and capture hooks, CUDA graphs) stays in that process. The server keeps
+the engine's `DraftScheduler`; its `BatchSeam` is a `ProcessBatchSeam`, which forwards each call
+(`Submit`, `Abort`, `Step`, `Count`, `Describe`, `Close`) and waits for its reply, one at a time.
+A child that is gone (end of pipe, broken pipe) is an `EngineDied`.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import multiprocessing.util
+import os
+import pickle
+import signal
+import threading
+from dataclasses import dataclass
+from typing import Any, Hashable
+
+from alignatt.core.draft import Draft, DraftRequest, Head
+from alignatt.core.errors import AlignattError
+from alignatt.serve.budget import PromptBudget, seam_positions, token_counting
+from alignatt.serve.config import DirectionRoute, EngineCount, SeamFactory
+from alignatt.serve.scheduler import EngineDied, as_batch_seam
+from alignatt.serve.session import SessionLimits
+
+
+# ---- where the engines run ----
+
+
+def visible_cuda_devices() -> list[str]:
+    """The CUDA devices this process may use, as CUDA_VISIBLE_DEVICES names them."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [d.strip() for d in listed.split(",") if d.strip()]
+    try:
+        import torch
+
+        return [str(i) for i in range(torch.cuda.device_count())]
+    except Exception:  # noqa: BLE001 - no usable CUDA: no GPUs
+        return []
+
+
+def replica_devices(route: DirectionRoute, engines: EngineCount) -> list[str | None]:
+    """One entry per engine of `route`: the CUDA device its process is pinned to (None: CPU).
+
+    `[None]` is today's single in-process engine. "auto" is one engine per visible GPU for a
+    `cuda` route (one engine when there is one GPU), one engine otherwise."""
+    if engines == "auto":
+        visible = visible_cuda_devices() if route.device == "cuda" else []
+        return list(visible) if len(visible) > 1 else [None]
+    if engines == 1 or not route.device.startswith("cuda"):
+        return [None] * engines
+    if route.device != "cuda":
+        raise AlignattError(f"{engines} engines run one per GPU: the route's device must be 'cuda', "
+                            f"not {route.device!r}")
+    visible = visible_cuda_devices()
+    if engines > len(visible):
+        raise AlignattError(f"{engines} engines asked for, but {len(visible)} CUDA GPUs are visible")
+    return visible[:engines]
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What a child builds: `factory(route, heads)` (picklable: a module-level function or class)."""
+
+    factory: SeamFactory
+    route: DirectionRoute
+    heads: list[Head]
+    cuda_device: str | None = None  # the child's CUDA_VISIBLE_DEVICES; None: inherited
+
+
+# ---- the messages: requests (server -> child) ----
+
+
+@dataclass(frozen=True)
+class Submit:
+    request: DraftRequest
+
+
+@dataclass(frozen=True)
+class Abort:
+    handle: Hashable
+
+
+@dataclass(frozen=True)
+class Step:
+    pass
+
+
+@dataclass(frozen=True)
+class Count:
+    """Tokens of a prompt (`request`) or of a text, with the seam's own counting."""
+
+    request: DraftRequest | None = None
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class Describe:
+    pass
+
+
+@dataclass(frozen=True)
+class Close:
+    pass
+
+
+# ---- and their replies (child -> server) ----
+
+
+@dataclass(frozen=True)
+class Ready:
+    name: str
+    max_batch: int
+    pid: int
+    counts: bool  # the seam can count tokens
+    positions: int | None
+    template_tokens: int | None
+
+
+@dataclass(frozen=True)
+class Submitted:
+    handle: Hashable
+    unfinished: bool
+
+
+@dataclass(frozen=True)
+class Aborted:
+    unfinished: bool
+
+
+@dataclass(frozen=True)
+class Stepped:
+    finished: list[tuple[Hashable, Draft]]
+    unfinished: bool
+
+
+@dataclass(frozen=True)
+class Counted:
+    tokens: int
+
+
+@dataclass(frozen=True)
+class Described:
+    facts: dict | None
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: BaseException
+
+
+@dataclass(frozen=True)
+class Closed:
+    pass
+
+
+def _portable(error: BaseException) -> BaseException:
+    """The error itself if it survives pickling, else a RuntimeError that names it."""
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:  # noqa: BLE001
+        return RuntimeError(f"{type(error).__name__}: {error}")
+
+
+# ---- the child ----
+
+
+def serve_engine(conn: multiprocessing.connection.Connection, spec: EngineSpec) -> None:
+    """The child's main: build the seam on its device, then answer one request at a time until
+    `Close` or until the server's end of the pipe is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the server, which closes us
+    if spec.cuda_device is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = spec.cuda_device
+    try:
+        seam = spec.factory(spec.route, spec.heads)
+        engine = as_batch_seam(seam)
+        counting = token_counting(seam)
+        conn.send(Ready(name=getattr(seam, "name", "seam"), max_batch=getattr(engine, "max_batch", 1),
+                        pid=os.getpid(), counts=counting is not None, positions=seam_positions(seam),
+                        template_tokens=counting.template_tokens if counting else None))
+    except BaseException as e:  # noqa: BLE001 - reported to the server, which raises it
+        conn.send(Failed(_portable(e)))
+        return
+
+    def answer(message: Any) -> Any:
+        if isinstance(message, Submit):
+            handle = engine.submit(message.request)
+            return Submitted(handle, engine.has_unfinished())
+        if isinstance(message, Abort):
+            engine.abort(message.handle)
+            return Aborted(engine.has_unfinished())
+        if isinstance(message, Step):
+            finished = list(engine.step())
+            return Stepped(finished, engine.has_unfinished())
+        if isinstance(message, Count):
+            if counting is None:
+                raise TypeError(f"seam {getattr(seam, 'name', '?')} cannot count tokens")
+            return Counted(counting.prompt(message.request) if message.request else counting.text(message.text))
+        if isinstance(message, Describe):
+            describe = getattr(seam, "describe", None)
+            return Described(describe() if callable(describe) else None)
+        raise TypeError(f"engine process: unexpected message {type(message).__name__}")
+
+    try:
+        while True:
+            try:
+                message = conn.recv()
+            except EOFError:  # the server is gone
+                return
+            if isinstance(message, Close):
+                break
+            try:
+                reply = answer(message)
+            except Exception as e:  # noqa: BLE001 - the server raises it where it asked
+                reply = Failed(_portable(e))
+            conn.send(reply)
+    finally:
+        engine.close()
+    conn.send(Closed())
+
+
+# ---- the server's side ----
+
+
+class ProcessBatchSeam:
+    """A `BatchSeam` whose seam runs in a child process (see the module docstring).
+
+    Calls are serialised by a lock: the scheduler's thread steps, the sessions' waiting threads
+    count tokens; each waits for its reply. Construction returns once the child's seam is built."""
+
+    def __init__(self, spec: EngineSpec, name: str, start_timeout_s: float = 1800.0) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._conn, child_end = context.Pipe()
+        self.process = context.Process(target=serve_engine, args=(child_end, spec), name=f"alignatt-engine-{name}")
+        self.process.start()
+        child_end.close()  # the child holds the only other end: its exit reads as end of pipe here
+        # At interpreter exit, before multiprocessing joins its children: our end closes, so they stop.
+        multiprocessing.util.Finalize(self, self._conn.close, exitpriority=10)
+        self.engine = name
+        self.cuda_device = spec.cuda_device
+        self._lock = threading.Lock()
+        self._closed = False
+        self._unfinished = False
+        try:
+            ready = self._call(None, timeout_s=start_timeout_s)
+        except BaseException:
+            self._stop()
+            raise
+        self.name = ready.name
+        self.max_batch = ready.max_batch
+        self.pid = ready.pid
+        self._ready = ready
+
+    # ---- the pipe ----
+
+    def _call(self, message: Any, timeout_s: float | None = None) -> Any:
+        with self._lock:
+            try:
+                if message is not None:
+                    self._conn.send(message)
+                if timeout_s is not None and not self._conn.poll(timeout_s):
+                    raise TimeoutError(f"engine {self.engine}: no answer from its process within {timeout_s:.0f}s")
+                reply = self._conn.recv()
+            except (EOFError, OSError):  # end of pipe, broken pipe, closed: the child is gone
+                raise self.died() from None
+        if isinstance(reply, Failed):
+            raise reply.error
+        return reply
+
+    def died(self) -> EngineDied:
+        """The error that says this engine's process is gone, and how it ended."""
+        self.process.join(2.0)
+        code = self.process.exitcode
+        how = ("still running, its pipe closed" if code is None
+               else f"killed by signal {-code}" if code < 0 else f"exited with code {code}")
+        return EngineDied(f"engine {self.engine} (process {self.process.pid}) stopped: {how}")
+
+    @property
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    def wait_exited(self, timeout_s: float | None = None) -> bool:
+        """Block until the child has exited (True), or `timeout_s` passed (False)."""
+        return bool(multiprocessing.connection.wait([self.process.sentinel], timeout_s))
+
+    # ---- BatchSeam ----
+
+    def submit(self, request: DraftRequest) -> Hashable:
+        reply: Submitted = self._call(Submit(request))
+        self._unfinished = reply.unfinished
+        return reply.handle
+
+    def abort(self, handle: Hashable) -> None:
+        self._unfinished = self._call(Abort(handle)).unfinished
+
+    def step(self) -> list[tuple[Hashable, Draft]]:
+        reply: Stepped = self._call(Step())
+        self._unfinished = reply.unfinished
+        return reply.finished
+
+    def has_unfinished(self) -> bool:
+        return self._unfinished
+
+    # ---- what the server asks besides drafts ----
+
+    def count_prompt_tokens(self, request: DraftRequest) -> int:
+        return self._call(Count(request=request)).tokens
+
+    def count_text_tokens(self, text: str) -> int:
+        return self._call(Count(text=text)).tokens
+
+    def prompt_budget(self, limits: SessionLimits, draft_tokens: int) -> PromptBudget | None:
+        """The child seam's token bounds, counted in the child (None: it cannot count)."""
+        ready = self._ready
+        if not ready.counts:
+            return None
+        return PromptBudget(limits, self.count_prompt_tokens, self.count_text_tokens, ready.positions,
+                            draft_tokens, ready.template_tokens)
+
+    def describe(self) -> dict | None:
+        return self._call(Describe()).facts
+
+    def close(self, timeout_s: float = 120.0) -> None:
+        """Close the child's seam and wait for the child; one that does not stop is killed."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.process.is_alive():
+            try:
+                self._call(Close(), timeout_s=timeout_s)
+            except (EngineDied, TimeoutError):
+                pass
+        self._stop()
+
+    def _stop(self) -> None:
+        self.process.join(5.0)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(5.0)
+        self._conn.close()
