@@ -152,7 +152,7 @@ def heads_calibrate(
 def _server_config(
     config: str | None, host: str, port: int, model: str, seam: str, preset: str, direction: str,
     heads: str | None, top_k: int, device: str, dtype: str | None, max_sessions: int,
-    max_utterance_words: int, vllm_mode: str | None,
+    max_utterance_words: int, vllm_mode: str | None, engines: str,
 ):
     from alignatt.serve.config import server_config
 
@@ -160,6 +160,7 @@ def _server_config(
         config_path=config, host=host, port=port, model=model, seam=seam, preset=preset,
         direction=direction, heads=heads, top_k=top_k, device=device, dtype=dtype,
         max_sessions=max_sessions, max_utterance_words=max_utterance_words, vllm_mode=vllm_mode,
+        engines=engines,
     )
 
 
@@ -178,6 +179,8 @@ def serve_cmd(
     max_sessions: int = typer.Option(8, help="concurrent sessions; more get `busy`"),
     max_utterance_words: int = typer.Option(80, help="longer utterances are forced final"),
     vllm_mode: str = typer.Option(None, help="vllm_capture only: eager | cudagraph | fullgraph | compiled (default cudagraph)"),
+    engines: str = typer.Option("auto", help="engines per route: auto (one process per visible GPU with "
+                                             "--device cuda, else 1) or a number (more than 1: a process each)"),
     config: str = typer.Option(None, help="ServerConfig JSON (several directions); replaces the options above"),
 ) -> None:
     """Run the MT server (WhisperLiveKit `alignatt` protocol v1) until interrupted."""
@@ -187,7 +190,7 @@ def serve_cmd(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cfg = _server_config(config, host, port, model, seam, preset, direction, heads, top_k,
-                         device, dtype, max_sessions, max_utterance_words, vllm_mode)
+                         device, dtype, max_sessions, max_utterance_words, vllm_mode, engines)
     typer.echo(f"loading {', '.join(f'{d}: {r.model}/{r.seam}' for d, r in cfg.directions.items())} ...")
     serve(cfg, on_ready=lambda s: typer.echo(
         f"alignatt-mt-server listening on ws://{cfg.host}:{s.port} (preset {cfg.default_preset})"))
@@ -238,6 +241,7 @@ def load_cmd(
     prefix_caching: bool = typer.Option(None, "--prefix-caching/--no-prefix-caching",
                                         help="vllm_capture: vLLM prefix caching (default on for the server)"),
     max_num_seqs: int = typer.Option(None, help="vllm_capture: engine batch limit (server default 128)"),
+    engines: str = typer.Option("auto", help="the server's engines: auto (one per visible GPU on cuda) or a number"),
     capture_cost: str = typer.Option("auto", help="captured vs uncaptured wall per batch: auto | on | off"),
     capture_cost_batches: str = typer.Option("1,8,32,64", help="batch sizes of the capture-cost measurement"),
     profile_dir: str = typer.Option(None, help="capture cost: torch-profile batch-1 drafts (captured and "
@@ -255,7 +259,7 @@ def load_cmd(
         options = LoadOptions(model=model, seam=seam, preset=preset, device=device, dtype=dtype, top_k=top_k,
                               heads=heads, vllm_mode=vllm_mode, speakers=speakers, streams=streams, speed=speed,
                               stagger_s=stagger, pacing=pacing, clients=clients, prefix_caching=prefix_caching, max_num_seqs=max_num_seqs,
-                              capture_cost=capture_cost, capture_cost_batches=capture_cost_batches,
+                              engines=engines, capture_cost=capture_cost, capture_cost_batches=capture_cost_batches,
                               profile_dir=profile_dir)
     except ValidationError as e:
         first = e.errors()[0]

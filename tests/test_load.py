@@ -75,8 +75,8 @@ def test_the_level_summary_judges_lag_growth_finals_order_and_errors():
     growing = RunRecord("native", _events([0.0, 0.0, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0]), 1.0, 3.0)
     swapped = RunRecord("native", _events([0.1] * 9, finals=(1, 0)), 1.0, 0.1)
     failed = RuntimeError("connection refused")
-    args = (1.0, {"steps": 0, "batch_sizes": {}}, {"steps": 4, "batch_sizes": {"1": 1, "2": 3}}, {"coalesced": 2},
-            (None, None), {})
+    args = (1.0, [{"steps": 0, "batch_sizes": {}}], [{"engine": "0", "steps": 4, "batch_sizes": {"1": 1, "2": 3}}],
+            {"coalesced": 2}, (None, None), {})
     ok = summarise_level(1, [steady], streams, *args)
     assert not ok["lag_grows"] and ok["finals_in_order"] and ok["finals_delivered"] == 2 and ok["error_frames"] == 0
     assert ok["engine_batch_sizes"] == {"1": 1, "2": 3} and ok["superseded"] == 2
@@ -96,7 +96,7 @@ def test_alone_comparison_counts_updates_that_differ():
     from alignatt.pipeline.load import _signature
 
     level = summarise_level(2, [RunRecord("native", base, 1, 0), RunRecord("native", changed, 1, 0)], [("s", stream)],
-                            1.0, {}, {}, {}, (None, None), {"s": _signature(base)})
+                            1.0, [], [], {}, (None, None), {"s": _signature(base)})
     assert level["texts_differing_from_alone"] == 1 and level["decisions_differing_from_alone"] == 0
 
 

@@ -201,6 +201,18 @@ class MeasurementArtifact(_Artifact):
 # ---- load benchmark (filled by `alignatt load`) -----------------------------------------------
 
 
+class LoadEngine(_Strict):
+    """One engine of the server over one load level (`Engine.stats()` after less before)."""
+
+    engine: str
+    gpu: str | None = None  # the CUDA device its process is pinned to; None: in-process or CPU
+    alive: bool = True  # at the end of the level
+    sessions: int  # sessions placed on it during the level
+    steps: int
+    batch_sizes: dict[str, int]  # drafts in the engine at a step -> steps
+    failed: int = 0  # drafts that failed on it
+
+
 class LoadLevel(_Strict):
     """N concurrent real-time speakers on one server: what they saw."""
 
@@ -219,8 +231,8 @@ class LoadLevel(_Strict):
     lag_s_last_third: float
     lag_grows: bool  # last third's mean lag exceeds the first third's by more than 0.25 s
     fast_path_events: int
-    engine_steps: int
-    engine_batch_sizes: dict[str, int]  # drafts in the engine at a step -> steps
+    engine_steps: int  # summed over the engines
+    engine_batch_sizes: dict[str, int]  # drafts in an engine at a step -> steps, summed over the engines
     superseded: int  # partials superseded by a newer update (queued dropped + running aborted)
     peak_gpu_memory_mib: float | None  # torch's peak allocation in this process during the level
     gpu_memory_used_mib: float | None  # device-wide, at the end of the level
@@ -232,6 +244,7 @@ class LoadLevel(_Strict):
     texts_differing_from_alone: int | None = None  # updates whose committed text differs from N=1
     decisions_differing_from_alone: int | None = None  # updates whose path or released text differs
     vllm_mode: str | None = None  # the configuration (vllm_capture's mode) this level ran on
+    engines: list[LoadEngine] = Field(default_factory=list)  # per engine; empty in artifacts from before
 
 
 class CaptureCostRow(_Strict):

@@ -1,14 +1,14 @@
 """`alignatt load`: N concurrent real-time speakers on one MT server, and what each load level costs.
 
-The server runs in-process on loopback (one engine, its scheduler batching every session's
-drafts). For each N in `speakers`, N native clients (`alignatt.pipeline.stream_replay`) each
+The server runs in-process on loopback (one engine per route unless `engines` says more, each
+engine's scheduler batching the drafts of the sessions placed on it). For each N in `speakers`, N native clients (`alignatt.pipeline.stream_replay`) each
 replay a stream in real time through their own WebSocket, from client processes of their own
 (alignatt.pipeline.load_clients: not the server's interpreter lock) (lockstep by default: an update waits for
 its reply; `pacing=realtime`: sent when due, never waiting), starts staggered by
 `stagger_s`; speaker i replays stream i mod len(streams) (the bundled smoke stream and a
 composed multi-minute stream by default). Per level the `load` artifact records partial and
-final RTT, schedule lag (max, and whether it grows), fast-path events, the engine's batch-size
-histogram, peak GPU memory, retractions, finals delivered in order, error frames, and how many
+final RTT, schedule lag (max, and whether it grows), fast-path events, the engines' batch-size
+histogram (summed; per engine in `engines`), peak GPU memory, retractions, finals delivered in order, error frames, and how many
 updates differ from the same stream served alone (the N=1 level, which replays the first stream;
 lockstep replays send the same updates in the same order at any load, so updates match by seq). On a GPU with `vllm_capture`
 it also measures the capture cost: captured vs uncaptured `draft_many` wall at each batch size,
@@ -67,6 +67,7 @@ class LoadOptions(BaseModel):
     speakers_per_process: int = Field(16, ge=1, description="speaker threads per client process")
     prefix_caching: bool | None = Field(None, description="vllm_capture: None = the server's default (on)")
     max_num_seqs: int | None = Field(None, ge=1, description="vllm_capture: the engine's batch limit")
+    engines: int | Literal["auto"] = Field("auto", description="the server's engines (ServerConfig.engines)")
     capture_cost: Literal["auto", "on", "off"] = "auto"  # auto: on CUDA with vllm_capture
     capture_cost_batches: list[int] = Field(default_factory=lambda: [1, 8, 32, 64])
     capture_cost_tokens: int = Field(16, ge=1)
@@ -124,9 +125,10 @@ def _signature(events: list[dict]) -> dict[int, tuple]:
 
 
 def summarise_level(n: int, runs: list[RunRecord | BaseException], streams: list[tuple[str, SmokeStream]],
-                    wall_s: float, engine_before: dict, engine_after: dict, server_delta: dict,
+                    wall_s: float, engines_before: list[dict], engines_after: list[dict], server_delta: dict,
                     memory: tuple[float | None, float | None], alone: dict[str, dict[int, tuple]]) -> dict:
-    """The `LoadLevel` fields of one level (a dict), from its speakers' records."""
+    """The `LoadLevel` fields of one level (a dict), from its speakers' records and every engine's
+    `Engine.stats()` before and after it."""
     events, errors = [], 0
     retractions = finals_expected = finals_delivered = 0
     in_order = True
@@ -164,8 +166,11 @@ def summarise_level(n: int, runs: list[RunRecord | BaseException], streams: list
     finals = [e["rtt_ms"] for e in events if e.get("final")]
     lag_first = statistics.fmean(first) if first else 0.0
     lag_last = statistics.fmean(last) if last else 0.0
-    sizes_before = engine_before.get("batch_sizes", {})
-    sizes = {k: v - sizes_before.get(k, 0) for k, v in engine_after.get("batch_sizes", {}).items()}
+    engines = [engine_level(b, a) for b, a in zip(engines_before, engines_after)]
+    sizes: dict[str, int] = {}
+    for e in engines:
+        for k, v in e["batch_sizes"].items():
+            sizes[k] = sizes.get(k, 0) + v
     return dict(
         speakers=n,
         streams=[streams[i % len(streams)][0] for i in range(n)],
@@ -182,8 +187,9 @@ def summarise_level(n: int, runs: list[RunRecord | BaseException], streams: list
         lag_s_last_third=round(lag_last, 3),
         lag_grows=lag_last - lag_first > LAG_GROWTH_S,
         fast_path_events=sum(1 for e in events if e.get("path") == "fast_path"),
-        engine_steps=engine_after.get("steps", 0) - engine_before.get("steps", 0),
-        engine_batch_sizes={k: v for k, v in sorted(sizes.items(), key=lambda kv: int(kv[0])) if v},
+        engine_steps=sum(e["steps"] for e in engines),
+        engine_batch_sizes=dict(sorted(sizes.items(), key=lambda kv: int(kv[0]))),
+        engines=engines,
         superseded=server_delta.get("coalesced", 0),
         peak_gpu_memory_mib=memory[0],
         gpu_memory_used_mib=memory[1],
@@ -194,6 +200,21 @@ def summarise_level(n: int, runs: list[RunRecord | BaseException], streams: list
         error_frames=errors,
         texts_differing_from_alone=texts_diff if compared else None,
         decisions_differing_from_alone=decisions_diff if compared else None,
+    )
+
+
+def engine_level(before: dict, after: dict) -> dict:
+    """One engine's `LoadEngine` fields over a level: what `Engine.stats()` counted in between."""
+    sizes_before = before.get("batch_sizes", {})
+    sizes = {k: v - sizes_before.get(k, 0) for k, v in after.get("batch_sizes", {}).items()}
+    return dict(
+        engine=str(after.get("engine")),
+        gpu=after.get("gpu"),
+        alive=bool(after.get("alive", True)),
+        sessions=after.get("admitted", 0) - before.get("admitted", 0),
+        steps=after.get("steps", 0) - before.get("steps", 0),
+        batch_sizes={k: v for k, v in sorted(sizes.items(), key=lambda kv: int(kv[0])) if v},
+        failed=after.get("failed", 0) - before.get("failed", 0),
     )
 
 
@@ -254,22 +275,23 @@ def run_configuration(options: LoadOptions, mode: str | None, seam_factory=None)
     streams = resolve_streams(options.streams)
     route = _route(options, mode)
     config = ServerConfig(host="127.0.0.1", port=0, default_preset=preset, directions={"en-de": route},
-                          limits=ServerLimits(max_sessions=max(options.speakers)))
+                          limits=ServerLimits(max_sessions=max(options.speakers)), engines=options.engines)
     levels: list[dict] = []
     alone: dict[str, dict[int, tuple]] = {}
     with ServerThread(config, seam_factory) as handle:
         plan = SpeakerPlan(handle.url, preset, options.speed, options.stagger_s, options.pacing,
                            tuple(s.model_dump() for _, s in streams))
-        engine = handle.server.registry.engines[0]
+        engines = handle.server.registry.engines
+        engine = engines[0]
         describe = getattr(engine.seam, "describe", None)
         for n in sorted(set(options.speakers)):
             _wait_for_sessions_to_close(handle)  # the last level's sessions hold admission slots until closed
-            before = engine.stats()
+            before = [e.stats() for e in engines]
             server_before = handle.call(lambda: {"coalesced": handle.server.stats.coalesced})
             _reset_gpu_peak()
             runs, wall = run_speakers(plan, n, options.clients, options.speakers_per_process)
             memory = _gpu_memory()
-            after = engine.stats()
+            after = [e.stats() for e in engines]
             server_after = handle.call(lambda: {"coalesced": handle.server.stats.coalesced})
             delta = {k: server_after[k] - server_before[k] for k in server_after}
             level = summarise_level(n, runs, streams, wall, before, after, delta, memory, alone)
@@ -280,9 +302,11 @@ def run_configuration(options: LoadOptions, mode: str | None, seam_factory=None)
                         alone[streams[i % len(streams)][0]] = _signature(run.events)
             levels.append(level)
             print(level_line(level), flush=True)
-        # After the levels: the seam's counters (prefix-cache hits) cover the whole run.
+        # After the levels: the seam's counters (prefix-cache hits) cover the whole run. `scheduler` is
+        # the first engine's (the only one, unless `engines` asked for more); `per_engine` lists them all.
         facts = {"seam_describe": describe() if callable(describe) else None,
-                 "max_batch": engine.scheduler.max_batch, "scheduler": engine.stats()}
+                 "max_batch": engine.scheduler.max_batch, "scheduler": engine.stats(),
+                 "per_engine": [e.stats() for e in engines]}
         heads = [[h.layer, h.head] for h in engine.heads]
     return {"levels": levels, "engine": facts, "heads": heads, "seam_options": route.seam_options}
 
