@@ -10,6 +10,7 @@ import pytest
 from alignatt.core.draft import DraftRequest
 from alignatt.serve.scheduler import (
     DraftScheduler,
+    EngineDied,
     OneAtATime,
     SchedulerBusy,
     SchedulerConfig,
@@ -212,6 +213,32 @@ def test_a_failed_engine_step_fails_only_the_drafts_it_held(make):
     with pytest.raises(RuntimeError, match="step failed"):
         first.result(5)
     assert sched.submit("a", req("y"), final=True).result(5).request.source_words == ["y"]
+
+
+def test_an_engine_that_dies_fails_everything_held_and_refuses_later_work(make):
+    class Dying(StandInBatchSeam):
+        def step(self):
+            super().step()
+            raise EngineDied("engine 0 stopped: killed by signal 9")
+
+    gate = threading.Semaphore(0)
+    seam = Dying(max_batch=1, steps_for=lambda r: 5, gate=gate)
+    sched = make(seam)
+    sched.open_session("a")
+    sched.open_session("b")
+    running = sched.submit("a", req("x"), final=True)
+    until(lambda: len(seam.submitted) == 1)
+    queued = [sched.submit("b", req("y"), final=True), sched.submit("b", req("z"))]
+    gate.release()
+    for f in [running, *queued]:  # not only the running draft: the queued ones too
+        with pytest.raises(EngineDied, match="signal 9"):
+            f.result(5)
+    with pytest.raises(EngineDied):
+        sched.submit("a", req("w"))
+    with pytest.raises(EngineDied):
+        sched.open_session("c")
+    assert sched.stats.failed == 3 and len(seam.submitted) == 1
+    until(lambda: seam.closed_on is not None)  # its thread ended and closed the seam
 
 
 def test_closing_a_session_aborts_its_work(make):

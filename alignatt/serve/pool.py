@@ -300,10 +300,14 @@ class EngineRegistry:
         return [e for engines in list(self._engines.values()) for e in engines]
 
     def close(self) -> None:
+        """Close every engine, all at once (each one waits for its seam, or its process, to stop)."""
         with self._lock:
             engines, self._engines = self.engines, {}
-        for e in engines:
-            e.close()
+        if len(engines) == 1:
+            engines[0].close()
+        elif engines:
+            with ThreadPoolExecutor(max_workers=len(engines)) as pool:
+                list(pool.map(Engine.close, engines))
 
 
 def least_loaded(engines: Sequence[Engine], route: DirectionRoute) -> Engine:

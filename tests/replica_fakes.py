@@ -1,0 +1,49 @@
+"""Stand-in seams for engines in their own processes: a picklable factory, and a record of which
+process drafted what (one file per process, one line per draft: the request's first source word).
+
+The route's `seam_options` configure it: `record_dir` (none: nothing is recorded), FakeSeam's `delay_s`, and
+`fail_word` (a draft whose source holds that word raises ValueError) or `fail_build` (the seam
+cannot be built).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+from alignatt.core.draft import Draft, DraftRequest, Head
+from tests.mt_fakes import FakeSeam
+
+
+class RecordingSeam(FakeSeam):
+    def __init__(self, heads: list[Head], record_dir: str | None = None, fail_word: str = "", **options) -> None:
+        super().__init__(heads=heads, **options)
+        self.record = Path(record_dir) / f"{os.getpid()}.log" if record_dir else None
+        self.fail_word = fail_word
+
+    def draft(self, request: DraftRequest) -> Draft:
+        if self.fail_word and self.fail_word in request.source_words:
+            raise ValueError(f"stand-in refuses {self.fail_word!r}")
+        draft = super().draft(request)
+        if self.record is not None:
+            with self.record.open("a") as f:
+                f.write(request.source_words[0] + "\n")
+        return replace(draft, seam=f"{self.name}@{os.getpid()}")
+
+
+def recording_factory(route, heads: list[Head]) -> RecordingSeam:
+    options = dict(route.seam_options)
+    if options.pop("fail_build", False):
+        raise RuntimeError("stand-in engine cannot load")
+    return RecordingSeam(heads, **options)
+
+
+def drafts_by_process(record_dir) -> dict[int, list[str]]:
+    """pid -> the first source word of every draft that process made, in order."""
+    return {int(p.stem): p.read_text().split() for p in Path(record_dir).glob("*.log")}
+
+
+def process_of(record_dir, tag: str) -> set[int]:
+    """The processes that drafted for words starting with `tag` (one session's words)."""
+    return {pid for pid, words in drafts_by_process(record_dir).items() if any(w.startswith(tag) for w in words)}
