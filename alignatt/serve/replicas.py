@@ -245,6 +245,7 @@ class ProcessBatchSeam:
         self.engine = name
         self.cuda_device = spec.cuda_device
         self._lock = threading.Lock()
+        self._reap = threading.Lock()  # one thread at a time waits for the child's exit status
         self._closed = False
         self._unfinished = False
         try:
@@ -275,15 +276,16 @@ class ProcessBatchSeam:
 
     def died(self) -> EngineDied:
         """The error that says this engine's process is gone, and how it ended."""
-        self.process.join(2.0)
-        code = self.process.exitcode
+        with self._reap:
+            self.process.join(2.0)
+            code = self.process.exitcode
         how = ("still running, its pipe closed" if code is None
                else f"killed by signal {-code}" if code < 0 else f"exited with code {code}")
         return EngineDied(f"engine {self.engine} (process {self.process.pid}) stopped: {how}")
 
     @property
     def alive(self) -> bool:
-        return self.process.is_alive()
+        return not self.wait_exited(0)
 
     def wait_exited(self, timeout_s: float | None = None) -> bool:
         """Block until the child has exited (True), or `timeout_s` passed (False)."""
@@ -331,7 +333,7 @@ class ProcessBatchSeam:
         if self._closed:
             return
         self._closed = True
-        if self.process.is_alive():
+        if self.alive:
             try:
                 self._call(Close(), timeout_s=timeout_s)
             except (EngineDied, TimeoutError):
@@ -339,8 +341,9 @@ class ProcessBatchSeam:
         self._stop()
 
     def _stop(self) -> None:
-        self.process.join(5.0)
-        if self.process.is_alive():
-            self.process.kill()
+        with self._reap:
             self.process.join(5.0)
+            if self.process.exitcode is None:
+                self.process.kill()
+                self.process.join(5.0)
         self._conn.close()
