@@ -62,14 +62,14 @@ def test_a_load_run_on_two_engine_processes_records_each_engine(tmp_path, short_
     from tests.replica_fakes import recording_factory
 
     options = LoadOptions(speakers=[2], streams=[short_stream], speed=3.0, stagger_s=0.0, capture_cost="off",
-                          engines=2)
+                          clients="threads", engines=2)
     artifact = run_load(options, tmp_path / "load.json", seam_factory=recording_factory)
     (lv,) = load_artifact(tmp_path / "load.json").levels
     assert lv.retractions == 0 and lv.finals_in_order and lv.error_frames == 0
     assert [e.engine for e in lv.engines] == ["0", "1"]
     assert all(e.sessions == 1 and e.steps > 0 and e.alive and e.failed == 0 for e in lv.engines)  # one speaker each
     assert lv.engine_steps == sum(e.steps for e in lv.engines) == sum(lv.engine_batch_sizes.values())
-    engines = artifact.config["engines"]
+    engines = artifact.config["per_engine"]
     assert len({e["pid"] for e in engines}) == 2 and artifact.config["scheduler"]["engine"] == "0"
 
 
