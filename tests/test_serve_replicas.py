@@ -166,8 +166,10 @@ def test_a_process_engine_drafts_in_its_child_and_reports_errors_and_its_death_t
 
 def test_an_engine_that_cannot_load_raises_in_the_server(tmp_path):
     route = DirectionRoute(model="fake", seam="fake", seam_options={"record_dir": str(tmp_path), "fail_build": True})
-    with pytest.raises(RuntimeError, match="cannot load"):
+    with pytest.raises(RuntimeError, match="cannot load"):  # the child's error, raised here
         Engine("0", route, [], recording_factory, in_process=False)
+    with pytest.raises(AlignattError, match="module-level function"):  # a closure cannot reach a child
+        Engine("1", route, [], lambda r, h: recording_factory(r, h), in_process=False)
 
 
 # ---- the server with several engines ----

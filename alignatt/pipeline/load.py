@@ -1,18 +1,19 @@
 """`alignatt load`: N concurrent real-time speakers on one MT server, and what each load level costs.
 
-The server runs in-process on loopback (one engine per route unless `engines` says more, each
-engine's scheduler batching the drafts of the sessions placed on it). For each N in `speakers`, N native clients (`alignatt.pipeline.stream_replay`) each
-replay a stream in real time through their own WebSocket, from client processes of their own
-(alignatt.pipeline.load_clients: not the server's interpreter lock) (lockstep by default: an update waits for
-its reply; `pacing=realtime`: sent when due, never waiting), starts staggered by
-`stagger_s`; speaker i replays stream i mod len(streams) (the bundled smoke stream and a
-composed multi-minute stream by default). Per level the `load` artifact records partial and
-final RTT, schedule lag (max, and whether it grows), fast-path events, the engines' batch-size
-histogram (summed; per engine in `engines`), peak GPU memory, retractions, finals delivered in order, error frames, and how many
-updates differ from the same stream served alone (the N=1 level, which replays the first stream;
-lockstep replays send the same updates in the same order at any load, so updates match by seq). On a GPU with `vllm_capture`
-it also measures the capture cost: captured vs uncaptured `draft_many` wall at each batch size,
-same prompts, same run (after the server has stopped, one engine at a time).
+The server runs in-process on loopback (one engine unless `engines` says more, each engine's
+scheduler batching the drafts of the sessions placed on it). For each N in `speakers`, N native
+clients (`alignatt.pipeline.stream_replay`) each replay a stream in real time through their own
+WebSocket, from client processes of their own (alignatt.pipeline.load_clients: not the server's
+interpreter lock) (lockstep by default: an update waits for its reply; `pacing=realtime`: sent
+when due, never waiting), starts staggered by `stagger_s`; speaker i replays stream i mod
+len(streams) (the bundled smoke stream and a composed multi-minute stream by default). Per level
+the `load` artifact records partial and final RTT, schedule lag (max, and whether it grows),
+fast-path events, the engines' batch-size histogram (summed, and per engine in `engines`), peak
+GPU memory, retractions, finals delivered in order, error frames, and how many updates differ
+from the same stream served alone (the N=1 level, which replays the first stream; lockstep
+replays send the same updates in the same order at any load, so updates match by seq). On a GPU
+with `vllm_capture` it also measures the capture cost: captured vs uncaptured `draft_many` wall at
+each batch size, same prompts, same run (after the server has stopped, one engine at a time).
 """
 
 from __future__ import annotations

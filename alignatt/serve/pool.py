@@ -150,9 +150,10 @@ class Engine:
         return session.update(words, tail, is_final, utterance_id)
 
     def stats(self) -> dict:
+        pid = self.seam.pid if isinstance(self.seam, ProcessBatchSeam) else os.getpid()
         return {"engine": self.name, "seam": getattr(self.seam, "name", "?"), "max_batch": self.scheduler.max_batch,
-                "device": self.route.device, "gpu": self.cuda_device, "pid": getattr(self.seam, "pid", os.getpid()),
-                "alive": self.alive, "sessions": self.scheduler.sessions, "queued": self.scheduler.queue_depth,
+                "device": self.route.device, "gpu": self.cuda_device, "pid": pid, "alive": self.alive,
+                "sessions": self.scheduler.sessions, "queued": self.scheduler.queue_depth,
                 **self.scheduler.stats.as_dict()}
 
     def close(self) -> None:

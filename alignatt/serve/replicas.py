@@ -238,7 +238,13 @@ class ProcessBatchSeam:
         context = multiprocessing.get_context("spawn")
         self._conn, child_end = context.Pipe()
         self.process = context.Process(target=serve_engine, args=(child_end, spec), name=f"alignatt-engine-{name}")
-        self.process.start()
+        try:
+            self.process.start()
+        except (pickle.PicklingError, AttributeError, TypeError) as e:  # what pickling a closure raises
+            self._conn.close()
+            child_end.close()
+            raise AlignattError(f"engine {name}: its seam factory cannot be sent to a process of its own ({e}); "
+                                "give a module-level function") from None
         child_end.close()  # the child holds the only other end: its exit reads as end of pipe here
         # At interpreter exit, before multiprocessing joins its children: our end closes, so they stop.
         multiprocessing.util.Finalize(self, self._conn.close, exitpriority=10)

@@ -25,9 +25,8 @@ from typing import Callable
 from alignatt.core.errors import AlignattError
 from alignatt.serve.budget import PromptBudget
 from alignatt.serve.config import SeamFactory, ServerConfig, default_seam_factory, resolve_preset, server_config
-from alignatt.serve.pool import route_key
 from alignatt.serve.connection import Connection, translation_frame  # noqa: F401 - translation_frame re-exported
-from alignatt.serve.pool import Engine, EngineRegistry
+from alignatt.serve.pool import Engine, EngineRegistry, route_key
 from alignatt.serve.records import ByteBoundedLog
 from alignatt.serve.scheduler import SchedulerConfig
 from alignatt.serve.session import SessionConfig
