@@ -219,7 +219,10 @@ def serve_engine(conn: multiprocessing.connection.Connection, spec: EngineSpec) 
                 reply = answer(message)
             except Exception as e:  # noqa: BLE001 - the server raises it where it asked
                 reply = Failed(_portable(e))
-            conn.send(reply)
+            try:
+                conn.send(reply)  # pickled whole before a byte is sent
+            except (pickle.PicklingError, AttributeError, TypeError) as e:
+                conn.send(Failed(RuntimeError(f"engine process: its reply cannot be sent: {e}")))
     finally:
         engine.close()
     conn.send(Closed())
@@ -271,11 +274,12 @@ class ProcessBatchSeam:
             try:
                 if message is not None:
                     self._conn.send(message)
-                if timeout_s is not None and not self._conn.poll(timeout_s):
-                    raise TimeoutError(f"engine {self.engine}: no answer from its process within {timeout_s:.0f}s")
-                reply = self._conn.recv()
+                answered = timeout_s is None or self._conn.poll(timeout_s)
+                reply = self._conn.recv() if answered else None
             except (EOFError, OSError):  # end of pipe, broken pipe, closed: the child is gone
                 raise self.died() from None
+        if not answered:
+            raise TimeoutError(f"engine {self.engine}: no answer from its process within {timeout_s:.0f}s")
         if isinstance(reply, Failed):
             raise reply.error
         return reply
