@@ -3,7 +3,8 @@
 Presets are named configs (`low_latency`, `balanced`, `high_latency`); the WhisperLiveKit
 client's names (`quality`, `balanced`, `low`) are aliases. `ServerConfig.directions` maps a
 direction (`en-de`) to a `DirectionRoute` (model, seam, head set), so sessions of different
-directions draft with their own heads.
+directions draft with their own heads; `ServerConfig.engines` says how many engines serve each
+(one per GPU: `alignatt.serve.replicas`).
 """
 
 from __future__ import annotations
