@@ -251,7 +251,7 @@ class ProcessBatchSeam:
         child_end.close()  # the child holds the only other end: its exit reads as end of pipe here
         # At interpreter exit, before multiprocessing joins its children: our end closes, so they stop.
         multiprocessing.util.Finalize(self, self._conn.close, exitpriority=10)
-        self.engine = name
+        self.engine_name = name
         self.cuda_device = spec.cuda_device
         self._lock = threading.Lock()
         self._reap = threading.Lock()  # one thread at a time waits for the child's exit status
@@ -279,7 +279,7 @@ class ProcessBatchSeam:
             except (EOFError, OSError):  # end of pipe, broken pipe, closed: the child is gone
                 raise self.died() from None
         if not answered:
-            raise TimeoutError(f"engine {self.engine}: no answer from its process within {timeout_s:.0f}s")
+            raise TimeoutError(f"engine {self.engine_name}: no answer from its process within {timeout_s:.0f}s")
         if isinstance(reply, Failed):
             raise reply.error
         return reply
@@ -291,7 +291,7 @@ class ProcessBatchSeam:
             code = self.process.exitcode
         how = ("still running, its pipe closed" if code is None
                else f"killed by signal {-code}" if code < 0 else f"exited with code {code}")
-        return EngineDied(f"engine {self.engine} (process {self.process.pid}) stopped: {how}")
+        return EngineDied(f"engine {self.engine_name} (process {self.process.pid}) stopped: {how}")
 
     @property
     def alive(self) -> bool:
