@@ -241,7 +241,7 @@ def load_cmd(
     prefix_caching: bool = typer.Option(None, "--prefix-caching/--no-prefix-caching",
                                         help="vllm_capture: vLLM prefix caching (default on for the server)"),
     max_num_seqs: int = typer.Option(None, help="vllm_capture: engine batch limit (server default 128)"),
-    engines: str = typer.Option("auto", help="the server's engines: auto (one per visible GPU on cuda) or a number"),
+    engines: str = typer.Option("1", help="the server's engines: a number, or auto (one per visible GPU on cuda)"),
     capture_cost: str = typer.Option("auto", help="captured vs uncaptured wall per batch: auto | on | off"),
     capture_cost_batches: str = typer.Option("1,8,32,64", help="batch sizes of the capture-cost measurement"),
     profile_dir: str = typer.Option(None, help="capture cost: torch-profile batch-1 drafts (captured and "

@@ -192,7 +192,8 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
         if {"websocket", "wlk"} & set(options.drivers):
             from alignatt.serve.server import ServerThread
 
-            config = ServerConfig(host="127.0.0.1", port=0, directions={direction: route})
+            # One engine, in this process: the server drafts with the seam loaded above.
+            config = ServerConfig(host="127.0.0.1", port=0, directions={direction: route}, engines=1)
             server = ServerThread(config, lambda r, h: _Borrowed(seam)).start()
         try:
             for preset in presets:

@@ -68,7 +68,7 @@ class LoadOptions(BaseModel):
     speakers_per_process: int = Field(16, ge=1, description="speaker threads per client process")
     prefix_caching: bool | None = Field(None, description="vllm_capture: None = the server's default (on)")
     max_num_seqs: int | None = Field(None, ge=1, description="vllm_capture: the engine's batch limit")
-    engines: int | Literal["auto"] = Field("auto", description="the server's engines (ServerConfig.engines)")
+    engines: int | Literal["auto"] = Field(1, description="the server's engines per route (ServerConfig.engines)")
     capture_cost: Literal["auto", "on", "off"] = "auto"  # auto: on CUDA with vllm_capture
     capture_cost_batches: list[int] = Field(default_factory=lambda: [1, 8, 32, 64])
     capture_cost_tokens: int = Field(16, ge=1)

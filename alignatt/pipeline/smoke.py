@@ -108,7 +108,8 @@ def run_smoke(options: SmokeOptions, out: str | Path | None = "outputs/server_sm
     route = DirectionRoute(model=options.model, seam=options.seam, heads=options.heads,
                            top_k=options.top_k, device=options.device, dtype=options.dtype,
                            seam_options={"vllm_mode": options.vllm_mode} if options.vllm_mode else {})
-    config = ServerConfig(host="127.0.0.1", port=0, default_preset=preset, directions={"en-de": route})
+    config = ServerConfig(host="127.0.0.1", port=0, default_preset=preset, directions={"en-de": route},
+                          engines=1)  # one client: one engine, whatever the host's GPUs
     runs: list[RunRecord] = []
     with ServerThread(config, seam_factory) as handle:
         engine = handle.server.registry.engines[0]
