@@ -43,6 +43,18 @@ def test_every_source_word_maps_to_its_own_tokens(words, prefix):
     check_source_spans(TOKENIZER, request, layout)
 
 
+@pytest.mark.parametrize("words", [["r"], ["user"], ["model"], ["turn"], ["Translate"], ["of", "turn"]])
+def test_a_source_word_that_also_occurs_in_the_template_is_found_where_the_source_is(words):
+    # The template itself holds "r", "user", "model", "turn", ...: the source is where the template
+    # put it (found by 'r' in "<start_of_turn>" before).
+    request = DraftRequest(source_words=words, committed_words=len(words))
+    layout = build_prompt(TOKENIZER, request)
+    check_source_spans(TOKENIZER, request, layout)
+    user_turn = layout.text.index("<start_of_turn>user\n") + len("<start_of_turn>user\n")
+    enc = TOKENIZER(layout.text, add_special_tokens=False, return_offsets_mapping=True)
+    assert enc["offset_mapping"][layout.source_token_positions[0]][0] == user_turn
+
+
 def test_chat_prompt_has_instruction_source_and_continued_prefix():
     request = DraftRequest(source_words="the cat sat".split(), committed_words=2, target_prefix="Die Katze")
     layout = build_prompt(TOKENIZER, request)

@@ -312,3 +312,16 @@ def test_a_killed_engine_fails_only_its_sessions_and_they_resume_on_a_survivor(t
         finally:
             for c in clients:
                 c.close()
+
+
+def test_a_served_vllm_route_is_fullgraph_with_prefix_caching_unless_it_says_otherwise():
+    from alignatt.serve.config import DirectionRoute
+    from alignatt.serve.pool import served_route
+
+    plain = served_route(DirectionRoute(model="gemma4-e4b-synthetic", seam="vllm_capture", device="cuda"))
+    assert plain.seam_options == {"enable_prefix_caching": True, "max_num_seqs": 128, "vllm_mode": "fullgraph"}
+    pinned = served_route(DirectionRoute(model="gemma4-e4b-synthetic", seam="vllm_capture", device="cuda",
+                                         seam_options={"vllm_mode": "cudagraph"}))
+    assert pinned.seam_options["vllm_mode"] == "cudagraph"  # the route's own choice wins
+    hf = DirectionRoute(model="gemma3-270m", seam="hf_qk_fast")
+    assert served_route(hf) is hf

@@ -123,16 +123,26 @@ def build_prompt(tokenizer: Any, request: DraftRequest) -> PromptLayout:
     if getattr(tokenizer, "chat_template", None):
         style: Literal["chat", "few_shot"] = "chat"
         instruction = SYSTEM_INSTRUCTION.format(src=src, tgt=tgt)
-        base = _render_chat(tokenizer, instruction, context, history, source)
+
+        def render(text: str) -> str:
+            return _render_chat(tokenizer, instruction, context, history, text)
+
+        base, start = _render_with_source(render, source)
         after = base.find(instruction)
         after = after + len(instruction) if after >= 0 else 0
         text = base + prefix
     else:
         style = "few_shot"
-        base, after = _few_shot(request.source_lang, request.target_lang, src, tgt, context, history, source)
-        bos = getattr(tokenizer, "bos_token", None)
-        if bos and not base.startswith(bos):
-            base, after = bos + base, after + len(bos)
+        bos = getattr(tokenizer, "bos_token", None) or ""
+
+        def render(text: str) -> str:
+            rendered, _ = _few_shot(request.source_lang, request.target_lang, src, tgt, context, history, text)
+            return rendered if rendered.startswith(bos) else bos + rendered
+
+        rendered, after = _few_shot(request.source_lang, request.target_lang, src, tgt, context, history, source)
+        if not rendered.startswith(bos):
+            after += len(bos)
+        base, start = _render_with_source(render, source)
         text = base + (" " + prefix if prefix else "")
 
     # Context, then history, then the source, each searched after the one before it.
@@ -150,7 +160,6 @@ def build_prompt(tokenizer: Any, request: DraftRequest) -> PromptLayout:
                 raise AlignattError("the chat template altered a history turn; cannot locate it")
             history_spans.append((at, at + len(part)))
             cursor = at + len(part)
-    start = base.rfind(source)
     if start < cursor:
         raise AlignattError("the chat template altered the source text; cannot locate source words")
     word_spans, cursor = [], start
@@ -186,6 +195,21 @@ def build_prompt(tokenizer: Any, request: DraftRequest) -> PromptLayout:
         context_token_positions=_overlapping(offsets, context_spans),
         history_token_positions=_overlapping(offsets, history_spans),
     )
+
+
+# Stands for the source while the template renders, so the source is found where the template put
+# it, not wherever its text happens to occur (a word like "r" or "user" is also in the template).
+SOURCE_MARK = "\ue000alignatt-source\ue001"
+
+
+def _render_with_source(render, source: str) -> tuple[str, int]:
+    """The prompt rendered with `source`, and where the source starts in it."""
+    marked = render(SOURCE_MARK)
+    at = marked.find(SOURCE_MARK)
+    base = render(source)
+    if at < 0 or marked.count(SOURCE_MARK) != 1 or base != marked[:at] + source + marked[at + len(SOURCE_MARK):]:
+        raise AlignattError("the chat template altered the source text; cannot locate source words")
+    return base, at
 
 
 def _overlapping(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:

@@ -30,12 +30,14 @@ from alignatt.serve.session import SessionLimits
 log = logging.getLogger("alignatt.serve.server")
 
 # What a served vLLM engine gets unless the route says otherwise: a growing utterance re-drafts a
-# prompt whose prefix is already cached, and the batch holds every admitted session.
-SERVED_VLLM_OPTIONS = {"enable_prefix_caching": True, "max_num_seqs": 128}
+# prompt whose prefix is already cached, the batch holds every admitted session, and every step is
+# graphed (fullgraph: with many speakers most steps hold a prefill, which cudagraph runs eager; on
+# the H200, 64 speakers' p95 647 vs 1656 ms, and its eval hypotheses equal eager's: docs/batching.md).
+SERVED_VLLM_OPTIONS = {"enable_prefix_caching": True, "max_num_seqs": 128, "vllm_mode": "fullgraph"}
 
 
 def served_route(route: DirectionRoute) -> DirectionRoute:
-    """The route as the server builds it (prefix caching and a large batch for vllm_capture)."""
+    """The route as the server builds it (vllm_capture: prefix caching, a large batch, fullgraph)."""
     if route.seam != "vllm_capture":
         return route
     return route.model_copy(update={"seam_options": {**SERVED_VLLM_OPTIONS, **route.seam_options}})
