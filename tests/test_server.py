@@ -195,7 +195,8 @@ def test_foreground_serve_answers_and_stops_on_interrupt(tmp_path):
         "print('stopped', flush=True)\n"
     )
     root = str(Path(__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "PYTHONFAULTHANDLER": "1"}  # a server that does not stop dumps its threads on SIGABRT
     proc = subprocess.Popen([sys.executable, "-c", script, cfg.model_dump_json()], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, cwd=root)
     try:
@@ -205,7 +206,12 @@ def test_foreground_serve_answers_and_stops_on_interrupt(tmp_path):
             assert c.init()["type"] == "init_ok"
             assert c.ask(SRC[:3])["committed_text"] == "W0:the W1:causal"
         proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=20)
+        try:
+            out, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            _, err = proc.communicate(timeout=20)
+            pytest.fail(f"serve() did not stop within 60 s of Ctrl-C; its threads:\n{err[-8000:]}")
         assert proc.returncode == 0 and "stopped" in out
     finally:
         if proc.poll() is None:
