@@ -197,8 +197,11 @@ def test_foreground_serve_answers_and_stops_on_interrupt(tmp_path):
     root = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "PYTHONFAULTHANDLER": "1"}  # a server that does not stop dumps its threads on SIGABRT
+    # Ctrl-C as in a terminal: a suite started in the background (`pytest &`) runs with SIGINT
+    # ignored, the child would inherit that, and Python then installs no KeyboardInterrupt handler.
     proc = subprocess.Popen([sys.executable, "-c", script, cfg.model_dump_json()], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=root)
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=root,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         line = proc.stdout.readline()
         assert line.startswith("port "), (line, proc.stderr.read() if proc.poll() is not None else "")
