@@ -34,6 +34,28 @@ class _Commands(TyperGroup):
 app = typer.Typer(cls=_Commands, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
 
+def validated(options_cls, prefix: str = "", **fields):
+    """`options_cls(**fields)`; a bad option is one line (AlignattError), not a traceback."""
+    from pydantic import ValidationError
+
+    try:
+        return options_cls(**fields)
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise AlignattError(f"{prefix}{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+
+
+# The options of the commands that serve a model (serve, smoke, load, soak, eval): declared once.
+MODEL = typer.Option(DEFAULT_MODEL, help="model preset or local checkpoint")
+SEAM = typer.Option("hf_qk_fast", help="capture seam: hf_eager | hf_qk_fast | vllm_capture")
+PRESET = typer.Option("balanced", help="latency preset: low_latency | balanced | high_latency")
+DEVICE = typer.Option("cpu")
+DTYPE = typer.Option(None, help="float32 | bfloat16 (default: the model's)")
+TOP_K = typer.Option(4, "--top-k", help="alignment heads used")
+HEADS = typer.Option(None, help="head-set file or bundled name (default: the model's)")
+VLLM_MODE = typer.Option(None, help="vllm_capture only: eager | cudagraph | fullgraph | compiled (default cudagraph)")
+
+
 # ---- capture core: translate, parity (alignatt.capture.registry / models / prompt) ----
 
 
@@ -168,17 +190,17 @@ def _server_config(
 def serve_cmd(
     host: str = typer.Option("127.0.0.1", help="interface to listen on"),
     port: int = typer.Option(8765, help="TCP port (0 = any free port)"),
-    model: str = typer.Option(DEFAULT_MODEL, help="model preset or local checkpoint"),
-    seam: str = typer.Option("hf_qk_fast", help="capture seam: hf_eager | hf_qk_fast | vllm_capture"),
+    model: str = MODEL,
+    seam: str = SEAM,
     preset: str = typer.Option("balanced", help="default latency preset: low_latency | balanced | high_latency"),
     direction: str = typer.Option("en-de", help="the direction served (source-target)"),
-    heads: str = typer.Option(None, help="head-set file or bundled name (default: the model's)"),
-    top_k: int = typer.Option(4, "--top-k", help="alignment heads used"),
-    device: str = typer.Option("cpu"),
-    dtype: str = typer.Option(None, help="float32 | bfloat16 (default: the model's)"),
+    heads: str = HEADS,
+    top_k: int = TOP_K,
+    device: str = DEVICE,
+    dtype: str = DTYPE,
     max_sessions: int = typer.Option(8, help="concurrent sessions; more get `busy`"),
     max_utterance_words: int = typer.Option(80, help="longer utterances are forced final"),
-    vllm_mode: str = typer.Option(None, help="vllm_capture only: eager | cudagraph | fullgraph | compiled (default cudagraph)"),
+    vllm_mode: str = VLLM_MODE,
     engines: str = typer.Option("auto", help="engines per route: auto (one process per visible GPU with "
                                              "--device cuda, else 1) or a number (more than 1: a process each)"),
     config: str = typer.Option(None, help="ServerConfig JSON (several directions); replaces the options above"),
@@ -198,16 +220,16 @@ def serve_cmd(
 
 @app.command("smoke")
 def smoke_cmd(
-    model: str = typer.Option(DEFAULT_MODEL, help="model preset or local checkpoint"),
-    seam: str = typer.Option("hf_qk_fast", help="capture seam"),
-    preset: str = typer.Option("balanced", help="latency preset"),
-    device: str = typer.Option("cpu"),
-    dtype: str = typer.Option(None),
-    top_k: int = typer.Option(4, "--top-k"),
-    heads: str = typer.Option(None, help="head-set file or bundled name (default: the model's)"),
+    model: str = MODEL,
+    seam: str = SEAM,
+    preset: str = PRESET,
+    device: str = DEVICE,
+    dtype: str = DTYPE,
+    top_k: int = TOP_K,
+    heads: str = HEADS,
     speed: float = typer.Option(None, help="replay speed (default: the stream file's, 4x)"),
     client: str = typer.Option("auto", help="native | wlk | both | auto (both when WhisperLiveKit imports)"),
-    vllm_mode: str = typer.Option(None, help="vllm_capture only: eager | cudagraph | fullgraph | compiled (default cudagraph)"),
+    vllm_mode: str = VLLM_MODE,
     stream: str = typer.Option(None, help="stream JSON (default: the bundled smoke stream)"),
     out: str = typer.Option("outputs/server_smoke.json", help="where to write the smoke artifact"),
 ) -> None:
@@ -223,14 +245,14 @@ def smoke_cmd(
 
 @app.command("load")
 def load_cmd(
-    model: str = typer.Option("gemma3-270m", help="model preset or local checkpoint"),
-    seam: str = typer.Option("hf_qk_fast", help="capture seam"),
-    preset: str = typer.Option("balanced", help="latency preset"),
-    device: str = typer.Option("cpu"),
-    dtype: str = typer.Option(None),
-    top_k: int = typer.Option(4, "--top-k"),
-    heads: str = typer.Option(None, help="head-set file or bundled name (default: the model's)"),
-    vllm_mode: str = typer.Option(None, help="vllm_capture only: eager | cudagraph | fullgraph | compiled"),
+    model: str = MODEL,
+    seam: str = SEAM,
+    preset: str = PRESET,
+    device: str = DEVICE,
+    dtype: str = DTYPE,
+    top_k: int = TOP_K,
+    heads: str = HEADS,
+    vllm_mode: str = VLLM_MODE,
     speakers: str = typer.Option("1,2,4", help="load levels: concurrent speakers, comma-separated"),
     streams: str = typer.Option("smoke,long", help="streams speakers replay in turn: smoke, long or paths"),
     speed: float = typer.Option(1.0, help="replay speed (1.0: real time)"),
@@ -251,28 +273,22 @@ def load_cmd(
     plot: str = typer.Option(None, help="plot CSV: RTT against speakers"),
 ) -> None:
     """N concurrent real-time speakers on one server per load level; writes the load artifact."""
-    from pydantic import ValidationError
-
     from alignatt.pipeline.load import LoadOptions, run_load
 
-    try:
-        options = LoadOptions(model=model, seam=seam, preset=preset, device=device, dtype=dtype, top_k=top_k,
-                              heads=heads, vllm_mode=vllm_mode, speakers=speakers, streams=streams, speed=speed,
-                              stagger_s=stagger, pacing=pacing, clients=clients, prefix_caching=prefix_caching, max_num_seqs=max_num_seqs,
-                              engines=engines, capture_cost=capture_cost, capture_cost_batches=capture_cost_batches,
-                              profile_dir=profile_dir)
-    except ValidationError as e:
-        first = e.errors()[0]
-        raise AlignattError(f"load option {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    options = validated(LoadOptions, "load option ", model=model, seam=seam, preset=preset, device=device,
+                        dtype=dtype, top_k=top_k, heads=heads, vllm_mode=vllm_mode, speakers=speakers,
+                        streams=streams, speed=speed, stagger_s=stagger, pacing=pacing, clients=clients,
+                        prefix_caching=prefix_caching, max_num_seqs=max_num_seqs, engines=engines,
+                        capture_cost=capture_cost, capture_cost_batches=capture_cost_batches, profile_dir=profile_dir)
     run_load(options, out, metrics, plot)
     typer.echo(f"wrote {out}")
 
 
 @app.command("soak")
 def soak_cmd(
-    model: str = typer.Option("gemma3-270m", help="model preset or local checkpoint"),
-    seam: str = typer.Option("hf_qk_fast", help="capture seam"),
-    device: str = typer.Option("cpu"),
+    model: str = MODEL,
+    seam: str = SEAM,
+    device: str = DEVICE,
     minutes: float = typer.Option(30.0, help="how long sessions keep starting"),
     clients: int = typer.Option(3, help="concurrent client threads"),
     seed: int = typer.Option(0),
@@ -293,7 +309,7 @@ def soak_cmd(
 def eval_cmd(
     test_set: str = typer.Option("en-de", "--test-set", help="named set (en-de), .jsonl, word-alignment .json, or SOURCE:TARGET files"),
     direction: str = typer.Option(None, help="source-target, e.g. cs-en (default: the test set's, else en-de)"),
-    model: str = typer.Option(DEFAULT_MODEL, help="model preset or local checkpoint"),
+    model: str = MODEL,
     variants: str = typer.Option("hf_qk_fast", help="comma-separated seam[:vllm_mode], e.g. vllm_capture:cudagraph,vllm_capture:eager"),
     presets: str = typer.Option("low_latency,balanced,high_latency", help="comma-separated latency presets"),
     drivers: str = typer.Option("inprocess", help="comma-separated: inprocess, websocket (alignatt serve, native client), wlk (alignatt serve, WhisperLiveKit client)"),
@@ -303,10 +319,10 @@ def eval_cmd(
     pairs_per_talk: int = typer.Option(5, help="pairs concatenated into one talk"),
     words_per_second: float = typer.Option(2.4, help="ASR word rate"),
     commit_lag: float = typer.Option(2.0, "--commit-lag", help="seconds from a word's arrival to its commit"),
-    device: str = typer.Option("cpu"),
-    dtype: str = typer.Option(None),
-    top_k: int = typer.Option(4, "--top-k"),
-    heads: str = typer.Option(None, help="head-set file or bundled name (default: the model's)"),
+    device: str = DEVICE,
+    dtype: str = DTYPE,
+    top_k: int = TOP_K,
+    heads: str = HEADS,
     comet_model: str = typer.Option(None, "--comet-model", help="local COMET checkpoint (unbabel-comet); else skipped"),
     offline: bool = typer.Option(True, help="also the offline full-sentence baseline"),
     out: str = typer.Option("outputs/eval.json", help="the eval artifact"),
@@ -315,23 +331,17 @@ def eval_cmd(
     figure: str = typer.Option(None, help="also write the quality-vs-latency SVG here (needs matplotlib)"),
 ) -> None:
     """Replay a test set ASR-style through the server's Session per preset; score quality and latency."""
-    from pydantic import ValidationError
-
     from alignatt.evaluate.outputs import write_derived
     from alignatt.evaluate.run import EvalOptions, run_eval
 
     split = lambda s: [x.strip() for x in s.split(",") if x.strip()]  # noqa: E731
-    try:
-        options = EvalOptions(
-            model=model, variants=split(variants), presets=split(presets), drivers=split(drivers),
-            test_set=test_set, direction=direction, limit=limit, max_source_words=max_source_words,
-            longform_talks=longform_talks, pairs_per_talk=pairs_per_talk, words_per_second=words_per_second,
-            commit_lag_seconds=commit_lag, device=device, dtype=dtype, top_k=top_k, heads=heads,
-            comet_model=comet_model, offline_baseline=offline,
-        )
-    except ValidationError as e:
-        first = e.errors()[0]
-        fail(f"{'.'.join(map(str, first['loc']))}: {first['msg']}")
+    options = validated(
+        EvalOptions, model=model, variants=split(variants), presets=split(presets), drivers=split(drivers),
+        test_set=test_set, direction=direction, limit=limit, max_source_words=max_source_words,
+        longform_talks=longform_talks, pairs_per_talk=pairs_per_talk, words_per_second=words_per_second,
+        commit_lag_seconds=commit_lag, device=device, dtype=dtype, top_k=top_k, heads=heads,
+        comet_model=comet_model, offline_baseline=offline,
+    )
     artifact = run_eval(options, out, progress=lambda m: typer.echo(m, err=True))
     write_derived(artifact, metrics, plot)
     if figure:
