@@ -5,12 +5,10 @@ Run on the GPU host:  pytest tests/test_eval_gpu.py -m gpu -q -s
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-    pytest.mark.filterwarnings("ignore:connect\\(\\) must be used:DeprecationWarning"),
-]
+pytest.importorskip("torch")
+from tests.gpu_marks import GPU_SERVER  # noqa: E402 - after the torch check
+
+pytestmark = GPU_SERVER
 
 
 def test_cudagraph_and_eager_give_the_same_hypotheses_and_websocket_the_same_emissions(tmp_path):

@@ -12,8 +12,7 @@ from alignatt.capture.hf.qk_fast import HFQKFastSeam
 from alignatt.capture.hf.static_decode import BUCKET, bucket_length
 from alignatt.checks.seam_parity import PARITY_TOLERANCE, compare_drafts
 from tests import hf_cases
-
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+from tests.gpu_marks import NEEDS_CUDA
 
 
 def some_requests(max_new_tokens=10):
@@ -129,7 +128,7 @@ def test_a_prompt_longer_than_the_model_allows_is_refused(tiny_gemma4):
 
 
 @pytest.mark.gpu
-@needs_cuda
+@NEEDS_CUDA
 def test_graph_replay_is_bit_identical_to_the_uncaptured_step():
     from alignatt.models.presets import load_model
 

@@ -11,8 +11,7 @@ from alignatt.capture.hf.qk_fast import HFQKFastSeam
 from alignatt.checks.seam_parity import PARITY_TOLERANCE, compare_drafts, run_parity
 from alignatt.capture.registry import SEAMS, make_seam
 from tests.hf_cases import in_multimodal_wrapper, some_requests
-
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+from tests.gpu_marks import NEEDS_CUDA
 
 
 # ---- a recording *eager* kernel: rebuild vs the weights of the very same forward ----
@@ -216,7 +215,7 @@ def test_embedded_gemma3_few_shot_draft_ends_at_the_line_break(gemma3_270m):
 
 
 @pytest.mark.gpu
-@needs_cuda
+@NEEDS_CUDA
 def test_tiny_parity_on_cuda_fp32():
     report = run_parity("tiny-gemma4", device="cuda", dtype="float32", requests=some_requests())
     assert report.drafts_identical
@@ -224,7 +223,7 @@ def test_tiny_parity_on_cuda_fp32():
 
 
 @pytest.mark.gpu
-@needs_cuda
+@NEEDS_CUDA
 def test_e4b_architecture_rebuild_equals_eager_weights_on_cuda_fp32():
     """Full E4B geometry (head dims 256/512, GQA 8/2, KV-shared layers 24-41) in fp32 on CUDA."""
     from alignatt.models.presets import load_model
@@ -243,7 +242,7 @@ def test_e4b_architecture_rebuild_equals_eager_weights_on_cuda_fp32():
 
 
 @pytest.mark.gpu
-@needs_cuda
+@NEEDS_CUDA
 def test_e4b_architecture_bf16_seams_draft_on_cuda():
     from alignatt.models.presets import load_model
 

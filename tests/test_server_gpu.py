@@ -7,12 +7,10 @@ import json
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-    pytest.mark.filterwarnings("ignore:connect\\(\\) must be used:DeprecationWarning"),
-]
+pytest.importorskip("torch")
+from tests.gpu_marks import GPU_SERVER  # noqa: E402 - after the torch check
+
+pytestmark = GPU_SERVER
 
 
 @pytest.mark.parametrize("seam", ["vllm_capture", "hf_qk_fast"])

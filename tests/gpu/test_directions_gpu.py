@@ -5,12 +5,10 @@ Run on the GPU host:  pytest tests/gpu/test_directions_gpu.py -m gpu -q -s
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-    pytest.mark.filterwarnings("ignore:connect\\(\\) must be used:DeprecationWarning"),
-]
+pytest.importorskip("torch")
+from tests.gpu_marks import GPU_SERVER  # noqa: E402 - after the torch check
+
+pytestmark = GPU_SERVER
 
 DIRECTIONS = ("en-it", "en-zh", "en-cs", "cs-en")
 SOURCES = {"en": "The house is small and the garden is large .".split(),

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+from tests.gpu_marks import GPU
+
+pytestmark = GPU
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADS = [(0, 1), (1, 2), (2, 5), (3, 4), (5, 6), (8, 0), (10, 6), (11, 3)]  # sliding, full and KV-shared layers

@@ -10,11 +10,12 @@ from alignatt.checks.vllm_checks import ChecksOptions
 import json
 
 import pytest
-import torch
+
+from tests.gpu_marks import GPU
 
 from alignatt.checks.graph_replay import naive_vs_fixed
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+pytestmark = GPU
 
 
 def test_cuda_graph_replay_breaks_the_naive_capture_and_not_the_slot_addressed_one():

@@ -1,0 +1,9 @@
+"""The marks of GPU tests, declared once: `gpu` (selected with `-m gpu`) and a skip without CUDA."""
+
+import pytest
+import torch
+
+NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+GPU = [pytest.mark.gpu, NEEDS_CUDA]
+# GPU tests that talk to a server through websockets' sync client, which warns on connect().
+GPU_SERVER = [*GPU, pytest.mark.filterwarnings("ignore:connect\\(\\) must be used:DeprecationWarning")]
