@@ -236,9 +236,8 @@ def smoke_cmd(
     """Start the server on loopback, replay the smoke stream through a real client, write the artifact."""
     from alignatt.pipeline.smoke import SmokeOptions, run_smoke, summary_line
 
-    options = SmokeOptions.checked(model=model, seam=seam, preset=preset, device=device, dtype=dtype,
-                                   top_k=top_k, heads=heads, speed=speed, client=client, stream=stream,
-                                   vllm_mode=vllm_mode)
+    options = validated(SmokeOptions, model=model, seam=seam, preset=preset, device=device, dtype=dtype,
+                        top_k=top_k, heads=heads, speed=speed, client=client, stream=stream, vllm_mode=vllm_mode)
     artifact = run_smoke(options, out)
     typer.echo(summary_line(artifact))
     typer.echo(f"wrote {out}")
@@ -252,7 +251,8 @@ def load_cmd(
     dtype: str = DTYPE,
     top_k: int = TOP_K,
     heads: str = HEADS,
-    vllm_mode: str = VLLM_MODE,
+    vllm_mode: str = typer.Option(None, help="vllm_capture: configurations, comma-separated, each a mode with "
+                                             "optional +flags (e.g. fullgraph,fullgraph+batch_invariant)"),
     speakers: str = typer.Option("1,2,4", help="load levels: concurrent speakers, comma-separated"),
     streams: str = typer.Option("smoke,long", help="streams speakers replay in turn: smoke, long or paths"),
     speed: float = typer.Option(1.0, help="replay speed (1.0: real time)"),
@@ -476,10 +476,11 @@ def audit_cmd(
 @app.command("check-vllm")
 def check_vllm_cmd(
     check: str = typer.Argument("all", help="all, or one check: demo, exact, parity, speed, compiled_reduced, "
-                                "compiled, speed_compiled"),
+                                "compiled, speed_compiled, exact_fullgraph"),
     out: Path = typer.Option(..., "--out", help="the JSON artifact to write"),
     only: str = typer.Option("", "--only", help="with 'all': a comma-separated subset"),
-    part: str = typer.Option(None, "--part", help="with 'all': a (demo..compiled_reduced) or b (compiled, speed_compiled), "
+    part: str = typer.Option(None, "--part", help="with 'all': a (demo..compiled_reduced) or b (compiled, speed_compiled, "
+                             "exact_fullgraph), "
                              "each fitting one ~9-minute GPU call"),
     workdir: str = typer.Option(None, "--workdir", envvar="ALIGNATT_CHECKS_WORKDIR",
                                 help="scratch dir shared by the checks (part b reads part a's eager drafts)"),

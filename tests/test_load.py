@@ -216,9 +216,55 @@ def test_several_vllm_modes_are_configurations_of_one_run_each_with_its_own_leve
     assert capacity.svg.count("vllm_capture fullgraph") == 1 and capacity.svg.count("vllm_capture cudagraph") == 1
 
 
-def test_an_unknown_vllm_mode_in_the_list_fails_before_any_server_starts():
-    options = LoadOptions(seam="vllm_capture", vllm_mode="cudagraph,warp", speakers="1", capture_cost="off")
-    with pytest.raises(AlignattError, match="unknown vllm_mode 'warp'"):
+def test_a_configuration_flag_sets_its_engine_option_and_names_the_levels(tmp_path, short_stream):
+    """`fullgraph+batch_invariant` is a configuration of its own: the engine gets the option, the
+    levels carry the label, and its N=2 is compared with its own N=1."""
+    built: list[dict] = []
+
+    def factory(route, heads):
+        built.append(dict(route.seam_options))
+        return StandInBatchSeam(max_batch=8, steps_for=lambda r: 2, step_s=0.002)
+
+    options = LoadOptions(seam="vllm_capture", vllm_mode="fullgraph,fullgraph+batch_invariant", speakers="1,2",
+                          streams=[short_stream], speed=3.0, stagger_s=0.0, capture_cost="off")
+    artifact = run_load(options, tmp_path / "load.json", seam_factory=factory)
+    assert [b["vllm_mode"] for b in built] == ["fullgraph", "fullgraph"]
+    assert [b.get("batch_invariant") for b in built] == [None, True]
+    assert [lv.vllm_mode for lv in artifact.levels] == ["fullgraph", "fullgraph", "fullgraph+batch_invariant",
+                                                       "fullgraph+batch_invariant"]
+    assert all(lv.texts_differing_from_alone == 0 for lv in artifact.levels if lv.speakers == 2)
+
+
+def test_the_capture_cost_of_a_flagged_configuration_builds_its_engines_with_the_flag(monkeypatch):
+    from alignatt.pipeline.load import capture_cost_in_child
+
+    made: list[dict] = []
+
+    class Quick:
+        def draft_many(self, requests):
+            return []
+
+        def close(self):
+            pass
+
+    def make(name, **kw):
+        made.append(kw)
+        return Quick()
+
+    monkeypatch.setattr("alignatt.capture.registry.make_seam", make)
+    options = LoadOptions(seam="vllm_capture", device="cuda", capture_cost_batches="1", capture_cost_repeats=1)
+    rows = capture_cost_in_child({"options": options.model_dump(), "mode": "fullgraph+batch_invariant",
+                                  "heads": [[0, 1]]})
+    assert [r["batch"] for r in rows] == [1]
+    assert [(m["vllm_mode"], m["batch_invariant"], m["capture"]) for m in made] == [
+        ("fullgraph", True, True), ("fullgraph", True, False)]
+
+
+@pytest.mark.parametrize("label, message", [("cudagraph,warp", "unknown vllm_mode 'warp'"),
+                                            ("fullgraph+fast", "unknown configuration flag 'fast'")])
+def test_an_unknown_mode_or_flag_fails_before_any_server_starts(label, message):
+    options = LoadOptions(seam="vllm_capture", vllm_mode=label, speakers="1", capture_cost="off")
+    with pytest.raises(AlignattError, match=message):
         run_load(options, None, seam_factory=lambda route, heads: pytest.fail("a server started"))
 
 

@@ -175,8 +175,10 @@ def test_server_config_from_options_and_file(tmp_path):
         server_config(config_path=str(path))
 
 
-def test_foreground_serve_answers_and_stops_on_interrupt(tmp_path):
-    """`serve()` (what `alignatt serve` runs) in a subprocess: listens, answers, exits on Ctrl-C."""
+@pytest.mark.parametrize("stop_signal", ["SIGINT", "SIGTERM"])
+def test_foreground_serve_answers_and_stops_on_interrupt(tmp_path, stop_signal):
+    """`serve()` (what `alignatt serve` runs) in a subprocess: listens, answers, and on Ctrl-C or
+    SIGTERM stops, closing its seams."""
     import os
     import signal
     import subprocess
@@ -191,8 +193,9 @@ def test_foreground_serve_answers_and_stops_on_interrupt(tmp_path):
         "from alignatt.serve.server import ServerConfig, serve\n"
         "from tests.server_client import FakeFactory\n"
         "cfg = ServerConfig.model_validate_json(sys.argv[1])\n"
-        "serve(cfg, FakeFactory(), on_ready=lambda s: print('port', s.port, flush=True))\n"
-        "print('stopped', flush=True)\n"
+        "factory = FakeFactory()\n"
+        "serve(cfg, factory, on_ready=lambda s: print('port', s.port, flush=True))\n"
+        "print('stopped', all(s.closed_on for s in factory.seams), len(factory.seams), flush=True)\n"
     )
     root = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -208,14 +211,14 @@ def test_foreground_serve_answers_and_stops_on_interrupt(tmp_path):
         with Client(f"ws://127.0.0.1:{int(line.split()[1])}") as c:
             assert c.init()["type"] == "init_ok"
             assert c.ask(SRC[:3])["committed_text"] == "W0:the W1:causal"
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(getattr(signal, stop_signal))
         try:
             out, _ = proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGABRT)
             _, err = proc.communicate(timeout=20)
-            pytest.fail(f"serve() did not stop within 60 s of Ctrl-C; its threads:\n{err[-8000:]}")
-        assert proc.returncode == 0 and "stopped" in out
+            pytest.fail(f"serve() did not stop within 60 s of {stop_signal}; its threads:\n{err[-8000:]}")
+        assert proc.returncode == 0 and "stopped True 1" in out
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -211,7 +211,7 @@ def test_parent_side_of_every_check_with_stand_in_workers(monkeypatch, tmp_path)
     args = ChecksOptions(workdir=str(tmp_path / "w"), tokens=20, repeats=3, tokenizer="auto", budget_s=1e9,
                               worker_timeout=1.0, worker_timeout_compiled=1.0)
     out = tmp_path / "a.json"
-    checks = ["exact", "parity", "speed", "compiled_reduced", "compiled"]
+    checks = ["exact", "parity", "speed", "compiled_reduced", "compiled", "exact_fullgraph"]
     art = vc.run_checks(checks, out, args)
     assert art["summary"] == {c: "passed" for c in checks}, json.dumps(art["checks"], indent=1, default=str)
     data = json.loads(out.read_text())["results"]
@@ -220,7 +220,17 @@ def test_parent_side_of_every_check_with_stand_in_workers(monkeypatch, tmp_path)
     assert data["checks"]["compiled_reduced"]["compiled"]["identical_drafts_vs_eager"] == "1/1"
     # the strict parity run is fp32 with IEEE Triton dots; both E4B exact runs keep the attention output
     assert ("parity_vllm_fp32", "eager", "float32", "ieee", 0.5, False) in asked
-    assert [a[5] for a in asked if a[0].startswith("exact_")] == [True, True]
+    assert [a[:2] for a in asked if a[0].startswith("exact_")] == [
+        ("exact_eager", "eager"), ("exact_cudagraph", "cudagraph"), ("exact_fullgraph", "fullgraph")]
+    assert all(a[5] for a in asked if a[0].startswith("exact_"))
+    # the served mode is held to the same bit-for-bit rule, against exact's eager drafts
+    assert data["checks"]["exact_fullgraph"]["fullgraph_vs_eager"]["bit_identical_rows"] == 48
+    assert data["checks"]["exact_fullgraph"]["eager"]["source"].startswith("from the exact check")
+    # alone (a fresh work dir), it drafts eager itself
+    asked.clear()
+    alone = vc.run_checks(["exact_fullgraph"], tmp_path / "c.json", args.model_copy(update={"workdir": str(tmp_path / "w2")}))
+    assert alone["summary"] == {"exact_fullgraph": "passed"}
+    assert [a[0] for a in asked] == ["exact_eager", "exact_fullgraph"]
 
     # degenerate activations fail loudly, by name
     bad = summarize_consistency({5: [live * 1e-12]}, {5: [live * 1e-12]})

@@ -135,14 +135,17 @@ def build_prompt(tokenizer: Any, request: DraftRequest) -> PromptLayout:
         style = "few_shot"
         bos = getattr(tokenizer, "bos_token", None) or ""
 
-        def render(text: str) -> str:
-            rendered, _ = _few_shot(request.source_lang, request.target_lang, src, tgt, context, history, text)
-            return rendered if rendered.startswith(bos) else bos + rendered
+        examples_end: list[int] = []  # where the fixed examples end, from the last render
 
-        rendered, after = _few_shot(request.source_lang, request.target_lang, src, tgt, context, history, source)
-        if not rendered.startswith(bos):
-            after += len(bos)
+        def render(text: str) -> str:
+            rendered, end = _few_shot(request.source_lang, request.target_lang, src, tgt, context, history, text)
+            if not rendered.startswith(bos):
+                rendered, end = bos + rendered, end + len(bos)
+            examples_end.append(end)
+            return rendered
+
         base, start = _render_with_source(render, source)
+        after = examples_end[-1]
         text = base + (" " + prefix if prefix else "")
 
     # Context, then history, then the source, each searched after the one before it.

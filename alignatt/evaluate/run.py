@@ -239,24 +239,25 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
     return rows, checks
 
 
-def _variant_in_subprocess(options: EvalOptions, variant: str):
-    """One variant in a child `python -m alignatt.evaluate.run`; its rows and checks come back."""
-    import subprocess
+def _variant_in_child(options: EvalOptions, variant: str):
+    """One variant in a child process of its own (alignatt.pipeline.isolated); its rows and checks."""
+    from alignatt.pipeline.artifacts import Check, EvalRow
+    from alignatt.pipeline.isolated import run_in_child
+
+    child = options.model_copy(update={"variants": [variant], "isolate_variants": False, "comet_model": None})
+    got = run_in_child("alignatt.evaluate.run:variant_in_child", {"options": child.model_dump(mode="json")},
+                       f"the eval of variant {variant}")
+    return [EvalRow.model_validate(r) for r in got["rows"]], [Check.model_validate(c) for c in got["checks"]]
+
+
+def variant_in_child(payload: dict) -> dict:
+    """`run_eval` of one variant, for `alignatt.pipeline.isolated` (payload: the options)."""
     import sys
-    import tempfile
 
-    from alignatt.pipeline.artifacts import load_artifact
-
-    with tempfile.TemporaryDirectory(prefix="alignatt-eval-") as tmp:
-        spec, out = Path(tmp) / "options.json", Path(tmp) / "eval.json"
-        child_options = {"variants": [variant], "isolate_variants": False, "comet_model": None}
-        spec.write_text(options.model_copy(update=child_options)
-                        .model_dump_json(), encoding="utf-8")
-        done = subprocess.run([sys.executable, "-m", "alignatt.evaluate.run", str(spec), str(out)])
-        if done.returncode != 0 or not out.exists():
-            raise AlignattError(f"the eval of variant {variant} failed (exit {done.returncode}; its log is above)")
-        child = load_artifact(out)
-    return child.rows, [c for c in child.checks if c.name != RETRACTION_CHECK]
+    artifact = run_eval(EvalOptions.model_validate(payload["options"]), None,
+                        progress=lambda m: print(m, file=sys.stderr, flush=True))
+    return {"rows": [r.model_dump(mode="json") for r in artifact.rows],
+            "checks": [c.model_dump(mode="json") for c in artifact.checks if c.name != RETRACTION_CHECK]}
 
 
 def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=None, progress=print):
@@ -295,7 +296,7 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
         isolate = len(variants) > 1 and any(seam == "vllm_capture" for _, seam, _ in variants)
     for variant, seam_name, seam_options in variants:
         if isolate and seam_factory is None:
-            got_rows, got_checks = _variant_in_subprocess(options, variant)
+            got_rows, got_checks = _variant_in_child(options, variant)
         else:
             got_rows, got_checks = _run_variant(options, variant, seam_name, seam_options, ts, pairs, talks,
                                                 presets, schedule, label, factory, progress)
@@ -344,24 +345,3 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
     if out is not None:
         write_artifact(out, artifact)
     return artifact
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m alignatt.evaluate.run OPTIONS_JSON OUT_JSON`: one run (a variant's child process)."""
-    import sys
-
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2:
-        print("usage: python -m alignatt.evaluate.run OPTIONS_JSON OUT_JSON", file=sys.stderr)
-        return 2
-    try:
-        options = EvalOptions.model_validate_json(Path(args[0]).read_text(encoding="utf-8"))
-        run_eval(options, args[1], progress=lambda m: print(m, file=sys.stderr, flush=True))
-    except AlignattError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

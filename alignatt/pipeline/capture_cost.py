@@ -18,9 +18,11 @@ def write_text_atomic(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def capture_cost(options: "LoadOptions", heads: list, make: Callable[..., Any] | None = None) -> list[dict]:
+def capture_cost(options: "LoadOptions", heads: list, make: Callable[..., Any] | None = None,
+                 seam_options: dict[str, Any] | None = None) -> list[dict]:
     """Captured vs uncaptured `draft_many` wall at each batch size: same prompts, same run,
-    fixed-length drafts (both engines generate the same number of tokens)."""
+    fixed-length drafts (both engines generate the same number of tokens); `seam_options`: the
+    configuration's engine options (its flags)."""
     from alignatt.capture.registry import make_seam
     from alignatt.checks.records import bench_requests
 
@@ -30,7 +32,7 @@ def capture_cost(options: "LoadOptions", heads: list, make: Callable[..., Any] |
     for captured in (True, False):
         seam = make("vllm_capture", model=options.model, heads=heads, device=options.device, dtype=options.dtype,
                     vllm_mode=options.vllm_mode or "cudagraph", capture=captured, fixed_length=True,
-                    max_num_seqs=max(options.capture_cost_batches))
+                    max_num_seqs=max(options.capture_cost_batches), **(seam_options or {}))
         try:
             walls[captured] = {}
             for batch in options.capture_cost_batches:

@@ -25,14 +25,16 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from alignatt.core.errors import AlignattError
 from alignatt.pipeline.load_clients import SpeakerPlan, run_speakers
-from alignatt.pipeline.smoke import percentile
+from alignatt.pipeline.smoke import ServedModelOptions, percentile
 from alignatt.pipeline.stream_replay import RunRecord, SmokeStream, count_retractions, ends_sentence, load_stream
 
 BUNDLED_STREAMS = {"smoke": "mt_server_smoke_stream.json", "long": "mt_load_long_stream.json"}
+# Flags a configuration label may add to its vLLM mode (`fullgraph+batch_invariant`): engine options.
+CONFIGURATION_FLAGS: dict[str, dict[str, Any]] = {"batch_invariant": {"batch_invariant": True}}
 LAG_GROWTH_S = 0.25  # last third's mean lag over the first third's beyond this: the lag grows
 
 
@@ -45,17 +47,8 @@ def _int_list(value: Any) -> list[int]:
     return [int(x) for x in value]
 
 
-class LoadOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    model: str = "gemma3-270m"
-    seam: str = "hf_qk_fast"
-    preset: str = "balanced"
-    device: str = "cpu"
-    dtype: str | None = None
-    top_k: int = Field(4, ge=1)
-    heads: str | None = None
-    vllm_mode: str | None = None
+class LoadOptions(ServedModelOptions):
+    # vllm_mode: the run's configurations, comma-separated, each a mode with optional +flags
     speakers: list[int] = Field(default_factory=lambda: [1, 2, 4])
     streams: list[str] = Field(default_factory=lambda: ["smoke", "long"], description="'smoke', 'long' or paths")
     speed: float = Field(1.0, gt=0, description="1.0: real time")
@@ -252,10 +245,11 @@ def _gpu_memory() -> tuple[float | None, float | None]:
 # ---- the run ----
 
 
-def _route(options: LoadOptions, mode: str | None):
+def _route(options: LoadOptions, configuration: str | None):
     from alignatt.serve.config import DirectionRoute
 
-    seam_options: dict[str, Any] = {}
+    mode, flags = parse_configuration(configuration)
+    seam_options: dict[str, Any] = dict(flags)
     if mode:
         seam_options["vllm_mode"] = mode
     if options.seam == "vllm_capture":
@@ -268,7 +262,8 @@ def _route(options: LoadOptions, mode: str | None):
 
 
 def run_configuration(options: LoadOptions, mode: str | None, seam_factory=None) -> dict:
-    """Every load level on one server configuration (a vLLM mode): its levels, engine facts and heads."""
+    """Every load level on one server configuration (a vLLM mode, with its flags): its levels,
+    engine facts and heads."""
     from alignatt.serve.config import ServerConfig, ServerLimits, resolve_preset
     from alignatt.serve.server import ServerThread
 
@@ -322,18 +317,33 @@ def capture_cost_in_child(payload: dict) -> list[dict]:
     from alignatt.pipeline.capture_cost import capture_cost
 
     options = LoadOptions.model_validate(payload["options"])
-    return capture_cost(options.model_copy(update={"vllm_mode": payload["mode"]}),
-                        [Head(int(a), int(b)) for a, b in payload["heads"]])
+    mode, flags = parse_configuration(payload["mode"])
+    return capture_cost(options.model_copy(update={"vllm_mode": mode}),
+                        [Head(int(a), int(b)) for a, b in payload["heads"]], seam_options=flags)
+
+
+def parse_configuration(label: str | None) -> tuple[str | None, dict[str, Any]]:
+    """A configuration label, `mode[+flag...]` (e.g. `fullgraph+batch_invariant`): the vLLM mode and
+    the engine options its flags set. The label names the configuration in the artifact and report."""
+    from alignatt.capture.names import VLLM_MODES
+
+    if label is None:
+        return None, {}
+    mode, *flags = [part.strip() for part in label.split("+")]
+    if mode not in VLLM_MODES:
+        raise AlignattError(f"unknown vllm_mode {mode!r}: use one of {', '.join(VLLM_MODES)}")
+    unknown = [f for f in flags if f not in CONFIGURATION_FLAGS]
+    if unknown:
+        raise AlignattError(f"unknown configuration flag {unknown[0]!r} in {label!r}: use "
+                            f"{', '.join(CONFIGURATION_FLAGS)}")
+    return mode, {k: v for f in flags for k, v in CONFIGURATION_FLAGS[f].items()}
 
 
 def vllm_modes(options: LoadOptions) -> list[str | None]:
-    """The configurations of the run: each comma-separated vLLM mode (None: the seam's default)."""
-    from alignatt.capture.names import VLLM_MODES
-
+    """The configurations of the run: each comma-separated label (None: the seam's default)."""
     modes = [m.strip() for m in (options.vllm_mode or "").split(",") if m.strip()] or [None]
-    unknown = [m for m in modes if m not in VLLM_MODES and m is not None]
-    if unknown:
-        raise AlignattError(f"unknown vllm_mode {unknown[0]!r}: use one of {', '.join(VLLM_MODES)}")
+    for label in modes:
+        parse_configuration(label)
     if len(modes) > 1 and options.seam != "vllm_capture":
         raise AlignattError("several vllm modes need the vllm_capture seam")
     return modes

@@ -36,7 +36,7 @@ class SpeakerPlan:
     streams: tuple[dict, ...]  # SmokeStream.model_dump() of each stream
 
 
-def _replay_one(plan: SpeakerPlan, i: int, stream: SmokeStream) -> RunRecord:
+def _replay_one(plan: SpeakerPlan, stream: SmokeStream) -> RunRecord:
     if plan.pacing == "realtime":
         from alignatt.pipeline.realtime_replay import replay_realtime
 
@@ -57,7 +57,7 @@ def run_speaker_threads(plan: SpeakerPlan, indices: list[int], start_at: float |
     def speaker(i: int) -> None:
         time.sleep(max(base + i * plan.stagger_s - time.time(), 0.0))
         try:
-            results[i] = _replay_one(plan, i, streams[i % len(streams)])
+            results[i] = _replay_one(plan, streams[i % len(streams)])
         except BaseException as e:  # noqa: BLE001 - reported in the level as errors
             results[i] = e
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from alignatt.core.errors import AlignattError
 from alignatt.pipeline.stream_replay import RunRecord, count_retractions, ends_sentence, load_stream, replay_native, replay_wlk
@@ -32,7 +32,9 @@ def percentile(values: list[float], q: float) -> float | None:
     return round(xs[lo] + (xs[hi] - xs[lo]) * (pos - lo), 3)
 
 
-class SmokeOptions(BaseModel):
+class ServedModelOptions(BaseModel):
+    """What a command that serves a model is told about it (smoke and load share these)."""
+
     model_config = ConfigDict(extra="forbid")
 
     model: str = DEFAULT_MODEL
@@ -42,20 +44,14 @@ class SmokeOptions(BaseModel):
     dtype: str | None = None
     top_k: int = Field(4, ge=1)
     heads: str | None = None
+    vllm_mode: str | None = None  # vllm_capture's mode (its default: cudagraph)
+
+
+class SmokeOptions(ServedModelOptions):
     speed: float | None = Field(None, gt=0, description="None: the stream file's replay speed")
     client: Literal["auto", "native", "wlk", "both"] = "auto"
     wlk_latency: Literal["quality", "balanced", "low"] = "balanced"
-    vllm_mode: str | None = None  # vllm_capture's mode (its default: cudagraph)
     stream: str | None = None
-
-    @classmethod
-    def checked(cls, **fields: Any) -> "SmokeOptions":
-        """Validate the options; a bad one is one line (AlignattError), not a traceback."""
-        try:
-            return cls(**fields)
-        except ValidationError as e:
-            err = e.errors()[0]
-            raise AlignattError(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}") from None
 
 
 def _summary(run: RunRecord) -> dict[str, Any]:

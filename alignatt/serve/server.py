@@ -18,13 +18,14 @@ import collections
 import http
 import json
 import logging
+import signal
 import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
 from alignatt.core.errors import AlignattError
 from alignatt.serve.budget import PromptBudget
-from alignatt.serve.config import SeamFactory, ServerConfig, default_seam_factory, resolve_preset, server_config
+from alignatt.serve.config import SeamFactory, ServerConfig, default_seam_factory, resolve_preset
 from alignatt.serve.connection import Connection, translation_frame  # noqa: F401 - translation_frame re-exported
 from alignatt.serve.pool import Engine, EngineRegistry, route_key
 from alignatt.serve.records import ByteBoundedLog
@@ -219,15 +220,22 @@ class ServerThread:
 
 def serve(config: ServerConfig, seam_factory: SeamFactory | None = None,
           on_ready: Callable[[MTServer], None] | None = None) -> None:
-    """Run the server in the foreground until interrupted."""
+    """Run the server in the foreground until Ctrl-C or SIGTERM (what a service manager or
+    `docker stop` sends), then stop it cleanly: sessions closed, seams closed."""
 
     async def main() -> None:
         server = MTServer(config, seam_factory)
         await server.start()
+        stopped = asyncio.get_running_loop().create_future()
+        try:
+            asyncio.get_running_loop().add_signal_handler(
+                signal.SIGTERM, lambda: stopped.done() or stopped.set_result(None))
+        except (NotImplementedError, RuntimeError):  # not the main thread, or no signals here
+            pass
         if on_ready is not None:
             on_ready(server)
         try:
-            await asyncio.Future()
+            await stopped
         finally:
             await server.stop()
 

@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from alignatt.checks.cross_engine import FP32_ROW_MAX_ABS
+from alignatt.checks.messages import ALIGN_AGREEMENT_MIN
 from tests.gpu_marks import GPU
 
 pytestmark = GPU
@@ -24,9 +26,16 @@ ROOT = Path(__file__).resolve().parents[2]
 HEADS = [(0, 1), (1, 2), (2, 5), (3, 4), (5, 6), (8, 0), (10, 6), (11, 3)]  # sliding, full and KV-shared layers
 TOKENS = 12
 # fp32 rows: cached keys come from another request's prefill (other GEMM shapes, other rounding),
-# amplified by random weights. On the H200 (d18a3fd) caching on vs off gave identical tokens and
-# rows within 5.3e-4 (a 1e-5 bound failed there); the cross-engine fp32 parity allows 0.02.
-FP32_ROW_TOL = 2e-3
+# amplified with depth by random weights. That is fp32 rounding, and the bound is the one the
+# cross-engine parity holds fp32 to (transformers fp32 vs fp64 alone differ by 3.2e-3 at layer 11
+# of this model). Caching on vs off gave 5.3e-4 (d18a3fd) and 2.5e-3 (dc68016) on the H200. Keys
+# from a wrong block are another token's: rows off by O(0.1), and the argmax moves.
+FP32_ROW_TOL = FP32_ROW_MAX_ABS
+
+
+def assert_same_rows(a: np.ndarray, b: np.ndarray) -> None:
+    assert float(np.abs(a - b).max()) <= FP32_ROW_TOL
+    assert float((a.argmax(-1) == b.argmax(-1)).mean()) >= ALIGN_AGREEMENT_MIN
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +80,7 @@ def test_rows_with_prefix_caching_equal_rows_without_it_in_fp32(workdir):
     for kind in ("alone", "batch"):
         for (t_off, r_off), (t_on, r_on) in zip(drafts(off, kind), drafts(on, kind)):
             assert np.array_equal(t_off, t_on)
-            assert float(np.abs(r_off - r_on).max()) <= FP32_ROW_TOL
+            assert_same_rows(r_off, r_on)
 
 
 def test_cudagraph_equals_eager_bit_for_bit_with_prefix_caching_on_in_both(workdir):
@@ -89,4 +98,4 @@ def test_requests_joining_a_running_batch_get_their_own_rows(workdir):
     result = run(workdir, "eager", "float32", False)
     for (t_a, r_a), (t_b, r_b) in zip(drafts(result, "alone"), drafts(result, "batch")):
         assert np.array_equal(t_a, t_b)
-        assert float(np.abs(r_a - r_b).max()) <= FP32_ROW_TOL
+        assert_same_rows(r_a, r_b)
