@@ -299,8 +299,9 @@ def test_the_capture_cost_compares_captured_and_uncaptured_on_the_same_prompts(t
     captured, plain = built
     assert captured.capture and not plain.capture and captured.closed and plain.closed
     assert captured.batches == plain.batches  # same prompts, same order
-    assert (tmp_path / "prof" / "captured_top_ops.txt").exists()
-    assert (tmp_path / "prof" / "uncaptured_trace.json").exists()
+    assert sorted(p.name for p in (tmp_path / "prof").iterdir()) == [
+        f"{kind}_b{b}_{what}" for kind in ("captured", "uncaptured") for b in (1, 3)
+        for what in ("top_ops.txt", "trace.json")]
 
 
 def test_realtime_pacing_supersedes_stale_partials_and_still_delivers_every_final(tmp_path, short_stream):

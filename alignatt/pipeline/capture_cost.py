@@ -1,5 +1,6 @@
 """Capture cost of `vllm_capture`: captured vs uncaptured `draft_many` wall per batch size, and a
-torch profile of where a batch-1 draft's time goes (for `alignatt load` on a GPU host)."""
+torch profile of where a draft's time goes at batch 1 and at the largest batch (for `alignatt
+load` on a GPU host)."""
 
 from __future__ import annotations
 
@@ -44,8 +45,10 @@ def capture_cost(options: "LoadOptions", heads: list, make: Callable[..., Any] |
                     seam.draft_many(requests)
                     times.append((time.perf_counter() - t0) * 1e3)
                 walls[captured][batch] = statistics.median(times)
-            if options.profile_dir:
-                profile_drafts(seam, prompts[:1], Path(options.profile_dir), "captured" if captured else "uncaptured")
+            if options.profile_dir:  # batch 1 and the largest batch: where a draft's wall goes, alone and batched
+                for batch in sorted({1, max(options.capture_cost_batches)}):
+                    profile_drafts(seam, [prompts[i % len(prompts)] for i in range(batch)], Path(options.profile_dir),
+                                   f"{'captured' if captured else 'uncaptured'}_b{batch}")
         finally:
             seam.close()
     return [dict(batch=b, captured_ms=round(walls[True][b], 2), uncaptured_ms=round(walls[False][b], 2),
