@@ -252,9 +252,15 @@ def test_the_capture_cost_of_a_flagged_configuration_builds_its_engines_with_the
         return Quick()
 
     monkeypatch.setattr("alignatt.capture.registry.make_seam", make)
-    options = LoadOptions(seam="vllm_capture", device="cuda", capture_cost_batches="1", capture_cost_repeats=1)
+    profiled: list[str] = []
+    monkeypatch.setattr("alignatt.pipeline.capture_cost.profile_drafts",
+                        lambda seam, requests, folder, label: profiled.append(f"{folder.name}/{label}"))
+    options = LoadOptions(seam="vllm_capture", device="cuda", capture_cost_batches="1", capture_cost_repeats=1,
+                          profile_dir="prof")
     rows = capture_cost_in_child({"options": options.model_dump(), "mode": "fullgraph+batch_invariant",
                                   "heads": [[0, 1]]})
+    # each configuration profiles into a folder of its own (two would overwrite each other's files)
+    assert profiled == ["fullgraph_batch_invariant/captured_b1", "fullgraph_batch_invariant/uncaptured_b1"]
     assert [r["batch"] for r in rows] == [1]
     assert [(m["vllm_mode"], m["batch_invariant"], m["capture"]) for m in made] == [
         ("fullgraph", True, True), ("fullgraph", True, False)]

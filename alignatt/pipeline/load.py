@@ -318,7 +318,10 @@ def capture_cost_in_child(payload: dict) -> list[dict]:
 
     options = LoadOptions.model_validate(payload["options"])
     mode, flags = parse_configuration(payload["mode"])
-    return capture_cost(options.model_copy(update={"vllm_mode": mode}),
+    update: dict[str, Any] = {"vllm_mode": mode}
+    if options.profile_dir:  # a folder per configuration, named by its label
+        update["profile_dir"] = str(Path(options.profile_dir) / payload["mode"].replace("+", "_"))
+    return capture_cost(options.model_copy(update=update),
                         [Head(int(a), int(b)) for a, b in payload["heads"]], seam_options=flags)
 
 
