@@ -209,3 +209,32 @@ def test_another_stage_registers_its_figures_by_artifact_kind(tree, monkeypatch)
     assert "## Figures: server_smoke" in text and "![Smoke RTT p95](figures/smoke_rtt.svg)" in text
     report.write_report(tree)
     assert (tree / "reports" / "figures" / "smoke_rtt.svg").exists()
+
+
+def test_the_configuration_note_reports_each_graphed_modes_bit_for_bit_check(tree):
+    """`check-vllm exact` and `exact_fullgraph` artifacts become one line per mode in the note,
+    with the counts they recorded; a failed fullgraph check says why it is served, not scored."""
+    from alignatt.pipeline.artifacts import Check, MeasurementArtifact, write_artifact
+    from tests.report_fixtures import provenance
+
+    def checks_artifact(name: str, mode: str, identical: int) -> MeasurementArtifact:
+        cmp = {"rows": 48, "identical_drafts": identical, "identical_decisions": identical,
+               "bit_identical_rows": identical}
+        return MeasurementArtifact(
+            kind="measurement", schema_version=1,
+            provenance=provenance(True, "alignatt:data/models/gemma-4-E4B-it/config.json", "random weights"),
+            name="vllm_checks", description=name, config={},
+            results={"checks": {name: {f"{mode}_vs_eager": cmp, "passed": identical == 48}}},
+            checks=[Check(name=name, passed=identical == 48, detail="passed" if identical == 48 else "failed")],
+            synthetic_weights=True)
+
+    text = report.render_report(tree)
+    assert "`fullgraph` has not had the bit-for-bit check yet" in text
+    write_artifact(tree / "outputs" / "h200" / "vllm_checks_exact.json", checks_artifact("exact", "cudagraph", 48))
+    write_artifact(tree / "outputs" / "h200" / "vllm_checks_exact_fullgraph.json",
+                   checks_artifact("exact_fullgraph", "fullgraph", 42))
+    text = report.render_report(tree)
+    assert "- `cudagraph` (" in text and "`outputs/h200/vllm_checks_exact.json`): 48 of 48 drafts bit-identical, passed" in text
+    assert "`outputs/h200/vllm_checks_exact_fullgraph.json`): 42 of 48 drafts bit-identical, failed" in text
+    assert "served for its capacity, not scored" in text and "has not had the bit-for-bit check" not in text
+    assert "✗ exact_fullgraph: failed; fullgraph vs eager: 42/48 bit-identical" in text  # Other measurements

@@ -202,13 +202,35 @@ def measurement_items(inputs: ReportInputs) -> list[dict[str, Any]]:
 
 
 def _check_detail(detail: str | None, results: dict[str, Any], name: str) -> str | None:
-    """The check's verdict plus the figures it recorded at its top level (ratios, times)."""
+    """The check's verdict, a graphed mode's comparison with eager (bit-identical drafts), and the
+    figures it recorded at its top level (ratios, times)."""
     raw = (results.get("checks") or {}).get(name)
     if not isinstance(raw, dict):
         return detail
+    compared = [f"{k.removesuffix('_vs_eager')} vs eager: {v['bit_identical_rows']}/{v['rows']} bit-identical"
+                for k, v in raw.items() if k.endswith("_vs_eager") and isinstance(v, dict) and "rows" in v]
     figures = [f"{k} {v:.4g}" for k, v in raw.items()
                if isinstance(v, (int, float)) and not isinstance(v, bool)][:8]
-    return "; ".join(x for x in [detail, ", ".join(figures)] if x) or None
+    return "; ".join(x for x in [detail, *compared, ", ".join(figures)] if x) or None
+
+
+def graph_exactness(inputs: ReportInputs) -> dict[str, dict[str, Any]]:
+    """Per graphed vLLM mode, its latest bit-for-bit check against eager (check-vllm exact and
+    exact_fullgraph): when, where, and how many of the drafts were bit-identical."""
+    latest: dict[str, dict[str, Any]] = {}
+    for rel, a in inputs.measurements:
+        for name, raw in ((a.results or {}).get("checks") or {}).items():
+            if not (name.startswith("exact") and isinstance(raw, dict)):
+                continue
+            for key, cmp in raw.items():
+                if not (key.endswith("_vs_eager") and isinstance(cmp, dict) and "rows" in cmp):
+                    continue
+                mode = key.removesuffix("_vs_eager")
+                entry = dict(path=rel, date=a.provenance.date or "", identical=cmp["bit_identical_rows"],
+                             rows=cmp["rows"], passed=bool(raw.get("passed")))
+                if mode not in latest or entry["date"] >= latest[mode]["date"]:
+                    latest[mode] = entry
+    return latest
 
 
 def methodology(inputs: ReportInputs) -> dict[str, Any]:
@@ -289,6 +311,7 @@ def build_context(inputs: ReportInputs, figures: list[Figure] | None = None) -> 
         figures=figure_items(figures or []),
         capacity=capacity_rows(inputs),
         capture_cost=capture_cost_rows(inputs),
+        exactness=graph_exactness(inputs),
     )
 
 
