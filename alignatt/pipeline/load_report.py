@@ -20,9 +20,12 @@ def _fmt(value: float | None, digits: int = 0) -> str:
 
 
 def configuration(rel: str, artifact: Any, vllm_mode: str | None = None) -> str:
-    """profile folder, seam, vLLM mode (the level's, in a run of several), prefix caching."""
+    """profile folder (and the file, unless it is the stage's load.json), seam, vLLM mode (the
+    level's, in a run of several), prefix caching: two runs of one mode stay two lines."""
     c = artifact.config
     folder = rel.rsplit("/", 2)[-2] if "/" in rel else rel
+    stem = rel.rsplit("/", 1)[-1].removesuffix(".json")
+    folder += "" if stem == "load" else f" ({stem})"
     engine = (c.get("engines") or {}).get(str(vllm_mode)) or c
     caching = (engine.get("seam_describe") or {}).get("enable_prefix_caching")
     extra = "" if caching is None else (", prefix caching" if caching else ", no prefix caching")
