@@ -233,14 +233,33 @@ def test_a_configuration_flag_sets_its_engine_option_and_names_the_levels(tmp_pa
         built.append(dict(route.seam_options))
         return StandInBatchSeam(max_batch=8, steps_for=lambda r: 2, step_s=0.002)
 
+    import shutil
+    from pathlib import Path
+
+    from alignatt.pipeline.report import render_all
+
     options = LoadOptions(seam="vllm_capture", vllm_mode="fullgraph,fullgraph+batch_invariant", speakers="1,2",
                           streams=[short_stream], speed=3.0, stagger_s=0.0, capture_cost="off")
-    artifact = run_load(options, tmp_path / "load.json", seam_factory=factory)
+    site = tmp_path / "site"
+    artifact = run_load(options, site / "outputs" / "h200" / "load_batch_invariant.json", seam_factory=factory)
     assert [b["vllm_mode"] for b in built] == ["fullgraph", "fullgraph"]
     assert [b.get("batch_invariant") for b in built] == [None, True]
     assert [lv.vllm_mode for lv in artifact.levels] == ["fullgraph", "fullgraph", "fullgraph+batch_invariant",
                                                        "fullgraph+batch_invariant"]
     assert all(lv.texts_differing_from_alone == 0 for lv in artifact.levels if lv.speakers == 2)
+    # the page's configuration note reports the comparison, from the artifact's own figures
+    root = Path(__file__).resolve().parents[1]
+    (site / "reports").mkdir(parents=True)
+    (site / "outputs" / "published").mkdir(parents=True)
+    shutil.copy(root / "reports" / "BENCHMARKS.md.j2", site / "reports")
+    shutil.copy(root / "params.yaml", site / "params.yaml")
+    text, _ = render_all(site)
+    p50 = {lv.vllm_mode: round(lv.partial_rtt_ms_p50) for lv in artifact.levels if lv.speakers == 1}
+    note = " ".join(text.split("Load independence:")[1].split("\n\n")[0].split())
+    assert note.startswith("with vLLM's batch-invariant kernels (`fullgraph+batch_invariant`")
+    assert "0 of the 2 speakers' updates had a committed text that differed" in note
+    assert "against 0 with plain `fullgraph`" in note
+    assert (f"p50 was {p50['fullgraph+batch_invariant']} ms against {p50['fullgraph']} ms") in note
 
 
 def test_the_capture_cost_of_a_flagged_configuration_builds_its_engines_with_the_flag(monkeypatch):

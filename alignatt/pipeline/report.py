@@ -233,6 +233,26 @@ def graph_exactness(inputs: ReportInputs) -> dict[str, dict[str, Any]]:
     return latest
 
 
+def load_independence(inputs: ReportInputs) -> dict[str, Any] | None:
+    """The latest load run with a `+batch_invariant` configuration beside its plain mode: at its
+    largest common speaker count, how many updates differed from the stream served alone in each,
+    and the one-speaker p50 of each (the configuration note's load-independence line)."""
+    found = None
+    for rel, a in sorted(inputs.of_kind("load"), key=lambda t: (t[1].provenance.date or "", t[0])):
+        by = {(lv.vllm_mode, lv.speakers): lv for lv in a.levels}
+        for label in {lv.vllm_mode for lv in a.levels if lv.vllm_mode and "+batch_invariant" in lv.vllm_mode}:
+            plain = label.split("+")[0]
+            common = sorted(n for (m, n) in by if m == label and (plain, n) in by and n > 1)
+            if not common or (label, 1) not in by or (plain, 1) not in by:
+                continue
+            n = common[-1]
+            found = dict(path=rel, date=a.provenance.date, label=label, mode=plain, speakers=n,
+                         differing=by[(label, n)].texts_differing_from_alone,
+                         differing_plain=by[(plain, n)].texts_differing_from_alone,
+                         p50=by[(label, 1)].partial_rtt_ms_p50, p50_plain=by[(plain, 1)].partial_rtt_ms_p50)
+    return found
+
+
 def methodology(inputs: ReportInputs) -> dict[str, Any]:
     from alignatt.pipeline.bench import load_prompts
     from alignatt.pipeline.params import BenchParams, profile_of
@@ -312,6 +332,7 @@ def build_context(inputs: ReportInputs, figures: list[Figure] | None = None) -> 
         capacity=capacity_rows(inputs),
         capture_cost=capture_cost_rows(inputs),
         exactness=graph_exactness(inputs),
+        independence=load_independence(inputs),
     )
 
 
