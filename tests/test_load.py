@@ -23,6 +23,22 @@ def short_stream(tmp_path):
     return str(path)
 
 
+def render_site(site):
+    """Render the Benchmarks page of a site folder holding load artifacts under outputs/ (the
+    project's template and params copied in): its text and figures."""
+    import shutil
+    from pathlib import Path
+
+    from alignatt.pipeline.report import render_all
+
+    root = Path(__file__).resolve().parents[1]
+    (site / "reports").mkdir(parents=True, exist_ok=True)
+    (site / "outputs" / "published").mkdir(parents=True, exist_ok=True)
+    shutil.copy(root / "reports" / "BENCHMARKS.md.j2", site / "reports")
+    shutil.copy(root / "params.yaml", site / "params.yaml")
+    return render_all(site)
+
+
 def test_load_levels_through_the_server_with_a_batching_seam(tmp_path, short_stream):
     from alignatt.pipeline.artifacts import LoadArtifact, load_artifact
 
@@ -154,21 +170,11 @@ def test_four_speakers_on_the_embedded_model_with_no_retractions(tmp_path):
 
 
 def test_the_report_shows_a_capacity_table_and_the_rtt_figure(tmp_path, short_stream):
-    import shutil
-    from pathlib import Path
-
-    from alignatt.pipeline.report import render_all
-
-    root = Path(__file__).resolve().parents[1]
     site = tmp_path / "site"
-    (site / "reports").mkdir(parents=True)
-    shutil.copy(root / "reports" / "BENCHMARKS.md.j2", site / "reports")
-    shutil.copy(root / "params.yaml", site / "params.yaml")
-    (site / "outputs" / "published").mkdir(parents=True)
     seam = StandInBatchSeam(max_batch=8, steps_for=lambda r: 2, step_s=0.002)
     options = LoadOptions(speakers="1,2", streams=[short_stream], speed=3.0, stagger_s=0.0, capture_cost="off")
     run_load(options, site / "outputs" / "cpu" / "load.json", seam_factory=lambda route, heads: seam)
-    text, figures = render_all(site)
+    text, figures = render_site(site)
     assert "## Capacity (many speakers on one engine)" in text
     rows = [line for line in text.splitlines() if line.startswith("| ") and "fake_batch" not in line
             and "cpu: hf_qk_fast" in line]
@@ -179,9 +185,6 @@ def test_the_report_shows_a_capacity_table_and_the_rtt_figure(tmp_path, short_st
 
 def test_several_vllm_modes_are_configurations_of_one_run_each_with_its_own_levels_and_line(tmp_path, short_stream):
     import shutil
-    from pathlib import Path
-
-    from alignatt.pipeline.report import render_all
 
     built: list[dict] = []
 
@@ -204,19 +207,14 @@ def test_several_vllm_modes_are_configurations_of_one_run_each_with_its_own_leve
     assert set(m) == {"fullgraph", "cudagraph"} and m["cudagraph"]["speakers_2"]["retractions"] == 0
     assert [r.split(",")[1] for r in plot.read_text().splitlines()[1:]] == [
         "vllm_capture/fullgraph", "vllm_capture/fullgraph", "vllm_capture/cudagraph", "vllm_capture/cudagraph"]
-    root = Path(__file__).resolve().parents[1]
-    (site / "reports").mkdir(parents=True)
-    (site / "outputs" / "published").mkdir(parents=True)
-    shutil.copy(root / "reports" / "BENCHMARKS.md.j2", site / "reports")
-    shutil.copy(root / "params.yaml", site / "params.yaml")
-    text, figures = render_all(site)
+    text, figures = render_site(site)
     configurations = {line.split(" | ")[2].split(" (")[0] for line in text.splitlines() if "h200: vllm_capture" in line}
     assert configurations == {"h200: vllm_capture fullgraph", "h200: vllm_capture cudagraph"}
     (capacity,) = [f for f in figures if f.name == "capacity_rtt_p95"]
     assert capacity.svg.count("vllm_capture fullgraph") == 1 and capacity.svg.count("vllm_capture cudagraph") == 1
     # a second run of the same mode, in a file of its own, is a configuration of its own
     shutil.copy(out, out.with_name("load_rerun.json"))
-    text, figures = render_all(site)
+    text, figures = render_site(site)
     configurations = {line.split(" | ")[2].split(", ")[0] for line in text.splitlines() if "vllm_capture" in line
                       and line.startswith("| ")}
     assert {"h200: vllm_capture fullgraph", "h200 (load_rerun): vllm_capture fullgraph"} <= configurations
@@ -233,11 +231,6 @@ def test_a_configuration_flag_sets_its_engine_option_and_names_the_levels(tmp_pa
         built.append(dict(route.seam_options))
         return StandInBatchSeam(max_batch=8, steps_for=lambda r: 2, step_s=0.002)
 
-    import shutil
-    from pathlib import Path
-
-    from alignatt.pipeline.report import render_all
-
     options = LoadOptions(seam="vllm_capture", vllm_mode="fullgraph,fullgraph+batch_invariant", speakers="1,2",
                           streams=[short_stream], speed=3.0, stagger_s=0.0, capture_cost="off")
     site = tmp_path / "site"
@@ -248,12 +241,7 @@ def test_a_configuration_flag_sets_its_engine_option_and_names_the_levels(tmp_pa
                                                        "fullgraph+batch_invariant"]
     assert all(lv.texts_differing_from_alone == 0 for lv in artifact.levels if lv.speakers == 2)
     # the page's configuration note reports the comparison, from the artifact's own figures
-    root = Path(__file__).resolve().parents[1]
-    (site / "reports").mkdir(parents=True)
-    (site / "outputs" / "published").mkdir(parents=True)
-    shutil.copy(root / "reports" / "BENCHMARKS.md.j2", site / "reports")
-    shutil.copy(root / "params.yaml", site / "params.yaml")
-    text, _ = render_all(site)
+    text, _ = render_site(site)
     p50 = {lv.vllm_mode: round(lv.partial_rtt_ms_p50) for lv in artifact.levels if lv.speakers == 1}
     note = " ".join(text.split("Load independence:")[1].split("\n\n")[0].split())
     assert note.startswith("with vLLM's batch-invariant kernels (`fullgraph+batch_invariant`")
