@@ -242,6 +242,7 @@ def smoke_cmd(
     typer.echo(summary_line(artifact))
     typer.echo(f"wrote {out}")
 
+
 @app.command("load")
 def load_cmd(
     model: str = MODEL,
@@ -266,8 +267,8 @@ def load_cmd(
     engines: str = typer.Option("1", help="the server's engines: a number, or auto (one per visible GPU on cuda)"),
     capture_cost: str = typer.Option("auto", help="captured vs uncaptured wall per batch: auto | on | off"),
     capture_cost_batches: str = typer.Option("1,8,32,64", help="batch sizes of the capture-cost measurement"),
-    profile_dir: str = typer.Option(None, help="capture cost: torch-profile batch-1 drafts (captured and "
-                                            "uncaptured) into this folder"),
+    profile_dir: str = typer.Option(None, help="capture cost: torch-profile drafts at batch 1 and the largest "
+                                            "batch (captured and uncaptured), a folder per configuration"),
     out: str = typer.Option("outputs/load.json", help="where to write the load artifact"),
     metrics: str = typer.Option(None, help="DVC metrics JSON"),
     plot: str = typer.Option(None, help="plot CSV: RTT against speakers"),

@@ -13,16 +13,8 @@ from alignatt.core.errors import AlignattError
 from typer.testing import CliRunner
 
 from alignatt.cli import app
-from alignatt.checks.vllm_checks import (
-    ChecksOptions,
-    ALL_CHECKS,
-    PARTS,
-    compare_batch,
-    compare_drafts,
-    select_checks,
-    summary_word,
-    timing_summary,
-)
+from alignatt.checks.compare import compare_batch, compare_drafts, timing_summary
+from alignatt.checks.vllm_checks import ALL_CHECKS, PARTS, ChecksOptions, select_checks, summary_word
 from alignatt.checks.messages import WorkerResult, WorkerSpec
 from alignatt.checks.records import BATCH_IDS, draft_record, draft_variety, identity_probe, summarize_consistency
 from tests.drafts import make_draft

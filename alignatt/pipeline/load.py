@@ -66,8 +66,8 @@ class LoadOptions(ServedModelOptions):
     capture_cost_batches: list[int] = Field(default_factory=lambda: [1, 8, 32, 64])
     capture_cost_tokens: int = Field(16, ge=1)
     capture_cost_repeats: int = Field(3, ge=1)
-    profile_dir: str | None = Field(None, description="capture cost: torch-profile batch 1, captured and "
-                                                      "uncaptured, into this folder")
+    profile_dir: str | None = Field(None, description="capture cost: torch-profile batch 1 and the largest "
+                                                      "batch, captured and uncaptured, a folder per configuration")
 
     @field_validator("speakers", "capture_cost_batches", mode="before")
     @classmethod
