@@ -176,3 +176,36 @@ def test_context_and_history_mass_batched_equals_reference_and_dense():
                 assert abs(g.history[t, i] - float(dense[list(item.history_positions)].sum())) < 1e-6
         assert (g.context <= g.other_prompt + 1e-6).all()  # a part of the other-prompt mass
     assert got[1].context.max() > 0  # the sliding layer still sees b's context for early tokens
+
+
+def test_heads_are_grouped_by_head_size_and_come_back_in_the_callers_order():
+    from alignatt.capture.vllm.batched import group_heads, head_permutation
+
+    plans = plan_capture(layout(), HEADS)
+    groups = group_heads(plans)
+    # layers 0 and 2 (head size 8) in one group, layer 1 (16) in the other; a layer's heads stay together
+    assert [g.layers for g in groups] == [(0, 2), (1,)]
+    assert groups[0].heads == ((0, 0), (0, 1), (2, 0))
+    computed = [h for g in groups for h in g.heads]
+    order = head_order(plans, HEADS)
+    assert [computed[i] for i in head_permutation(groups, order)] == order
+
+
+def test_an_enqueued_fetch_has_read_its_keys_before_the_blocks_are_reused():
+    """`enqueue` queues every read of the engine's caches at once; the result, read later, is what
+    the caches held then, not what a next step wrote into the freed blocks afterwards."""
+    engine, reference = StandInEngine(), StandInEngine()
+    args = ("a", ([3, 0], [5, 1]), 14, 5, [3, 4, 5, 7, 9, 10], 12)
+    item, ref_item = engine.add(*args), reference.add(*args)
+    pending = engine.fetcher.enqueue([item])
+    for kv in engine.kv.values():  # the next step hands the blocks to another request
+        kv.normal_()
+    for cache in engine.caches.values():
+        cache.q.normal_()
+    assert pending.ready()
+    (got,), timings = pending.result()
+    want, _ = reference.fetcher.fetch_one(ref_item)
+    np.testing.assert_allclose(got.rows, want.rows, atol=1e-6)
+    np.testing.assert_allclose(got.generated, want.generated, atol=1e-6)
+    assert timings.capture_ms > 0 and timings.reconstruct_ms > 0
+    assert pending.result()[0][0] is got  # read once

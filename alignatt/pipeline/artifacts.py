@@ -211,6 +211,8 @@ class LoadEngine(_Strict):
     steps: int
     batch_sizes: dict[str, int]  # drafts in the engine at a step -> steps
     failed: int = 0  # drafts that failed on it
+    step_ms_mean: float | None = None  # wall inside the seam's step, per step (None: not recorded)
+    step_cpu_ms_mean: float | None = None  # the engine thread's CPU time inside it, per step
 
 
 class LoadLevel(_Strict):

@@ -201,13 +201,22 @@ def engine_level(before: dict, after: dict) -> dict:
     """One engine's `LoadEngine` fields over a level: what `Engine.stats()` counted in between."""
     sizes_before = before.get("batch_sizes", {})
     sizes = {k: v - sizes_before.get(k, 0) for k, v in after.get("batch_sizes", {}).items()}
+    steps = after.get("steps", 0) - before.get("steps", 0)
+
+    def per_step_ms(key: str) -> float | None:
+        if not steps or key not in after:
+            return None
+        return round((after[key] - before.get(key, 0.0)) / steps * 1e3, 3)
+
     return dict(
         engine=str(after.get("engine")),
         gpu=after.get("gpu"),
         alive=bool(after.get("alive", True)),
         sessions=after.get("admitted", 0) - before.get("admitted", 0),
-        steps=after.get("steps", 0) - before.get("steps", 0),
+        steps=steps,
         batch_sizes={k: v for k, v in sorted(sizes.items(), key=lambda kv: int(kv[0])) if v},
+        step_ms_mean=per_step_ms("step_s"),
+        step_cpu_ms_mean=per_step_ms("step_cpu_s"),
         failed=after.get("failed", 0) - before.get("failed", 0),
     )
 

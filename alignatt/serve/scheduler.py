@@ -142,6 +142,10 @@ class SchedulerStats:
     admitted: int = 0  # sessions opened on this engine, ever
     batch_sizes: collections.Counter = field(default_factory=collections.Counter)  # drafts in the engine per step
     peak_in_flight: int = 0
+    # Inside the seam's step: wall time, and this thread's CPU time (the rest is waiting: for the
+    # device, for the GIL, or for a child process's reply).
+    step_s: float = 0.0
+    step_cpu_s: float = 0.0
 
     def as_dict(self) -> dict:
         out = {k: v for k, v in self.__dict__.items() if k != "batch_sizes"}
@@ -346,6 +350,7 @@ class DraftScheduler:
             self.stats.batch_sizes[in_flight] += 1
             self.stats.peak_in_flight = max(self.stats.peak_in_flight, in_flight)
             self.stats.steps += 1
+            started, cpu = time.perf_counter(), time.thread_time()
             try:
                 finished = engine.step()
             except EngineDied as e:
@@ -355,6 +360,9 @@ class DraftScheduler:
                 log.exception("engine %s step failed", self.name)
                 self._fail_running(e)
                 continue
+            finally:
+                self.stats.step_s += time.perf_counter() - started
+                self.stats.step_cpu_s += time.thread_time() - cpu
             self._deliver(finished)
 
     def _deliver(self, finished: Sequence[tuple[Any, Draft]]) -> None:

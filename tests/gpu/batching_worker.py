@@ -1,7 +1,8 @@
 """One vLLM engine for the batching GPU tests, in its own process (one capturing engine per
 process): drafts a growing utterance one update at a time (each prompt extends the previous one's
 source, so prefix caching serves the shared prefix), then the same requests submitted a step
-apart into one running batch, and writes every draft's tokens and rows to an .npz.
+apart into one running batch (with the batched fetch, then with the per-request reference
+rebuild), and writes every draft's tokens and rows to an .npz.
 
 `python -m tests.gpu.batching_worker SPEC.json OUT.npz`; SPEC: checkpoint, dtype, mode,
 prefix_caching, heads, tokens, kv_cache_memory_gib.
@@ -48,17 +49,22 @@ def main(spec_path: str, out_path: str) -> int:
             d = seam.draft(r)
             out[f"alone_tokens_{i}"] = np.asarray([t.token_id for t in d.tokens])
             out[f"alone_rows_{i}"] = np.stack([t.rows for t in d.tokens])
-        # Continuous batching: request i joins the running batch at step i.
-        handles, done = [], {}
-        for r in reqs:
-            handles.append(seam.submit(r))
-            done.update(seam.step())
-        while seam.has_unfinished():
-            done.update(seam.step())
-        for i, h in enumerate(handles):
-            d = done[h]
-            out[f"batch_tokens_{i}"] = np.asarray([t.token_id for t in d.tokens])
-            out[f"batch_rows_{i}"] = np.stack([t.rows for t in d.tokens])
+        # Continuous batching: request i joins the running batch at step i (so most finish while
+        # others still run, and their rows are read a step later). Once with the batched fetch,
+        # once with the per-request reference rebuild.
+        for kind, reconstruct in (("batch", "batched"), ("reference", "reference")):
+            seam.reconstruct = reconstruct
+            handles, done = [], {}
+            for r in reqs:
+                handles.append(seam.submit(r))
+                done.update(seam.step())
+            while seam.has_unfinished():
+                done.update(seam.step())
+            for i, h in enumerate(handles):
+                d = done[h]
+                out[f"{kind}_tokens_{i}"] = np.asarray([t.token_id for t in d.tokens])
+                out[f"{kind}_rows_{i}"] = np.stack([t.rows for t in d.tokens])
+        seam.reconstruct = "batched"
         facts = seam.describe()
         out["cached_prompt_tokens"] = np.asarray(facts["cached_prompt_tokens"])
         out["prompt_tokens"] = np.asarray(facts["prompt_tokens"])

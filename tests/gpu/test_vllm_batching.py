@@ -3,7 +3,8 @@
 - rows with vLLM's prefix caching equal rows without it (fp32, IEEE Triton), and the cache was hit;
 - full decode CUDA graphs equal eager bit for bit with prefix caching on in both (bf16, one
   update at a time);
-- requests that join a running batch a step apart get the rows they get drafted alone.
+- requests that join a running batch a step apart get the rows they get drafted alone, and the
+  batched fetch gives them the rows the per-request reference rebuild gives them.
 Each engine runs in its own process (tests/gpu/batching_worker.py). Skipped without CUDA or vLLM:
 `pytest -m gpu tests/gpu -x -q`."""
 
@@ -31,6 +32,8 @@ TOKENS = 12
 # of this model). Caching on vs off gave 5.3e-4 (d18a3fd) and 2.5e-3 (dc68016) on the H200. Keys
 # from a wrong block are another token's: rows off by O(0.1), and the argmax moves.
 FP32_ROW_TOL = FP32_ROW_MAX_ABS
+# Batched against per-request rebuild of the same q and keys: fp32 reduction order only.
+FETCH_ROW_TOL = 1e-5
 
 
 def assert_same_rows(a: np.ndarray, b: np.ndarray) -> None:
@@ -92,6 +95,18 @@ def test_cudagraph_equals_eager_bit_for_bit_with_prefix_caching_on_in_both(workd
     for (t_e, r_e), (t_g, r_g) in zip(drafts(eager, "alone"), drafts(graph, "alone")):
         assert np.array_equal(t_e, t_g)
         assert np.array_equal(r_e, r_g)
+
+
+def test_the_batched_fetch_equals_the_per_request_reference_on_a_running_batch(workdir):
+    """The same continuous batch read by the batched, sync-free fetch and by the per-request
+    reference rebuild: same q and keys, so fp32 rows agree to rounding (a mixed-up index would
+    put another token's keys in a row: O(0.1))."""
+    result = run(workdir, "eager", "float32", False)  # no prefix cache: both passes batch alike
+    pairs = list(zip(drafts(result, "batch"), drafts(result, "reference")))
+    assert len(pairs) > 1
+    for (t_b, r_b), (t_r, r_r) in pairs:
+        assert np.array_equal(t_b, t_r)
+        assert float(np.abs(r_b - r_r).max()) <= FETCH_ROW_TOL
 
 
 def test_requests_joining_a_running_batch_get_their_own_rows(workdir):

@@ -2,28 +2,37 @@
 
 A finished request's drafted tokens have their q rows in the query caches (slot-addressed, written
 by the hooks) and the keys they saw in vLLM's KV cache, both found through the request's block
-table. `BatchFetcher.fetch` does this for all requests of one engine step together: the slot and
-mask indices are built on the host from the recorded block ids (no device reads), go to the GPU
-in one copy, and per layer there is one q gather, one key gather and one fp32 softmax over the
-padded batch [requests, tokens, heads, keys]; the rows, masses and splits of every request come
-back in one device-to-host copy. `fetch_one` is the per-request reference path (the rebuild the
-seam used before batching), kept for tests and `reconstruct="reference"`.
+table. `BatchFetcher.enqueue` does this for all requests of one engine step together
+(`alignatt.capture.vllm.batched`: indices built on the host from the recorded block ids, one
+matmul and one fp32 softmax per head group over the padded batch) and queues the copy of every
+request's rows and masses to pinned host memory. Nothing in it waits on the device: the
+`PendingFetch` it returns is read once its own event has passed, which lets vLLM's next step be
+queued behind the fetch instead of after a device-wide synchronisation. `fetch` is enqueue and
+wait; `fetch_one` is the per-request reference path, kept for tests and `reconstruct="reference"`.
 
-Callers must fetch before the next engine step: vLLM frees a finished request's blocks when it
+Callers must enqueue before the next engine step: vLLM frees a finished request's blocks when it
 reports it finished, and the next step may hand them to a new request (the gathers are queued on
 the current stream ahead of that step's forward).
 """
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
 
+from alignatt.capture.vllm.batched import (
+    MASSES,
+    GroupConstants,
+    gather_group,
+    group_heads,
+    head_permutation,
+    pack_batch,
+    rebuild_group,
+)
 from alignatt.capture.vllm.qcache import (
     LayerPlan,
     QueryCache,
@@ -35,7 +44,6 @@ from alignatt.capture.vllm.qcache import (
     split_rows,
 )
 from alignatt.core.draft import DraftRequest, sync
-from alignatt.core.errors import AlignattError
 
 
 @dataclass
@@ -130,20 +138,68 @@ class FetchTimings:
     reconstruct_ms: float  # softmax, split and the copy to the host
 
 
-def _slots(blocks: Sequence[int], block_size: int, positions: np.ndarray) -> np.ndarray:
-    """Host-side `slots_for_positions`."""
-    table = np.asarray(blocks, dtype=np.int64)
-    index = positions // block_size
-    if len(positions) and int(index.max()) >= len(table):
-        raise AlignattError(
-            f"position {int(positions.max())} lies past the request's {len(table)} blocks of "
-            f"{block_size} tokens: the block table does not cover the draft"
-        )
-    return table[index] * block_size + positions % block_size
+class StageClock:
+    """Marks between the stages of a fetch: CUDA events on a GPU (read once the fetch is done,
+    so timing it never waits on the device), wall clock on a CPU (where every op is synchronous)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.marks: list[Any] = []
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def spans_ms(self) -> list[float]:
+        pairs = zip(self.marks, self.marks[1:])
+        if self.cuda:
+            return [a.elapsed_time(b) for a, b in pairs]
+        return [(b - a) * 1e3 for a, b in pairs]
+
+
+class PendingFetch:
+    """A batched fetch queued on the device. `ready()` asks without waiting; `result()` waits for
+    this fetch alone (its own event, not the device) and unpacks every request's rows."""
+
+    def __init__(self, items: Sequence[FetchItem], host: torch.Tensor, event: Optional[Any], clock: StageClock,
+                 pack_ms: float, raw: Optional[Callable[[int], RawCapture]]) -> None:
+        self.items = list(items)
+        self._host, self._event, self._clock, self._pack_ms, self._raw = host, event, clock, pack_ms, raw
+        self._done: Optional[tuple[list[FetchedRows], FetchTimings]] = None
+
+    def ready(self) -> bool:
+        return self._event is None or bool(self._event.query())
+
+    def result(self) -> tuple[list[FetchedRows], FetchTimings]:
+        if self._done is not None:
+            return self._done
+        if self._event is not None:
+            self._event.synchronize()
+        t0 = time.perf_counter()
+        # A copy: the pinned buffer goes back to torch's host allocator, which reuses it.
+        packed = self._host.numpy().copy()  # [R, T, H, S + len(MASSES)]
+        self._host = None
+        S = packed.shape[-1] - len(MASSES)
+        out = []
+        for r, it in enumerate(self.items):
+            n, s = it.n_tokens, len(it.source_positions)
+            mass = {name: np.ascontiguousarray(packed[r, :n, :, S + k]) for k, name in enumerate(MASSES)}
+            out.append(FetchedRows(np.ascontiguousarray(packed[r, :n, :, :s]), mass["other_prompt"],
+                                   mass["generated"], self._raw(r) if self._raw else None,
+                                   mass["context"] if it.context_positions else None,
+                                   mass["history"] if it.history_positions else None))
+        gather_ms, rebuild_ms = self._clock.spans_ms()
+        unpack_ms = (time.perf_counter() - t0) * 1e3
+        self._done = out, FetchTimings(self._pack_ms + gather_ms, rebuild_ms + unpack_ms)
+        return self._done
 
 
 class BatchFetcher:
-    """Rows of many finished requests from one engine step, with one softmax per layer."""
+    """Rows of many finished requests from one engine step, with one softmax per head group."""
 
     def __init__(self, view: EngineView, plans: dict[int, LayerPlan], order: list[tuple[int, int]],
                  capture_output: bool = False, keep_raw: bool = False) -> None:
@@ -152,149 +208,84 @@ class BatchFetcher:
         self.order = order  # (layer, index within that layer's plan) for each head, in head order
         self.capture_output = capture_output
         self.keep_raw = keep_raw
+        self.groups = group_heads(plans)
+        device = view.device()
+        self._consts = [GroupConstants(g, plans, view.layers, device) for g in self.groups]
+        self._perm = torch.tensor(head_permutation(self.groups, order), dtype=torch.long, device=device)
 
     # ---- batched ----
 
     def fetch(self, items: Sequence[FetchItem]) -> tuple[list[FetchedRows], FetchTimings]:
+        """`enqueue` and wait for it."""
         if not items:
             return [], FetchTimings(0.0, 0.0)
+        return self.enqueue(items).result()
+
+    def enqueue(self, items: Sequence[FetchItem]) -> PendingFetch:
+        """Queue the fetch of every request in `items` on the current stream; nothing waits.
+
+        Must run before the next engine step (that step may reuse the requests' blocks; being
+        queued first, the gathers read them before it writes). The result can be read later."""
+        t0 = time.perf_counter()
         device = self.view.device()
         blocks = [self.view.take_blocks(it.request_id) for it in items]
-        R = len(items)
         T = max(it.n_tokens for it in items)
         S = max(max(len(it.source_positions) for it in items), 1)
-        sync(device)
-        t0 = time.perf_counter()
-        host, spans = self._host_indices(items, blocks, T, S)
-        index = torch.from_numpy(host).to(device, non_blocking=True)
-        gathered = {}
-        for layer, plan in self.plans.items():
-            src = self.view.layers[layer]
-            sp = spans[layer]
-            ix = {k: index[a:b].view(shape) for k, (a, b, shape) in sp["at"].items()}
-            L = sp["L"]
-            q = src.cache.read(ix["qslots"].reshape(-1)).view(R, T, len(plan.heads), -1)
-            keys = gather_kv(src.kv_cache, ix["kslots"].reshape(-1), 0).view(R, L, src.kv_cache.shape[3], -1)
-            item = {"q": q, "keys": keys, **ix}
-            if self.capture_output:
-                item["values"] = gather_kv(src.kv_cache, ix["kslots"].reshape(-1), 1).view(
-                    R, L, src.kv_cache.shape[3], -1)
-                item["out"] = src.cache.read_out(ix["qslots"].reshape(-1)).view(R, T, len(plan.heads), -1)
-            gathered[layer] = item
-        sync(device)
-        t1 = time.perf_counter()
+        packer, spans, padded = pack_batch(items, blocks, self.plans, self.view.layers, self.groups, T, S)
+        ix = packer.to_device(device)
+        pack_ms = (time.perf_counter() - t0) * 1e3
+        clock = StageClock(device)
+        clock.mark()
+        gathered = [gather_group(g, c, self.view.layers, ix) for g, c in zip(self.groups, self._consts)]
+        clock.mark()
+        built = [rebuild_group(g, c, gat, ix, k, S)
+                 for k, (g, c, gat) in enumerate(zip(self.groups, self._consts, gathered))]
+        full = torch.cat([b[0] for b in built], dim=2) if len(built) > 1 else built[0][0]
+        full = full.index_select(2, self._perm)  # [R, T, H, S + 4] in head order
+        host = torch.empty(full.shape, dtype=full.dtype, pin_memory=device.type == "cuda")
+        host.copy_(full, non_blocking=True)
+        clock.mark()
+        event = None
+        if device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        raw = self._raw_reader(items, spans, ix, gathered, [b[1] for b in built]) if self.keep_raw else None
+        return PendingFetch(items, host, event, clock, pack_ms, raw)
+
+    def _raw_reader(self, items: Sequence[FetchItem], spans: dict, ix: dict, gathered: list,
+                    probs: list) -> Callable[[int], RawCapture]:
+        """Per request, what `RawCapture` holds (all KV heads of each layer's keys, for the checks)."""
         per_layer = {}
-        probs_of = {}
-        for layer, plan in self.plans.items():
-            g = gathered[layer]
-            probs = _batched_rows(plan, g["q"], g["qpos"], g["keys"], g["kpos"])  # [R, T, h, L]
-            probs_of[layer] = probs
-            h = probs.shape[2]
-            src_index = g["src_index"][:, None, None, :].expand(R, T, h, S)
-            rows = probs.gather(-1, src_index) * g["src_valid"][:, None, None, :].to(probs.dtype)
-            gen = (probs * g["is_gen"][:, None, None, :].to(probs.dtype)).sum(-1)
-            other = (probs * g["is_other"][:, None, None, :].to(probs.dtype)).sum(-1)
-            ctx = (probs * g["is_ctx"][:, None, None, :].to(probs.dtype)).sum(-1)
-            hist = (probs * g["is_hist"][:, None, None, :].to(probs.dtype)).sum(-1)
-            per_layer[layer] = (rows, other, gen, ctx, hist)
-        rows = torch.stack([per_layer[l][0][:, :, i] for l, i in self.order], dim=2)  # [R, T, H, S]
-        other = torch.stack([per_layer[l][1][:, :, i] for l, i in self.order], dim=2)  # [R, T, H]
-        gen = torch.stack([per_layer[l][2][:, :, i] for l, i in self.order], dim=2)
-        ctx = torch.stack([per_layer[l][3][:, :, i] for l, i in self.order], dim=2)
-        hist = torch.stack([per_layer[l][4][:, :, i] for l, i in self.order], dim=2)
-        packed = torch.cat([rows.reshape(-1), other.reshape(-1), gen.reshape(-1), ctx.reshape(-1),
-                            hist.reshape(-1)]).cpu().numpy()
-        t2 = time.perf_counter()
-        H = len(self.order)
-        n_rows, n_mass = R * T * H * S, R * T * H
-        rows_h = packed[:n_rows].reshape(R, T, H, S)
-        other_h, gen_h, ctx_h, hist_h = (packed[n_rows + k * n_mass:n_rows + (k + 1) * n_mass].reshape(R, T, H)
-                                         for k in range(4))
-        out = []
-        for r, it in enumerate(items):
-            n, s = it.n_tokens, len(it.source_positions)
-            raw = self._raw(r, it, spans, gathered, probs_of) if self.keep_raw else None
-            out.append(FetchedRows(np.ascontiguousarray(rows_h[r, :n, :, :s]),
-                                   np.ascontiguousarray(other_h[r, :n]), np.ascontiguousarray(gen_h[r, :n]), raw,
-                                   np.ascontiguousarray(ctx_h[r, :n]) if it.context_positions else None,
-                                   np.ascontiguousarray(hist_h[r, :n]) if it.history_positions else None))
-        return out, FetchTimings((t1 - t0) * 1e3, (t2 - t1) * 1e3)
+        for g, group in enumerate(self.groups):
+            for layer in group.layers:
+                src = self.view.layers[layer]
+                slots = (ix[f"k_block{layer}"] * src.block_size + ix[f"k_off{layer}"]).reshape(-1)
+                R, L = ix[f"k_block{layer}"].shape
+                heads = [j for j, (l, _) in enumerate(group.heads) if l == layer]
+                entry = {"q": gathered[g][layer][0], "keys": gather_kv(src.kv_cache, slots, 0).view(R, L, -1,
+                                                                                                  src.kv_cache.shape[-1]),
+                         "probs": probs[g][:, :, heads[0]:heads[-1] + 1]}
+                if self.capture_output:
+                    entry["values"] = gather_kv(src.kv_cache, slots, 1).view(R, L, -1, src.kv_cache.shape[-1])
+                    entry["out"] = src.cache.read_out(ix[f"qslots{layer}"].reshape(-1)).view(
+                        R, -1, len(heads), src.cache.out.shape[-1])
+                per_layer[layer] = entry
 
-    def _host_indices(self, items: Sequence[FetchItem], blocks: list[Any], T: int, S: int
-                      ) -> tuple[np.ndarray, dict]:
-        """Every index tensor of the batch, packed into one int64 array (one host-to-device copy)."""
-        R = len(items)
-        parts: list[np.ndarray] = []
-        spans: dict[int, dict] = {}
-        cursor = 0
+        def read(r: int) -> RawCapture:
+            it = items[r]
+            n = it.n_tokens
+            layers = {}
+            for layer, e in per_layer.items():
+                n_keys = spans[layer].n_keys[r]
+                entry = {"q": e["q"][r, :n].float().cpu().numpy(), "keys": e["keys"][r, :n_keys].float().cpu().numpy(),
+                         "key_lo": int(spans[layer].lo[r]), "probs": e["probs"][r, :n, :, :n_keys].cpu().numpy()}
+                if self.capture_output:
+                    entry["values"] = e["values"][r, :n_keys].float().cpu().numpy()
+                    entry["out"] = e["out"][r, :n].float().cpu().numpy()
+                layers[layer] = entry
+            return RawCapture(query_positions=np.arange(it.n_prompt - 1, it.n_prompt - 1 + n), layers=layers)
 
-        def put(name: str, array: np.ndarray, at: dict) -> None:
-            nonlocal cursor
-            parts.append(array.reshape(-1).astype(np.int64))
-            at[name] = (cursor, cursor + array.size, array.shape)
-            cursor += array.size
-
-        for layer, plan in self.plans.items():
-            src = self.view.layers[layer]
-            qpos = np.zeros((R, T), np.int64)
-            los, his = [], []
-            for r, it in enumerate(items):
-                p = np.arange(it.n_prompt - 1, it.n_prompt - 1 + it.n_tokens)
-                qpos[r, : it.n_tokens] = p
-                qpos[r, it.n_tokens:] = p[-1]  # pad queries repeat the last one (finite, dropped)
-                lo, hi = key_span(p.tolist(), plan.sliding_window)
-                los.append(lo)
-                his.append(hi)
-            L = max(hi - lo + 1 for lo, hi in zip(los, his))
-            kpos = np.full((R, L), -1, np.int64)
-            qslots = np.zeros((R, T), np.int64)
-            kslots = np.zeros((R, L), np.int64)  # pad keys read slot 0 and are masked (kpos -1)
-            src_index = np.zeros((R, S), np.int64)
-            src_valid = np.zeros((R, S), np.int64)
-            is_gen = np.zeros((R, L), np.int64)
-            is_other = np.zeros((R, L), np.int64)
-            is_ctx = np.zeros((R, L), np.int64)
-            is_hist = np.zeros((R, L), np.int64)
-            for r, it in enumerate(items):
-                kb = kernel_block_ids(blocks[r][src.group], src.blocks_per_kv_block)
-                n_keys = his[r] - los[r] + 1
-                kp = np.arange(los[r], his[r] + 1)
-                kpos[r, :n_keys] = kp
-                qslots[r] = _slots(kb, src.block_size, qpos[r])
-                kslots[r, :n_keys] = _slots(kb, src.block_size, kp)
-                sp = np.asarray(it.source_positions, np.int64) - los[r]
-                inside = (sp >= 0) & (sp < n_keys)
-                src_index[r, : len(sp)] = np.where(inside, sp, 0)
-                src_valid[r, : len(sp)] = inside
-                source_key = np.zeros(n_keys, bool)
-                source_key[sp[inside]] = True
-                gen = kp >= it.generated_start
-                is_gen[r, :n_keys] = gen
-                is_other[r, :n_keys] = ~source_key & ~gen
-                for flags, positions in ((is_ctx, it.context_positions), (is_hist, it.history_positions)):
-                    rel = np.asarray(positions, np.int64) - los[r]
-                    flags[r, rel[(rel >= 0) & (rel < n_keys)]] = 1
-            at: dict = {}
-            for name, array in (("qpos", qpos), ("kpos", kpos), ("qslots", qslots), ("kslots", kslots),
-                                ("src_index", src_index), ("src_valid", src_valid), ("is_gen", is_gen),
-                                ("is_other", is_other), ("is_ctx", is_ctx), ("is_hist", is_hist)):
-                put(name, array, at)
-            spans[layer] = {"at": at, "L": L, "lo": los, "hi": his}
-        return np.concatenate(parts), spans
-
-    def _raw(self, r: int, it: FetchItem, spans: dict, gathered: dict, probs_of: dict) -> RawCapture:
-        n = it.n_tokens
-        layers = {}
-        for layer, g in gathered.items():
-            n_keys = spans[layer]["hi"][r] - spans[layer]["lo"][r] + 1
-            entry = {"q": g["q"][r, :n].float().cpu().numpy(), "keys": g["keys"][r, :n_keys].float().cpu().numpy(),
-                     "key_lo": int(spans[layer]["lo"][r]), "probs": probs_of[layer][r, :n, :, :n_keys].cpu().numpy()}
-            if self.capture_output:
-                entry["values"] = g["values"][r, :n_keys].float().cpu().numpy()
-                entry["out"] = g["out"][r, :n].float().cpu().numpy()
-            layers[layer] = entry
-        qpos = np.arange(it.n_prompt - 1, it.n_prompt - 1 + n)
-        return RawCapture(query_positions=qpos, layers=layers)
+        return read
 
     # ---- per request (the reference) ----
 
@@ -360,20 +351,3 @@ class BatchFetcher:
                 per_layer[layer] = probs.index_select(-1, idx).sum(-1)
             out[name] = torch.stack([per_layer[l][:, i] for l, i in self.order], dim=1).cpu().numpy().astype(np.float32)
         return out
-
-
-def _batched_rows(plan: LayerPlan, q: torch.Tensor, qpos: torch.Tensor, keys: torch.Tensor,
-                  kpos: torch.Tensor) -> torch.Tensor:
-    """fp32 softmax rows [R, T, heads, L] of a padded batch; the masks of `attention_row`
-    (causal, sliding window, empty key slots at -1), per request."""
-    kv = torch.as_tensor(plan.kv_heads, dtype=torch.long, device=keys.device)
-    k_sel = keys.index_select(2, kv).permute(0, 2, 1, 3).float()  # [R, heads, L, D]
-    scores = torch.einsum("rthd,rhld->rthl", q.float(), k_sel) * plan.scaling
-    if plan.softcap:
-        scores = torch.tanh(scores / plan.softcap) * plan.softcap
-    qp = qpos[:, :, None, None]
-    kp = kpos[:, None, None, :]
-    visible = (kp >= 0) & (kp <= qp)
-    if plan.sliding_window is not None:
-        visible = visible & (kp > qp - plan.sliding_window)
-    return torch.softmax(scores.masked_fill(~visible, -math.inf), dim=-1)

@@ -10,7 +10,9 @@ How (see docs/cudagraph-capture.md for why):
   That engine side lives in `alignatt.capture.vllm.hooks`; this module is the seam that drives it.
 - After a request finishes, its drafted tokens' q rows are read by the request's block table,
   its keys are read from the KV cache (a KV-shared layer reads its donor's cache) and the rows are
-  rebuilt with fp32 softmax over every visible position (sliding window on sliding layers).
+  rebuilt with fp32 softmax over every visible position (sliding window on sliding layers): for
+  all requests that finished in a step at once, queued without waiting on the device and read
+  after the next step is queued behind it.
 
 Modes: `eager` (enforce_eager), `cudagraph` (full decode CUDA graphs, no torch.compile: the
 bit-exact scored mode) and `compiled` (vLLM's default torch.compile + graphs). Everything
@@ -31,6 +33,7 @@ engine start and a mismatch raises naming what differed.
 
 import gc
 import time
+from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -47,7 +50,8 @@ from alignatt.capture.vllm.engine import (  # noqa: F401  (VLLM_MODES, engine_op
     resolve_model,
     start_engine,
 )
-from alignatt.capture.vllm.fetch import BatchFetcher, DraftState, EngineView, FetchItem, RawCapture  # noqa: F401
+from alignatt.capture.vllm.fetch import (BatchFetcher, DraftState, EngineView, FetchItem, PendingFetch,  # noqa: F401
+                                         RawCapture)
 from alignatt.capture.vllm.hooks import log
 from alignatt.capture.vllm.qcache import head_order, plan_capture
 from alignatt.core.draft import Draft, DraftRequest, Head, Timings, TokenCapture
@@ -112,6 +116,8 @@ class VllmCaptureSeam:
         self.raw: dict[str, RawCapture] = {}
         self.last_raw_id: Optional[str] = None
         self._states: dict[str, DraftState] = {}
+        # Fetches queued in the last step, read after the next step is queued behind them.
+        self._pending: list[_FinishedStep] = []
         self._aborted: set[str] = set()
         self._counter = 0
         self._warned: set[str] = set()
@@ -167,6 +173,8 @@ class VllmCaptureSeam:
         """Drop a queued or running request (a newer update superseded it)."""
         state = self._states.pop(handle, None)
         if state is None:
+            for done in self._pending:  # finished, its rows still on their way: drop the draft
+                done.dropped.add(handle)
             return
         self.engine.core.abort_request([handle])
         self._aborted.add(handle)
@@ -174,12 +182,17 @@ class VllmCaptureSeam:
             self.engine.hooks.block_ids.pop(state.internal, None)
 
     def has_unfinished(self) -> bool:
-        return bool(self._states)
+        return bool(self._states or self._pending)
 
     def step(self) -> list[tuple[str, Draft]]:
-        """One engine step; the drafts of every request that finished in it (rows fetched now,
-        before the next step can reuse their blocks)."""
-        outputs = self.engine.core.step()
+        """One engine step; the drafts whose rows are ready.
+
+        The rows of the requests that finished in a step are queued at once (before the next step
+        can reuse their blocks) and read one step later, when the next forward is already queued
+        behind them: the GPU never idles for the copy. With nothing left running there is no next
+        step to overlap, and they are read at once."""
+        running = bool(self._states) or self.engine.core.has_unfinished_requests()
+        outputs = self.engine.core.step() if running else []
         now = time.perf_counter()
         finished: list[DraftState] = []
         for out in outputs:
@@ -198,7 +211,14 @@ class VllmCaptureSeam:
                 finished.append(self._states.pop(out.request_id))
         if len(self._aborted) > 10_000:
             self._aborted.clear()  # late outputs of aborted requests arrive within a step or two
-        return list(zip([s.handle for s in finished], self._finish(finished))) if finished else []
+        ready, self._pending = self._pending, []
+        if finished:
+            queued = self._start_finish(finished)
+            if self._states:
+                self._pending.append(queued)
+            else:
+                ready.append(queued)
+        return [pair for done in ready for pair in self._complete(done)]
 
     # ---- run to completion ----
 
@@ -207,7 +227,7 @@ class VllmCaptureSeam:
 
     def draft_many(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         """Draft several requests in one engine batch; each gets its own rows."""
-        if self._states or self.engine.core.has_unfinished_requests():
+        if self.has_unfinished() or self.engine.core.has_unfinished_requests():
             raise RuntimeError("alignatt: the engine still has unfinished requests")
         torch.cuda.synchronize()
         handles = [self.submit(r) for r in requests]
@@ -215,7 +235,7 @@ class VllmCaptureSeam:
         for h in handles:
             self._states[h].submitted_at = t0
         done: dict[str, Draft] = {}
-        while self._states:
+        while self.has_unfinished():
             done.update(self.step())
         return [done[h] for h in handles]
 
@@ -235,11 +255,9 @@ class VllmCaptureSeam:
             self._warned.add(key)
             log(message)
 
-    def _finish(self, states: list[DraftState]) -> list[Draft]:
-        """Drafts of the requests that finished in one step: one batched fetch for all of them."""
-        from alignatt.capture.hf.base import _pieces
-
-        trimmed, timings = [], []
+    def _start_finish(self, states: list[DraftState]) -> "_FinishedStep":
+        """Trim the finished drafts and queue one batched fetch for all of them."""
+        done = _FinishedStep(states)
         for st in states:
             tokens, stop_reason = list(st.tokens), "max_new_tokens"
             if not self.fixed_length:
@@ -250,32 +268,46 @@ class VllmCaptureSeam:
             first = st.first_token_at if st.first_token_at is not None else st.finished_at
             # prefill: submission to the first drafted token; decode: the rest (in-forward capture
             # included); end to end, as the engine serves it (a batch's time is shared).
-            timings.append(Timings(prefill_ms=(first - st.submitted_at) * 1e3,
-                                   decode_ms=(st.finished_at - first) * 1e3))
-            trimmed.append((tokens, stop_reason))
-        for st in states:
+            done.timings.append(Timings(prefill_ms=(first - st.submitted_at) * 1e3,
+                                        decode_ms=(st.finished_at - first) * 1e3))
+            done.trimmed.append((tokens, stop_reason))
             self.cached_prompt_tokens += st.cached_tokens or 0
             self.prompt_tokens += len(st.prompt.input_ids)
+        if self.fetcher is None:
+            return done
+        items = [(i, self._item(st, len(tok))) for i, (st, (tok, _)) in enumerate(zip(states, done.trimmed)) if tok]
+        for st, (tok, _) in zip(states, done.trimmed):
+            if not tok:
+                self.engine.hooks.block_ids.pop(st.internal, None)
+        if not items:
+            return done
+        done.fetched_index = [i for i, _ in items]
+        if self.reconstruct == "reference":
+            done.reference = [self.fetcher.fetch_one(it, method="reference") for _, it in items]
+        else:
+            done.fetch = self.fetcher.enqueue([it for _, it in items])
+        return done
+
+    def _complete(self, done: "_FinishedStep") -> list[tuple[str, Draft]]:
+        """The drafts of one finished step, once its rows are on the host."""
+        from alignatt.capture.hf.base import _pieces
+
         fetched: dict[int, Any] = {}
-        if self.fetcher is not None:
-            items = [(i, self._item(st, len(tok))) for i, (st, (tok, _)) in enumerate(zip(states, trimmed)) if tok]
-            for i, (st, (tok, _)) in enumerate(zip(states, trimmed)):
-                if not tok:
-                    self.engine.hooks.block_ids.pop(st.internal, None)
-            if items:
-                if self.reconstruct == "reference":
-                    for i, it in items:
-                        fetched[i] = self.fetcher.fetch_one(it, method="reference")
-                else:
-                    rows, ft = self.fetcher.fetch([it for _, it in items])
-                    fetched = {i: (r, ft) for (i, _), r in zip(items, rows)}
-        drafts = []
-        for i, (st, (tokens, stop_reason)) in enumerate(zip(states, trimmed)):
+        if done.fetch is not None:
+            rows, ft = done.fetch.result()
+            fetched = {i: (r, ft) for i, r in zip(done.fetched_index, rows)}
+        elif done.reference is not None:
+            fetched = dict(zip(done.fetched_index, done.reference))
+        out = []
+        for i, (st, (tokens, stop_reason)) in enumerate(zip(done.states, done.trimmed)):
+            if st.handle in done.dropped:
+                continue
+            timings = done.timings[i]
             pieces = _pieces(self.tokenizer, tokens)
             captures = []
             if i in fetched:
                 got, ft = fetched[i]
-                timings[i].capture_ms, timings[i].reconstruct_ms = ft.capture_ms, ft.reconstruct_ms
+                timings.capture_ms, timings.reconstruct_ms = ft.capture_ms, ft.reconstruct_ms
                 if got.raw is not None:
                     self.raw[st.internal] = got.raw
                     self.last_raw_id = st.internal
@@ -288,7 +320,7 @@ class VllmCaptureSeam:
                 n_src = len(st.prompt.source_token_positions)
                 empty, z = np.zeros((0, n_src), dtype=np.float32), np.zeros(0, dtype=np.float32)
                 captures = [TokenCapture(t, pieces[j], empty, z, z) for j, t in enumerate(tokens)]
-            drafts.append(Draft(
+            out.append((st.handle, Draft(
                 request=st.request,
                 heads=list(self.heads) if self.capture else [],
                 prompt_token_count=len(st.prompt.input_ids),
@@ -296,10 +328,10 @@ class VllmCaptureSeam:
                 source_word_of_token=list(st.prompt.source_word_of_token),
                 tokens=captures,
                 stop_reason=stop_reason,
-                timings=timings[i],
+                timings=timings,
                 seam=self.name,
-            ))
-        return drafts
+            )))
+        return out
 
     def _item(self, st: DraftState, n_tokens: int) -> FetchItem:
         n_prompt = len(st.prompt.input_ids)
@@ -349,6 +381,19 @@ class VllmCaptureSeam:
             self.engine = None
         gc.collect()
         torch.cuda.empty_cache()
+
+
+@dataclass
+class _FinishedStep:
+    """The requests that finished in one step, from their queued fetch to their drafts."""
+
+    states: list[DraftState]
+    trimmed: list[tuple[list[int], str]] = field(default_factory=list)  # (tokens, stop reason)
+    timings: list[Timings] = field(default_factory=list)
+    fetched_index: list[int] = field(default_factory=list)  # which states have rows
+    fetch: Optional[PendingFetch] = None
+    reference: Optional[list] = None  # (rows, timings) per fetched state, reconstruct="reference"
+    dropped: set[str] = field(default_factory=set)  # aborted after they finished
 
 
 def make_seam(model: str, heads: list[Head], device: str = "cuda", dtype: Optional[str] = None,

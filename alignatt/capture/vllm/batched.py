@@ -1,0 +1,218 @@
+"""The batched rebuild behind `BatchFetcher.fetch`: host-side indices, then few, large device ops.
+
+Heads are grouped by what their rows are rebuilt with (head size, scaling, softcap): a layer's
+heads always fall in one group, and on Gemma-4 the sliding and the full layers make two groups.
+Per group there is one gather per layer for q and one for the keys (the captured heads' KV heads
+only), then one matmul, one softmax, one gather of the source columns and one masked sum of the
+four mass categories over the whole padded batch [requests, tokens, heads, keys]. Every index
+(slots as block and offset, key positions, source columns, category masks) is built on the host
+from the recorded block ids and goes to the GPU in two pinned copies, so nothing here waits on the
+device: the result stays on the GPU until the caller copies it back.
+
+The math is `attention_row`'s (fp32 scores, softcap, causal and sliding-window masks, fp32
+softmax); the per-request reference (`BatchFetcher.fetch_one`) is tested to give the same rows.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from alignatt.capture.vllm.qcache import LayerPlan, kernel_block_ids, key_span
+from alignatt.core.errors import AlignattError
+
+# The four per-token, per-head masses after the source columns, in this order.
+MASSES = ("other_prompt", "generated", "context", "history")
+NO_WINDOW = 1 << 40  # a full-attention head's "window": larger than any position
+
+
+@dataclass(frozen=True)
+class HeadGroup:
+    """Captured heads rebuilt by one matmul and one softmax (same head size, scaling and softcap)."""
+
+    layers: tuple[int, ...]  # ascending; each layer brings all its captured heads
+    heads: tuple[tuple[int, int], ...]  # (layer, index in that layer's plan), layer-major
+    head_dim: int
+    scaling: float
+    softcap: float | None
+
+
+def group_heads(plans: dict[int, LayerPlan]) -> list[HeadGroup]:
+    by_key: dict[tuple, list[int]] = {}
+    for layer in sorted(plans):
+        p = plans[layer]
+        by_key.setdefault((p.head_dim, p.scaling, p.softcap), []).append(layer)
+    return [HeadGroup(tuple(layers), tuple((l, i) for l in layers for i in range(len(plans[l].heads))), *key)
+            for key, layers in by_key.items()]
+
+
+def head_permutation(groups: Sequence[HeadGroup], order: Sequence[tuple[int, int]]) -> list[int]:
+    """For each output head (the caller's order): its index among the groups' heads, concatenated."""
+    computed = [h for g in groups for h in g.heads]
+    return [computed.index(h) for h in order]
+
+
+def host_slots(blocks: Sequence[int], block_size: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(kernel block id, offset in the block) of each position of one request."""
+    table = np.asarray(blocks, dtype=np.int64)
+    index = positions // block_size
+    if len(positions) and int(index.max()) >= len(table):
+        raise AlignattError(
+            f"position {int(positions.max())} lies past the request's {len(table)} blocks of "
+            f"{block_size} tokens: the block table does not cover the draft"
+        )
+    return table[index], positions % block_size
+
+
+class Packer:
+    """Host arrays of one batch, laid out in two flat buffers (int64 indices, uint8 masks)."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, list[np.ndarray]] = {"i64": [], "u8": []}
+        self.at: dict[str, tuple[str, int, int, tuple]] = {}
+        self.size = {"i64": 0, "u8": 0}
+
+    def put(self, name: str, array: np.ndarray, kind: str = "i64") -> None:
+        flat = array.reshape(-1).astype(np.int64 if kind == "i64" else np.uint8)
+        self.parts[kind].append(flat)
+        self.at[name] = (kind, self.size[kind], self.size[kind] + flat.size, array.shape)
+        self.size[kind] += flat.size
+
+    def to_device(self, device: torch.device) -> dict[str, torch.Tensor]:
+        """One pinned host-to-device copy per buffer (pageable copies would wait on the stream)."""
+        pin = device.type == "cuda"
+        out = {}
+        for kind, parts in self.parts.items():
+            host = torch.from_numpy(np.concatenate(parts) if parts else np.zeros(0, np.int64 if kind == "i64"
+                                                                                  else np.uint8))
+            out[kind] = (host.pin_memory() if pin else host).to(device, non_blocking=True)
+        return {name: out[kind][a:b].view(shape) for name, (kind, a, b, shape) in self.at.items()}
+
+
+@dataclass
+class LayerSpan:
+    lo: list[int]  # first key position per request
+    n_keys: list[int]  # keys per request
+
+
+def pack_batch(items: Sequence[Any], blocks: Sequence[Any], plans: dict[int, LayerPlan],
+               sources: dict[int, Any], groups: Sequence[HeadGroup], T: int, S: int
+               ) -> tuple[Packer, dict[int, LayerSpan], dict[int, int]]:
+    """Every index of a batch of finished requests (`FetchItem`s with their recorded block ids).
+
+    Per layer: q slots [R, T] and key slots [R, L_group] as (block, offset); per group and head:
+    key positions [R, Hg, L] (-1: padding), source columns [R, Hg, S] with their validity, and the
+    category masks [R, Hg, 4, L] in `MASSES` order. Returns the packer, each layer's key span and
+    each group's padded key count."""
+    R = len(items)
+    packer = Packer()
+    qpos = np.zeros((R, T), np.int64)
+    for r, it in enumerate(items):
+        p = np.arange(it.n_prompt - 1, it.n_prompt - 1 + it.n_tokens)
+        qpos[r, : it.n_tokens] = p
+        qpos[r, it.n_tokens:] = p[-1]  # pad queries repeat the last one (finite, dropped)
+    packer.put("qpos", qpos)
+    spans: dict[int, LayerSpan] = {}
+    for layer, plan in plans.items():
+        span = LayerSpan([], [])
+        for it in items:
+            lo, hi = key_span(range(it.n_prompt - 1, it.n_prompt - 1 + it.n_tokens), plan.sliding_window)
+            span.lo.append(lo)
+            span.n_keys.append(hi - lo + 1)
+        spans[layer] = span
+    padded: dict[int, int] = {}
+    for g, group in enumerate(groups):
+        L = max(max(spans[l].n_keys) for l in group.layers)
+        padded[g] = L
+        per_layer = {}
+        for layer in group.layers:
+            src = sources[layer]
+            span = spans[layer]
+            qslots = np.zeros((R, T), np.int64)
+            k_block, k_off = np.zeros((R, L), np.int64), np.zeros((R, L), np.int64)  # pads read slot 0, masked
+            kpos = np.full((R, L), -1, np.int64)
+            src_index, src_valid = np.zeros((R, S), np.int64), np.zeros((R, S), np.uint8)
+            masks = np.zeros((R, len(MASSES), L), np.uint8)
+            for r, it in enumerate(items):
+                kb = kernel_block_ids(blocks[r][src.group], src.blocks_per_kv_block)
+                lo, n = span.lo[r], span.n_keys[r]
+                kp = np.arange(lo, lo + n)
+                kpos[r, :n] = kp
+                q_block, q_off = host_slots(kb, src.block_size, qpos[r])
+                qslots[r] = q_block * src.block_size + q_off  # the query cache is indexed by KV slot
+                k_block[r, :n], k_off[r, :n] = host_slots(kb, src.block_size, kp)
+                sp = np.asarray(it.source_positions, np.int64) - lo
+                inside = (sp >= 0) & (sp < n)
+                src_index[r, : len(sp)] = np.where(inside, sp, 0)
+                src_valid[r, : len(sp)] = inside
+                source_key = np.zeros(n, bool)
+                source_key[sp[inside]] = True
+                gen = kp >= it.generated_start
+                masks[r, 0, :n] = ~source_key & ~gen
+                masks[r, 1, :n] = gen
+                for m, positions in ((2, it.context_positions), (3, it.history_positions)):
+                    rel = np.asarray(positions, np.int64) - lo
+                    masks[r, m, rel[(rel >= 0) & (rel < n)]] = 1
+            for name, array in (("qslots", qslots), ("k_block", k_block), ("k_off", k_off)):
+                packer.put(f"{name}{layer}", array)
+            per_layer[layer] = (kpos, src_index, src_valid, masks)
+        # Per head, its layer's arrays (heads are layer-major: repeat each layer's once per head).
+        pick = [layer for layer, _ in group.heads]
+        packer.put(f"kpos_g{g}", np.stack([per_layer[l][0] for l in pick], axis=1))
+        packer.put(f"src_index_g{g}", np.stack([per_layer[l][1] for l in pick], axis=1))
+        packer.put(f"src_valid_g{g}", np.stack([per_layer[l][2] for l in pick], axis=1), "u8")
+        packer.put(f"masks_g{g}", np.stack([per_layer[l][3] for l in pick], axis=1), "u8")
+    return packer, spans, padded
+
+
+class GroupConstants:
+    """Per-group device tensors made once per fetcher: KV heads to gather, each head's window."""
+
+    def __init__(self, group: HeadGroup, plans: dict[int, LayerPlan], sources: dict[int, Any],
+                 device: torch.device) -> None:
+        for layer in group.layers:
+            kv = sources[layer].kv_cache
+            if kv.dim() != 5 or kv.shape[1] != 2:
+                raise RuntimeError(f"unexpected KV cache shape {tuple(kv.shape)} on layer {layer}: expected "
+                                   "[num_blocks, 2, block_size, num_kv_heads, head_size] (TRITON_ATTN layout)")
+        self.kv_heads = {l: torch.tensor(plans[l].kv_heads, dtype=torch.long, device=device) for l in group.layers}
+        self.window = torch.tensor([plans[l].sliding_window or NO_WINDOW for l, _ in group.heads],
+                                   dtype=torch.long, device=device)
+
+
+def gather_group(group: HeadGroup, consts: GroupConstants, sources: dict[int, Any], ix: dict[str, torch.Tensor]
+                 ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer of the group: q [R, T, h, D] from the query cache and the keys its heads read
+    [R, L, h, D] from the KV cache (padding reads slot 0; it is masked)."""
+    gathered = {}
+    for layer in group.layers:
+        src = sources[layer]
+        q = src.cache.q[ix[f"qslots{layer}"]]
+        keys = src.kv_cache[ix[f"k_block{layer}"][..., None], 0, ix[f"k_off{layer}"][..., None],
+                            consts.kv_heads[layer]]
+        gathered[layer] = (q, keys)
+    return gathered
+
+
+def rebuild_group(group: HeadGroup, consts: GroupConstants, gathered: dict[int, tuple[torch.Tensor, torch.Tensor]],
+                  ix: dict[str, torch.Tensor], g: int, S: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One group's [R, T, Hg, S + 4] (source columns, then the `MASSES`) and its probs [R, T, Hg, L]."""
+    parts = [gathered[layer] for layer in group.layers]
+    q = (torch.cat([p[0] for p in parts], dim=2) if len(parts) > 1 else parts[0][0]).float()
+    keys = (torch.cat([p[1] for p in parts], dim=2) if len(parts) > 1 else parts[0][1]).float()
+    scores = torch.einsum("rthd,rlhd->rthl", q, keys) * group.scaling
+    if group.softcap:
+        scores = torch.tanh(scores / group.softcap) * group.softcap
+    qp = ix["qpos"][:, :, None, None]  # [R, T, 1, 1]
+    kp = ix[f"kpos_g{g}"][:, None]  # [R, 1, Hg, L]
+    visible = (kp >= 0) & (kp <= qp) & (kp > qp - consts.window[None, None, :, None])
+    probs = torch.softmax(scores.masked_fill(~visible, -math.inf), dim=-1)
+    R, T, Hg, _ = probs.shape
+    cols = probs.gather(-1, ix[f"src_index_g{g}"][:, None].expand(R, T, Hg, S))
+    cols = cols * ix[f"src_valid_g{g}"][:, None].to(probs.dtype)
+    masses = (probs[:, :, :, None, :] * ix[f"masks_g{g}"][:, None].to(probs.dtype)).sum(-1)  # [R, T, Hg, 4]
+    return torch.cat([cols, masses], dim=-1), probs
