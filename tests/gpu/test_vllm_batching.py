@@ -32,8 +32,10 @@ TOKENS = 12
 # of this model). Caching on vs off gave 5.3e-4 (d18a3fd) and 2.5e-3 (dc68016) on the H200. Keys
 # from a wrong block are another token's: rows off by O(0.1), and the argmax moves.
 FP32_ROW_TOL = FP32_ROW_MAX_ABS
-# Batched against per-request rebuild of the same q and keys: fp32 reduction order only.
-FETCH_ROW_TOL = 1e-5
+# Batched against per-request rebuild of the same q and keys: fp32 reduction order only (other
+# GEMM shapes). On the H200 they differ by 1.3e-5 (f02b561; 1e-5 was too tight): scores of
+# magnitude ~100 carry ~1e-4 of accumulated rounding. A mixed-up index is another token's row.
+FETCH_ROW_TOL = 1e-4
 
 
 def assert_same_rows(a: np.ndarray, b: np.ndarray) -> None:
@@ -107,6 +109,7 @@ def test_the_batched_fetch_equals_the_per_request_reference_on_a_running_batch(w
     for (t_b, r_b), (t_r, r_r) in pairs:
         assert np.array_equal(t_b, t_r)
         assert float(np.abs(r_b - r_r).max()) <= FETCH_ROW_TOL
+        assert np.array_equal(r_b.argmax(-1), r_r.argmax(-1))
 
 
 def test_requests_joining_a_running_batch_get_their_own_rows(workdir):
