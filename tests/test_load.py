@@ -3,6 +3,7 @@ level summary's judgements (lag growth, finals order, errors), and a 4-speaker l
 embedded model with 0 retractions (slow)."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -180,7 +181,8 @@ def test_the_report_shows_a_capacity_table_and_the_rtt_figure(tmp_path, short_st
     assert "## Capacity (many speakers on one engine)" in text
     rows = [line for line in text.splitlines() if line.startswith("| ") and "fake_batch" not in line
             and "cpu: hf_qk_fast" in line]
-    assert [r.split(" | ")[3] for r in rows] == ["1", "2"]  # one row per load level
+    assert [r.split(" | ")[4] for r in rows] == ["1", "2"]  # one row per load level
+    assert {r.split(" | ")[3] for r in rows} == {Path(short_stream).stem}  # the stream replayed
     assert any(f.name == "capacity_rtt_p95" and f.kind == "load" for f in figures)
     assert "outputs/cpu/load.json" in text  # listed with the artifacts
 

@@ -7,6 +7,7 @@ configuration (artifact: profile, seam, vLLM mode, prefix caching).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from alignatt.pipeline.figures import Figure, new_figure, styled, figure_for, svg_text
@@ -41,7 +42,8 @@ def capacity_rows(inputs: "ReportInputs") -> list[dict[str, Any]]:
         for lv in a.levels:
             rows.append(dict(
                 source=rel, date=a.provenance.date, machine=machine_of(a), model=a.config.get("model"),
-                synthetic=a.synthetic_weights, configuration=configuration(rel, a, lv.vllm_mode), speakers=lv.speakers,
+                synthetic=a.synthetic_weights, configuration=configuration(rel, a, lv.vllm_mode),
+                streams=", ".join(dict.fromkeys(Path(s).stem for s in lv.streams)), speakers=lv.speakers,
                 p50=_fmt(lv.partial_rtt_ms_p50), p95=_fmt(lv.partial_rtt_ms_p95), p99=_fmt(lv.partial_rtt_ms_p99),
                 final_p95=_fmt(lv.final_rtt_ms_p95), lag=f"{lv.lag_s_max:.2f}",
                 lag_grows="grows" if lv.lag_grows else "steady", retractions=lv.retractions,
