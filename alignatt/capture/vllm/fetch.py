@@ -134,8 +134,8 @@ class EngineView:
 
 @dataclass
 class FetchTimings:
-    capture_ms: float  # gathers of the whole step
-    reconstruct_ms: float  # softmax, split and the copy to the host
+    capture_ms: float  # the whole step's: indices built on the host, then the gathers (GPU time)
+    reconstruct_ms: float  # matmul, softmax, split and the copy to the host (GPU time), then unpacking
 
 
 class StageClock:
