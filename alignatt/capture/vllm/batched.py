@@ -87,8 +87,7 @@ class Packer:
         pin = device.type == "cuda"
         out = {}
         for kind, parts in self.parts.items():
-            host = torch.from_numpy(np.concatenate(parts) if parts else np.zeros(0, np.int64 if kind == "i64"
-                                                                                  else np.uint8))
+            host = torch.from_numpy(np.concatenate(parts))  # every group puts both kinds
             out[kind] = (host.pin_memory() if pin else host).to(device, non_blocking=True)
         return {name: out[kind][a:b].view(shape) for name, (kind, a, b, shape) in self.at.items()}
 
@@ -101,13 +100,13 @@ class LayerSpan:
 
 def pack_batch(items: Sequence[Any], blocks: Sequence[Any], plans: dict[int, LayerPlan],
                sources: dict[int, Any], groups: Sequence[HeadGroup], T: int, S: int
-               ) -> tuple[Packer, dict[int, LayerSpan], dict[int, int]]:
+               ) -> tuple[Packer, dict[int, LayerSpan]]:
     """Every index of a batch of finished requests (`FetchItem`s with their recorded block ids).
 
     Per layer: q slots [R, T] and key slots [R, L_group] as (block, offset); per group and head:
     key positions [R, Hg, L] (-1: padding), source columns [R, Hg, S] with their validity, and the
-    category masks [R, Hg, 4, L] in `MASSES` order. Returns the packer, each layer's key span and
-    each group's padded key count."""
+    category masks [R, Hg, 4, L] in `MASSES` order, L padded to the group's longest span. Returns
+    the packer and each layer's key span."""
     R = len(items)
     packer = Packer()
     qpos = np.zeros((R, T), np.int64)
@@ -124,10 +123,8 @@ def pack_batch(items: Sequence[Any], blocks: Sequence[Any], plans: dict[int, Lay
             span.lo.append(lo)
             span.n_keys.append(hi - lo + 1)
         spans[layer] = span
-    padded: dict[int, int] = {}
     for g, group in enumerate(groups):
         L = max(max(spans[l].n_keys) for l in group.layers)
-        padded[g] = L
         per_layer = {}
         for layer in group.layers:
             src = sources[layer]
@@ -166,7 +163,7 @@ def pack_batch(items: Sequence[Any], blocks: Sequence[Any], plans: dict[int, Lay
         packer.put(f"src_index_g{g}", np.stack([per_layer[l][1] for l in pick], axis=1))
         packer.put(f"src_valid_g{g}", np.stack([per_layer[l][2] for l in pick], axis=1), "u8")
         packer.put(f"masks_g{g}", np.stack([per_layer[l][3] for l in pick], axis=1), "u8")
-    return packer, spans, padded
+    return packer, spans
 
 
 class GroupConstants:

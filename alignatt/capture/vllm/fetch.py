@@ -231,7 +231,7 @@ class BatchFetcher:
         blocks = [self.view.take_blocks(it.request_id) for it in items]
         T = max(it.n_tokens for it in items)
         S = max(max(len(it.source_positions) for it in items), 1)
-        packer, spans, padded = pack_batch(items, blocks, self.plans, self.view.layers, self.groups, T, S)
+        packer, spans = pack_batch(items, blocks, self.plans, self.view.layers, self.groups, T, S)
         ix = packer.to_device(device)
         pack_ms = (time.perf_counter() - t0) * 1e3
         clock = StageClock(device)
