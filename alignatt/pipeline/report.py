@@ -201,14 +201,20 @@ def measurement_items(inputs: ReportInputs) -> list[dict[str, Any]]:
     return items
 
 
+def _eager_comparisons(check: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(graphed mode, its comparison) for each `<mode>_vs_eager` entry of a check's results."""
+    return [(k.removesuffix("_vs_eager"), v) for k, v in check.items()
+            if k.endswith("_vs_eager") and isinstance(v, dict) and "rows" in v]
+
+
 def _check_detail(detail: str | None, results: dict[str, Any], name: str) -> str | None:
     """The check's verdict, a graphed mode's comparison with eager (bit-identical drafts), and the
     figures it recorded at its top level (ratios, times)."""
     raw = (results.get("checks") or {}).get(name)
     if not isinstance(raw, dict):
         return detail
-    compared = [f"{k.removesuffix('_vs_eager')} vs eager: {v['bit_identical_rows']}/{v['rows']} bit-identical"
-                for k, v in raw.items() if k.endswith("_vs_eager") and isinstance(v, dict) and "rows" in v]
+    compared = [f"{mode} vs eager: {v['bit_identical_rows']}/{v['rows']} bit-identical"
+                for mode, v in _eager_comparisons(raw)]
     figures = [f"{k} {v:.4g}" for k, v in raw.items()
                if isinstance(v, (int, float)) and not isinstance(v, bool)][:8]
     return "; ".join(x for x in [detail, *compared, ", ".join(figures)] if x) or None
@@ -222,10 +228,7 @@ def graph_exactness(inputs: ReportInputs) -> dict[str, dict[str, Any]]:
         for name, raw in ((a.results or {}).get("checks") or {}).items():
             if not (name.startswith("exact") and isinstance(raw, dict)):
                 continue
-            for key, cmp in raw.items():
-                if not (key.endswith("_vs_eager") and isinstance(cmp, dict) and "rows" in cmp):
-                    continue
-                mode = key.removesuffix("_vs_eager")
+            for mode, cmp in _eager_comparisons(raw):
                 entry = dict(path=rel, date=a.provenance.date or "", identical=cmp["bit_identical_rows"],
                              rows=cmp["rows"], passed=bool(raw.get("passed")))
                 if mode not in latest or entry["date"] >= latest[mode]["date"]:

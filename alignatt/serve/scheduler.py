@@ -142,8 +142,8 @@ class SchedulerStats:
     admitted: int = 0  # sessions opened on this engine, ever
     batch_sizes: collections.Counter = field(default_factory=collections.Counter)  # drafts in the engine per step
     peak_in_flight: int = 0
-    # Inside the seam's step: wall time, and this thread's CPU time (the rest is waiting: for the
-    # device, for the GIL, or for a child process's reply).
+    # Inside the seam's step: wall time, and this thread's CPU time. The rest is blocked time: on
+    # the GIL, a child process's reply, or a device wait that sleeps (a spinning one counts as CPU).
     step_s: float = 0.0
     step_cpu_s: float = 0.0
 

@@ -22,8 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from alignatt.capture.vllm.qcache import LayerPlan, kernel_block_ids, key_span
-from alignatt.core.errors import AlignattError
+from alignatt.capture.vllm.qcache import LayerPlan, check_covered, check_kv_layout, kernel_block_ids, key_span
 
 # The four per-token, per-head masses after the source columns, in this order.
 MASSES = ("other_prompt", "generated", "context", "history")
@@ -59,13 +58,9 @@ def head_permutation(groups: Sequence[HeadGroup], order: Sequence[tuple[int, int
 def host_slots(blocks: Sequence[int], block_size: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(kernel block id, offset in the block) of each position of one request."""
     table = np.asarray(blocks, dtype=np.int64)
-    index = positions // block_size
-    if len(positions) and int(index.max()) >= len(table):
-        raise AlignattError(
-            f"position {int(positions.max())} lies past the request's {len(table)} blocks of "
-            f"{block_size} tokens: the block table does not cover the draft"
-        )
-    return table[index], positions % block_size
+    if len(positions):
+        check_covered(int(positions.max()), len(table), block_size)
+    return table[positions // block_size], positions % block_size
 
 
 class Packer:
@@ -172,10 +167,7 @@ class GroupConstants:
     def __init__(self, group: HeadGroup, plans: dict[int, LayerPlan], sources: dict[int, Any],
                  device: torch.device) -> None:
         for layer in group.layers:
-            kv = sources[layer].kv_cache
-            if kv.dim() != 5 or kv.shape[1] != 2:
-                raise RuntimeError(f"unexpected KV cache shape {tuple(kv.shape)} on layer {layer}: expected "
-                                   "[num_blocks, 2, block_size, num_kv_heads, head_size] (TRITON_ATTN layout)")
+            check_kv_layout(sources[layer].kv_cache, f" on layer {layer}")
         self.kv_heads = {l: torch.tensor(plans[l].kv_heads, dtype=torch.long, device=device) for l in group.layers}
         self.window = torch.tensor([plans[l].sliding_window or NO_WINDOW for l, _ in group.heads],
                                    dtype=torch.long, device=device)

@@ -153,6 +153,24 @@ def kernel_block_ids(manager_block_ids: Sequence[int], blocks_per_kv_block: int)
     return [b * blocks_per_kv_block + j for b in manager_block_ids for j in range(blocks_per_kv_block)]
 
 
+def check_covered(last_position: int, n_blocks: int, block_size: int) -> None:
+    """A request's block table must reach its last token position."""
+    if last_position // block_size >= n_blocks:
+        raise AlignattError(
+            f"position {last_position} lies past the request's {n_blocks} blocks of "
+            f"{block_size} tokens: the block table does not cover the draft"
+        )
+
+
+def check_kv_layout(kv_cache: torch.Tensor, where: str = "") -> None:
+    """The KV-cache layout the gathers index: TRITON_ATTN's [num_blocks, 2, block_size, kv_heads, dim]."""
+    if kv_cache.dim() != 5 or kv_cache.shape[1] != 2:
+        raise RuntimeError(
+            f"unexpected KV cache shape {tuple(kv_cache.shape)}{where}: expected "
+            "[num_blocks, 2, block_size, num_kv_heads, head_size] (TRITON_ATTN layout)"
+        )
+
+
 def slots_for_positions(block_ids: Sequence[int], block_size: int, positions: torch.Tensor) -> torch.Tensor:
     """KV slot of each token position of one request: block_ids[p // bs] * bs + p % bs."""
     positions = positions.to(torch.long)
@@ -160,11 +178,8 @@ def slots_for_positions(block_ids: Sequence[int], block_size: int, positions: to
         raise ValueError("negative token position")
     table = torch.as_tensor(list(block_ids), dtype=torch.long, device=positions.device)
     blocks = torch.div(positions, block_size, rounding_mode="floor")
-    if positions.numel() and int(blocks.max()) >= table.numel():
-        raise AlignattError(
-            f"position {int(positions.max())} lies past the request's {table.numel()} blocks of "
-            f"{block_size} tokens: the block table does not cover the draft"
-        )
+    if positions.numel():
+        check_covered(int(positions.max()), table.numel(), block_size)
     return table[blocks] * block_size + positions % block_size
 
 
@@ -181,11 +196,7 @@ def key_span(query_positions: Sequence[int], sliding_window: int | None) -> tupl
 
 def gather_kv(kv_cache: torch.Tensor, slots: torch.Tensor, part: int) -> torch.Tensor:
     """Rows of a vLLM KV cache ([blocks, 2, block_size, kv_heads, dim]; part 0 = K, 1 = V)."""
-    if kv_cache.dim() != 5 or kv_cache.shape[1] != 2:
-        raise RuntimeError(
-            f"unexpected KV cache shape {tuple(kv_cache.shape)}: expected "
-            "[num_blocks, 2, block_size, num_kv_heads, head_size] (TRITON_ATTN layout)"
-        )
+    check_kv_layout(kv_cache)
     block_size = kv_cache.shape[2]
     slots = slots.to(kv_cache.device, torch.long)
     blocks = torch.div(slots, block_size, rounding_mode="floor")
