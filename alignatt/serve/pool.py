@@ -32,7 +32,7 @@ log = logging.getLogger("alignatt.serve.server")
 # What a served vLLM engine gets unless the route says otherwise: a growing utterance re-drafts a
 # prompt whose prefix is already cached, the batch holds every admitted session, and every step is
 # graphed (fullgraph: with many speakers most steps hold a prefill, which cudagraph runs eager; on
-# the H200, 64 speakers' p95 647 vs 1656 ms). Its padded prefills cost bitwise equality with eager
+# the H200, 64 speakers' p95 534 vs 1813 ms). Its padded prefills cost bitwise equality with eager
 # (42 of 48 drafts), so the page scores cudagraph: docs/batching.md.
 SERVED_VLLM_OPTIONS = {"enable_prefix_caching": True, "max_num_seqs": 128, "vllm_mode": "fullgraph"}
 

@@ -118,6 +118,14 @@ def pack_batch(items: Sequence[Any], blocks: Sequence[Any], plans: dict[int, Lay
             span.lo.append(lo)
             span.n_keys.append(hi - lo + 1)
         spans[layer] = span
+    kernel_blocks: dict[tuple[int, int, int], list[int]] = {}  # layers of one KV group share them
+
+    def blocks_of(r: int, src: Any) -> list[int]:
+        key = (r, src.group, src.blocks_per_kv_block)
+        if key not in kernel_blocks:
+            kernel_blocks[key] = kernel_block_ids(blocks[r][src.group], src.blocks_per_kv_block)
+        return kernel_blocks[key]
+
     for g, group in enumerate(groups):
         L = max(max(spans[l].n_keys) for l in group.layers)
         per_layer = {}
@@ -130,7 +138,7 @@ def pack_batch(items: Sequence[Any], blocks: Sequence[Any], plans: dict[int, Lay
             src_index, src_valid = np.zeros((R, S), np.int64), np.zeros((R, S), np.uint8)
             masks = np.zeros((R, len(MASSES), L), np.uint8)
             for r, it in enumerate(items):
-                kb = kernel_block_ids(blocks[r][src.group], src.blocks_per_kv_block)
+                kb = blocks_of(r, src)
                 lo, n = span.lo[r], span.n_keys[r]
                 kp = np.arange(lo, lo + n)
                 kpos[r, :n] = kp
