@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import pytest
 
+# Where CUDA is available, every GPU test runs in a child process and must leave no GPU memory held.
+pytest_plugins = ["tests.gpu_isolation"]
+
 
 @pytest.fixture(scope="session")
 def tiny_gemma4():

@@ -3,8 +3,6 @@
 Run on the GPU host:  pytest tests/test_server_gpu.py -m gpu -q -s
 """
 
-import json
-
 import pytest
 
 pytest.importorskip("torch")
@@ -20,10 +18,8 @@ def test_two_sentences_on_the_e4b_architecture(tmp_path, seam):
     from alignatt.pipeline.stream_replay import load_stream
     from alignatt.pipeline.smoke import SmokeOptions, run_smoke, summary_line
 
-    stream = load_stream()
     short = tmp_path / "stream.json"
-    text = " ".join(stream.text.split(". ")[:2]) + "."
-    short.write_text(json.dumps({**stream.model_dump(), "text": text}))
+    short.write_text(load_stream().first_sentences(2).model_dump_json())
     a = run_smoke(
         SmokeOptions(model="gemma4-e4b-synthetic", seam=seam, device="cuda", speed=1.0,
                      client="native", stream=str(short)),

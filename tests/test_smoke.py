@@ -69,6 +69,20 @@ def test_smoke_artifact_with_a_fake_engine(tmp_path):
     json.loads(out.read_text())  # plain JSON on disk
 
 
+def test_a_stream_cut_after_two_sentences_replays_two_finals(tmp_path):
+    """The GPU smoke test's stream: the cut keeps both sentence marks, so two utterances close."""
+    short = load_stream().first_sentences(2)
+    assert short.text.endswith("once. This keeps the compute cost constant as the stream grows.")
+    assert sum(map(ends_sentence, short.words)) == 2
+    path = tmp_path / "stream.json"
+    path.write_text(short.model_dump_json())
+    a = run_smoke(SmokeOptions(**FAKE, speed=60.0, client="native", stream=str(path)), tmp_path / "smoke.json",
+                  seam_factory=FakeFactory())
+    assert a.finals == 2 and a.retractions == 0
+    with pytest.raises(AlignattError, match="fewer than 7"):
+        load_stream().first_sentences(7)
+
+
 @pytest.mark.skipif(not wlk_available(), reason="WhisperLiveKit client not installed")
 @pytest.mark.filterwarnings("ignore:connect\\(\\) must be used:DeprecationWarning")
 def test_smoke_with_both_clients(tmp_path):

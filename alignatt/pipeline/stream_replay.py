@@ -43,6 +43,17 @@ class SmokeStream(BaseModel):
     def words(self) -> list[str]:
         return self.text.split()
 
+    def first_sentences(self, n: int) -> "SmokeStream":
+        """The same stream cut after its n-th sentence mark (the marks kept: each one closes an utterance)."""
+        if n < 1:
+            raise AlignattError(f"first_sentences: n must be at least 1, got {n}")
+        words, seen = self.words, 0
+        for i, word in enumerate(words):
+            seen += ends_sentence(word)
+            if seen == n:
+                return self.model_copy(update={"text": " ".join(words[: i + 1])})
+        raise AlignattError(f"the stream has {seen} sentences, fewer than {n}")
+
 
 def load_stream(path: str | None = None) -> SmokeStream:
     if path is None:

@@ -3,8 +3,9 @@ capture checks of issue 3 (full graphs vs eager bit-exact, batch, cross-engine p
 bf16, compiled self-consistency on E4B and on the reduced checkpoint). Skipped without CUDA; the
 vLLM ones also without vLLM 0.22.1.
 
-The vLLM checks are the same functions `alignatt check-vllm` runs; each starts its
-engines in subprocesses, so run this file alone: `pytest tests/gpu -m gpu -x -q`."""
+The vLLM checks are the same functions `alignatt check-vllm` runs; each starts its engines in
+worker processes, so they run in the suite's parent process (`gpu_workers`); the plain-torch
+replay test runs in a child like every other GPU test (tests/gpu_isolation.py)."""
 
 from alignatt.checks.vllm_checks import ChecksOptions
 import json
@@ -46,6 +47,7 @@ def _run(name, check_args):
     return artifact["checks"][name]
 
 
+@pytest.mark.gpu_workers
 def test_full_decode_graphs_match_eager_bit_for_bit_and_batches_keep_their_rows(check_args):
     result = _run("exact", check_args)
     cmp = result["cudagraph_vs_eager"]
@@ -57,6 +59,7 @@ def test_full_decode_graphs_match_eager_bit_for_bit_and_batches_keep_their_rows(
         assert sc["status"] == "passed", (mode, json.dumps(sc, indent=1))
 
 
+@pytest.mark.gpu_workers
 def test_vllm_agrees_with_transformers_in_fp32_and_bf16_is_reported_against_its_noise(check_args):
     result = _run("parity", check_args)
     assert result["passed_self_consistency"], json.dumps([result["vllm_bf16"], result["vllm_fp32"]], indent=1)
@@ -67,12 +70,14 @@ def test_vllm_agrees_with_transformers_in_fp32_and_bf16_is_reported_against_its_
     assert result["bf16"]["no_capture_fault"], json.dumps(result["bf16"]["layers"], indent=1)
 
 
+@pytest.mark.gpu_workers
 def test_compiled_mode_is_self_consistent(check_args):
     result = _run("compiled", check_args)
     assert result["self_consistency"]["status"] == "passed", json.dumps(result["self_consistency"], indent=1)
     assert not result["draft_variety"]["degenerate"]
 
 
+@pytest.mark.gpu_workers
 def test_compiled_mode_is_self_consistent_on_the_reduced_checkpoint(check_args):
     result = _run("compiled_reduced", check_args)
     assert result["self_consistency"]["status"] == "passed", json.dumps(result["self_consistency"], indent=1)
