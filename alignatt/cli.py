@@ -436,6 +436,31 @@ def doctor_cmd(
         raise typer.Exit(1)
 
 
+@app.command("test-gpu", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def test_gpu_cmd(
+    ctx: typer.Context,
+    out: str = typer.Option("outputs/h200/gpu_tests.json", help="the gpu_tests artifact"),
+    verdict: str = typer.Option(None, help="also write the stable verdict the measuring stages depend on"),
+    profile: str = typer.Option(None, help="params profile: one without a CUDA device records 'not run'"),
+    params: str = typer.Option("params.yaml", help="params file (with --profile)"),
+) -> None:
+    """The GPU test suite whole, in one command (each test in a child process); an artifact of it.
+
+    Extra arguments go to pytest (e.g. `-x`). Exit 1 when any GPU test failed or none passed."""
+    from alignatt.pipeline.gpu_suite import record_gpu_suite, summary_line
+
+    device = None
+    if profile is not None:
+        from alignatt.pipeline.params import load_params, profile_of
+
+        profile, prof = profile_of(load_params(params), profile)
+        device = prof.device
+    artifact = record_gpu_suite(Path(out), Path(verdict) if verdict else None, profile, device, list(ctx.args))
+    typer.echo(summary_line(artifact))
+    if artifact.ran and not artifact.passed:
+        raise typer.Exit(1)
+
+
 @app.command("report")
 def report_cmd(
     check: bool = typer.Option(False, "--check", help="exit 1 if reports/BENCHMARKS.md is stale"),

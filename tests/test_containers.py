@@ -103,10 +103,14 @@ def test_placeholders_follow_the_profile():
         container.expand_placeholders(["x{smoke}"], "cpu", PARAMS["profiles"]["cpu"])
 
 
-def test_host_mode_runs_the_command_as_is_with_this_environment():
+def test_host_mode_runs_alignatt_with_this_interpreter_and_this_environment():
+    """A GPU image's `alignatt` console script named /usr/bin/python3, which lacks the packages: a
+    host stage runs the CLI as `python -m alignatt` with the wrapper's own interpreter instead."""
     env = {"PATH": "/usr/bin", CONTAINER_IMAGE_ENV: "stale", "HOME": "/root"}
     cmd, out_env = container.stage_command(["alignatt", "env", "--model", "{model}"], PARAMS, ROOT, env)
-    assert cmd == ["alignatt", "env", "--model", "gemma3-270m"]
+    assert cmd == [sys.executable, "-m", "alignatt", "env", "--model", "gemma3-270m"]
+    other, _ = container.stage_command(["dvc", "version"], PARAMS, ROOT, env)
+    assert other == ["dvc", "version"]
     assert out_env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
     assert CONTAINER_IMAGE_ENV not in out_env  # a host run is recorded as "host"
 

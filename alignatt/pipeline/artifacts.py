@@ -327,13 +327,37 @@ class SoakArtifact(_Artifact):
     passed: bool
 
 
+class GpuTestCase(_Strict):
+    nodeid: str  # as pytest names it: tests/gpu/test_x.py::test_y[param]
+    outcome: Literal["passed", "failed", "error", "skipped"]
+    duration_s: float  # setup + call + teardown
+    message: str = ""  # a skip's reason, a failure's or an error's first line
+
+
+class GpuTestsArtifact(_Artifact):
+    """`alignatt test-gpu`: the GPU suite run whole in one command, every test's outcome and time.
+
+    A GPU figure measured at a commit is honest only when this artifact says the suite passed at
+    that commit: the audit compares the two, and the page names the commit and its date."""
+
+    kind: Literal["gpu_tests"] = "gpu_tests"
+    ran: bool  # False where the profile has no GPU (the reason says so); nothing was measured then
+    reason: str = ""
+    command: list[str]
+    exit_code: int | None
+    wall_s: float
+    counts: dict[str, int]  # passed, failed, error, skipped
+    tests: list[GpuTestCase]
+    passed: bool  # it ran, nothing failed or errored, and at least one test passed
+
+
 Artifact = Annotated[
     Union[EnvArtifact, FingerprintArtifact, BenchArtifact, ServerSmokeArtifact, MeasurementArtifact, SoakArtifact,
-          EvalArtifact, LoadArtifact],
+          EvalArtifact, LoadArtifact, GpuTestsArtifact],
     Field(discriminator="kind"),
 ]
 AnyArtifact = Union[EnvArtifact, FingerprintArtifact, BenchArtifact, ServerSmokeArtifact, MeasurementArtifact,
-                    SoakArtifact, EvalArtifact, LoadArtifact]
+                    SoakArtifact, EvalArtifact, LoadArtifact, GpuTestsArtifact]
 FINGERPRINT_FILE = "fingerprint.json"  # outputs/<profile>/fingerprint.json, written by the env stage
 _ARTIFACT = TypeAdapter(Artifact)
 

@@ -13,6 +13,8 @@ Findings, each with the file and a plain message:
   stack than the `fingerprint.json` in its folder (what DVC decided to skip or re-run on);
 - `combined-row`: a report row built from several artifacts that disagree on date, GPU, model
   or versions;
+- `gpu-suite`: a GPU test suite artifact that records a failing suite, or a measurement on a GPU
+  whose commit is not the one at which its folder's GPU suite (`gpu_tests.json`) passed;
 - `report`: a `reports/BENCHMARKS.md` that is stale (or that cannot be rendered).
 A finding that was examined and explained can be *accepted* in `outputs/accepted-findings.yaml`
 (path, check, a substring of the message, and the reason): it is then printed as accepted and
@@ -35,6 +37,7 @@ from alignatt.pipeline.artifacts import (
     BenchArtifact,
     EvalArtifact,
     FingerprintArtifact,
+    GpuTestsArtifact,
     LoadArtifact,
     ServerSmokeArtifact,
     load_json,
@@ -196,6 +199,41 @@ def audit_artifact(path: Path, result: AuditResult) -> None:
             result.add(where, "derived", message)
 
 
+def audit_gpu_suites(files: list[Path], result: AuditResult) -> None:
+    """A GPU figure stands on its code's GPU suite: the suite must have passed, at the same commit.
+
+    Per folder: the `gpu_tests.json` beside the measurements names the commit whose suite ran.
+    Every other artifact there that ran on a GPU must carry that commit, and the suite must have
+    passed; a GPU folder without a suite artifact is a finding too."""
+    by_folder: dict[Path, list[tuple[Path, object]]] = {}
+    for f in files:
+        try:
+            artifact = parse_artifact(load_json(f))
+        except (AlignattError, ValidationError):
+            continue  # reported by audit_artifact
+        by_folder.setdefault(f.parent, []).append((f, artifact))
+    for folder, entries in sorted(by_folder.items()):
+        suites = [(f, a) for f, a in entries if isinstance(a, GpuTestsArtifact)]
+        on_gpu = [(f, a) for f, a in entries if not isinstance(a, (GpuTestsArtifact, FingerprintArtifact))
+                  and a.provenance.gpu_count > 0]
+        for f, suite in suites:
+            if suite.ran and not suite.passed:
+                c = suite.counts
+                result.add(str(f), "gpu-suite", f"the GPU suite failed at {(suite.provenance.git_commit or '?')[:12]}: "
+                           f"{c['failed']} failed, {c['error']} errors ({suite.reason})")
+        if not on_gpu:
+            continue
+        passed = [a for _, a in suites if a.passed]
+        if not passed:
+            result.add(str(folder), "gpu-suite", f"no passing GPU suite in {folder.name}/ (alignatt test-gpu)")
+            continue
+        commit = passed[0].provenance.git_commit or ""
+        for f, a in on_gpu:
+            if (a.provenance.git_commit or "") != commit:
+                result.add(str(f), "gpu-suite", f"measured at {(a.provenance.git_commit or '?')[:12]}; the GPU suite "
+                           f"passed at {commit[:12]} ({passed[0].provenance.timestamp_utc[:10]})")
+
+
 def _check_fingerprint(path: Path, artifact, rel: str, result: AuditResult) -> None:
     """A stage output must have been measured on what the folder's fingerprint says: otherwise
     DVC skipped (or kept) it on the word of a fingerprint that was not its machine's."""
@@ -292,9 +330,11 @@ def run_audit(paths: list[str] | None = None, root: str | Path = ".", report: bo
     for manifest in manifests:
         covered |= audit_manifest(manifest, result)
     for f in files:
-        if f.resolve() in covered or f.name.endswith("_metrics.json") or f.name == MANIFEST:
-            continue  # metrics are checked with the bench artifact they derive from
+        if f.resolve() in covered or f.name.endswith(("_metrics.json", "_verdict.json")) or f.name == MANIFEST:
+            continue  # metrics are checked with the bench artifact they derive from; a verdict is a stage's
         audit_artifact(f, result)
+    audit_gpu_suites([f for f in files if f.resolve() not in covered and f.name.endswith(".json")
+                      and not f.name.endswith(("_metrics.json", "_verdict.json"))], result)
     if (root / "params.yaml").exists():
         from alignatt.pipeline.params import load_params
 

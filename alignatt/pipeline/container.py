@@ -1,7 +1,8 @@
 """The stage wrapper: every DVC stage runs `stages/run-stage CMD...`, which lands here.
 
 With `container.engine: none` (params.yaml) the command runs on the host, with this Python's
-bin directory first on PATH (so `alignatt` is the one of this checkout's environment). With
+bin directory first on PATH, and `alignatt` itself runs as `python -m alignatt` with this Python
+(a GPU image's console script can name another interpreter than the one that has the packages). With
 `docker` or `apptainer` it runs inside the configured image, with the checkout bind-mounted at
 the same absolute path and first on PYTHONPATH (the code measured is the code committed, not an
 older copy baked into the image), and with the image reference and digest exported as
@@ -204,6 +205,8 @@ def stage_command(
     args = expand_placeholders(args, name, profile.model_dump())
     cfg = load_container_config(params)
     if cfg.engine == "none":
+        if args[0] == "alignatt":  # this interpreter's CLI: a console script may name another Python
+            args = [sys.executable, "-m", "alignatt", *args[1:]]
         return args, host_environment(environ)
     _require(cfg.engine)
     digest = docker_digest(cfg.image) if cfg.engine == "docker" else file_digest(cfg.image)

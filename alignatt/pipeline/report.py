@@ -310,6 +310,22 @@ def figure_items(figures: list[Figure]) -> dict[str, list[dict[str, str]]]:
     return out
 
 
+def gpu_suites(inputs: ReportInputs) -> list[dict[str, Any]]:
+    """Each folder's GPU suite that ran: the commit it passed (or failed) at, its date, its skips."""
+    items = []
+    for rel, a in inputs.of_kind("gpu_tests"):
+        if not a.ran:
+            continue
+        items.append(dict(
+            path=rel, machine=machine_of(a), date=a.provenance.date, time=a.provenance.timestamp_utc,
+            commit=(a.provenance.git_commit or "unknown")[:12], passed=a.passed, counts=a.counts,
+            wall_s=round(a.wall_s), reason=a.reason,
+            skipped=[(t.nodeid, t.message) for t in a.tests if t.outcome == "skipped"],
+            failed=[(t.nodeid, t.message) for t in a.tests if t.outcome in ("failed", "error")],
+        ))
+    return items
+
+
 def build_context(inputs: ReportInputs, figures: list[Figure] | None = None) -> dict[str, Any]:
     params = inputs.params
     rows = inputs.rows()
@@ -329,6 +345,7 @@ def build_context(inputs: ReportInputs, figures: list[Figure] | None = None) -> 
         cross_day=cross_day_note(rows),
         smoke_rows=smoke_rows(inputs),
         measurements=measurement_items(inputs),
+        gpu_suites=gpu_suites(inputs),
         evals=eval_sections(inputs),
         artifacts=artifact_list(inputs),
         figures=figure_items(figures or []),
