@@ -283,7 +283,8 @@ class EngineRegistry:
         return least_loaded(self.load(route, direction), route)
 
     def place(self, route: DirectionRoute, direction: str, keys: Sequence[Hashable]) -> Engine:
-        """Admit the session `keys` (one per target) to the route's least loaded live engine;
+        """Admit the session `keys` (one per target, one slot: a session takes one place of the
+        engine's capacity whatever its targets) to the route's least loaded live engine;
         `SchedulerBusy` when it is full, `EngineDied` when none is left."""
         engines = self.load(route, direction)
         with self._lock:  # placements one at a time, so two sessions never both see the same load
@@ -291,7 +292,7 @@ class EngineRegistry:
             admitted = []
             try:
                 for key in keys:
-                    engine.scheduler.open_session(key)
+                    engine.scheduler.open_session(key, slot=keys[0])
                     admitted.append(key)
             except BaseException:
                 for key in admitted:
