@@ -20,8 +20,9 @@ Rules:
 - sessions are admitted up to `capacity` (`SchedulerBusy` beyond), and a session may queue at most
   `max_queued_finals` finals (a client that floods finals is refused, others are not slowed);
 - results are handed over through futures: a session that never collects them blocks nothing;
-- an engine that dies (`EngineDied`: its process is gone) fails everything the scheduler holds
-  and every later submit or admission, with that error.
+- an engine that dies (`EngineDied`: its process is gone) or hangs (`EngineHung`: its process
+  answered nothing within the deadline, noticed by the engine's watcher) fails everything the
+  scheduler holds and every later submit or admission, with that error.
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ class SchedulerBusy(Exception):
 
 class EngineDied(Exception):
     """The engine is gone (its process exited): what it held is lost, and it takes no more work."""
+
+
+class EngineHung(EngineDied):
+    """The engine's process answered nothing within its deadline: it is taken out like a dead one."""
 
 
 @runtime_checkable
