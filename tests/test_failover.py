@@ -5,6 +5,7 @@ survivor, /health tells the truth, and the artifact round-trips through the shar
 
 from alignatt.pipeline.artifacts import load_artifact
 from alignatt.pipeline.failover import FailoverOptions, run_failover
+from alignatt.pipeline.report import failover_item
 from tests.server_client import head_set_file
 
 
@@ -23,3 +24,8 @@ def test_a_kill_and_a_stop_under_load_lose_nothing_and_every_session_is_told(tmp
     statuses = [h["status"] for h in artifact.health]
     assert statuses[0] == "ok" and statuses[-1] == "degraded"
     assert load_artifact(tmp_path / "failover.json").kind == "failover"
+    item = failover_item("outputs/failover.json", artifact, "cpu")  # what the page shows of it
+    assert "kill engine" in item["description"] and "stop engine" in item["description"]
+    assert "targets met" in item["description"] and any(r.startswith("/health = ok -> degraded") for r in item["results"])
+    assert [c[0] for c in item["checks"]] == ["✓"] * 4
+

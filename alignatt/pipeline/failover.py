@@ -11,8 +11,8 @@ fault to the notice and to the next translation, and the checks:
 - nothing committed is lost: every utterance gets a final that extends every text shown for it
   (across reconnects), and no reply retracts;
 - every session on a faulted engine is told within the bound: a killed engine at once (its pipe
-  closes; bound `KILL_NOTICE_S`), a stopped one within `step_deadline_s + heartbeat_s` (plus
-  `NOTICE_SLACK_S`), and gets a translation again after reconnecting;
+  closes; bound `failover_record.KILL_NOTICE_S`), a stopped one within `step_deadline_s +
+  heartbeat_s` (plus `failover_record.NOTICE_SLACK_S`), and gets a translation again after reconnecting;
 - `/health` tells the truth: degraded (or down) from the notice on, never ok again after a fault.
 """
 
@@ -37,8 +37,6 @@ from pydantic import Field, field_validator
 from alignatt.core.errors import AlignattError
 from alignatt.pipeline.smoke import ServedModelOptions
 
-KILL_NOTICE_S = 3.0  # a killed engine: its pipe closes at once; room for the join and the close frame
-NOTICE_SLACK_S = 3.0  # a stopped engine: past step_deadline_s + heartbeat_s, the kill and the frames
 HEALTH_EVERY_S = 0.25
 
 

@@ -1,4 +1,4 @@
-"""The failover artifact from what `alignatt failover` saw: per session, the faults, /health, checks.
+"""The failover artifact from what `alignatt failover` saw (`options`: its FailoverOptions): per session, the faults, /health, checks.
 
 A speaker's loss is put down to the latest fault before it. The bounds checked: a killed engine's
 sessions are told within `KILL_NOTICE_S`; a stopped one's within `step_deadline_s + heartbeat_s +
@@ -11,8 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from alignatt.pipeline.artifacts import ARTIFACT_SCHEMA_VERSION, Check, FailoverArtifact, FailoverSession
-from alignatt.pipeline.failover import KILL_NOTICE_S, NOTICE_SLACK_S, FailoverOptions
 from alignatt.pipeline.failover_client import SpeakerRecord
+
+KILL_NOTICE_S = 3.0  # a killed engine: its pipe closes at once; room for the join and the close frame
+NOTICE_SLACK_S = 3.0  # a stopped engine: past step_deadline_s + heartbeat_s, the kill and the frames
 
 
 def _fault_before(faults: list[dict], t: float) -> dict | None:
@@ -50,7 +52,7 @@ def session_of(record: SpeakerRecord, faults: list[dict]) -> tuple[FailoverSessi
     ), losses
 
 
-def failover_artifact(options: FailoverOptions, load_s: float, t0: float, faults: list[dict],
+def failover_artifact(options: Any, load_s: float, t0: float, faults: list[dict],
                       records: list[SpeakerRecord], samples: list[dict], engines_before: list[dict],
                       engines_after: list[dict]) -> FailoverArtifact:
     from alignatt.pipeline.provenance import collect_provenance, model_identity
@@ -104,7 +106,7 @@ def failover_artifact(options: FailoverOptions, load_s: float, t0: float, faults
     )
 
 
-def _health_check(options: FailoverOptions, t0: float, faults: list[dict], samples: list[dict],
+def _health_check(options: Any, t0: float, faults: list[dict], samples: list[dict],
                   bounds: dict[str, float]) -> Check:
     """Before the first fault: ok. Once every fault so far is past its bound: engines_alive says it,
     and the status is degraded (or down when none is left), never ok."""
