@@ -417,3 +417,31 @@ def test_a_multi_target_session_takes_one_place_and_batches_its_targets_in_one_t
     assert sched.sessions == 2  # one target left keeps the session's place
     sched.close_session(("m", "es"))
     assert sched.sessions == 1 and sched.has_room()
+
+
+def test_through_the_server_pipelined_finals_of_two_sessions_let_a_third_sessions_partial_through(tmp_path):
+    """The issue's frames: two sessions each pipeline 12 finals of 40 words; a third session's
+    2-word partial is answered after at most a few of those drafts (it waited for all 24 before)."""
+    from tests.server_client import Client
+
+    seam = StandInBatchSeam(max_batch=1, steps_for=lambda r: 1, step_s=0.01)
+    with _batch_server(tmp_path, seam) as srv:
+        a, b, c = Client(srv.url, timeout=30), Client(srv.url, timeout=30), Client(srv.url, timeout=30)
+        try:
+            for client in (a, b, c):
+                assert client.init()["type"] == "init_ok"
+            for u in range(12):
+                for tag, client in (("a", a), ("b", b)):
+                    client.update([f"{tag}{u}w{j}" for j in range(40)], final=True, utterance_id=u)
+            until(lambda: len(seam.submitted) >= 2)
+            before = len(seam.submitted)
+            reply = c.ask(["c0", "c1"], ["c2"])
+            assert reply["type"] == "translation"
+            order = [r.source_words[0] for _, r in seam.submitted]
+            assert order.index("c0") - before <= 3, order[before:]
+            for tag, client in (("a", a), ("b", b)):  # every final, in order
+                finals = [client.recv() for _ in range(12)]
+                assert [f["utterance_id"] for f in finals] == list(range(12)) and all(f["final"] for f in finals)
+        finally:
+            for client in (a, b, c):
+                client.close()
