@@ -143,3 +143,24 @@ def test_an_idle_engine_stopped_from_outside_is_noticed_by_its_heartbeat(tmp_pat
         finally:
             a.close()
             b.close()
+
+
+def test_several_engines_share_one_gpu_each_asking_for_its_share_of_the_memory(monkeypatch):
+    from alignatt.core.errors import AlignattError
+    from alignatt.serve.config import DirectionRoute
+    from alignatt.serve.pool import served_route
+    from alignatt.serve.replicas import replica_devices
+
+    cuda = DirectionRoute(model="gemma4-e4b-synthetic", seam="vllm_capture", device="cuda")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    with pytest.raises(AlignattError, match="1 CUDA GPUs are visible"):
+        replica_devices(cuda, 3)  # one per GPU unless told otherwise
+    assert replica_devices(cuda, 3, per_gpu=3) == ["3", "3", "3"]
+    assert replica_devices(cuda, "auto", per_gpu=2) == ["3", "3"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert replica_devices(cuda, 3, per_gpu=2) == ["0", "1", "0"]  # dealt in turn
+    shared = served_route(cuda, engines_on_gpu=3)
+    assert shared.seam_options["engine_kwargs"] == {"gpu_memory_utilization": 0.3}
+    pinned = cuda.model_copy(update={"seam_options": {"engine_kwargs": {"gpu_memory_utilization": 0.2}}})
+    assert served_route(pinned, engines_on_gpu=3).seam_options["engine_kwargs"]["gpu_memory_utilization"] == 0.2
+    assert "engine_kwargs" not in served_route(cuda).seam_options  # alone on its GPU: vLLM's default
