@@ -306,6 +306,41 @@ def soak_cmd(
         raise typer.Exit(1)
 
 
+@app.command("failover")
+def failover_cmd(
+    model: str = MODEL,
+    seam: str = SEAM,
+    preset: str = PRESET,
+    device: str = DEVICE,
+    dtype: str = DTYPE,
+    top_k: int = TOP_K,
+    heads: str = HEADS,
+    vllm_mode: str = VLLM_MODE,
+    engines: int = typer.Option(3, help="engine processes on the one device (3: one survives a kill and a stop)"),
+    speakers: int = typer.Option(16, help="concurrent real-time speakers, each reconnecting when told"),
+    streams: str = typer.Option("long", help="streams speakers replay in turn: smoke, long or paths"),
+    speed: float = typer.Option(1.5, help="replay speed (1.0: real time)"),
+    faults: str = typer.Option("kill@25,stop@50", help="action@seconds after the speakers start; kill = SIGKILL, "
+                                                      "stop = SIGSTOP, each on the live engine with most sessions"),
+    step_deadline: float = typer.Option(10.0, help="the server's hung-engine deadline (s)"),
+    heartbeat: float = typer.Option(1.0, help="the server's engine heartbeat (s)"),
+    out: str = typer.Option("outputs/failover.json", help="where to write the failover artifact"),
+) -> None:
+    """Engines killed and stopped under load: what the clients saw (nothing lost, told within a bound)."""
+    from alignatt.pipeline.failover import FailoverOptions, run_failover
+    from alignatt.pipeline.failover_record import summary_line
+
+    options = validated(FailoverOptions, "failover option ", model=model, seam=seam, preset=preset, device=device,
+                        dtype=dtype, top_k=top_k, heads=heads, vllm_mode=vllm_mode, engines=engines,
+                        speakers=speakers, streams=streams, speed=speed, faults=faults,
+                        step_deadline_s=step_deadline, heartbeat_s=heartbeat)
+    artifact = run_failover(options, out)
+    typer.echo(summary_line(artifact))
+    typer.echo(f"wrote {out}")
+    if not artifact.passed:
+        raise typer.Exit(1)
+
+
 @app.command("eval")
 def eval_cmd(
     test_set: str = typer.Option("en-de", "--test-set", help="named set (en-de), .jsonl, word-alignment .json, or SOURCE:TARGET files"),

@@ -2,13 +2,15 @@
 process drafted what (one file per process, one line per draft: the request's first source word).
 
 The route's `seam_options` configure it: `record_dir` (none: nothing is recorded), FakeSeam's `delay_s`, and
-`fail_word` (a draft whose source holds that word raises ValueError) or `fail_build` (the seam
-cannot be built).
+`fail_word` (a draft whose source holds that word raises ValueError), `hang_word` (a draft whose
+source holds that word stops its process with SIGSTOP: an engine that answers nothing), or
+`fail_build` (the seam cannot be built).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,14 +19,18 @@ from tests.mt_fakes import FakeSeam
 
 
 class RecordingSeam(FakeSeam):
-    def __init__(self, heads: list[Head], record_dir: str | None = None, fail_word: str = "", **options) -> None:
+    def __init__(self, heads: list[Head], record_dir: str | None = None, fail_word: str = "", hang_word: str = "",
+                 **options) -> None:
         super().__init__(heads=heads, **options)
         self.record = Path(record_dir) / f"{os.getpid()}.log" if record_dir else None
         self.fail_word = fail_word
+        self.hang_word = hang_word
 
     def draft(self, request: DraftRequest) -> Draft:
         if self.fail_word and self.fail_word in request.source_words:
             raise ValueError(f"stand-in refuses {self.fail_word!r}")
+        if self.hang_word and self.hang_word in request.source_words:
+            os.kill(os.getpid(), signal.SIGSTOP)  # mid-step: the server's call gets no answer
         draft = super().draft(request)
         if self.record is not None:
             with self.record.open("a") as f:

@@ -120,7 +120,7 @@ def test_a_newer_update_aborts_the_running_partial_in_the_engine(make):
     assert not seam.running and sched.stats.aborted_running == 1
 
 
-def test_finals_are_never_superseded_and_go_in_order_ahead_of_partials(make):
+def test_finals_are_never_superseded_and_go_in_order_ahead_of_their_sessions_partial(make):
     gate = threading.Semaphore(0)
     seam = StandInBatchSeam(max_batch=1, steps_for=lambda r: 1, gate=gate)
     sched = make(seam, max_queued_finals=4)
@@ -137,7 +137,9 @@ def test_finals_are_never_superseded_and_go_in_order_ahead_of_partials(make):
     wait([first, partial_b, partial_a, *finals], 5)
     assert [f.result().request.source_words[0] for f in finals] == ["f0", "f1", "f2"]
     order = [r.source_words[0] for _, r in seam.submitted]
-    assert order[:4] == ["c0", "f0", "f1", "f2"] and set(order[4:]) == {"pb", "pa"}
+    assert order[0] == "c0" and [w for w in order if w.startswith("f")] == ["f0", "f1", "f2"]
+    assert order.index("pa") > order.index("f2")  # a session's finals before its own partial
+    assert order.index("pb") <= 2  # another session's partial takes its turn among a's finals
 
 
 def test_a_fast_speaker_does_not_starve_the_others(make):
@@ -342,3 +344,104 @@ def test_a_newer_update_aborts_the_running_draft_and_only_it_is_answered(tmp_pat
             assert stale < fresh
             until(lambda: seam.aborted == [0])  # the 2 s draft did not run to its end
             assert srv.call(lambda: srv.server.stats.coalesced) == 1
+
+
+# ---- the per-session share of the engine ----
+
+
+def test_two_sessions_full_of_finals_do_not_starve_a_third_sessions_partial(make):
+    """Issue 25 item 2: two sessions with 12 finals queued each; a third session's partial goes into
+    the engine after at most one draft of each other session (the share bound), not after all 24."""
+    gate = threading.Semaphore(0)
+    seam = StandInBatchSeam(max_batch=1, steps_for=lambda r: 1, gate=gate)
+    sched = make(seam, max_queued_finals=12)
+    for s in "abc":
+        sched.open_session(s)
+    finals = {s: [sched.submit(s, req(f"{s}{i}"), final=True) for i in range(12)] for s in "ab"}
+    until(lambda: len(seam.submitted) == 1)  # a0 is in the engine
+    partial = sched.submit("c", req("c-partial"))
+    for _ in range(40):
+        gate.release()
+    assert partial.result(5).request.source_words == ["c-partial"]
+    order = [r.source_words[0] for _, r in seam.submitted]
+    assert order.index("c-partial") <= 3, order  # a0 (running), then at most one of a and one of b
+    for s in "ab":  # never dropped, in order
+        assert [f.result(5).request.source_words[0] for f in finals[s]] == [f"{s}{i}" for i in range(12)]
+        assert [w for w in order if w.startswith(s)] == [f"{s}{i}" for i in range(12)]
+    assert sched.stats.finished == 25
+
+
+def test_sessions_that_resubmit_finals_at_once_still_share_the_engine_with_a_partial(make):
+    """The server's pattern: each session's worker submits its next final the moment the last one
+    is answered. Counted in drafts the engine took ahead of the partial, not in wall time."""
+    seam = StandInBatchSeam(max_batch=1, steps_for=lambda r: 1, step_s=0.003)
+    sched = make(seam)
+    for s in "abc":
+        sched.open_session(s)
+    stop = threading.Event()
+
+    def pipeline(s):
+        i = 0
+        while not stop.is_set() and i < 40:
+            sched.submit(s, req(f"{s}{i}"), final=True).result(5)
+            i += 1
+
+    threads = [threading.Thread(target=pipeline, args=(s,)) for s in "ab"]
+    for t in threads:
+        t.start()
+    until(lambda: len(seam.submitted) >= 4)
+    before = len(seam.submitted)
+    sched.submit("c", req("c-partial")).result(10)
+    stop.set()
+    for t in threads:
+        t.join(10)
+    order = [r.source_words[0] for _, r in seam.submitted]
+    assert order.index("c-partial") - before <= 2, order[before:]
+
+
+def test_a_multi_target_session_takes_one_place_and_batches_its_targets_in_one_turn(make):
+    seam = StandInBatchSeam(max_batch=8, steps_for=lambda r: 1)
+    sched = make(seam, capacity=2)
+    for t in ("it", "de", "fr", "es"):
+        sched.open_session(("m", t), slot=("m", "it"))
+    assert sched.sessions == 1 and sched.has_room()
+    sched.open_session("solo")
+    assert sched.sessions == 2 and not sched.has_room()
+    with pytest.raises(SchedulerBusy):
+        sched.open_session("third")
+    futures = [sched.submit(("m", t), req(t)) for t in ("it", "de", "fr", "es")] + [sched.submit("solo", req("s"))]
+    wait(futures, 5)
+    assert [len(b) for b in seam.batches][0] == 5  # room in the engine: every target in the one step
+    for t in ("it", "de", "fr"):
+        sched.close_session(("m", t))
+    assert sched.sessions == 2  # one target left keeps the session's place
+    sched.close_session(("m", "es"))
+    assert sched.sessions == 1 and sched.has_room()
+
+
+def test_through_the_server_pipelined_finals_of_two_sessions_let_a_third_sessions_partial_through(tmp_path):
+    """The issue's frames: two sessions each pipeline 12 finals of 40 words; a third session's
+    2-word partial is answered after at most a few of those drafts (it waited for all 24 before)."""
+    from tests.server_client import Client
+
+    seam = StandInBatchSeam(max_batch=1, steps_for=lambda r: 1, step_s=0.01)
+    with _batch_server(tmp_path, seam) as srv:
+        a, b, c = Client(srv.url, timeout=30), Client(srv.url, timeout=30), Client(srv.url, timeout=30)
+        try:
+            for client in (a, b, c):
+                assert client.init()["type"] == "init_ok"
+            for u in range(12):
+                for tag, client in (("a", a), ("b", b)):
+                    client.update([f"{tag}{u}w{j}" for j in range(40)], final=True, utterance_id=u)
+            until(lambda: len(seam.submitted) >= 2)
+            before = len(seam.submitted)
+            reply = c.ask(["c0", "c1"], ["c2"])
+            assert reply["type"] == "translation"
+            order = [r.source_words[0] for _, r in seam.submitted]
+            assert order.index("c0") - before <= 3, order[before:]
+            for tag, client in (("a", a), ("b", b)):  # every final, in order
+                finals = [client.recv() for _ in range(12)]
+                assert [f["utterance_id"] for f in finals] == list(range(12)) and all(f["final"] for f in finals)
+        finally:
+            for client in (a, b, c):
+                client.close()

@@ -351,13 +351,47 @@ class GpuTestsArtifact(_Artifact):
     passed: bool  # it ran, nothing failed or errored, and at least one test passed
 
 
+class FailoverSession(_Strict):
+    """One speaker of `alignatt failover`: what it saw across its engine's loss."""
+
+    speaker: int
+    connections: int  # 1: never lost its engine
+    losses: int  # times it was told its engine was gone (or its connection closed)
+    utterances: int
+    finals_delivered: int
+    retractions: int
+    committed_lost: int  # utterances whose final does not extend the text shown before a loss
+    notice_after_fault_s: float | None = None  # fault -> the first notice after it
+    resumed_after_fault_s: float | None = None  # fault -> a translation on the new connection
+    final_wait_s_max: float | None = None  # a final's send -> its answer, or the notice that it was lost
+    refused: list[str] = Field(default_factory=list)  # reconnect attempts refused (busy, down...)
+    error: str | None = None
+    texts: list[dict[str, Any]] = Field(default_factory=list)  # {utterance_id, shown_before_loss, final}
+
+
+class FailoverArtifact(_Artifact):
+    """`alignatt failover`: engine processes killed and stopped under load, what the clients saw."""
+
+    kind: Literal["failover"] = "failover"
+    config: dict[str, Any]  # FailoverOptions
+    synthetic_weights: bool
+    load_s: float  # server start, engines loaded
+    faults: list[dict[str, Any]]  # {t_s, action, engine, pid, sessions}
+    bounds_s: dict[str, float]  # kill / stop: the notice bound checked
+    sessions: list[FailoverSession]
+    health: list[dict[str, Any]]  # {t_s, http, status, sessions_active, engines_alive, engines_hung, engines_dead}
+    engines: list[dict[str, Any]]  # per engine at the end: engine, pid, state, sessions admitted, failed
+    checks: list[Check]
+    passed: bool
+
+
 Artifact = Annotated[
     Union[EnvArtifact, FingerprintArtifact, BenchArtifact, ServerSmokeArtifact, MeasurementArtifact, SoakArtifact,
-          EvalArtifact, LoadArtifact, GpuTestsArtifact],
+          EvalArtifact, LoadArtifact, GpuTestsArtifact, FailoverArtifact],
     Field(discriminator="kind"),
 ]
 AnyArtifact = Union[EnvArtifact, FingerprintArtifact, BenchArtifact, ServerSmokeArtifact, MeasurementArtifact,
-                    SoakArtifact, EvalArtifact, LoadArtifact, GpuTestsArtifact]
+                    SoakArtifact, EvalArtifact, LoadArtifact, GpuTestsArtifact, FailoverArtifact]
 FINGERPRINT_FILE = "fingerprint.json"  # outputs/<profile>/fingerprint.json, written by the env stage
 _ARTIFACT = TypeAdapter(Artifact)
 

@@ -185,8 +185,37 @@ def soak_item(rel: str, artifact, machine: str) -> dict:
     )
 
 
+def failover_item(rel: str, artifact, machine: str) -> dict:
+    """`alignatt failover` as an item of "Other measurements": engines killed and stopped under load."""
+    told = [s for s in artifact.sessions if s.losses]
+    worst = {a: max((s.notice_after_fault_s or 0.0 for s in told), default=None) for a in artifact.bounds_s}
+    cfg = artifact.config
+    statuses = [h.get("status") for h in artifact.health]
+    seen = [x for i, x in enumerate(statuses) if x and (i == 0 or statuses[i - 1] != x)]
+    return dict(
+        path=rel, name="server_failover", date=artifact.provenance.date, machine=machine,
+        description=(f"`alignatt failover`: {cfg.get('engines')} engine processes of {cfg.get('model')}/"
+                     f"{cfg.get('seam')} on one {cfg.get('device')} device, {cfg.get('speakers')} real-time "
+                     f"speakers; " + ", ".join(f"{f['action']} engine {f['engine']} at {f['t_s']:.0f} s "
+                                             f"({f['sessions']} sessions)" for f in artifact.faults)
+                     + f"; targets {'met' if artifact.passed else 'MISSED'}"),
+        synthetic=artifact.synthetic_weights,
+        results=[f"sessions told = {len(told)} of {len(artifact.sessions)}",
+                 f"finals = {sum(s.finals_delivered for s in artifact.sessions)}/"
+                 f"{sum(s.utterances for s in artifact.sessions)}",
+                 f"worst notice after a fault = {max((v for v in worst.values() if v is not None), default=0):.2f} s "
+                 f"(bounds: " + ", ".join(f"{a} {b:g} s" for a, b in artifact.bounds_s.items()) + ")",
+                 f"worst resume after a fault = "
+                 f"{max((s.resumed_after_fault_s or 0.0 for s in told), default=0):.2f} s",
+                 f"/health = {' -> '.join(seen)}", f"load_s = {artifact.load_s}"],
+        checks=[("✓" if c.passed else "✗", c.name, c.detail) for c in artifact.checks],
+    )
+
+
 def measurement_items(inputs: ReportInputs) -> list[dict[str, Any]]:
     items = []
+    for rel, a in inputs.of_kind("failover"):
+        items.append(failover_item(rel, a, machine_of(a)))
     for rel, a in inputs.measurements:
         if a.kind == "soak":  # its own fields, shown like a measurement
             items.append(soak_item(rel, a, machine_of(a)))

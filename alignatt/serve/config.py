@@ -116,6 +116,24 @@ class DirectionRoute(BaseModel):
 EngineCount = int | Literal["auto"]
 
 
+# ---- engine replicas: liveness and GPU sharing (alignatt.serve.replicas) ----
+
+
+class ReplicaConfig(BaseModel):
+    """How engines in their own processes are watched, and how many share one GPU."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    step_deadline_s: float = Field(20.0, gt=0, description="an engine process that has not answered one call "
+                                                          "(a step, a submit, a ping) this long is hung: it is "
+                                                          "killed, its sessions get processing_failed and reconnect")
+    heartbeat_s: float = Field(1.0, gt=0, description="how often the watcher checks an engine process, and pings "
+                                                     "one that has been idle this long")
+    engines_per_gpu: int = Field(1, ge=1, description="engine processes sharing one GPU; a vllm_capture route's "
+                                                      "gpu_memory_utilization is split between them unless its "
+                                                      "engine_kwargs set it")
+
+
 class ServerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -129,6 +147,8 @@ class ServerConfig(BaseModel):
     engines: EngineCount = Field("auto", description="engines per route: 1 runs in this process; more run one "
                                                    "process each (one per GPU); auto: one per visible GPU on a "
                                                    "cuda route, else 1")
+    replicas: ReplicaConfig = Field(default_factory=ReplicaConfig, description="engine processes: hung-engine "
+                                                                          "deadline, engines per GPU")
 
     @field_validator("engines")
     @classmethod

@@ -6,7 +6,9 @@ loop; session updates that wait for a draft wait on the engine's `executor`, one
 Directions that share a model share its engines: they capture the union of their heads once, and
 each session sees only its direction's rows (`HeadRows`). A route served by several engines has
 one process per engine (`alignatt.serve.replicas`); each new session is placed on the least
-loaded live one and stays there.
+loaded live one and stays there. An engine in its own process is watched: one that exits is dead,
+one that answers nothing within `ReplicaConfig.step_deadline_s` is hung (killed, then dead); either
+way its sessions are told to reconnect and it gets no new ones.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ from typing import Any, Callable, Hashable, Sequence
 
 from alignatt.core.draft import Draft, DraftRequest, Head, Seam
 from alignatt.serve.budget import PromptBudget
-from alignatt.serve.config import DirectionRoute, EngineCount, SeamFactory, resolve_heads
+from alignatt.serve.config import DirectionRoute, EngineCount, ReplicaConfig, SeamFactory, resolve_heads
 from alignatt.serve.replicas import EngineSpec, ProcessBatchSeam, replica_devices
-from alignatt.serve.scheduler import DraftScheduler, EngineDied, SchedulerConfig, SessionSeam
+from alignatt.serve.scheduler import DraftScheduler, EngineDied, EngineHung, SchedulerConfig, SessionSeam
 from alignatt.serve.session import SessionLimits
 
 log = logging.getLogger("alignatt.serve.server")
@@ -37,11 +39,22 @@ log = logging.getLogger("alignatt.serve.server")
 SERVED_VLLM_OPTIONS = {"enable_prefix_caching": True, "max_num_seqs": 128, "vllm_mode": "fullgraph"}
 
 
-def served_route(route: DirectionRoute) -> DirectionRoute:
-    """The route as the server builds it (vllm_capture: prefix caching, a large batch, fullgraph)."""
+# The share of a GPU's memory that vLLM's start-up check may ask for, split between the engines on it
+# (vLLM refuses to start when less than gpu_memory_utilization x total is free).
+GPU_MEMORY_SHARED = 0.9
+
+
+def served_route(route: DirectionRoute, engines_on_gpu: int = 1) -> DirectionRoute:
+    """The route as the server builds it (vllm_capture: prefix caching, a large batch, fullgraph;
+    with several engines on one GPU, each asks for its share of the memory unless the route says)."""
     if route.seam != "vllm_capture":
         return route
-    return route.model_copy(update={"seam_options": {**SERVED_VLLM_OPTIONS, **route.seam_options}})
+    options = {**SERVED_VLLM_OPTIONS, **route.seam_options}
+    if engines_on_gpu > 1:
+        kwargs = dict(options.get("engine_kwargs") or {})
+        kwargs.setdefault("gpu_memory_utilization", round(GPU_MEMORY_SHARED / engines_on_gpu, 3))
+        options["engine_kwargs"] = kwargs
+    return route.model_copy(update={"seam_options": options})
 
 
 class Engine:
@@ -50,21 +63,23 @@ class Engine:
     The seam is built, driven and closed on the scheduler's thread, so whatever the engine binds
     to its creating thread (CUDA graphs, vLLM's engine client) is only used there. With
     `in_process=False` the seam lives in a child process pinned to `cuda_device`
-    (`ProcessBatchSeam`), and a watcher thread notices when that process exits.
+    (`ProcessBatchSeam`), and a watcher thread notices when that process exits or hangs.
     """
 
     def __init__(self, name: str, route: DirectionRoute, heads: list[Head], factory: SeamFactory,
                  scheduler: SchedulerConfig | None = None, in_process: bool = True,
-                 cuda_device: str | None = None) -> None:
+                 cuda_device: str | None = None, replicas: ReplicaConfig | None = None,
+                 engines_on_gpu: int = 1) -> None:
         self.name = name
         self.route = route
         self.heads = heads
         self.cuda_device = cuda_device
+        self.replicas = replicas or ReplicaConfig()
         config = scheduler or SchedulerConfig()
         if in_process:
             build = lambda: factory(served_route(route), heads)  # noqa: E731
         else:
-            spec = EngineSpec(factory, served_route(route), heads, cuda_device)
+            spec = EngineSpec(factory, served_route(route, engines_on_gpu), heads, cuda_device)
             build = lambda: ProcessBatchSeam(spec, name)  # noqa: E731
         self.scheduler = DraftScheduler(build, config, name=name)
         self.seam: Seam = self.scheduler.seam
@@ -74,6 +89,7 @@ class Engine:
         self._on_death: dict[Hashable, Callable[[EngineDied], None]] = {}
         self._lock = threading.Lock()
         self._closing = False
+        self._told = False  # its sessions were told it is gone
         if isinstance(self.seam, ProcessBatchSeam):
             threading.Thread(target=self._watch, name=f"engine-{name}-watch", daemon=True).start()
 
@@ -81,8 +97,15 @@ class Engine:
 
     @property
     def alive(self) -> bool:
-        """It takes work: not known dead, and its process (if it has one) still runs."""
+        """It takes work: not known dead or hung, and its process (if it has one) still runs."""
         return self.scheduler.dead is None and getattr(self.seam, "alive", True)
+
+    @property
+    def state(self) -> str:
+        """live | hung (taken out for answering nothing within the deadline) | dead."""
+        if isinstance(self.scheduler.dead, EngineHung):
+            return "hung"
+        return "live" if self.alive else "dead"
 
     def load(self) -> tuple[int, int]:
         """What placement compares: admitted sessions, then drafts queued or running."""
@@ -97,12 +120,35 @@ class Engine:
             notify(self.scheduler.dead)
 
     def _watch(self) -> None:
-        self.seam.wait_exited()
-        if self._closing:
+        """Until the engine closes: its process exiting is a death; a call outstanding past the
+        deadline, or an idle process that does not answer a ping within it, is a hang."""
+        seam, cfg = self.seam, self.replicas
+        while not seam.wait_exited(cfg.heartbeat_s):
+            if self._closing:
+                return
+            late = seam.waiting_s()
+            try:
+                answers = late <= cfg.step_deadline_s and (
+                    seam.idle_s() < cfg.heartbeat_s or seam.ping(cfg.step_deadline_s))
+            except EngineDied:  # it exited while pinged: the loop's wait sees it
+                continue
+            if not answers:
+                waited = max(late, cfg.step_deadline_s)
+                self._taken_out(EngineHung(
+                    f"engine {self.name} (process {seam.pid}) answered nothing for {waited:.1f} s "
+                    f"(deadline {cfg.step_deadline_s:g} s): taken out"))
+                seam.kill()  # frees its memory; whoever waits on its pipe gets EngineDied
+        if not self._closing:
+            self._taken_out(seam.died())
+
+    def _taken_out(self, error: EngineDied) -> None:
+        """Fail what the scheduler holds and tell every open session, once."""
+        if self.scheduler.dead is not None and self._told:
             return
-        error = self.seam.died()
         self.scheduler.engine_died(error)
+        error = self.scheduler.dead  # the first cause wins: a hang, then the kill that ended it
         with self._lock:
+            self._told = True
             notify = list(self._on_death.values())
         for n in notify:
             try:
@@ -155,7 +201,7 @@ class Engine:
     def stats(self) -> dict:
         pid = self.seam.pid if isinstance(self.seam, ProcessBatchSeam) else os.getpid()
         return {"engine": self.name, "seam": getattr(self.seam, "name", "?"), "max_batch": self.scheduler.max_batch,
-                "device": self.route.device, "gpu": self.cuda_device, "pid": pid, "alive": self.alive,
+                "device": self.route.device, "gpu": self.cuda_device, "pid": pid, "alive": self.alive, "state": self.state,
                 "sessions": self.scheduler.sessions, "queued": self.scheduler.queue_depth,
                 **self.scheduler.stats.as_dict()}
 
@@ -225,9 +271,11 @@ class EngineRegistry:
     process each."""
 
     def __init__(self, factory: SeamFactory, scheduler: SchedulerConfig | None = None,
-                 routes: dict[str, DirectionRoute] | None = None, engines: EngineCount = 1) -> None:
+                 routes: dict[str, DirectionRoute] | None = None, engines: EngineCount = 1,
+                 replicas: ReplicaConfig | None = None) -> None:
         self.factory = factory
         self.scheduler = scheduler
+        self.replicas = replicas or ReplicaConfig()
         self.routes = dict(routes or {})
         self.engines_per_route = engines
         self._engines: dict[tuple, list[Engine]] = {}
@@ -254,7 +302,7 @@ class EngineRegistry:
 
     def _build(self, route: DirectionRoute, direction: str) -> list[Engine]:
         heads = self.union_heads(route, direction)
-        devices = replica_devices(route, self.engines_per_route)
+        devices = replica_devices(route, self.engines_per_route, self.replicas.engines_per_gpu)
         names = [str(self._count + i) for i in range(len(devices))]
         self._count += len(devices)
         started = time.perf_counter()
@@ -262,7 +310,8 @@ class EngineRegistry:
             engines = [Engine(names[0], route, heads, self.factory, self.scheduler)]
         else:
             with ThreadPoolExecutor(max_workers=len(devices)) as pool:
-                futures = [pool.submit(Engine, n, route, heads, self.factory, self.scheduler, False, d)
+                futures = [pool.submit(Engine, n, route, heads, self.factory, self.scheduler, False, d,
+                                       self.replicas, devices.count(d) if d is not None else 1)
                            for n, d in zip(names, devices)]
             failed = [f.exception() for f in futures if f.exception() is not None]
             if failed:
@@ -283,7 +332,8 @@ class EngineRegistry:
         return least_loaded(self.load(route, direction), route)
 
     def place(self, route: DirectionRoute, direction: str, keys: Sequence[Hashable]) -> Engine:
-        """Admit the session `keys` (one per target) to the route's least loaded live engine;
+        """Admit the session `keys` (one per target, one slot: a session takes one place of the
+        engine's capacity whatever its targets) to the route's least loaded live engine;
         `SchedulerBusy` when it is full, `EngineDied` when none is left."""
         engines = self.load(route, direction)
         with self._lock:  # placements one at a time, so two sessions never both see the same load
@@ -291,7 +341,7 @@ class EngineRegistry:
             admitted = []
             try:
                 for key in keys:
-                    engine.scheduler.open_session(key)
+                    engine.scheduler.open_session(key, slot=keys[0])
                     admitted.append(key)
             except BaseException:
                 for key in admitted:

@@ -4,8 +4,12 @@ With several engines per route, each one is a child process (multiprocessing "sp
 itself to one CUDA device and builds the route's seam there, so everything the model binds to its
 process (vLLM's engine and capture hooks, CUDA graphs) stays in that process. The server keeps
 the engine's `DraftScheduler`; its `BatchSeam` is a `ProcessBatchSeam`, which forwards each call
-(`Submit`, `Abort`, `Step`, `Count`, `Describe`, `Close`) and waits for its reply, one at a time.
-A child that is gone (end of pipe, broken pipe) is an `EngineDied`.
+(`Submit`, `Abort`, `Step`, `Count`, `Describe`, `Ping`, `Close`) and waits for its reply, one at
+a time. A child that is gone (end of pipe, broken pipe) is an `EngineDied`. A child that is alive
+but answers nothing (stopped, or stuck in a step) is noticed by its engine's watcher
+(`alignatt.serve.pool.Engine`): a call outstanding past `ReplicaConfig.step_deadline_s`, or an
+idle child that does not answer a `Ping` within it, is an `EngineHung`, and the child is killed.
+Several engines may share one GPU (`ReplicaConfig.engines_per_gpu`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import os
 import pickle
 import signal
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Hashable
 
@@ -44,23 +49,26 @@ def visible_cuda_devices() -> list[str]:
         return []
 
 
-def replica_devices(route: DirectionRoute, engines: EngineCount) -> list[str | None]:
+def replica_devices(route: DirectionRoute, engines: EngineCount, per_gpu: int = 1) -> list[str | None]:
     """One entry per engine of `route`: the CUDA device its process is pinned to (None: CPU).
 
-    `[None]` is today's single in-process engine. "auto" is one engine per visible GPU for a
-    `cuda` route (one engine when there is one GPU), one engine otherwise."""
+    `[None]` is today's single in-process engine. "auto" is `per_gpu` engines per visible GPU for
+    a `cuda` route (one engine when that makes one), one engine otherwise. Engines are dealt over
+    the GPUs in turn, at most `per_gpu` on one."""
     if engines == "auto":
         visible = visible_cuda_devices() if route.device == "cuda" else []
-        return list(visible) if len(visible) > 1 else [None]
+        dealt = [d for _ in range(per_gpu) for d in visible]
+        return dealt if len(dealt) > 1 else [None]
     if engines == 1 or not route.device.startswith("cuda"):
         return [None] * engines
     if route.device != "cuda":
         raise AlignattError(f"{engines} engines run one per GPU: the route's device must be 'cuda', "
                             f"not {route.device!r}")
     visible = visible_cuda_devices()
-    if engines > len(visible):
-        raise AlignattError(f"{engines} engines asked for, but {len(visible)} CUDA GPUs are visible")
-    return visible[:engines]
+    if engines > len(visible) * per_gpu:
+        raise AlignattError(f"{engines} engines asked for, but {len(visible)} CUDA GPUs are visible "
+                            f"({per_gpu} engine{'s' if per_gpu > 1 else ''} per GPU)")
+    return [visible[i % len(visible)] for i in range(engines)]
 
 
 @dataclass(frozen=True)
@@ -102,6 +110,11 @@ class Count:
 @dataclass(frozen=True)
 class Describe:
     pass
+
+
+@dataclass(frozen=True)
+class Ping:
+    """Are you there? (sent to an idle child by its engine's watcher)"""
 
 
 @dataclass(frozen=True)
@@ -147,6 +160,11 @@ class Counted:
 @dataclass(frozen=True)
 class Described:
     facts: dict | None
+
+
+@dataclass(frozen=True)
+class Pong:
+    pass
 
 
 @dataclass(frozen=True)
@@ -202,6 +220,8 @@ def serve_engine(conn: multiprocessing.connection.Connection, spec: EngineSpec) 
             if counting is None:
                 raise TypeError(f"seam {getattr(seam, 'name', '?')} cannot count tokens")
             return Counted(counting.prompt(message.request) if message.request else counting.text(message.text))
+        if isinstance(message, Ping):
+            return Pong()
         if isinstance(message, Describe):
             describe = getattr(seam, "describe", None)
             return Described(describe() if callable(describe) else None)
@@ -257,6 +277,8 @@ class ProcessBatchSeam:
         self._reap = threading.Lock()  # one thread at a time waits for the child's exit status
         self._closed = False
         self._unfinished = False
+        self._asked_at: float | None = None  # monotonic time of the call now waiting for its reply
+        self._answered_at = time.monotonic()
         try:
             ready = self._call(None, timeout_s=start_timeout_s)
         except BaseException:
@@ -271,13 +293,21 @@ class ProcessBatchSeam:
 
     def _call(self, message: Any, timeout_s: float | None = None) -> Any:
         with self._lock:
-            try:
-                if message is not None:
-                    self._conn.send(message)
-                answered = timeout_s is None or self._conn.poll(timeout_s)
-                reply = self._conn.recv() if answered else None
-            except (EOFError, OSError):  # end of pipe, broken pipe, closed: the child is gone
-                raise self.died() from None
+            return self._call_locked(message, timeout_s)
+
+    def _call_locked(self, message: Any, timeout_s: float | None) -> Any:
+        self._asked_at = time.monotonic()
+        try:
+            if message is not None:
+                self._conn.send(message)
+            answered = timeout_s is None or self._conn.poll(timeout_s)
+            reply = self._conn.recv() if answered else None
+        except (EOFError, OSError):  # end of pipe, broken pipe, closed: the child is gone
+            raise self.died() from None
+        finally:
+            self._asked_at = None
+        if answered:
+            self._answered_at = time.monotonic()
         if not answered:
             raise TimeoutError(f"engine {self.engine_name}: no answer from its process within {timeout_s:.0f}s")
         if isinstance(reply, Failed):
@@ -296,6 +326,36 @@ class ProcessBatchSeam:
     @property
     def alive(self) -> bool:
         return not self.wait_exited(0)
+
+    # ---- liveness (read by the engine's watcher) ----
+
+    def waiting_s(self) -> float:
+        """How long the call now in progress has waited for its reply (0: none in progress)."""
+        asked = self._asked_at
+        return 0.0 if asked is None else time.monotonic() - asked
+
+    def idle_s(self) -> float:
+        """How long since the child last answered anything."""
+        return time.monotonic() - self._answered_at
+
+    def ping(self, timeout_s: float) -> bool:
+        """True if the child answers a `Ping` within `timeout_s`, or is busy answering another call
+        (whose wait `waiting_s` measures); False if it does not answer. Raises `EngineDied`."""
+        if not self._lock.acquire(blocking=False):
+            return True
+        try:
+            self._call_locked(Ping(), timeout_s)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self._lock.release()
+
+    def kill(self) -> None:
+        """End the child now (a hung one: SIGKILL also ends a stopped process); its pipe reads as
+        closed, so whoever waits on it gets `EngineDied`."""
+        if self.process.exitcode is None:
+            self.process.kill()
 
     def wait_exited(self, timeout_s: float | None = None) -> bool:
         """Block until the child has exited (True), or `timeout_s` passed (False)."""

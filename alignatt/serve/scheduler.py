@@ -8,13 +8,21 @@ continuous batching; a seam without a batch interface runs through `OneAtATime`,
 Rules:
 - a session has at most one partial queued or running: a newer update supersedes it (a queued
   one is dropped, a running one is aborted in the engine), its waiter gets `Superseded`;
-- finals are never superseded, dropped or reordered, and are submitted ahead of partials;
-- partials are taken least-recently-served session first, so a fast speaker cannot starve others;
+- finals are never superseded, dropped or reordered within their session, and a session's finals
+  go before its partial;
+- sessions take turns, least recently served first, one draft each per turn (the share bound):
+  between a draft being queued and its submission to the engine, every other session gets at most
+  one draft submitted. So a 2-word partial waits for the drafts already running plus at most one
+  draft of each other session, however many finals those sessions have queued;
+- a session is what a client opened: the keys of one multi-target session share one `slot`, so it
+  takes one place of `capacity` and one turn (its targets' drafts batch in extra passes of a turn
+  when the engine has room);
 - sessions are admitted up to `capacity` (`SchedulerBusy` beyond), and a session may queue at most
   `max_queued_finals` finals (a client that floods finals is refused, others are not slowed);
 - results are handed over through futures: a session that never collects them blocks nothing;
-- an engine that dies (`EngineDied`: its process is gone) fails everything the scheduler holds
-  and every later submit or admission, with that error.
+- an engine that dies (`EngineDied`: its process is gone) or hangs (`EngineHung`: its process
+  answered nothing within the deadline, noticed by the engine's watcher) fails everything the
+  scheduler holds and every later submit or admission, with that error.
 """
 
 from __future__ import annotations
@@ -45,6 +53,10 @@ class SchedulerBusy(Exception):
 
 class EngineDied(Exception):
     """The engine is gone (its process exited): what it held is lost, and it takes no more work."""
+
+
+class EngineHung(EngineDied):
+    """The engine's process answered nothing within its deadline: it is taken out like a dead one."""
 
 
 @runtime_checkable
@@ -164,7 +176,9 @@ class DraftScheduler:
         self.seam: Seam | None = None
         self._engine: BatchSeam | None = None
         self._cond = threading.Condition()
-        self._sessions: dict[Hashable, float] = {}  # session -> when it was last served (fairness)
+        self._slot_of: dict[Hashable, Hashable] = {}  # session key -> its slot (the client's session)
+        self._served: dict[Hashable, int] = {}  # slot -> the turn it was last served in (0: never)
+        self._turns = itertools.count(1)
         self._finals: collections.deque[_Job] = collections.deque()
         self._partials: dict[Hashable, _Job] = {}  # queued partial per session
         self._running: dict[Any, _Job] = {}  # engine handle -> job
@@ -189,22 +203,34 @@ class DraftScheduler:
 
     # ---- sessions ----
 
-    def open_session(self, session: Hashable) -> None:
+    def open_session(self, session: Hashable, slot: Hashable | None = None) -> None:
+        """Admit `session` (a key drafts are submitted under) in `slot` (default: its own): keys of
+        one slot are one client session, which takes one place of `capacity` and one turn."""
+        slot = session if slot is None else slot
         with self._cond:
             if self.dead is not None:
                 raise EngineDied(str(self.dead))
-            if session in self._sessions:
+            if session in self._slot_of:
                 return
-            if len(self._sessions) >= self.config.capacity:
-                self.stats.refused += 1
-                raise SchedulerBusy(f"all {self.config.capacity} sessions of engine {self.name} are in use")
-            self._sessions[session] = 0.0
-            self.stats.admitted += 1
+            if slot not in self._served:
+                if len(self._served) >= self.config.capacity:
+                    self.stats.refused += 1
+                    raise SchedulerBusy(f"all {self.config.capacity} sessions of engine {self.name} are in use")
+                self._served[slot] = 0
+                self.stats.admitted += 1
+            self._slot_of[session] = slot
+
+    def has_room(self) -> bool:
+        """A new session would be admitted (what `/health` reports as capacity)."""
+        with self._cond:
+            return self.dead is None and len(self._served) < self.config.capacity
 
     def close_session(self, session: Hashable) -> None:
         """The session is gone: its queued work is dropped and its running work aborted."""
         with self._cond:
-            self._sessions.pop(session, None)
+            slot = self._slot_of.pop(session, None)
+            if slot is not None and slot not in self._slot_of.values():
+                self._served.pop(slot, None)
             self._drop_partial(session, "session closed")
             for job in [j for j in self._finals if j.session == session]:
                 self._finals.remove(job)
@@ -216,7 +242,8 @@ class DraftScheduler:
 
     @property
     def sessions(self) -> int:
-        return len(self._sessions)
+        """Client sessions admitted (a multi-target session is one)."""
+        return len(self._served)
 
     @property
     def queue_depth(self) -> int:
@@ -234,7 +261,7 @@ class DraftScheduler:
                 raise RuntimeError(f"engine {self.name} is shutting down")
             if self.dead is not None:
                 raise EngineDied(str(self.dead))
-            if session not in self._sessions:
+            if session not in self._slot_of:
                 raise SchedulerBusy(f"session {session!r} was not admitted to engine {self.name}")
             job = _Job(session, request, final, future, next(self._order), time.perf_counter())
             if final:
@@ -275,20 +302,29 @@ class DraftScheduler:
         job.future.set_exception(Superseded(why))
 
     def _next_jobs(self, room: int) -> list[_Job]:
-        """Finals first (in order), then partials of the least recently served sessions."""
+        """Up to `room` drafts, sessions taking turns (see the module docstring): each session with
+        work, least recently served first, gives its next draft (its oldest final, else its
+        partial); while room is left, another pass."""
+        if room <= 0 or not (self._finals or self._partials):
+            return []
+        queues: dict[Hashable, collections.deque[_Job]] = {}
+        for job in [*self._finals, *sorted(self._partials.values(), key=lambda j: j.order)]:
+            queues.setdefault(self._slot_of.get(job.session, job.session), collections.deque()).append(job)
+        turn_order = sorted(queues, key=lambda slot: (self._served.get(slot, 0), queues[slot][0].order))
         picked: list[_Job] = []
-        while self._finals and len(picked) < room:
-            picked.append(self._finals.popleft())
-        if len(picked) < room and self._partials:
-            waiting = sorted(self._partials.values(), key=lambda j: (self._sessions.get(j.session, 0.0), j.order))
-            for job in waiting[: room - len(picked)]:
-                del self._partials[job.session]
-                picked.append(job)
+        while len(picked) < room and any(queues.values()):
+            for slot in turn_order:
+                if queues[slot] and len(picked) < room:
+                    picked.append(queues[slot].popleft())
+                    if slot in self._served:
+                        self._served[slot] = next(self._turns)
+        taken = {id(job) for job in picked}
+        self._finals = collections.deque(j for j in self._finals if id(j) not in taken)
         now = time.perf_counter()
         for job in picked:
             job.started_at = now
-            if job.session in self._sessions:
-                self._sessions[job.session] = now
+            if not job.final:
+                del self._partials[job.session]
         return picked
 
     # ---- the engine thread ----

@@ -58,10 +58,12 @@ class MTServer:
     def __init__(self, config: ServerConfig | None = None, seam_factory: SeamFactory | None = None):
         self.config = config or ServerConfig()
         resolve_preset(self.config.default_preset)  # fail at start, not at the first session
-        # Each engine's scheduler admits as many sessions as the server does.
+        # Capacity is counted once, in client sessions (a multi-target session is one): the server
+        # admits `max_sessions`, and so does each engine's scheduler; `/health` reports the same.
         self.registry = EngineRegistry(seam_factory or default_seam_factory,
                                        SchedulerConfig(capacity=self.config.limits.max_sessions),
-                                       routes=self.config.directions, engines=self.config.engines)
+                                       routes=self.config.directions, engines=self.config.engines,
+                                       replicas=self.config.replicas)
         self.stats = ServerStats()
         limits = self.config.limits
         # Recent translation steps, server-side (the smoke reads the fast-path latencies here).
@@ -126,22 +128,36 @@ class MTServer:
         return {**self.stats.as_dict(), "engines": [e.stats() for e in self.registry.engines]}
 
     def health(self) -> dict:
-        """ok: a new session would be admitted; full: the session limit is reached; down: some
-        served route has engines but none of them is alive (a route not loaded yet counts as up)."""
-        loaded: dict[tuple, list[bool]] = {}
+        """What a new session would get, in the one count of capacity (client sessions, a
+        multi-target session is one; `max_sessions`, as `busy` is decided):
+
+        - down: some served route has engines but none of them live (dead, or hung: taken out);
+        - full: `max_sessions` sessions are open, or no live engine of a loaded route has room;
+        - degraded: admitted, but some engine is dead or hung (fewer engines serve the sessions);
+        - ok: admitted, every engine live. A route not loaded yet counts as up.
+        """
+        routes: dict[tuple, list[Engine]] = {}
         for e in self.registry.engines:
-            loaded.setdefault(route_key(e.route), []).append(e.alive)
-        down = any(not any(alive) for alive in loaded.values())
+            routes.setdefault(route_key(e.route), []).append(e)
+        live = {key: [e for e in engines if e.alive] for key, engines in routes.items()}
+        down = any(not engines for engines in live.values())
+        no_room = any(not any(e.scheduler.has_room() for e in engines) for engines in live.values())
         active, limit = self.stats.sessions_active, self.config.limits.max_sessions
-        status = "down" if down else "full" if active >= limit else "ok"
+        lost = sum(len(engines) - len(live[key]) for key, engines in routes.items())
+        status = ("down" if down else "full" if active >= limit or no_room else "degraded" if lost else "ok")
+        states = [e.state for e in self.registry.engines]
         return {"status": status, "sessions_active": active, "max_sessions": limit,
-                "engines": len(self.registry.engines), "engines_alive": sum(a for v in loaded.values() for a in v)}
+                "sessions_free": 0 if status in ("down", "full") else limit - active,
+                "engines": len(states), "engines_alive": states.count("live"),
+                "engines_hung": states.count("hung"), "engines_dead": states.count("dead")}
 
     def _http(self, connection, request):
-        """`GET /health` (200 when ok, else 503) and `GET /stats`; anything else is a WebSocket."""
+        """`GET /health` (200 when a new session is admitted: ok or degraded, else 503) and
+        `GET /stats`; anything else is a WebSocket."""
         if request.path == "/health":
             body = self.health()
-            status = http.HTTPStatus.OK if body["status"] == "ok" else http.HTTPStatus.SERVICE_UNAVAILABLE
+            admitted = body["status"] in ("ok", "degraded")
+            status = http.HTTPStatus.OK if admitted else http.HTTPStatus.SERVICE_UNAVAILABLE
         elif request.path == "/stats":
             body, status = self.snapshot(), http.HTTPStatus.OK
         else:

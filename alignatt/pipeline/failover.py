@@ -1,0 +1,235 @@
+"""`alignatt failover`: engines killed and stopped under load, and what the clients saw.
+
+Starts `alignatt serve` in a process of its own with `engines` engine processes on one device
+(on CUDA they share the GPU, each asking vLLM for its share of the memory: `engines_per_gpu`),
+runs N real-time speakers that reconnect when told (`failover_client`), and on the schedule of
+`faults` SIGKILLs one engine process and SIGSTOPs another (each time the live engine with the
+most sessions). `/health` is sampled throughout. The artifact (kind `failover`) records per
+session the text shown before each loss and the final text, every notice, the time from the
+fault to the notice and to the next translation, and the checks:
+
+- nothing committed is lost: every utterance gets a final that extends every text shown for it
+  (across reconnects), and no reply retracts;
+- every session on a faulted engine is told within the bound: a killed engine at once (its pipe
+  closes; bound `failover_record.KILL_NOTICE_S`), a stopped one within `step_deadline_s +
+  heartbeat_s` (plus `failover_record.NOTICE_SLACK_S`), and gets a translation again after reconnecting;
+- `/health` tells the truth: degraded (or down) from the notice on, never ok again after a fault.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from alignatt.core.errors import AlignattError
+from alignatt.pipeline.smoke import ServedModelOptions
+
+HEALTH_EVERY_S = 0.25
+
+
+class FailoverOptions(ServedModelOptions):
+    engines: int = Field(3, ge=2, description="engine processes (one survives a kill and a stop with 3)")
+    speakers: int = Field(16, ge=1)
+    streams: list[str] = Field(default_factory=lambda: ["long"], description="'smoke', 'long' or paths")
+    speed: float = Field(1.5, gt=0, description="replay speed (1.0: real time)")
+    stagger_s: float = Field(0.1, ge=0)
+    faults: list[tuple[Literal["kill", "stop"], float]] = Field(
+        default_factory=lambda: [("kill", 25.0), ("stop", 50.0)],
+        description="(action, seconds after the speakers start)")
+    step_deadline_s: float = Field(10.0, gt=0)
+    heartbeat_s: float = Field(1.0, gt=0)
+    start_timeout_s: float = Field(600.0, gt=0, description="engines loaded and listening within this")
+    seam_factory: str | None = Field(None, description="module:function building the seams (tests: stand-ins); "
+                                                       "None: `alignatt serve`'s own")
+    seam_options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("faults", mode="before")
+    @classmethod
+    def _faults(cls, value: Any) -> Any:
+        if isinstance(value, str):  # "kill@25,stop@50"
+            out = []
+            for item in value.split(","):
+                action, _, at = item.strip().partition("@")
+                out.append((action, float(at)))
+            return out
+        return value
+
+    @field_validator("streams", mode="before")
+    @classmethod
+    def _streams(cls, value: Any) -> Any:
+        return [s.strip() for s in value.split(",") if s.strip()] if isinstance(value, str) else value
+
+
+def server_config(options: FailoverOptions, port: int) -> dict:
+    """The ServerConfig (as JSON data) the server process is started with."""
+    from alignatt.serve.config import DirectionRoute, ReplicaConfig, ServerConfig, ServerLimits
+
+    seam_options = dict(options.seam_options)
+    if options.vllm_mode:
+        seam_options["vllm_mode"] = options.vllm_mode
+    route = DirectionRoute(model=options.model, seam=options.seam, heads=options.heads, top_k=options.top_k,
+                           device=options.device, dtype=options.dtype, seam_options=seam_options)
+    on_gpu = options.device.startswith("cuda")
+    config = ServerConfig(
+        port=port, default_preset=options.preset, directions={"en-de": route},
+        limits=ServerLimits(max_sessions=options.speakers * 2),  # room for reconnects while old ones close
+        engines=options.engines,
+        replicas=ReplicaConfig(step_deadline_s=options.step_deadline_s, heartbeat_s=options.heartbeat_s,
+                               engines_per_gpu=options.engines if on_gpu else 1),
+    )
+    return config.model_dump(mode="json")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(port: int, path: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+class ServerProcess:
+    """`alignatt serve --config` (or this module's main, with a seam factory) in a process."""
+
+    def __init__(self, options: FailoverOptions, workdir: Path) -> None:
+        self.port = _free_port()
+        config = workdir / "server.json"
+        config.write_text(json.dumps(server_config(options, self.port)))
+        self.log = workdir / "server.log"
+        if options.seam_factory:
+            command = [sys.executable, "-m", "alignatt.pipeline.failover", str(config), options.seam_factory]
+        else:
+            command = [sys.executable, "-m", "alignatt.cli", "serve", "--config", str(config)]
+        with self.log.open("wb") as out:
+            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + options.start_timeout_s
+        while True:
+            if self.process.poll() is not None:
+                raise AlignattError(f"the server exited ({self.process.returncode}) before listening:\n{self.tail()}")
+            try:
+                if _get(self.port, "/health")[0] == 200:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise AlignattError(f"the server was not listening within {options.start_timeout_s:.0f} s:\n{self.tail()}")
+            time.sleep(0.5)
+        self.started_s = options.start_timeout_s - (deadline - time.monotonic())
+
+    def tail(self, chars: int = 3000) -> str:
+        return self.log.read_text(errors="replace")[-chars:]
+
+    def engines(self) -> list[dict]:
+        return _get(self.port, "/stats")[1]["engines"]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+
+def _health_sampler(port: int, t0: float, samples: list[dict], stop: threading.Event) -> None:
+    while not stop.is_set():
+        try:
+            code, body = _get(port, "/health")
+            samples.append({"t_s": round(time.time() - t0, 3), "http": code, **{k: body.get(k) for k in (
+                "status", "sessions_active", "engines_alive", "engines_hung", "engines_dead")}})
+        except OSError as e:
+            samples.append({"t_s": round(time.time() - t0, 3), "http": None, "status": f"unreachable: {e}"})
+        stop.wait(HEALTH_EVERY_S)
+
+
+def _inject(server: ServerProcess, options: FailoverOptions, t0: float, faults: list[dict]) -> None:
+    """At each fault's time, SIGKILL or SIGSTOP the live engine with the most sessions."""
+    for action, at in sorted(options.faults, key=lambda f: f[1]):
+        time.sleep(max(t0 + at - time.time(), 0.0))
+        live = [e for e in server.engines() if e.get("state", "live") == "live"]
+        if not live:
+            faults.append({"t": time.time(), "action": action, "engine": None, "pid": None, "sessions": 0})
+            continue
+        victim = max(live, key=lambda e: e["sessions"])
+        os.kill(victim["pid"], signal.SIGKILL if action == "kill" else signal.SIGSTOP)
+        faults.append({"t": time.time(), "action": action, "engine": victim["engine"], "pid": victim["pid"],
+                       "sessions": victim["sessions"]})
+
+
+def run_failover(options: FailoverOptions, out: str | Path | None = "outputs/failover.json"):
+    from alignatt.pipeline.failover_client import run_speakers
+    from alignatt.pipeline.failover_record import failover_artifact
+    from alignatt.pipeline.load import resolve_streams
+
+    streams = [s for _, s in resolve_streams(options.streams)]
+    with tempfile.TemporaryDirectory(prefix="alignatt-failover-") as tmp:
+        started = time.perf_counter()
+        server = ServerProcess(options, Path(tmp))
+        load_s = time.perf_counter() - started
+        try:
+            engines_before = server.engines()
+            t0 = time.time()
+            samples: list[dict] = []
+            faults: list[dict] = []
+            stop = threading.Event()
+            sampler = threading.Thread(target=_health_sampler, args=(server.port, t0, samples, stop), daemon=True)
+            injector = threading.Thread(target=_inject, args=(server, options, t0, faults), daemon=True)
+            sampler.start()
+            injector.start()
+            records = run_speakers(f"ws://127.0.0.1:{server.port}", streams, options.speakers, options.speed,
+                                   options.preset, options.stagger_s)
+            injector.join(5)
+            time.sleep(2 * HEALTH_EVERY_S)
+            stop.set()
+            sampler.join(5)
+            engines_after = server.engines()
+        except BaseException:
+            tail = server.tail()
+            server.stop()
+            raise AlignattError(f"failover run failed; the server's log ends:\n{tail}") from None
+        server.stop()
+        artifact = failover_artifact(options, load_s, t0, faults, records, samples, engines_before, engines_after)
+    if out is not None:
+        from alignatt.pipeline.artifacts import write_artifact
+
+        write_artifact(out, artifact)
+    return artifact
+
+
+def _serve_with_factory(config_path: str, factory: str) -> None:
+    """The server process when a seam factory is given (`module:function`)."""
+    import importlib
+    import logging
+
+    from alignatt.serve.config import ServerConfig
+    from alignatt.serve.server import serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    module, _, name = factory.partition(":")
+    serve(ServerConfig.model_validate_json(Path(config_path).read_text()),
+          seam_factory=getattr(importlib.import_module(module), name))
+
+
+if __name__ == "__main__":
+    _serve_with_factory(sys.argv[1], sys.argv[2])
