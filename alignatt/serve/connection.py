@@ -365,12 +365,15 @@ class Connection:
         multi = frame.target_langs is not None
         keys = [(self.id, t) for t in routes] if multi else [self.id]
         source_lang = frame.source_lang.strip().lower()
-        context, history, _ = self._bounded_context(frame)  # character bounds first: no engine needed
         # SchedulerBusy past the engine's capacity; every target on the one engine placed
         engine = await loop.run_in_executor(None, self.server.registry.place, route, direction, keys)
         try:
             budget = await self.server.budget_for(engine)
+            received = [tuple(p) for p in frame.history]
             if budget is not None:  # tokenizing runs where the engine's tokenizer lives
+                await loop.run_in_executor(engine.executor, budget.check_context, received, frame.context_text)
+            context, history, _ = self._bounded_context(frame)
+            if budget is not None:  # the whole prompt these will make, with a one-word source
                 await loop.run_in_executor(engine.executor, budget.check_init, frame.accepted_target_prefix,
                                            history, context, source_lang, primary)
             config = SessionConfig(policy=policy, max_new_tokens=preset.max_new_tokens, limits=self.limits,
