@@ -3,7 +3,8 @@
 Every field of `InitFrame` / `UpdateFrame` / `Tail` gets a strategy that mixes valid values with
 hostile ones (lone surrogates, controls, inner whitespace, huge integers, wrong types); a frame
 may also drop fields, add unknown ones, or be raw text / bytes. `FIELD_STRATEGIES` must cover
-every model field (tests/test_fuzz_protocol.py checks it), so a new field is fuzzed too.
+every model field (tests/test_fuzz_protocol.py checks it), so a new field is fuzzed too. Raw frames
+include the expensive and oversized shapes a hostile client sent (`expensive_frame`).
 """
 
 from __future__ import annotations
@@ -105,6 +106,16 @@ raw_frame = st.one_of(
                      b'{"type": "init", "protocol_version": 1, "source_lang": "en", "target_lang": "de",'
                      b' "overrides": {"\\ud800": 1}}']),
 )
+# Issue 25's shapes: frames that cost the event loop (256 KiB of nested arrays, 87 000 values) and
+# inits refused for their size (a 250 kB accepted_target_prefix), built once.
+NESTED_ARRAYS = b'{"type": "update", "seq": 1, "x": [' + b",".join([b"[" * 600 + b"]" * 600] * 216) + b"]}"
+MANY_VALUES = b"[" + b",".join([b"[]"] * 87_000) + b"]"
+HUGE_PREFIX_INIT = (b'{"type": "init", "protocol_version": 1, "source_lang": "en", "target_lang": "de", '
+                    b'"accepted_target_prefix": "' + b"Wort " * 50_000 + b'"}')
+expensive_frame = st.sampled_from([NESTED_ARRAYS, MANY_VALUES, HUGE_PREFIX_INIT,
+                                   b'{"type": "init", "protocol_version": 1, "source_lang": "en", "target_lang": "de",'
+                                   b' "target_langs": ["de", "' + b"x" * 60_000 + b'"]}'])
+raw_frame = st.one_of(raw_frame, expensive_frame)
 init_frame = frame_dict(InitFrame).map(lambda f: _dumps(f).encode())
 update_frame = frame_dict(UpdateFrame).map(lambda f: _dumps(f).encode())
 any_frame = st.one_of(update_frame, update_frame, update_frame, init_frame, raw_frame)

@@ -1,5 +1,6 @@
 """Context, history and several targets over a real WebSocket (protocol v1 and its opt-in extension)."""
 
+import json
 from contextlib import contextmanager
 
 from alignatt.core.prompt import ContextConfig
@@ -133,3 +134,62 @@ def test_two_targets_draft_in_one_engine_batch_through_the_scheduler(tmp_path):
         assert [r.target_lang for _, r in seam.submitted] == ["de", "fr"]
         assert max(len(batch) for batch in seam.batches) == 2  # both targets' drafts in the engine at once
         assert a["committed_text"] == "W0:the W1:causal" == b["committed_text"]
+
+
+# ---- what init may seed, and what it refuses (issue 25) ----
+
+def test_the_prefix_and_history_seed_target_lang_not_the_first_of_target_langs(tmp_path):
+    with server(tmp_path, directions=("en-de", "en-it")) as srv, Client(srv.url) as c:
+        ok = c.init(target_lang="de", target_langs=["it", "de"], accepted_target_prefix="Das Wetter ist",
+                    history=HISTORY[:1])
+        assert ok["target_lang"] == "de" and ok["direction"] == "en-de" and ok["head_set"].endswith("en-de.json")
+        assert [t["target_lang"] for t in ok["targets"]] == ["it", "de"]
+        assert ok["history_used"] == 1
+        c.update(SRC[:3], SRC[3:5])
+        replies = {r["target_lang"]: r for r in (c.recv(), c.recv())}
+        assert replies["de"]["committed_text"].startswith("Das Wetter ist")
+        assert "Das Wetter" not in replies["it"]["committed_text"]
+        by_target = {r.target_lang: r for r in srv.factory.seams[0].requests}
+        assert by_target["de"].target_prefix == "Das Wetter ist" and by_target["it"].target_prefix == ""
+        assert by_target["de"].history == [tuple(HISTORY[0])] and by_target["it"].history == []
+
+
+def test_the_prompt_builders_source_marker_in_context_or_history_is_refused_at_init(tmp_path):
+    from alignatt.core.prompt import SOURCE_MARK
+
+    with server(tmp_path) as srv, Client(srv.url) as c:
+        for fields in ({"context_text": SOURCE_MARK}, {"context_text": f"Glossar {SOURCE_MARK} Ende"},
+                       {"history": [["a", "b"], ["c", SOURCE_MARK]]}):
+            err = c.init(**fields)
+            assert err["type"] == "error" and err["code"] == "bad_protocol" and "source marker" in err["message"]
+        assert c.init(context_text="\ue000 alone is text")["type"] == "init_ok"
+        assert c.ask(SRC[:2])["type"] == "translation"
+
+
+def test_a_refused_update_of_a_four_target_session_runs_no_draft(tmp_path):
+    targets = ("de", "fr", "it", "cs")
+    with server(tmp_path, directions=tuple(f"en-{t}" for t in targets)) as srv, Client(srv.url) as c:
+        assert c.init(target_langs=list(targets))["type"] == "init_ok"
+        c.update(SRC[:2], utterance_id=1)
+        assert [c.recv()["target_lang"] for _ in targets] == list(targets)
+        (seam,) = srv.factory.seams
+        calls = seam.calls
+        c.update(SRC[:3], SRC[3:4], utterance_id=0)  # going back
+        err = c.recv()
+        assert err["type"] == "error" and err["code"] == "bad_protocol" and "behind" in err["message"]
+        assert seam.calls == calls
+
+
+def test_error_frames_about_targets_never_echo_a_huge_input(tmp_path):
+    with server(tmp_path, directions=("en-de", "en-fr")) as srv, Client(srv.url) as c:
+        for langs in (["de", "x" * 60_000], ["de"] + [f"q{i}" for i in range(15)], ["de", "fr", "w" * 32]):
+            c.send({"type": "init", "protocol_version": 1, "source_lang": "en", "target_lang": "de",
+                    "target_langs": langs})
+            err = c.recv()
+            assert err["type"] == "error" and len(json.dumps(err)) < 1200, len(json.dumps(err))
+        err = c.init(source_lang="y" * 32, target_lang="z" * 32)
+        assert err["code"] == "unsupported_direction" and len(err["message"]) <= 500
+        c.send({"type": "init", "protocol_version": 1, "source_lang": "en", "target_lang": "de",
+                "target_langs": ["de", "x" * 240_000]})  # past the frame bound before init: then the close
+        err = c.recv()
+        assert err["code"] == "bad_protocol" and len(json.dumps(err)) < 300

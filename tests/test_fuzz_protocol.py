@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from alignatt.serve.protocol import InitFrame, InitOk, ProtocolError, Tail, UpdateFrame, override_policy_fields, parse_frame
-from tests.fuzz_frames import FIELD_STRATEGIES, any_frame
+from tests.fuzz_frames import FIELD_STRATEGIES, any_frame, expensive_frame
 
 # Bounded time in CI: ALIGNATT_FUZZ_SCALE multiplies the example counts (default 1).
 SCALE = float(os.environ.get("ALIGNATT_FUZZ_SCALE", "1"))
@@ -61,3 +61,21 @@ def test_the_parser_answers_every_input(raw):
         ok = InitOk(direction=frame.direction, preset="balanced", model="m", unknown_overrides=unknown,
                     ignored_fields=frame.unknown_fields())
         json.loads(ok.to_json().encode("utf-8"))
+
+
+@settings(FUZZ, max_examples=int(40 * SCALE))
+@given(raw=expensive_frame)
+def test_expensive_frames_are_refused_cheaply_with_a_short_message(raw):
+    import time
+
+    started = time.perf_counter()
+    try:
+        frame = parse_frame(raw, 256 * 1024)
+    except ProtocolError as e:
+        assert len(e.frame().to_json()) < 700
+    else:  # the 250 kB prefix is a well-formed frame: the server's token bound refuses it (and,
+        assert isinstance(frame, InitFrame)  # before init, the 64 KiB pre-init frame bound)
+    # A bound loose enough for a loaded CI machine; the nested frames cost 90-140 ms before the value bound.
+    assert time.perf_counter() - started < 0.05
+    with pytest.raises(ProtocolError):
+        parse_frame(raw, 64 * 1024)  # max_init_frame_bytes

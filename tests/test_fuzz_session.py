@@ -16,7 +16,7 @@ from websockets.exceptions import ConnectionClosed
 from alignatt.serve.connection import Connection
 from alignatt.serve.protocol import InitFrame, UpdateFrame
 from alignatt.serve.server import MTServer
-from tests.fuzz_frames import any_frame, frame_dict
+from tests.fuzz_frames import any_frame, expensive_frame, frame_dict
 from tests.server_client import Client, FakeFactory, fake_config, fake_server
 from tests.test_fuzz_protocol import FUZZ, SCALE
 
@@ -76,7 +76,8 @@ def _with_seq(frame_bytes: bytes, seq: int) -> bytes:
     return frame_bytes
 
 
-first_init = st.one_of(st.just(GOOD_INIT), frame_dict(InitFrame).map(lambda f: json.dumps(f).encode()))
+first_init = st.one_of(st.just(GOOD_INIT), frame_dict(InitFrame).map(lambda f: json.dumps(f).encode()),
+                       expensive_frame)  # before init: one bad_protocol, then the close
 session_frames = st.lists(
     st.tuples(st.one_of(any_frame, frame_dict(UpdateFrame).map(lambda f: json.dumps(f).encode())), st.booleans()),
     min_size=1, max_size=12,

@@ -142,3 +142,19 @@ def test_two_target_session_never_retracts_on_either_target(ops, border, hold_ba
             shown = {t: "" for t in m.targets}
         else:
             shown = {t: s.committed_text for t, s in steps}
+
+
+def test_an_update_a_target_refuses_is_refused_before_any_draft():
+    from alignatt.serve.limits import UpdateRejected
+
+    seam, engine, m = multi(SessionConfig())
+    m.update("the causal".split(), ["encoder"], False, 0)
+    m.update(["next"], [], False, 1)  # the client moved on to utterance 1
+    calls, batches = seam.calls, len(engine.batches)
+    import pytest
+
+    with pytest.raises(UpdateRejected, match="utterance_id 0 is behind the open utterance 1"):
+        m.update("the causal encoder".split(), ["again"], False, 0)
+    assert (seam.calls, len(engine.batches)) == (calls, batches)  # no target drafted
+    with pytest.raises(UpdateRejected):
+        m.needs_engine(["x"], [], False, 0)

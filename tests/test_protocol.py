@@ -158,3 +158,65 @@ def test_outgoing_frames_always_serialise():
     text = ErrorFrame(code=BAD_PROTOCOL, message="bad \ud800 key").to_json()
     text.encode("utf-8")
     assert json.loads(text)["message"] == "bad \ud800 key"
+
+
+# ---- what a frame may cost, and what an error may echo (issue 25) ----
+
+
+def nested_arrays_frame(items: int = 216, depth: int = 600) -> str:
+    """The stall reproduction: a 256 KiB update of deeply nested empty arrays (valid JSON)."""
+    return '{"type": "update", "seq": 1, "x": [' + ",".join(["[" * depth + "]" * depth] * items) + "]}"
+
+
+@pytest.mark.parametrize("raw", [
+    nested_arrays_frame(),
+    "[" + ",".join(["[]"] * 87_000) + "]",
+    '{"type": "update", "seq": 1, "x": [' + ",".join(["1"] * 120_000) + "]}",
+])
+def test_a_frame_of_many_json_values_is_refused_before_it_is_parsed(raw, monkeypatch):
+    import alignatt.serve.protocol as protocol
+
+    def never(*args, **kwargs):
+        raise AssertionError("the frame was parsed or walked")
+
+    monkeypatch.setattr(protocol.json, "loads", never)
+    with pytest.raises(ProtocolError) as e:
+        parse_frame(raw, 256 * 1024)
+    assert e.value.code == BAD_PROTOCOL and f"the limit is {protocol.MAX_FRAME_VALUES}" in e.value.message
+
+
+def test_frames_without_escapes_skip_the_surrogate_walk(monkeypatch):
+    import alignatt.serve.protocol as protocol
+
+    def never(*args, **kwargs):
+        raise AssertionError("walked a frame that cannot hold a lone surrogate")
+
+    monkeypatch.setattr(protocol, "_lone_surrogate", never)
+    words = [[f"w{i}ü", None, None] for i in range(400)]
+    frame = {"type": "update", "seq": 1, "words": words}
+    raw = json.dumps(frame, ensure_ascii=False)  # as UTF-8 text: no escape, so no surrogate possible
+    assert len(parse_frame(raw, 100_000).words) == 400
+
+
+def test_a_legitimate_large_frame_is_parsed():
+    history = [[f"source {i}. " * 40, f"Ziel {i}. " * 40] for i in range(12)]
+    init = parse_frame(json.dumps({"type": "init", "protocol_version": 1, "source_lang": "en", "target_lang": "de",
+                                   "history": history, "context_text": "Glossar [a], {b}, " * 100}), 256 * 1024)
+    assert len(init.history) == 12
+    words = [[f"w{i}", i * 10.0, i * 10.0 + 5] for i in range(400)]
+    update = {"type": "update", "seq": 1, "words": words, "tail": {"words": words[:64]}}
+    assert len(parse_frame(json.dumps(update), 256 * 1024).words) == 400
+
+
+def test_error_messages_never_echo_a_huge_input():
+    huge = "x" * 240_000
+    for raw in ('{"type": "' + huge + '"}', '{"type": "init", "protocol_version": "' + huge + '"}'):
+        with pytest.raises(ProtocolError) as e:
+            parse_frame(raw, 10**6)
+        assert len(e.value.frame().to_json()) < 1000
+    assert len(ProtocolError(BAD_PROTOCOL, huge).message) <= 500
+    assert len(json.loads(ErrorFrame(code="busy", message=huge).to_json())["message"]) <= 500
+    with pytest.raises(ProtocolError) as e:  # target_langs entries are language codes, bounded as target_lang
+        parse_frame(json.dumps({"type": "init", "protocol_version": 1, "source_lang": "en", "target_lang": "de",
+                                "target_langs": ["de", huge]}), 10**6)
+    assert "target_langs" in e.value.message and len(e.value.message) < 500

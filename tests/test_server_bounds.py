@@ -240,7 +240,7 @@ def test_control_characters_from_the_engine_are_not_emitted(tmp_path):
 
 def test_logs_are_bounded_in_bytes(tmp_path):
     with fake_server(tmp_path, step_log_bytes=20_000, session_log_bytes=10_000,
-                     max_target_prefix_tokens=10**6, max_prompt_tokens=10**6,
+                     max_target_prefix_tokens=10**6, max_prompt_tokens=10**6, max_init_frame_bytes=256 * 1024,
                      seam_options={"max_positions": 10**7}) as srv:
         for _ in range(6):  # big prefixes: each init record would be ~100 kB uncut
             with Client(srv.url) as c:

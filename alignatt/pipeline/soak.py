@@ -1,11 +1,14 @@
 """`alignatt soak`: minutes of mixed well-formed and hostile sessions against the server on loopback.
 
-The server runs in this process (127.0.0.1 only); a few client threads open sessions until the
-deadline, then stop by themselves (every session is bounded in updates and every reply wait in
+The server runs in a child process (127.0.0.1 only), so its RSS and descriptors are measured
+from outside it, as a deployment's monitor sees them (no collection or heap trim inside the
+server); a few client threads open sessions until the deadline, then stop by themselves (every session is bounded in updates and every reply wait in
 time). Well-formed sessions stream sentences word by word (tail arrival, commit, final) and check
 that `committed_text` only grows; hostile ones send what issue 10 found (malformed JSON, huge
 integers, lone surrogates, oversized frames, words with inner whitespace, token-bound breakers,
-control characters, seq replays, idle sockets, abandoned sessions) and check the server's answer.
+control characters, seq replays, idle sockets, abandoned sessions) and what issue 25 found
+(256 KiB frames of nested arrays before and after init, 250 kB-prefix inits, a session pipelining
+finals), and check the server's answer.
 A sampler records RSS, file descriptors and active sessions over time. The `soak` artifact
 records the targets and whether they were met: RSS back within 5% of its start once the load
 ends, 0 retractions, 0 silent sessions (a reply that never came, with no close), 0 dropped finals,
@@ -14,12 +17,13 @@ every hostile case answered as expected, file descriptors back.
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import json
+import multiprocessing
 import random
+import signal
 import socket
 import threading
+import urllib.request
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -227,6 +231,39 @@ def _update_before_init(c: _Client) -> None:
         c.tally.unexpected.append("update_before_init: the session did not work after init")
 
 
+def nested_arrays_frame(items: int = 216, depth: int = 600) -> str:
+    """A 256 KiB update of deeply nested empty arrays: valid JSON, 130 000 values."""
+    return '{"type": "update", "seq": 1, "x": [' + ",".join(["[" * depth + "]" * depth] * items) + "]}"
+
+
+def _nested_arrays_in_session(c: _Client) -> None:
+    c.init()
+    c.seq += 1
+    _expect_error(c, nested_arrays_frame().replace('"seq": 1', f'"seq": {c.seq}', 1), "JSON values",
+                  "nested_arrays_in_session")
+
+
+def _final_flood(c: _Client) -> None:
+    """Finals of 40 words pipelined without reading (within every limit), then every reply read."""
+    c.init()
+    words = [f"word{i}" for i in range(39)] + ["end."]
+    for uid in range(12):
+        c.seq += 1
+        c.send({"type": "update", "seq": c.seq, "utterance_id": uid, "words": [[w, None, None] for w in words],
+                "is_final": True})
+        c.tally.updates += 1
+        c.tally.finals_sent += 1
+    answered = 0
+    while answered < 12:
+        r = c.recv()
+        if r.get("type") == "translation" and r.get("final"):
+            answered += 1
+            c.tally.finals_answered += 1
+        elif r.get("type") == "error":
+            c.tally.unexpected.append(f"final_flood: {r}"[:200])
+            return
+
+
 def _hostile_frames() -> dict[str, Callable[[_Client], None]]:
     return {
         "malformed_json": _malformed_json,
@@ -240,6 +277,8 @@ def _hostile_frames() -> dict[str, Callable[[_Client], None]]:
         "seq_replay": _seq_replay,
         "update_before_init": _update_before_init,
         "abandoned": _abandoned,
+        "nested_arrays_in_session": _nested_arrays_in_session,
+        "final_flood": _final_flood,
     }
 
 
@@ -291,6 +330,11 @@ def _connection_cases(url: str, tally: Tally, options: SoakOptions, name: str) -
         try:
             if name == "frame_past_hard_cap":
                 ws.send("x" * (5 * 256 * 1024))
+            elif name in _BEFORE_INIT:  # one bad_protocol, then the close
+                ws.send(_BEFORE_INIT[name]())
+                reply = json.loads(ws.recv(timeout=10.0))
+                if reply.get("code") != "bad_protocol" or len(reply.get("message", "")) > 500:
+                    tally.unexpected.append(f"{name}: {reply}"[:200])
             ws.recv(timeout=max(options.init_timeout_s * 3, 10.0))
             tally.unexpected.append(f"{name}: the server did not close the connection")
         except ConnectionClosed as e:
@@ -301,13 +345,19 @@ def _connection_cases(url: str, tally: Tally, options: SoakOptions, name: str) -
             tally.unexpected.append(f"{name}: no close in time")
 
 
-HOSTILE_CASES = sorted([*_hostile_frames(), "raw_tcp", "idle_no_init", "frame_past_hard_cap"])
+# Frames that a connection sends before any init (the server answers one bad_protocol, then closes).
+_BEFORE_INIT: dict[str, Callable[[], str]] = {
+    "nested_arrays_before_init": nested_arrays_frame,
+    "huge_prefix_init": lambda: _INIT + ', "accepted_target_prefix": "' + "Wort " * 50_000 + '"}',
+}
+_CONNECTION_CASES = ("raw_tcp", "idle_no_init", "frame_past_hard_cap", *_BEFORE_INIT)
+HOSTILE_CASES = sorted([*_hostile_frames(), *_CONNECTION_CASES])
 
 
 def run_session(url: str, kind: str, tally: Tally, rng: random.Random, sentences, options: SoakOptions,
                 deadline: float = float("inf")) -> None:
     tally.sessions[kind] = tally.sessions.get(kind, 0) + 1
-    if kind in ("raw_tcp", "idle_no_init", "frame_past_hard_cap"):
+    if kind in _CONNECTION_CASES:
         _connection_cases(url, tally, options, kind)
         return
     from websockets.exceptions import ConnectionClosed
@@ -330,42 +380,77 @@ def run_session(url: str, kind: str, tally: Tally, rng: random.Random, sentences
 # ---- measuring ----
 
 
-def _trimmed_rss() -> int:
-    """RSS after a full collection and handing freed heap back to the OS (same at start and end)."""
-    import psutil
+class _ServedProcess:
+    """The server in a child process: its URL, and its RSS, descriptors and counters read from outside."""
 
-    gc.collect()
+    def __init__(self, config, seam_factory) -> None:
+        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: nothing of this one's heap
+        parent, child = ctx.Pipe()
+        self.process = ctx.Process(target=_serve_child, args=(config, seam_factory, child), name="soak-server")
+        self.process.start()
+        child.close()
+        if not parent.poll(600):
+            self.stop()
+            raise RuntimeError("the soak's server did not start within 600 s")
+        started = parent.recv()
+        if isinstance(started, BaseException):
+            self.process.join(10)
+            raise started
+        self.url = f"ws://127.0.0.1:{started}"
+        self.http = f"http://127.0.0.1:{started}"
+
+    def rss(self) -> int:
+        import psutil
+
+        return psutil.Process(self.process.pid).memory_info().rss
+
+    def fds(self) -> int:
+        import psutil
+
+        return psutil.Process(self.process.pid).num_fds()
+
+    def stats(self) -> dict:
+        with urllib.request.urlopen(self.http + "/stats", timeout=10) as response:
+            return json.loads(response.read())
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            self.process.terminate()  # SIGTERM: `serve` stops cleanly
+        self.process.join(60)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(10)
+
+
+def _serve_child(config, seam_factory, conn) -> None:
+    from alignatt.serve.server import serve
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the soak, which stops this child
     try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-    return psutil.Process().memory_info().rss
-
-
-def _fds() -> int:
-    import psutil
-
-    return psutil.Process().num_fds()
+        serve(config, seam_factory, on_ready=lambda server: conn.send(server.port))
+    except BaseException as e:  # noqa: BLE001 - reported to the soak, which raises it
+        conn.send(RuntimeError(f"the soak's server failed: {type(e).__name__}: {e}"))
 
 
 class _Sampler(threading.Thread):
-    def __init__(self, period: float, started: float, sessions_active: Callable[[], int],
+    def __init__(self, period: float, started: float, served: _ServedProcess,
                  progress: Callable[[str], None] | None = None) -> None:
         super().__init__(name="soak-sampler", daemon=True)
-        self.period, self.started, self.sessions_active = period, started, sessions_active
+        self.period, self.started, self.served = period, started, served
         self.progress = progress
         self._last_report = 0.0
         self.samples: list[dict] = []
         self.stop = threading.Event()
 
     def run(self) -> None:
-        import psutil
-
-        proc = psutil.Process()
         while not self.stop.is_set():
-            sample = {"t_s": round(time.monotonic() - self.started, 1),
-                      "rss_mb": round(proc.memory_info().rss / 2**20, 1),
-                      "fds": proc.num_fds(), "sessions_active": self.sessions_active()}
+            try:
+                sample = {"t_s": round(time.monotonic() - self.started, 1),
+                          "rss_mb": round(self.served.rss() / 2**20, 1),
+                          "fds": self.served.fds(), "sessions_active": self.served.stats()["sessions_active"]}
+            except Exception:  # noqa: BLE001 - a sample that cannot be read (the server busy) is skipped
+                self.stop.wait(self.period)
+                continue
             self.samples.append(sample)
             if self.progress is not None and sample["t_s"] - self._last_report >= 60:
                 self._last_report = sample["t_s"]
@@ -381,7 +466,6 @@ def run_soak(options: SoakOptions, out: str | Path | None = "outputs/cpu/soak.js
     from alignatt.pipeline.provenance import collect_provenance, model_identity
     from alignatt.pipeline.stream_replay import load_stream
     from alignatt.serve.config import DirectionRoute, ServerConfig, ServerLimits
-    from alignatt.serve.server import ServerThread
 
     try:
         model_id, revision = model_identity(options.model)
@@ -396,18 +480,19 @@ def run_soak(options: SoakOptions, out: str | Path | None = "outputs/cpu/soak.js
     config = ServerConfig(host="127.0.0.1", port=0, default_preset=options.preset, directions={"en-de": route},
                           limits=limits)
     cases = ["well_formed", *HOSTILE_CASES]
-    with ServerThread(config, seam_factory) as handle:
+    handle = _ServedProcess(config, seam_factory)
+    try:
         warm = Tally()
         for kind in cases:  # every path once, so lazily built state exists before the start RSS
             run_session(handle.url, kind, warm, random.Random(options.seed), sentences, options,
                         deadline=time.monotonic() + 30.0)
         time.sleep(min(options.settle_s, 2.0))
-        rss_start, fds_start = _trimmed_rss(), _fds()
+        rss_start, fds_start = handle.rss(), handle.fds()
         started = time.monotonic()
         if progress is not None:
             progress(f"soak: warm-up done ({warm.updates} updates, unexpected: {warm.unexpected or 'none'}, "
                      f"silent {warm.silent_sessions}), RSS {rss_start / 2**20:.1f} MiB; load for {options.minutes:g} min")
-        sampler = _Sampler(options.sample_s, started, lambda: handle.server.stats.sessions_active, progress)
+        sampler = _Sampler(options.sample_s, started, handle, progress)
         sampler.start()
         deadline = started + options.minutes * 60.0
         tallies = [Tally() for _ in range(options.clients)]
@@ -437,15 +522,14 @@ def run_soak(options: SoakOptions, out: str | Path | None = "outputs/cpu/soak.js
         if progress is not None:
             progress(f"soak: load ended after {load_s:.0f} s; settling {options.settle_s:g} s")
         time.sleep(options.settle_s)
-        rss_end, fds_end = _trimmed_rss(), _fds()
+        rss_end, fds_end = handle.rss(), handle.fds()
         sampler.stop.set()
         sampler.join()
-        stats = handle.call(lambda: {"errors": dict(handle.server.stats.errors),
-                                     "closes": dict(handle.server.stats.closes),
-                                     "sessions_opened": handle.server.stats.sessions_opened,
-                                     "sessions_active": handle.server.stats.sessions_active,
-                                     "updates": handle.server.stats.updates,
-                                     "engine_calls": handle.server.stats.engine_calls})
+        snapshot = handle.stats()
+        stats = {k: snapshot[k] for k in ("errors", "closes", "sessions_opened", "sessions_active", "updates",
+                                          "engine_calls")}
+    finally:
+        handle.stop()
     total = Tally()
     for t in [warm, *tallies]:  # the warm-up's sessions are checked like the others
         total.add(t)
@@ -465,6 +549,7 @@ def run_soak(options: SoakOptions, out: str | Path | None = "outputs/cpu/soak.js
         provenance=provenance,
         config={**options.model_dump(), "limits": limits.model_dump(), "hostile_cases": HOSTILE_CASES,
                 "warmup": "every case once before the start RSS; counted in every total",
+                "rss": "the server's child process, read from outside (psutil on its pid): no collection or heap trim",
                 "seam_factory": "alignatt" if seam_factory is None else type(seam_factory).__name__},
         load_s=round(load_s, 1),
         sessions=total.sessions,

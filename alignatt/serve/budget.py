@@ -1,27 +1,31 @@
-"""Token bounds on one update's engine work: prompt, target prefix and context, counted per seam.
+"""Token bounds on one update's engine work: the whole prompt, the target prefix and the context.
 
 A draft's cost grows with its prompt, so the server bounds it in tokens (what the engine pays),
-not in frame bytes or words. The bounds are `SessionLimits` fields, capped by the engine's
-positions where the seam knows them (a prompt plus its draft must fit the model). Counting needs
-the seam's tokenizer; a seam may offer `count_prompt_tokens(request)` / `count_text_tokens(text)`
-and `max_positions` itself (the test fakes do), otherwise the transformers and vLLM seams'
-tokenizer is used through the same `build_prompt` the seam drafts with.
+not in frame bytes or words. The prompt bound counts everything the engine receives: the
+template, `context_text`, the history turns (the client's and the session's own closed
+utterances), the source and the target prefix. The bounds are `SessionLimits` fields, capped by
+the engine's positions where the seam knows them (a prompt plus its draft must fit the model).
+Counting needs the seam's tokenizer; a seam may offer `count_prompt_tokens(request)` /
+`count_text_tokens(text)` and `max_positions` itself (the test fakes and the vLLM seam do),
+otherwise the transformers seams' tokenizer is used through the same `build_prompt` the seam
+drafts with.
 
 Exact counting tokenizes the whole prompt, so it is skipped when a cheap upper bound already
 fits: no token of these tokenizers covers less than one UTF-8 byte, so a prompt has at most
-(template tokens) + (bytes of source and prefix) tokens.
+(tokens of the same prompt shape with one-byte texts) + (bytes of its texts) tokens. The shape
+(languages, whether there is a context block, how many history turns) is counted once per shape.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from alignatt.core.draft import DraftRequest, Seam
-from alignatt.serve.session import BudgetExceeded, SessionLimits
+from alignatt.serve.limits import BudgetExceeded, SessionLimits
 
-# Slack on the byte bound for tokens that straddle the template and the text.
-_BOUND_SLACK = 8
+# Slack on the byte bound, per place where a text meets the template (a token may straddle both).
+_BOUND_SLACK = 4
 
 
 def _tokenizer(seam: Seam) -> Any | None:
@@ -34,10 +38,10 @@ def _tokenizer(seam: Seam) -> Any | None:
 
 def seam_positions(seam: Seam) -> int | None:
     """How many positions (prompt + draft) the seam's model takes, where the seam says."""
-    own = getattr(seam, "max_positions", None)
+    own = getattr(seam, "max_positions", None)  # the fakes; vllm_capture (its engine's max_model_len)
     if isinstance(own, int):
         return own
-    model_len = getattr(seam, "max_model_len", None)  # vLLM's configured context
+    model_len = getattr(seam, "max_model_len", None)
     if isinstance(model_len, int):
         return model_len
     model = getattr(getattr(seam, "loaded", None), "model", None)
@@ -80,6 +84,10 @@ def token_counting(seam: Seam) -> TokenCounting | None:
     return TokenCounting(count_prompt, count_text, template)
 
 
+def _utf8_len(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
 class PromptBudget:
     """The effective token bounds of one engine, and the checks a session runs before drafting."""
 
@@ -100,7 +108,9 @@ class PromptBudget:
         self.max_context_tokens = limits.max_context_tokens
         self._count_prompt = count_prompt
         self._count_text = count_text
-        self._template_tokens = template_tokens
+        # A known template count means the seam tokenizes real text: the byte bounds hold for it.
+        self._byte_bounds = template_tokens is not None
+        self._shapes: dict[tuple, int] = {}
 
     @classmethod
     def for_seam(cls, seam: Seam, limits: SessionLimits, draft_tokens: int) -> "PromptBudget | None":
@@ -112,11 +122,25 @@ class PromptBudget:
 
     # ---- counting ----
 
+    def _shape_tokens(self, request: DraftRequest) -> int:
+        """Tokens of a prompt shaped like `request` whose every text is one byte (counted once per shape)."""
+        context = bool(request.context_text.strip())
+        key = (request.source_lang, request.target_lang, context, len(request.history), bool(request.target_prefix))
+        if key not in self._shapes:
+            probe = DraftRequest(source_words=["a"], committed_words=1, max_new_tokens=1,
+                                 target_prefix="a" if request.target_prefix else "",
+                                 source_lang=request.source_lang, target_lang=request.target_lang,
+                                 context_text="a" if context else "", history=[("a", "a")] * len(request.history))
+            self._shapes[key] = self._count_prompt(probe)
+        return self._shapes[key]
+
     def _prompt_upper_bound(self, request: DraftRequest) -> int | None:
-        if self._template_tokens is None:
+        if not self._byte_bounds:
             return None
-        text = " ".join(request.source_words) + " " + request.target_prefix
-        return self._template_tokens + len(text.encode("utf-8", "surrogatepass")) + _BOUND_SLACK
+        texts = [*request.source_words, request.target_prefix, request.context_text,
+                 *(part for turn in request.history for part in turn)]
+        joins = len(request.source_words) + 2 * len(request.history) + 2  # spaces, turns, context, prefix
+        return self._shape_tokens(request) + sum(map(_utf8_len, texts)) + joins * (1 + _BOUND_SLACK)
 
     def prompt_tokens(self, request: DraftRequest) -> int:
         return self._count_prompt(request)
@@ -124,32 +148,51 @@ class PromptBudget:
     def text_tokens(self, text: str) -> int:
         if not text:
             return 0
-        if self._template_tokens is not None and len(text.encode("utf-8", "surrogatepass")) <= min(
-            self.max_target_prefix_tokens, self.max_context_tokens
-        ):
-            return len(text.encode("utf-8", "surrogatepass"))  # an upper bound that fits every bound
+        if self._byte_bounds and _utf8_len(text) <= min(self.max_target_prefix_tokens, self.max_context_tokens):
+            return _utf8_len(text)  # an upper bound that fits every bound
         return self._count_text(text)
+
+    def _over(self, request: DraftRequest) -> int | None:
+        """The prompt's exact token count when it passes max_prompt_tokens, else None."""
+        bound = self._prompt_upper_bound(request)
+        if bound is not None and bound <= self.max_prompt_tokens:
+            return None  # cheap: the whole prompt fits
+        n = self.prompt_tokens(request)
+        return n if n > self.max_prompt_tokens else None
+
+    def _prompt_message(self, n: int) -> str:
+        return (f"prompt of {n} tokens exceeds max_prompt_tokens={self.max_prompt_tokens} (template, context_text, "
+                "history, source and target prefix counted"
+                + (f"; the model takes {self.positions} positions)" if self.positions else ")"))
 
     # ---- the checks (each raises BudgetExceeded naming its bound) ----
 
     def check_request(self, request: DraftRequest) -> None:
-        bound = self._prompt_upper_bound(request)
-        if bound is not None and bound <= min(self.max_prompt_tokens, self.max_target_prefix_tokens):
-            return  # cheap: the whole prompt fits even the smaller bound
+        """The whole prompt of `request` within the bounds, else BudgetExceeded naming the one passed."""
         prefix = self.text_tokens(request.target_prefix)
         if prefix > self.max_target_prefix_tokens:
             raise BudgetExceeded(
                 f"target prefix of {prefix} tokens exceeds max_target_prefix_tokens={self.max_target_prefix_tokens}"
             )
-        if bound is not None and bound <= self.max_prompt_tokens:
-            return
-        n = self.prompt_tokens(request)
-        if n > self.max_prompt_tokens:
-            raise BudgetExceeded(
-                f"prompt of {n} tokens exceeds max_prompt_tokens={self.max_prompt_tokens}"
-                + (f" (the model takes {self.positions} positions)" if self.positions else "")
-                + "; send fewer or shorter words"
-            )
+        n = self._over(request)
+        if n is not None:
+            raise BudgetExceeded(self._prompt_message(n) + "; send fewer or shorter words")
+
+    def fit(self, request: DraftRequest) -> DraftRequest:
+        """`request` within the bounds: as it is, or without its oldest history turns (the prompt's
+        background, which the session's own closed utterances keep growing); else BudgetExceeded."""
+        try:
+            self.check_request(request)
+            return request
+        except BudgetExceeded:
+            if not request.history:
+                raise
+        for kept in range(len(request.history) - 1, -1, -1):
+            shorter = replace(request, history=list(request.history[len(request.history) - kept:]))
+            if self._over(shorter) is None:
+                return shorter
+        alone = self.prompt_tokens(replace(request, history=[]))  # over even without any history
+        raise BudgetExceeded(self._prompt_message(alone) + "; send fewer or shorter words")
 
     def check_prefix(self, prefix: str) -> None:
         n = self.text_tokens(prefix)
@@ -164,6 +207,24 @@ class PromptBudget:
         if n > self.max_context_tokens:
             raise BudgetExceeded(
                 f"history + context_text of {n} tokens exceeds max_context_tokens={self.max_context_tokens}"
+            )
+
+    def check_init(self, prefix: str, history: list[tuple[str, str]], context_text: str,
+                   source_lang: str, target_lang: str) -> None:
+        """An init's prefix, context and history (the turns its prompts will hold) within every bound:
+        with the template and a one-word source they must leave the prompt within max_prompt_tokens."""
+        self.check_prefix(prefix)
+        self.check_context(history, context_text)
+        request = DraftRequest(source_words=["a"], committed_words=1, target_prefix=prefix, max_new_tokens=1,
+                               source_lang=source_lang, target_lang=target_lang, context_text=context_text,
+                               history=list(history))
+        n = self._over(request)
+        if n is not None:
+            raise BudgetExceeded(
+                f"context_text, history and accepted_target_prefix leave no room for a source: with the template "
+                f"and a one-word source the prompt is {n} tokens, past max_prompt_tokens={self.max_prompt_tokens}"
+                + (f" (the model takes {self.positions} positions)" if self.positions else "")
+                + "; send less context or fewer history turns"
             )
 
     def describe(self) -> dict[str, int | None]:

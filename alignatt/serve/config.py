@@ -18,7 +18,7 @@ from alignatt.core.errors import AlignattError
 from alignatt.core.policy import POLICY_PRESETS, PolicyConfig
 from alignatt.core.prompt import ContextConfig
 from alignatt.serve.protocol import UNKNOWN_PRESET, ProtocolError
-from alignatt.serve.session import SessionLimits
+from alignatt.serve.limits import SessionLimits
 from alignatt.models.presets import DEFAULT_MODEL
 
 
@@ -91,6 +91,14 @@ class ServerLimits(SessionLimits):
     max_pending_finals: int = Field(32, ge=1, description="finals queued for the engine per session (close 1008 past it)")
     send_stall_s: float = Field(30.0, gt=0, description="one reply blocked this long closes the session (1008)")
     init_timeout_s: float = Field(30.0, gt=0, description="a connection without init this long is closed (1008)")
+    # Before init a connection holds no session slot, so it is bounded on its own: how many wait at
+    # once, and how large a frame it may send (an init with its context and history fits).
+    max_connections_before_init: int = Field(
+        32, ge=1, description="more connections without a session get `busy` and close 1013")
+    max_init_frame_bytes: int = Field(
+        64 * 1024, ge=1024, description="a larger frame before init gets bad_protocol, then close 1008")
+    idle_timeout_s: float = Field(
+        300.0, gt=0, description="a session with no frame this long (none of its updates waiting) is closed (1008)")
     ping_interval_s: float = Field(20.0, gt=0, description="WebSocket keepalive ping interval")
     ping_timeout_s: float = Field(20.0, gt=0, description="no pong this long closes the connection")
     # Server-side records (the smoke reads the step log); bounded in bytes, oldest dropped first.

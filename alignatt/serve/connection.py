@@ -13,11 +13,10 @@ import asyncio
 import collections
 import logging
 import time
-from typing import TYPE_CHECKING
 
-from alignatt.serve.budget import PromptBudget
-from alignatt.core.prompt import recent_history
+from alignatt.core.prompt import SOURCE_MARK, recent_history
 from alignatt.serve.config import DirectionRoute, head_set_name, resolve_heads, resolve_preset
+from alignatt.serve.host import ConnectionHost
 from alignatt.serve.multi_target import MultiTargetSession
 from alignatt.serve.pool import Engine, route_key
 from alignatt.serve.protocol import (
@@ -26,6 +25,7 @@ from alignatt.serve.protocol import (
     PROCESSING_FAILED,
     UNSUPPORTED_DIRECTION,
     ErrorFrame,
+    FrameTooLarge,
     InitFrame,
     InitOk,
     ProtocolError,
@@ -35,10 +35,8 @@ from alignatt.serve.protocol import (
     parse_frame,
 )
 from alignatt.serve.scheduler import EngineDied, SchedulerBusy, Superseded
-from alignatt.serve.session import BudgetExceeded, Session, SessionConfig, Step, UpdateRejected
-
-if TYPE_CHECKING:
-    from alignatt.serve.server import MTServer
+from alignatt.serve.limits import BudgetExceeded, UpdateRejected
+from alignatt.serve.session import Session, SessionConfig, Step
 
 log = logging.getLogger("alignatt.serve.server")
 
@@ -56,11 +54,12 @@ class Connection:
     ever waits on a client that stops reading; past a bound that session is closed with a reason.
     """
 
-    def __init__(self, server: MTServer, ws, connection_id: int) -> None:
+    def __init__(self, server: ConnectionHost, ws, connection_id: int) -> None:
         self.id = connection_id
         self.keys: list = [connection_id]  # the scheduler's session keys (one per target)
         self.multi: MultiTargetSession | None = None  # `target_langs` sessions
         self.described: list[dict] = []  # per target: direction, model, seam, head set, heads
+        self._primary: dict = {}  # the entry of `described` for init's target_lang
         self.server = server
         self.ws = ws
         self.limits = server.config.limits
@@ -77,40 +76,62 @@ class Connection:
         self.writer: asyncio.Task | None = None
         self.closing: tuple[int, str] | None = None  # (code, reason) once the session is ending
         self._closer: asyncio.Task | None = None
+        self.in_flight = False  # the worker is answering an update (the client may wait, silent)
+        self._before_init = False  # counted in `connections_before_init`
 
     async def run(self) -> None:
         from websockets.exceptions import ConnectionClosed
 
         self.writer = asyncio.create_task(self._write())
+        limits, stats = self.limits, self.server.stats
+        stats.connections_before_init += 1
+        self._before_init = True
         try:
+            if stats.connections_before_init > limits.max_connections_before_init:
+                # Connections without a session cost the loop and memory but hold no slot: bounded too.
+                stats.errors[BUSY] += 1
+                self._send(ErrorFrame(code=BUSY, message=f"{limits.max_connections_before_init} connections are "
+                                                         "already waiting for init; retry later").to_json())
+                self._end(CLOSE_BUSY, "too many connections waiting for init", "busy_before_init")
             while self.closing is None:
                 try:
                     # Bytes for every frame: a frame that is not UTF-8 gets an error frame
                     # instead of failing the connection.
-                    wait = self.limits.init_timeout_s if self.session is None else None
+                    wait = limits.init_timeout_s if self.session is None else limits.idle_timeout_s
                     raw = await asyncio.wait_for(self.ws.recv(decode=False), wait)
                 except ConnectionClosed:
                     break
                 except asyncio.TimeoutError:
-                    self._end(CLOSE_POLICY, f"no init within {self.limits.init_timeout_s:g} s", "init_timeout")
+                    if self.session is None:
+                        self._end(CLOSE_POLICY, f"no init within {limits.init_timeout_s:g} s", "init_timeout")
+                        break
+                    if self.pending or self.in_flight:  # a client waiting for its replies is not idle
+                        continue
+                    self._end(CLOSE_POLICY, f"idle: no update for {limits.idle_timeout_s:g} s", "idle_timeout")
                     break
                 received = time.perf_counter()
                 try:
-                    frame = parse_frame(raw, self.limits.max_frame_bytes)
+                    # Before init only an init is expected: a smaller frame bound, and past it one
+                    # bad_protocol then the close (such a client has nothing to lose yet).
+                    bound = limits.max_frame_bytes if self.session is not None else limits.max_init_frame_bytes
+                    frame = parse_frame(raw, bound)
                     if isinstance(frame, InitFrame):
                         await self._init(frame)
                     else:
                         self._enqueue(frame, received)
                 except ProtocolError as e:
-                    self.server.stats.errors[e.code] += 1
+                    stats.errors[e.code] += 1
                     self._send(e.frame().to_json())
                     if e.code == BUSY:
                         self._end(CLOSE_BUSY, "session limit reached", "busy")
+                    elif isinstance(e, FrameTooLarge) and self.session is None:
+                        self._end(CLOSE_POLICY, "frame before init too large", "init_frame_too_large")
                 except asyncio.CancelledError:
                     raise
                 except Exception as e:  # a bug on the reader's side: a reply, or a close with a reason
                     self._fail("reading a frame", e)
         finally:
+            self._leave_before_init()
             if self.worker is not None:
                 self.worker.cancel()
             if self.holds_slot:
@@ -123,6 +144,11 @@ class Connection:
                 self.closing = (1000, "")  # the client left: the writer stops
             self.outbox_wake.set()
             await self._wait_closed()
+
+    def _leave_before_init(self) -> None:
+        if self._before_init:
+            self._before_init = False
+            self.server.stats.connections_before_init -= 1
 
     # ---- sending ----
 
@@ -262,6 +288,11 @@ class Connection:
             if longest > cfg.max_history_entry_chars:
                 raise ProtocolError(BAD_PROTOCOL, f"history[{i}] has a text of {longest} characters; the "
                                                   f"bound is {cfg.max_history_entry_chars}")
+        # The prompt builder finds the source by this marker: one in the context or the history
+        # would make every draft of the session fail, so it is refused here, before the session.
+        if SOURCE_MARK in context or any(SOURCE_MARK in x for pair in frame.history for x in pair):
+            raise ProtocolError(BAD_PROTOCOL, f"context_text and history must not contain the prompt builder's "
+                                              f"source marker {SOURCE_MARK!r}")
         kept = recent_history([tuple(p) for p in frame.history], cfg)
         return context, kept, len(frame.history) - len(kept)
 
@@ -270,7 +301,7 @@ class Connection:
         if self.session is not None:
             raise ProtocolError(BAD_PROTOCOL, "this connection already has a session (one init per connection)")
         routes = self._routes(frame)
-        direction, route = next(iter(routes.values()))
+        direction, route = routes[frame.target_lang.strip().lower()]  # the primary target's
         preset = resolve_preset(frame.preset or server.config.default_preset)
         fields, unknown = override_policy_fields(frame.overrides)
         policy = preset.policy.model_copy(update=fields)
@@ -286,13 +317,14 @@ class Connection:
             if isinstance(e, ProtocolError):
                 raise
             if isinstance(e, BudgetExceeded):
-                raise ProtocolError(BAD_PROTOCOL, str(e)[:300]) from None
+                raise ProtocolError(BAD_PROTOCOL, str(e)) from None
             if isinstance(e, SchedulerBusy):
                 raise ProtocolError(BUSY, f"{e}; retry later") from None
             if not isinstance(e, Exception):
                 raise
             log.exception("session for %s could not be opened", direction)
-            raise ProtocolError(PROCESSING_FAILED, f"cannot open a session for {direction}: {e}"[:300]) from None
+            raise ProtocolError(PROCESSING_FAILED, f"cannot open a session for {direction}: {e}") from None
+        self._leave_before_init()
         server.stats.sessions_opened += 1
         self.worker = asyncio.create_task(self._work())
         self.worker.add_done_callback(self._worker_done)
@@ -301,13 +333,13 @@ class Connection:
             preset=preset.name,
             model=route.model,
             seam=route.seam,
-            heads=self.described[0]["heads"],
+            heads=self._primary["heads"],
             policy=policy.model_dump(),
             unknown_overrides=unknown,
             ignored_fields=frame.unknown_fields(),
             source_lang=frame.source_lang.strip().lower(),
-            target_lang=self.described[0]["target_lang"],
-            head_set=self.described[0]["head_set"],
+            target_lang=self._primary["target_lang"],
+            head_set=self._primary["head_set"],
             session=self.session.config.model_dump(),
             context_chars=len(self.session.context_text),
             history_received=len(frame.history),
@@ -328,28 +360,34 @@ class Connection:
         """The engine (loaded on first use, the least loaded of the route's), the init's bounds
         checked, and a session per target."""
         loop = asyncio.get_running_loop()
-        route = routes[next(iter(routes))][1]
+        primary = frame.target_lang.strip().lower()  # one of `routes` (`_routes` checked it)
+        route = routes[primary][1]
         multi = frame.target_langs is not None
         keys = [(self.id, t) for t in routes] if multi else [self.id]
+        source_lang = frame.source_lang.strip().lower()
         # SchedulerBusy past the engine's capacity; every target on the one engine placed
         engine = await loop.run_in_executor(None, self.server.registry.place, route, direction, keys)
         try:
             budget = await self.server.budget_for(engine)
+            received = [tuple(p) for p in frame.history]
             if budget is not None:  # tokenizing runs where the engine's tokenizer lives
-                await loop.run_in_executor(engine.executor, _check_init_budget, budget, frame.accepted_target_prefix,
-                                           [tuple(p) for p in frame.history], frame.context_text)
+                await loop.run_in_executor(engine.executor, budget.check_context, received, frame.context_text)
             context, history, _ = self._bounded_context(frame)
+            if budget is not None:  # the whole prompt these will make, with a one-word source
+                await loop.run_in_executor(engine.executor, budget.check_init, frame.accepted_target_prefix,
+                                           history, context, source_lang, primary)
             config = SessionConfig(policy=policy, max_new_tokens=preset.max_new_tokens, limits=self.limits,
                                    context=self.server.config.context)
             sessions: dict[str, Session] = {}
             described = []
-            for i, (key, (target, (d, r))) in enumerate(zip(keys, routes.items())):
+            for key, (target, (d, r)) in zip(keys, routes.items()):
                 view = engine.open_view(key, resolve_heads(r, d))
-                # The client's prefix and history are in its target_lang (the first target).
+                # The client's prefix and history are in its target_lang: they seed that target only.
+                seeded = target == primary
                 sessions[target] = Session(
-                    view, config, source_lang=frame.source_lang.strip().lower(), target_lang=target,
-                    accepted_target_prefix=frame.accepted_target_prefix if i == 0 else "",
-                    history=history if i == 0 else [], context_text=context, budget=budget,
+                    view, config, source_lang=source_lang, target_lang=target,
+                    accepted_target_prefix=frame.accepted_target_prefix if seeded else "",
+                    history=history if seeded else [], context_text=context, budget=budget,
                 )
                 described.append({"target_lang": target, "direction": d, "model": r.model, "seam": r.seam,
                                   "head_set": head_set_name(r, d), "heads": [(h.layer, h.head) for h in view.heads]})
@@ -358,11 +396,12 @@ class Connection:
                 engine.close_session(key)
             raise
         self.keys, self.described = keys, described
+        self._primary = described[list(routes).index(primary)]
         if multi:
             self.multi = MultiTargetSession(sessions, lambda pairs, final: engine.draft_together(
                 [((self.id, t), request) for t, request in pairs], final))
         engine.on_death(keys[0], lambda error: loop.call_soon_threadsafe(self._engine_died, error))
-        return next(iter(sessions.values())), engine
+        return sessions[primary], engine
 
     def _enqueue(self, update: UpdateFrame, received: float) -> None:
         if self.session is None:
@@ -405,12 +444,15 @@ class Connection:
                 self.wake.clear()
                 await self.wake.wait()
             update, received = self.pending.popleft()
+            self.in_flight = True
             try:
                 await self._process(update, received)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # the worker never dies silently: a reply or a close with a reason
                 self._fail(f"answering seq {update.seq}", e)
+            finally:
+                self.in_flight = False
 
     def _worker_done(self, task: asyncio.Task) -> None:
         if task.cancelled() or self.closing is not None:
@@ -453,7 +495,7 @@ class Connection:
             return
         except UpdateRejected as e:
             stats.errors[BAD_PROTOCOL] += 1
-            self._send(ErrorFrame(code=BAD_PROTOCOL, message=str(e)[:300], seq=update.seq).to_json())
+            self._send(ErrorFrame(code=BAD_PROTOCOL, message=str(e), seq=update.seq).to_json())
             return
         except Exception as e:  # the engine (or the reply) failed on this update; the session goes on
             log.exception("update seq=%s failed", update.seq)
@@ -472,11 +514,6 @@ class Connection:
             records.append(entry)
         except Exception:  # noqa: BLE001 - a record that cannot be kept loses nothing the client needs
             log.exception("connection %d: record not kept", self.id)
-
-
-def _check_init_budget(budget: PromptBudget, prefix: str, history: list, context_text: str) -> None:
-    budget.check_prefix(prefix)
-    budget.check_context(history, context_text)
 
 
 _LOGGED = {"seq", "utterance_id", "final", "path", "engine_calls", "compute_ms", "server_ms",

@@ -41,18 +41,18 @@ class MultiTargetSession:
 
     def needs_engine(self, committed_words: list[str], tail_words: list[str], is_final: bool,
                      utterance_id: int | None = None) -> bool:
-        return any(s.needs_engine(committed_words, tail_words, is_final, utterance_id)
-                   for s in self.sessions.values())
+        """Whether any target drafts; every target is asked, so a refused update raises here."""
+        wanted = [s.needs_engine(committed_words, tail_words, is_final, utterance_id) for s in self.sessions.values()]
+        return any(wanted)
 
     def update(self, committed_words: list[str], tail_words: list[str], is_final: bool,
                utterance_id: int | None = None) -> list[tuple[str, Step]]:
         """Apply one update to every target; returns (target_lang, step) in target order."""
         args = (committed_words, tail_words, is_final, utterance_id)
+        # Every target's request first: an update a session refuses (an utterance id going back, a
+        # token bound) raises here, before any target's draft is made.
         planned = {t: s.planned_request(*args) for t, s in self.sessions.items()}
         wanted = [(t, r) for t, r in planned.items() if r is not None]
-        for t, request in wanted:  # token bounds refuse before any engine work, as in Session._draft
-            if self.sessions[t].budget is not None:
-                self.sessions[t].budget.check_request(request)
         if wanted:
             drafts = self.draft_together(wanted, bool(is_final))
             self.batches.append(len(wanted))

@@ -27,7 +27,8 @@ so nothing derived from it could ever be sent back. Outgoing frames always seria
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar, Literal
+import re
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -51,6 +52,18 @@ UNKNOWN_PRESET = "unknown_preset"
 BUSY = "busy"
 PROCESSING_FAILED = "processing_failed"
 
+# An error message quotes the input it refuses, cut to this (an error frame never echoes a huge input).
+MAX_MESSAGE_CHARS = 500
+# The JSON values (containers, scalars) one frame may hold. A protocol frame holds a few per word
+# (updates have at most a few hundred words) and per history turn; this bounds what parsing a frame
+# can cost the event loop whatever its nesting (a 256 KiB frame of empty arrays holds 87 000).
+MAX_FRAME_VALUES = 8192
+
+
+def cut(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """`message` at most `limit` characters, an ellipsis marking a cut."""
+    return message if len(message) <= limit else message[: limit - 1] + "…"
+
 # The per-session overrides the WhisperLiveKit client sends (its latency presets), and the policy
 # field each one sets.
 OVERRIDE_FIELDS = {
@@ -63,6 +76,7 @@ class ProtocolError(Exception):
     """Input the server refuses; becomes an `error` frame (the connection stays usable)."""
 
     def __init__(self, code: str, message: str, seq: int | None = None, **extra: Any) -> None:
+        message = cut(message)
         super().__init__(message)
         self.code = code
         self.message = message
@@ -71,6 +85,10 @@ class ProtocolError(Exception):
 
     def frame(self) -> "ErrorFrame":
         return ErrorFrame(code=self.code, message=self.message, seq=self.seq, **self.extra)
+
+
+class FrameTooLarge(ProtocolError):
+    """A frame past the byte bound (before init the connection closes after its error frame)."""
 
 
 class _Incoming(BaseModel):
@@ -111,7 +129,8 @@ class InitFrame(_Incoming):
     history: list[tuple[StrictStr, StrictStr]] = Field(default_factory=list)
     accepted_target_prefix: StrictStr = ""
     # Opt-in extension: translate into several targets; every translation frame names its target.
-    target_langs: list[StrictStr] | None = Field(None, min_length=1, max_length=16)
+    target_langs: list[Annotated[StrictStr, Field(min_length=1, max_length=32)]] | None = Field(
+        None, min_length=1, max_length=16)
 
     @property
     def direction(self) -> str:
@@ -224,6 +243,11 @@ class ErrorFrame(_Outgoing):
     supported: list[Any] | None = None
     _optional: ClassVar[frozenset[str]] = frozenset({"seq", "supported"})
 
+    @field_validator("message")
+    @classmethod
+    def _cut(cls, message: str) -> str:
+        return cut(message)
+
 
 def _best_effort_seq(data: Any) -> int | None:
     seq = data.get("seq") if isinstance(data, dict) else None
@@ -232,10 +256,12 @@ def _best_effort_seq(data: Any) -> int | None:
     return None
 
 
-def _lone_surrogate(data: Any) -> str | None:
-    """Where the first string holding a lone surrogate is (a key or a value), or None."""
+def _lone_surrogate(data: Any, budget: int = MAX_FRAME_VALUES) -> str | None:
+    """Where the first string holding a lone surrogate is (a key or a value), or None; past `budget`
+    nodes the walk stops and names the frame (the walk only locates what `_holds_surrogate` found)."""
     stack: list[tuple[str, Any]] = [("frame", data)]
-    while stack:  # iterative: json.loads already bounded the depth, this walk never recurses
+    while stack and budget > 0:  # iterative: json.loads already bounded the depth, this walk never recurses
+        budget -= 1
         path, node = stack.pop()
         if isinstance(node, str):
             if not node.isascii() and _has_surrogate(node):
@@ -247,7 +273,7 @@ def _lone_surrogate(data: Any) -> str | None:
                 stack.append((f"{path}.{k}"[:80], v))
         elif isinstance(node, list):
             stack.extend((f"{path}[{i}]", v) for i, v in enumerate(node))
-    return None
+    return "frame" if stack else None
 
 
 def _has_surrogate(text: str) -> bool:
@@ -256,6 +282,28 @@ def _has_surrogate(text: str) -> bool:
     except UnicodeEncodeError:
         return True
     return False
+
+
+def _holds_surrogate(text: str, data: Any) -> bool:
+    """Whether any string of the parsed frame holds a lone surrogate. Decoded UTF-8 holds none, so
+    only a `\\u` escape can make one; a frame with such escapes is re-encoded once, in C."""
+    if "\\u" not in text:
+        return False
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except (UnicodeEncodeError, RecursionError):  # a nesting the encoder refuses: the walk decides
+        return True
+    return False
+
+
+# A JSON string (escapes included); what is left outside strings is the frame's structure.
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+
+
+def _json_values(text: str) -> int:
+    """At most how many values `text` holds: its commas and opening brackets outside strings, plus one."""
+    structure = _JSON_STRING.sub("", text)
+    return structure.count(",") + structure.count("[") + structure.count("{") + 1
 
 
 def _describe(err: ValidationError) -> str:
@@ -269,22 +317,30 @@ def _describe(err: ValidationError) -> str:
 
 def parse_frame(raw: bytes | str, max_bytes: int) -> InitFrame | UpdateFrame:
     """Validate one incoming frame; raise `ProtocolError(bad_protocol, ...)` on anything wrong."""
-    size = len(raw.encode() if isinstance(raw, str) else raw)
-    if size > max_bytes:
-        raise ProtocolError(BAD_PROTOCOL, f"frame of {size} bytes exceeds the {max_bytes}-byte limit")
-    if isinstance(raw, (bytes, bytearray)):
-        try:
-            raw = bytes(raw).decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ProtocolError(
-                BAD_PROTOCOL, f"frame is not valid UTF-8 ({e.reason} at byte {e.start}); send JSON text"
-            ) from None
+    """Validate one incoming frame; raise `ProtocolError(bad_protocol, ...)` on anything wrong.
+
+    Its cost is linear in the frame and small: the byte bound, then the count of JSON values (a
+    regular expression and counts, in C) before `json.loads`, and the lone-surrogate check only
+    for frames with `\\u` escapes."""
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", "surrogatepass")
+    if len(raw) > max_bytes:
+        raise FrameTooLarge(BAD_PROTOCOL, f"frame of {len(raw)} bytes exceeds the {max_bytes}-byte limit")
     try:
-        data = json.loads(raw)
+        text = bytes(raw).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ProtocolError(
+            BAD_PROTOCOL, f"frame is not valid UTF-8 ({e.reason} at byte {e.start}); send JSON text"
+        ) from None
+    values = _json_values(text)
+    if values > MAX_FRAME_VALUES:
+        raise ProtocolError(BAD_PROTOCOL, f"frame holds up to {values} JSON values; the limit is {MAX_FRAME_VALUES}")
+    try:
+        data = json.loads(text)
     except (ValueError, RecursionError) as e:  # ValueError: also ints past Python's digit limit
         raise ProtocolError(BAD_PROTOCOL, f"invalid JSON: {e}"[:300]) from None
     seq = _best_effort_seq(data)
-    where = _lone_surrogate(data)
+    where = _lone_surrogate(data) if _holds_surrogate(text, data) else None
     if where is not None:
         raise ProtocolError(
             BAD_PROTOCOL, f"{where}: a lone UTF-16 surrogate is not text; send valid Unicode"[:300], seq=seq

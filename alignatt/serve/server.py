@@ -14,19 +14,18 @@ answers two plain HTTP GETs, for load balancers and monitoring: `/health` and `/
 from __future__ import annotations
 
 import asyncio
-import collections
 import http
 import json
 import logging
 import signal
 import threading
-from dataclasses import dataclass, field
 from typing import Callable
 
 from alignatt.core.errors import AlignattError
 from alignatt.serve.budget import PromptBudget
 from alignatt.serve.config import SeamFactory, ServerConfig, default_seam_factory, resolve_preset
 from alignatt.serve.connection import Connection, translation_frame  # noqa: F401 - translation_frame re-exported
+from alignatt.serve.host import ServerStats  # noqa: F401 - re-exported: the counters' home is serve.host
 from alignatt.serve.pool import Engine, EngineRegistry, route_key
 from alignatt.serve.records import ByteBoundedLog
 from alignatt.serve.scheduler import SchedulerConfig
@@ -36,22 +35,6 @@ log = logging.getLogger("alignatt.serve.server")
 
 
 # ---- the server ----
-
-
-@dataclass
-class ServerStats:
-    connections: int = 0
-    sessions_opened: int = 0
-    sessions_active: int = 0
-    updates: int = 0
-    coalesced: int = 0  # partials dropped because a newer update of the session was queued
-    engine_calls: int = 0
-    paths: collections.Counter = field(default_factory=collections.Counter)
-    errors: collections.Counter = field(default_factory=collections.Counter)
-    closes: collections.Counter = field(default_factory=collections.Counter)  # server-side closes by reason
-
-    def as_dict(self) -> dict:
-        return {k: dict(v) if isinstance(v, collections.Counter) else v for k, v in vars(self).items()}
 
 
 class MTServer:

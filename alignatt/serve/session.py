@@ -23,7 +23,6 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -32,9 +31,8 @@ from alignatt.core.policy import (
     AFTER_STOP, CONTEXT_LEAK, SOURCE_FRONTIER, UNSTABLE_TAIL, PolicyConfig, PolicyResult, decide,
 )
 from alignatt.core.prompt import ContextConfig, recent_history
-
-if TYPE_CHECKING:
-    from alignatt.serve.budget import PromptBudget
+from alignatt.serve.budget import PromptBudget
+from alignatt.serve.limits import BudgetExceeded, SessionLimits, UpdateRejected  # noqa: F401 - their home is limits
 
 # Step.path values.
 FAST_PATH = "fast_path"
@@ -45,23 +43,6 @@ FINAL_CACHED = "final_cached"
 EMPTY = "empty"
 
 _ATTENTION_STOPS = (UNSTABLE_TAIL, SOURCE_FRONTIER, AFTER_STOP, CONTEXT_LEAK)
-
-
-class SessionLimits(BaseModel):
-    """What one session may cost: the one definition of these limits (`ServerLimits` extends it)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    max_utterance_words: int = Field(80, ge=1, description="longer utterances are forced final")
-    max_tail_words: int = Field(64, ge=0, description="tail words past this are ignored")
-    # Token bounds on one draft's work. The engine's positions cap them further (`serve.budget`).
-    max_prompt_tokens: int = Field(2048, ge=16, description="prompt tokens of one draft (bad_protocol past it)")
-    max_target_prefix_tokens: int = Field(
-        1024, ge=0, description="tokens of the target prefix a draft continues (bad_protocol past it)"
-    )
-    max_context_tokens: int = Field(
-        4096, ge=0, description="tokens of init's history + context_text (bad_protocol past it)"
-    )
 
 
 class SessionConfig(BaseModel):
@@ -76,14 +57,6 @@ class SessionConfig(BaseModel):
     final_max_new_tokens: int = Field(256, ge=1)
     limits: SessionLimits = Field(default_factory=SessionLimits)
     context: ContextConfig = Field(default_factory=ContextConfig, description="context/history in the prompt")
-
-
-class UpdateRejected(ValueError):
-    """An update that contradicts the session's state (e.g. an utterance id going backwards)."""
-
-
-class BudgetExceeded(UpdateRejected):
-    """An update whose draft would pass a token bound (the message names the bound)."""
 
 
 # Characters never emitted: C0/C1 controls (category Cc) other than newline, and the bidi
@@ -182,7 +155,7 @@ class Session:
         accepted_target_prefix: str = "",
         history: list[tuple[str, str]] | None = None,
         context_text: str = "",
-        budget: "PromptBudget | None" = None,
+        budget: PromptBudget | None = None,
     ) -> None:
         self.seam = seam
         self.config = config or SessionConfig()
@@ -255,7 +228,9 @@ class Session:
         self, committed_words: list[str], tail_words: list[str], is_final: bool,
         utterance_id: int | None = None,
     ) -> bool:
-        """True when `update` will call the engine (the server runs those off its event loop)."""
+        """True when `update` will call the engine (the server runs those off its event loop).
+        An update `update` would refuse raises `UpdateRejected` here, before any draft is made."""
+        self._check_order(utterance_id)
         if utterance_id is not None and self._open.utterance_id not in (None, utterance_id):
             return bool(_clean(committed_words) or (not is_final and _clean(tail_words)))
         words, tail, _ = self._normalise(committed_words, tail_words, is_final)
@@ -361,6 +336,11 @@ class Session:
         self.history.append((source, target))
         del self.history[: -max(self.config.context.history_pairs, 1)]
 
+    def _check_order(self, utterance_id: int | None) -> None:
+        open_id = self._open.utterance_id
+        if utterance_id is not None and open_id is not None and utterance_id < open_id:
+            raise UpdateRejected(f"utterance_id {utterance_id} is behind the open utterance {open_id}")
+
     def _enter_utterance(self, utterance_id: int | None) -> None:
         u = self._open
         if utterance_id is None or u.utterance_id == utterance_id:
@@ -368,10 +348,7 @@ class Session:
         if u.utterance_id is None:
             u.utterance_id = utterance_id  # first update (a reconnect resumes the client's count)
             return
-        if utterance_id < u.utterance_id:
-            raise UpdateRejected(
-                f"utterance_id {utterance_id} is behind the open utterance {u.utterance_id}"
-            )
+        self._check_order(utterance_id)
         # The client moved on without a final: keep what was shown, open the new utterance.
         if u.committed_words or u.committed_text:
             self._remember(" ".join(u.committed_words), u.committed_text)
@@ -379,7 +356,9 @@ class Session:
 
     def _request(self, source: list[str], committed: int, prefix: str, max_new: int,
                  history: list[tuple[str, str]] | None = None) -> DraftRequest:
-        return DraftRequest(
+        """The draft's request, within the token budget (`PromptBudget.fit`: BudgetExceeded before
+        any engine work, naming the bound)."""
+        request = DraftRequest(
             source_words=source,
             committed_words=committed,
             target_prefix=prefix,
@@ -389,11 +368,10 @@ class Session:
             context_text=self.context_text,
             history=recent_history(self.history if history is None else history, self.config.context),
         )
+        return request if self.budget is None else self.budget.fit(request)
 
     def _draft(self, source: list[str], committed: int, prefix: str, max_new: int) -> Draft:
         request = self._request(source, committed, prefix, max_new)
-        if self.budget is not None:
-            self.budget.check_request(request)  # raises BudgetExceeded before any engine work
         self.engine_calls += 1
         return self.seam.draft(request)
 

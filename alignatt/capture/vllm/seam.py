@@ -137,6 +137,12 @@ class VllmCaptureSeam:
     def max_batch(self) -> int:
         return self.config.max_num_seqs
 
+    @property
+    def max_positions(self) -> int:
+        """Positions a prompt and its draft may take together: the engine's `max_model_len` (what
+        the server's token budget is capped by, so an over-long prompt is refused at admission)."""
+        return self.config.max_model_len
+
     # ---- the batch interface ----
 
     def submit(self, request: DraftRequest) -> str:
