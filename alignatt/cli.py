@@ -234,7 +234,7 @@ def smoke_cmd(
     out: str = typer.Option("outputs/server_smoke.json", help="where to write the smoke artifact"),
 ) -> None:
     """Start the server on loopback, replay the smoke stream through a real client, write the artifact."""
-    from alignatt.pipeline.smoke import SmokeOptions, run_smoke, summary_line
+    from alignatt.measure.smoke import SmokeOptions, run_smoke, summary_line
 
     options = validated(SmokeOptions, model=model, seam=seam, preset=preset, device=device, dtype=dtype,
                         top_k=top_k, heads=heads, speed=speed, client=client, stream=stream, vllm_mode=vllm_mode)
@@ -274,7 +274,7 @@ def load_cmd(
     plot: str = typer.Option(None, help="plot CSV: RTT against speakers"),
 ) -> None:
     """N concurrent real-time speakers on one server per load level; writes the load artifact."""
-    from alignatt.pipeline.load import LoadOptions, run_load
+    from alignatt.measure.capacity import LoadOptions, run_load
 
     options = validated(LoadOptions, "load option ", model=model, seam=seam, preset=preset, device=device,
                         dtype=dtype, top_k=top_k, heads=heads, vllm_mode=vllm_mode, speakers=speakers,
@@ -296,7 +296,7 @@ def soak_cmd(
     out: str = typer.Option("outputs/cpu/soak.json", help="where to write the soak artifact"),
 ) -> None:
     """Mixed well-formed and hostile sessions on loopback for N minutes; RSS, descriptors, targets."""
-    from alignatt.pipeline.soak import SoakOptions, run_soak, summary_line
+    from alignatt.measure.soak import SoakOptions, run_soak, summary_line
 
     artifact = run_soak(SoakOptions(model=model, seam=seam, device=device, minutes=minutes, clients=clients,
                                     seed=seed), out, progress=lambda m: typer.echo(m, err=True))
@@ -355,7 +355,7 @@ def eval_cmd(
     typer.echo(f"wrote {out}")
 
 
-# ---- pipeline: env, bench, report, audit (alignatt.pipeline.provenance / bench / report / audit) ----
+# ---- pipeline: env, bench, report, audit (alignatt.record.provenance / bench / report / audit) ----
 
 
 @app.command("env")
@@ -366,7 +366,7 @@ def env_cmd(
                                      "(no timestamp, load or git state): what the DVC stages depend on"),
 ) -> None:
     """Record this machine's provenance (GPU, driver, CUDA, torch, vLLM, git, container)."""
-    from alignatt.pipeline.artifacts import env_artifact, fingerprint_artifact, write_artifact
+    from alignatt.record.artifacts import env_artifact, fingerprint_artifact, write_artifact
 
     if fingerprint:
         written = fingerprint_artifact(model)
@@ -406,7 +406,7 @@ def bench_cmd(
     progress: bool = typer.Option(True, help="progress bars on stderr"),
 ) -> None:
     """Measure the capture seams on the published protocol; each seam in its own subprocess."""
-    from alignatt.pipeline import bench
+    from alignatt.measure import bench
     from alignatt.pipeline.params import bench_config
 
     config = bench_config(
@@ -442,7 +442,7 @@ def report_cmd(
     root: str = typer.Option(".", help="project root (params.yaml, outputs/, reports/)"),
 ) -> None:
     """Render reports/BENCHMARKS.md from params.yaml and the artifacts (byte-stable)."""
-    from alignatt.pipeline.report import stale_report, write_report
+    from alignatt.report.page import stale_report, write_report
 
     if check:
         stale = stale_report(root)
@@ -463,7 +463,7 @@ def audit_cmd(
     report: bool = typer.Option(True, help="also check combined report rows and report staleness"),
 ) -> None:
     """Validate artifacts, provenance, historical hashes and the report; exit 1 on any finding."""
-    from alignatt.pipeline.audit import run_audit
+    from alignatt.report.audit import run_audit
 
     result = run_audit(paths or None, root, report)
     typer.echo(result.as_json() if as_json else result.as_text())

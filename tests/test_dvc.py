@@ -67,12 +67,12 @@ def test_stage_graph_and_outputs():
 
 # What each stage's command calls (alignatt.cli is the thin front end every command shares).
 STAGE_ENTRY_MODULES = {
-    "env": ["alignatt.pipeline.doctor", "alignatt.pipeline.provenance", "alignatt.pipeline.artifacts"],
-    "bench": ["alignatt.pipeline.bench", "alignatt.pipeline.params"],
-    "smoke": ["alignatt.pipeline.smoke"],
+    "env": ["alignatt.pipeline.doctor", "alignatt.record.provenance", "alignatt.record.artifacts"],
+    "bench": ["alignatt.measure.bench", "alignatt.pipeline.params"],
+    "smoke": ["alignatt.measure.smoke"],
     "eval": ["alignatt.evaluate.run", "alignatt.evaluate.outputs"],
-    "load": ["alignatt.pipeline.load"],
-    "report": ["alignatt.pipeline.report", "alignatt.pipeline.figures"],
+    "load": ["alignatt.measure.capacity"],
+    "report": ["alignatt.report.page", "alignatt.report.figures"],
 }
 
 
@@ -126,7 +126,7 @@ def test_stage_code_deps_cover_every_module_the_stage_imports():
     # the front end and modules no stage runs are not deps: editing them re-runs nothing
     bench_deps = spec["stages"]["bench"]["do"]["deps"]
     assert "alignatt" not in bench_deps and "alignatt/cli.py" not in bench_deps
-    assert not any(d.startswith("alignatt/pipeline/report") for d in bench_deps)
+    assert not any(d.startswith("alignatt/report") for d in bench_deps)
 
 
 def test_smoke_stage_command_exists():
@@ -216,7 +216,7 @@ def test_repro_is_incremental(tmp_path):
     assert "](figures/latency_by_prompt_length_cpu.svg)" in page
     assert (project / "reports" / "figures" / "latency_by_prompt_length_cpu.svg").exists()
     assert "metrics" in dvc(project, "metrics", "show", "--json", env=FAKE_ENV)
-    from alignatt.pipeline.audit import run_audit
+    from alignatt.report.audit import run_audit
 
     result = run_audit(root=project)  # exactly the fake seams are flagged, nothing else
     assert sorted((Path(f.path).name, f.check) for f in result.findings) == [
@@ -260,8 +260,8 @@ def test_experiment_sets_the_profile_and_provenance_records_it(tmp_path):
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=project, capture_output=True, text=True).stdout.strip()
     log = dvc(project, "exp", "run", "-S", "profile=cpu2", "bench@cudagraph", env=FAKE_ENV)
     assert ran_stages(log) == ["env", "bench@cudagraph"], log
-    from alignatt.pipeline.artifacts import load_artifact
-    from alignatt.pipeline.audit import run_audit
+    from alignatt.record.artifacts import load_artifact
+    from alignatt.report.audit import run_audit
 
     art = load_artifact(project / "outputs" / "cpu2" / "bench_cudagraph.json")
     p = art.provenance

@@ -10,8 +10,8 @@ import jinja2
 import pytest
 from typer.testing import CliRunner
 
-from alignatt.pipeline import report
-from alignatt.pipeline.artifacts import load_artifact, write_artifact
+from alignatt.report import page as report
+from alignatt.record.artifacts import load_artifact, write_artifact
 from alignatt.cli import app
 from tests.report_fixtures import bench_artifact, build_tree, write_run
 
@@ -192,7 +192,7 @@ def test_check_finds_stale_missing_and_orphan_figures(tree):
 
 def test_another_stage_registers_its_figures_by_artifact_kind(tree, monkeypatch):
     """How the load and eval stages add theirs: a function keyed by their artifact kind."""
-    from alignatt.pipeline import figures
+    from alignatt.report import figures
 
     monkeypatch.setattr(figures, "_REGISTRY", figures.registered())  # undone after the test
 
@@ -214,7 +214,7 @@ def test_another_stage_registers_its_figures_by_artifact_kind(tree, monkeypatch)
 def test_the_configuration_note_reports_each_graphed_modes_bit_for_bit_check(tree):
     """`check-vllm exact` and `exact_fullgraph` artifacts become one line per mode in the note,
     with the counts they recorded; a failed fullgraph check says why it is served, not scored."""
-    from alignatt.pipeline.artifacts import Check, MeasurementArtifact, write_artifact
+    from alignatt.record.artifacts import Check, MeasurementArtifact, write_artifact
     from tests.report_fixtures import provenance
 
     def checks_artifact(name: str, mode: str, identical: int) -> MeasurementArtifact:

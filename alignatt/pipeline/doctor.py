@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
-from alignatt.pipeline.provenance import NOT_INSTALLED, package_version
+from alignatt.record.provenance import NOT_INSTALLED, package_version
 
 # What alignatt[vllm] installs; vllm_capture is written against these internals.
 PINNED_VLLM = "0.22.1"

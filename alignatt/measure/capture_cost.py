@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
-    from alignatt.pipeline.load import LoadOptions
+    from alignatt.measure.capacity import LoadOptions
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -132,7 +132,7 @@ class _Client:
 
 
 def _sentences(words: list[str]) -> list[list[str]]:
-    from alignatt.pipeline.stream_replay import ends_sentence
+    from alignatt.replay.stream import ends_sentence
 
     out, cur = [], []
     for w in words:
@@ -377,9 +377,9 @@ class _Sampler(threading.Thread):
 def run_soak(options: SoakOptions, out: str | Path | None = "outputs/cpu/soak.json", seam_factory=None,
              progress: Callable[[str], None] | None = None):
     """Start the server on loopback, run the load until the deadline, write the `soak` artifact."""
-    from alignatt.pipeline.artifacts import ARTIFACT_SCHEMA_VERSION, Check, SoakArtifact, write_artifact
-    from alignatt.pipeline.provenance import collect_provenance, model_identity
-    from alignatt.pipeline.stream_replay import load_stream
+    from alignatt.record.artifacts import ARTIFACT_SCHEMA_VERSION, Check, SoakArtifact, write_artifact
+    from alignatt.record.provenance import collect_provenance, model_identity
+    from alignatt.replay.stream import load_stream
     from alignatt.serve.config import DirectionRoute, ServerConfig, ServerLimits
     from alignatt.serve.server import ServerThread
 

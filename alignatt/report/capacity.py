@@ -1,7 +1,7 @@
 """The Benchmarks page's capacity section: a table per load level and RTT p95 against speakers.
 
 Rows and the figure come from the `load` artifacts (`alignatt load`, DVC stage `load`); the
-figure registers itself with `alignatt.pipeline.figures` (kind `load`), one line per
+figure registers itself with `alignatt.report.figures` (kind `load`), one line per
 configuration (artifact: profile, seam, vLLM mode, prefix caching).
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from alignatt.pipeline.figures import Figure, new_figure, styled, figure_for, svg_text
+from alignatt.report.figures import Figure, new_figure, styled, figure_for, svg_text
 
 if TYPE_CHECKING:
-    from alignatt.pipeline.report import ReportInputs
+    from alignatt.report.page import ReportInputs
 
 
 def _fmt(value: float | None, digits: int = 0) -> str:
@@ -35,7 +35,7 @@ def configuration(rel: str, artifact: Any, vllm_mode: str | None = None) -> str:
 
 
 def capacity_rows(inputs: "ReportInputs") -> list[dict[str, Any]]:
-    from alignatt.pipeline.report_rows import machine_of
+    from alignatt.report.rows import machine_of
 
     rows = []
     for rel, a in sorted(inputs.of_kind("load"), key=lambda t: t[0]):

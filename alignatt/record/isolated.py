@@ -6,7 +6,7 @@ engines one after another (the load benchmark's configurations, its capture cost
 through `run_in_child`: the target is a module-level function that takes and returns plain JSON
 data; the child's log goes to this process's stderr, and a failed child raises with its exit code.
 
-    python -m alignatt.pipeline.isolated MODULE:FUNCTION IN_JSON OUT_JSON
+    python -m alignatt.record.isolated MODULE:FUNCTION IN_JSON OUT_JSON
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def run_in_child(target: str, payload: dict, what: str) -> Any:
     with tempfile.TemporaryDirectory(prefix="alignatt-isolated-") as tmp:
         given, out = Path(tmp) / "in.json", Path(tmp) / "out.json"
         given.write_text(json.dumps(payload), encoding="utf-8")
-        done = subprocess.run([sys.executable, "-m", "alignatt.pipeline.isolated", target, str(given), str(out)])
+        done = subprocess.run([sys.executable, "-m", "alignatt.record.isolated", target, str(given), str(out)])
         if done.returncode != 0 or not out.exists():
             raise AlignattError(f"{what} failed in its own process (exit {done.returncode}; its log is above)")
         return json.loads(out.read_text(encoding="utf-8"))
@@ -47,7 +47,7 @@ def run_in_child(target: str, payload: dict, what: str) -> Any:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 3:
-        print("usage: python -m alignatt.pipeline.isolated MODULE:FUNCTION IN_JSON OUT_JSON", file=sys.stderr)
+        print("usage: python -m alignatt.record.isolated MODULE:FUNCTION IN_JSON OUT_JSON", file=sys.stderr)
         return 2
     try:
         result = resolve(args[0])(json.loads(Path(args[1]).read_text(encoding="utf-8")))

@@ -2,8 +2,8 @@
 
 The server runs in-process on loopback (one engine unless `engines` says more, each engine's
 scheduler batching the drafts of the sessions placed on it). For each N in `speakers`, N native
-clients (`alignatt.pipeline.stream_replay`) each replay a stream in real time through their own
-WebSocket, from client processes of their own (alignatt.pipeline.load_clients: not the server's
+clients (`alignatt.replay.stream`) each replay a stream in real time through their own
+WebSocket, from client processes of their own (alignatt.replay.speakers: not the server's
 interpreter lock) (lockstep by default: an update waits for its reply; `pacing=realtime`: sent
 when due, never waiting), starts staggered by `stagger_s`; speaker i replays stream i mod
 len(streams) (the bundled smoke stream and a composed multi-minute stream by default). Per level
@@ -28,9 +28,9 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from alignatt.core.errors import AlignattError
-from alignatt.pipeline.load_clients import SpeakerPlan, run_speakers
-from alignatt.pipeline.smoke import ServedModelOptions, percentile
-from alignatt.pipeline.stream_replay import RunRecord, SmokeStream, count_retractions, ends_sentence, load_stream
+from alignatt.replay.speakers import SpeakerPlan, run_speakers
+from alignatt.measure.smoke import ServedModelOptions, percentile
+from alignatt.replay.stream import RunRecord, SmokeStream, count_retractions, ends_sentence, load_stream
 
 BUNDLED_STREAMS = {"smoke": "mt_server_smoke_stream.json", "long": "mt_load_long_stream.json"}
 # Flags a configuration label may add to its vLLM mode (`fullgraph+batch_invariant`): engine options.
@@ -56,8 +56,8 @@ class LoadOptions(ServedModelOptions):
     pacing: Literal["lockstep", "realtime"] = Field(
         "lockstep", description="lockstep: an update waits for its reply; realtime: sent when due, never waits")
     clients: Literal["processes", "threads"] = Field(
-        "processes", description="processes: speakers in client processes of their own (alignatt.pipeline."
-                                 "load_clients); threads: in the server's process (contends for its GIL)")
+        "processes", description="processes: speakers in client processes of their own (alignatt.replay."
+                                 "speakers); threads: in the server's process (contends for its GIL)")
     speakers_per_process: int = Field(16, ge=1, description="speaker threads per client process")
     prefix_caching: bool | None = Field(None, description="vllm_capture: None = the server's default (on)")
     max_num_seqs: int | None = Field(None, ge=1, description="vllm_capture: the engine's batch limit")
@@ -317,13 +317,13 @@ def run_configuration(options: LoadOptions, mode: str | None, seam_factory=None)
 
 
 def configuration_in_child(payload: dict) -> dict:
-    """`run_configuration` for `alignatt.pipeline.isolated` (payload: options and mode)."""
+    """`run_configuration` for `alignatt.record.isolated` (payload: options and mode)."""
     return run_configuration(LoadOptions.model_validate(payload["options"]), payload["mode"])
 
 
 def capture_cost_in_child(payload: dict) -> list[dict]:
     from alignatt.core.draft import Head
-    from alignatt.pipeline.capture_cost import capture_cost
+    from alignatt.measure.capture_cost import capture_cost
 
     options = LoadOptions.model_validate(payload["options"])
     mode, flags = parse_configuration(payload["mode"])
@@ -365,9 +365,9 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
              plot: str | Path | None = None, seam_factory=None):
     """Every configuration's load levels on a loopback server, then the capture cost; writes the
     artifact (and metrics/plot) once all of it is measured."""
-    from alignatt.pipeline.artifacts import ARTIFACT_SCHEMA_VERSION, CaptureCostRow, LoadArtifact, LoadLevel, write_artifact
-    from alignatt.pipeline.isolated import run_in_child
-    from alignatt.pipeline.provenance import collect_provenance, model_identity
+    from alignatt.record.artifacts import ARTIFACT_SCHEMA_VERSION, CaptureCostRow, LoadArtifact, LoadLevel, write_artifact
+    from alignatt.record.isolated import run_in_child
+    from alignatt.record.provenance import collect_provenance, model_identity
     from alignatt.serve.config import resolve_heads, resolve_preset
     from alignatt.serve.protocol import ProtocolError
 
@@ -385,7 +385,7 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
     runs: list[dict] = []
     for mode in modes:
         payload = {"options": options.model_dump(), "mode": mode}
-        runs.append(run_in_child("alignatt.pipeline.load:configuration_in_child", payload, f"load ({mode})")
+        runs.append(run_in_child("alignatt.measure.capacity:configuration_in_child", payload, f"load ({mode})")
                     if isolate else run_configuration(options, mode, seam_factory))
     levels = [lv for r in runs for lv in r["levels"]]
     cost: list[dict] = []
@@ -393,7 +393,7 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
     if want_cost:
         for mode in modes:
             payload = {"options": options.model_dump(), "mode": mode or "cudagraph", "heads": heads}
-            rows = (run_in_child("alignatt.pipeline.load:capture_cost_in_child", payload, f"capture cost ({mode})")
+            rows = (run_in_child("alignatt.measure.capacity:capture_cost_in_child", payload, f"capture cost ({mode})")
                     if seam_factory is None else capture_cost_in_child(payload))
             cost += [{**row, "vllm_mode": mode or "cudagraph"} for row in rows]
         note = (f"draft_many of the bench prompts, {options.capture_cost_tokens} fixed-length tokens, "

@@ -11,7 +11,7 @@ A seam that cannot run here (no CUDA, vLLM not installed, weights missing: `Alig
 its factory) or whose worker fails is recorded as skipped with the reason, never dropped.
 
 The runner takes a seam factory, so the aggregation can be tested with a fake seam. The front end
-is `alignatt bench` (typer, alignatt.cli); `python -m alignatt.pipeline.bench JOB.json` is only the
+is `alignatt bench` (typer, alignatt.cli); `python -m alignatt.measure.bench JOB.json` is only the
 per-seam worker that `SubprocessRunner` starts (a `WorkerJob`), not a second command line.
 """
 
@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from alignatt.pipeline.artifacts import (
+from alignatt.record.artifacts import (
     ARTIFACT_SCHEMA_VERSION,
     KNOWN_SEAMS,
     TIMING_KEYS,
@@ -50,9 +50,9 @@ from alignatt.pipeline.artifacts import (
 )
 from alignatt.core.errors import AlignattError
 
-DEFAULT_FACTORY = "alignatt.pipeline.bench:default_seam_factory"
+DEFAULT_FACTORY = "alignatt.measure.bench:default_seam_factory"
 # The same factory under its path before the package regroup (artifacts measured before it).
-OWN_FACTORIES = (DEFAULT_FACTORY, "alignatt.bench:default_seam_factory")
+OWN_FACTORIES = (DEFAULT_FACTORY, "alignatt.pipeline.bench:default_seam_factory", "alignatt.bench:default_seam_factory")
 FACTORY_ENV = "ALIGNATT_BENCH_SEAM_FACTORY"
 
 BenchSeamFactory = Callable[[str, BenchConfig], Any]  # returns an object implementing capture.Seam
@@ -277,7 +277,7 @@ class WorkerJob(BaseModel):
 
 
 class SubprocessRunner:
-    """Runs each seam in a fresh `python -m alignatt.pipeline.bench JOB.json` worker process."""
+    """Runs each seam in a fresh `python -m alignatt.measure.bench JOB.json` worker process."""
 
     def __init__(self, factory: str | None = None, progress: bool = True, python: str | None = None):
         # ALIGNATT_BENCH_SEAM_FACTORY=module:function swaps the seams (tests, external seams);
@@ -292,7 +292,7 @@ class SubprocessRunner:
             job = WorkerJob(seam=name, config=config, out=str(out_path), factory=self.factory,
                             progress=self.progress)
             job_path.write_text(job.model_dump_json(), encoding="utf-8")
-            code, tail = _run_teeing_stderr([self.python, "-m", "alignatt.pipeline.bench", str(job_path)])
+            code, tail = _run_teeing_stderr([self.python, "-m", "alignatt.measure.bench", str(job_path)])
             if code == 0 and out_path.exists():
                 try:
                     return SeamResult.model_validate_json(out_path.read_text(encoding="utf-8"))
@@ -326,7 +326,7 @@ def _run_teeing_stderr(cmd: list[str], keep: int = 8) -> tuple[int, list[str]]:
 
 def run_bench(config: BenchConfig, runner: SeamRunner | None = None) -> BenchArtifact:
     """Measure every configured seam and assemble the artifact (provenance collected last)."""
-    from alignatt.pipeline.provenance import collect_provenance, model_identity
+    from alignatt.record.provenance import collect_provenance, model_identity
 
     unknown = [s for s in config.seams if s not in KNOWN_SEAMS]
     if unknown:
@@ -416,7 +416,7 @@ def write_bench_outputs(
     plot: str | Path | None = None, add: bool = False,
 ) -> BenchArtifact:
     """Write the artifact (merged into an existing `out` when `add`) and its derived files."""
-    from alignatt.pipeline.artifacts import load_artifact, write_artifact
+    from alignatt.record.artifacts import load_artifact, write_artifact
 
     if add and Path(out).exists():
         base = load_artifact(out)
@@ -464,5 +464,5 @@ def worker_main(job_file: str) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m alignatt.pipeline.bench JOB.json (the seam worker; use `alignatt bench`)")
+        sys.exit("usage: python -m alignatt.measure.bench JOB.json (the seam worker; use `alignatt bench`)")
     sys.exit(worker_main(sys.argv[1]))

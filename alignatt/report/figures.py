@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING
 from alignatt.core.errors import AlignattError
 
 if TYPE_CHECKING:
-    from alignatt.pipeline.report import ReportInputs
+    from alignatt.report.page import ReportInputs
 
 FIGURES_DIR = "figures"  # under reports/, beside BENCHMARKS.md
 # Modules that register figure functions when imported (this one, and e.g. a load or eval module).
-FIGURE_MODULES: tuple[str, ...] = ("alignatt.pipeline.figures", "alignatt.pipeline.load_report")
+FIGURE_MODULES: tuple[str, ...] = ("alignatt.report.figures", "alignatt.report.capacity")
 SVG_RC = {"svg.hashsalt": "alignatt-report", "svg.fonttype": "none", "svg.image_inline": True,
           "path.simplify": False}
 SVG_METADATA = {"Date": None, "Creator": "alignatt report", "Format": None, "Type": None}
@@ -125,8 +125,8 @@ def styled(draw: Callable[[], Figure]) -> Figure:
 @figure_for("bench")
 def latency_by_prompt_length(inputs: "ReportInputs") -> list[Figure]:
     """Per pipeline folder (profile): each seam's median ms/token per prompt against its length."""
-    from alignatt.pipeline.artifacts import BENCH_FILE
-    from alignatt.pipeline.report_rows import MODE_ORDER, machine_of
+    from alignatt.record.artifacts import BENCH_FILE
+    from alignatt.report.rows import MODE_ORDER, machine_of
 
     figures = []
     for session in sorted(inputs.runs):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from alignatt.capture.names import HF_SEAMS
-from alignatt.pipeline.artifacts import BenchArtifact, EnvArtifact, PublishedArtifact, ServerSmokeArtifact
+from alignatt.record.artifacts import BenchArtifact, EnvArtifact, PublishedArtifact, ServerSmokeArtifact
 
 MODE_ORDER = {"eager": 0, "cudagraph": 1, "fullgraph": 2, "compiled": 3}
 

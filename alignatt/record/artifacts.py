@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from alignatt.capture.names import SEAMS, VLLM_MODES
 from alignatt.core.errors import AlignattError
-from alignatt.pipeline.provenance import Fingerprint, Provenance
+from alignatt.record.provenance import Fingerprint, Provenance
 
 ARTIFACT_SCHEMA_VERSION = 1
 KNOWN_SEAMS = SEAMS
@@ -382,7 +382,7 @@ def artifact_json(artifact: BaseModel) -> str:
 
 def env_artifact(model: str | None = None) -> EnvArtifact:
     """What `alignatt env` writes: this machine's provenance (and the model's identity)."""
-    from alignatt.pipeline.provenance import collect_provenance, model_identity
+    from alignatt.record.provenance import collect_provenance, model_identity
 
     model_id, revision = model_identity(model) if model else (None, None)
     return EnvArtifact(
@@ -393,7 +393,7 @@ def env_artifact(model: str | None = None) -> EnvArtifact:
 
 def fingerprint_artifact(model: str | None = None) -> FingerprintArtifact:
     """What the env stage writes: this machine's fingerprint (and the model's identity)."""
-    from alignatt.pipeline.provenance import fingerprint_of
+    from alignatt.record.provenance import fingerprint_of
 
     return FingerprintArtifact(schema_version=ARTIFACT_SCHEMA_VERSION,
                                fingerprint=fingerprint_of(env_artifact(model).provenance))
@@ -408,7 +408,7 @@ def measurement_artifact(
     model: str | None = None,
 ) -> MeasurementArtifact:
     """A `MeasurementArtifact` stamped with this machine's provenance (and the model's identity)."""
-    from alignatt.pipeline.provenance import collect_provenance, model_identity
+    from alignatt.record.provenance import collect_provenance, model_identity
 
     model_id, revision = model_identity(model) if model else (None, None)
     return MeasurementArtifact(

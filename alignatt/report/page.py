@@ -4,8 +4,8 @@ Everything in the document comes from files: the methodology from params.yaml an
 configs, one results row per measurement (historical rows from `outputs/published/`, ours from
 `outputs/<profile>/`), notes computed from the rows. Rendering is byte-stable (no render-time
 clock, sorted inputs, fixed number formats), so `alignatt report --check` can tell whether the
-committed document is stale. Which artifacts make a results row: `alignatt.pipeline.report_rows`;
-the figures (SVG, `reports/figures/`) come from `alignatt.pipeline.figures` and are checked the
+committed document is stale. Which artifacts make a results row: `alignatt.report.rows`;
+the figures (SVG, `reports/figures/`) come from `alignatt.report.figures` and are checked the
 same way.
 """
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from alignatt.pipeline.artifacts import (
+from alignatt.record.artifacts import (
     BENCH_FILE,
     BenchArtifact,
     EnvArtifact,
@@ -30,9 +30,9 @@ from alignatt.pipeline.artifacts import (
     sha256_file,
 )
 from alignatt.core.errors import AlignattError
-from alignatt.pipeline.figures import FIGURES_DIR, Figure, render_figures
-from alignatt.pipeline.load_report import capacity_rows, capture_cost_rows
-from alignatt.pipeline.report_rows import ResultRow, load_note, machine_of, our_rows, published_rows
+from alignatt.report.figures import FIGURES_DIR, Figure, render_figures
+from alignatt.report.capacity import capacity_rows, capture_cost_rows
+from alignatt.report.rows import ResultRow, load_note, machine_of, our_rows, published_rows
 
 TEMPLATE = "BENCHMARKS.md.j2"
 
@@ -257,7 +257,7 @@ def load_independence(inputs: ReportInputs) -> dict[str, Any] | None:
 
 
 def methodology(inputs: ReportInputs) -> dict[str, Any]:
-    from alignatt.pipeline.bench import load_prompts
+    from alignatt.measure.bench import load_prompts
     from alignatt.pipeline.params import BenchParams, profile_of
 
     params = inputs.params
