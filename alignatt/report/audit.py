@@ -264,7 +264,8 @@ def _json_files(paths: list[Path]) -> list[Path]:
 def audit_report(root: Path, result: AuditResult) -> None:
     """Combined rows must agree; the committed report must equal a fresh render."""
     from alignatt.pipeline.params import load_params
-    from alignatt.report.page import collect_inputs, report_path, stale_report
+    from alignatt.report.inputs import collect_inputs
+    from alignatt.report.page import report_path, stale_report
 
     try:
         params = load_params(root / "params.yaml")
