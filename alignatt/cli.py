@@ -12,6 +12,7 @@ from typing import NoReturn
 import typer
 from typer.core import TyperGroup
 
+from alignatt.capture.names import DEFAULT_SEAM
 from alignatt.core.errors import AlignattError
 from alignatt.models.presets import DEFAULT_MODEL
 
@@ -47,7 +48,7 @@ def validated(options_cls, prefix: str = "", **fields):
 
 # The options of the commands that serve a model (serve, smoke, load, soak, eval): declared once.
 MODEL = typer.Option(DEFAULT_MODEL, help="model preset or local checkpoint")
-SEAM = typer.Option("hf_qk_fast", help="capture seam: hf_eager | hf_qk_fast | vllm_capture")
+SEAM = typer.Option(DEFAULT_SEAM, help="capture seam: hf_eager | hf_qk_fast | vllm_capture")
 PRESET = typer.Option("balanced", help="latency preset: low_latency | balanced | high_latency")
 DEVICE = typer.Option("cpu")
 DTYPE = typer.Option(None, help="float32 | bfloat16 (default: the model's)")
@@ -64,7 +65,7 @@ def translate_cmd(
     source: str = typer.Option(..., "--source", help="source text (committed words first, then the tail)"),
     committed_words: int = typer.Option(None, "--committed-words", help="committed source words (default: all)"),
     prefix: str = typer.Option("", "--prefix", help="accepted target text the draft continues"),
-    seam: str = typer.Option("hf_qk_fast", "--seam", help="hf_eager | hf_qk_fast | vllm_capture"),
+    seam: str = typer.Option(DEFAULT_SEAM, "--seam", help="hf_eager | hf_qk_fast | vllm_capture"),
     model: str = typer.Option(DEFAULT_MODEL, "--model", help="model preset or local checkpoint"),
     heads: int = typer.Option(4, "--heads", help="use the model's top-K default alignment heads"),
     head: list[str] = typer.Option(None, "--head", help="explicit head LAYER:HEAD (repeatable; overrides --heads)"),
@@ -311,7 +312,7 @@ def eval_cmd(
     test_set: str = typer.Option("en-de", "--test-set", help="named set (en-de), .jsonl, word-alignment .json, or SOURCE:TARGET files"),
     direction: str = typer.Option(None, help="source-target, e.g. cs-en (default: the test set's, else en-de)"),
     model: str = MODEL,
-    variants: str = typer.Option("hf_qk_fast", help="comma-separated seam[:vllm_mode], e.g. vllm_capture:cudagraph,vllm_capture:eager"),
+    variants: str = typer.Option(DEFAULT_SEAM, help="comma-separated seam[:vllm_mode], e.g. vllm_capture:cudagraph,vllm_capture:eager"),
     presets: str = typer.Option("low_latency,balanced,high_latency", help="comma-separated latency presets"),
     drivers: str = typer.Option("inprocess", help="comma-separated: inprocess, websocket (alignatt serve, native client), wlk (alignatt serve, WhisperLiveKit client)"),
     limit: int = typer.Option(None, help="first N sentences of the test set"),

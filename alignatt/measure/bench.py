@@ -48,6 +48,7 @@ from alignatt.record.artifacts import (
     PromptSummary,
     SeamResult,
 )
+from alignatt.capture.names import VLLM_CAPTURE
 from alignatt.core.errors import AlignattError
 
 DEFAULT_FACTORY = "alignatt.measure.bench:default_seam_factory"
@@ -223,7 +224,7 @@ def default_seam_factory(name: str, config: BenchConfig):
     from alignatt.capture.registry import make_seam
 
     heads = default_heads(config.model, config.heads_k)
-    options = {"vllm_mode": config.vllm_mode} if name == "vllm_capture" else {}
+    options = {"vllm_mode": config.vllm_mode} if name == VLLM_CAPTURE else {}
     return make_seam(
         name, model=config.model, heads=heads, device=config.device, dtype=config.dtype, **options
     )
@@ -337,11 +338,12 @@ def run_bench(config: BenchConfig, runner: SeamRunner | None = None) -> BenchArt
     runner = runner or SubprocessRunner()
     results = [runner(name, config) for name in config.seams]
     model_id, revision = model_identity(config.model)
+    provenance = collect_provenance(model_id=model_id, model_revision=revision)
     return BenchArtifact(
         schema_version=ARTIFACT_SCHEMA_VERSION,
-        provenance=collect_provenance(model_id=model_id, model_revision=revision),
+        provenance=provenance,
         config=config,
-        synthetic_weights=revision == "random weights",
+        synthetic_weights=provenance.synthetic_weights,
         seam_factory=getattr(runner, "factory", "unknown"),
         prompt_count=len(prompts),
         seams=results,

@@ -27,7 +27,9 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from alignatt.capture.names import VLLM_CAPTURE
 from alignatt.core.errors import AlignattError
+from alignatt.models.presets import preset_for
 from alignatt.replay.speakers import SpeakerPlan, run_speakers
 from alignatt.measure.smoke import ServedModelOptions, percentile
 from alignatt.replay.stream import RunRecord, SmokeStream, count_retractions, ends_sentence, load_stream
@@ -261,7 +263,7 @@ def _route(options: LoadOptions, configuration: str | None):
     seam_options: dict[str, Any] = dict(flags)
     if mode:
         seam_options["vllm_mode"] = mode
-    if options.seam == "vllm_capture":
+    if options.seam == VLLM_CAPTURE:
         if options.prefix_caching is not None:
             seam_options["enable_prefix_caching"] = options.prefix_caching
         if options.max_num_seqs is not None:
@@ -356,7 +358,7 @@ def vllm_modes(options: LoadOptions) -> list[str | None]:
     modes = [m.strip() for m in (options.vllm_mode or "").split(",") if m.strip()] or [None]
     for label in modes:
         parse_configuration(label)
-    if len(modes) > 1 and options.seam != "vllm_capture":
+    if len(modes) > 1 and options.seam != VLLM_CAPTURE:
         raise AlignattError("several vllm modes need the vllm_capture seam")
     return modes
 
@@ -378,10 +380,10 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
     streams = resolve_streams(options.streams)
     modes = vllm_modes(options)
     want_cost = options.capture_cost == "on" or (
-        options.capture_cost == "auto" and options.seam == "vllm_capture" and options.device.startswith("cuda"))
+        options.capture_cost == "auto" and options.seam == VLLM_CAPTURE and options.device.startswith("cuda"))
     # One vLLM engine per process: with a second one to come (another mode, the capture cost), each
     # configuration runs in a child of its own.
-    isolate = seam_factory is None and options.seam == "vllm_capture" and (len(modes) > 1 or want_cost)
+    isolate = seam_factory is None and options.seam == VLLM_CAPTURE and (len(modes) > 1 or want_cost)
     runs: list[dict] = []
     for mode in modes:
         payload = {"options": options.model_dump(), "mode": mode}
@@ -406,8 +408,9 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
         model_id, revision = model_identity(options.model)
     except Exception:  # noqa: BLE001 - identity is best effort (a local path without metadata)
         model_id, revision = options.model, None
-    synthetic = bool((engine_facts.get("seam_describe") or {}).get("synthetic_weights")) or options.model.endswith(
-        "-synthetic")
+    preset = preset_for(options.model)
+    synthetic = bool((engine_facts.get("seam_describe") or {}).get("synthetic_weights")) or bool(
+        preset and preset.synthetic_weights)
     artifact = LoadArtifact(
         schema_version=ARTIFACT_SCHEMA_VERSION,
         provenance=collect_provenance(model_id=model_id, model_revision=revision),

@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+from alignatt.capture.names import VLLM_CAPTURE
+
 
 class CaptureCostOptions(Protocol):
     """What the measurement reads from its caller's options (the capacity benchmark's `LoadOptions`
@@ -42,7 +44,7 @@ def capture_cost(options: CaptureCostOptions, heads: list, make: Callable[..., A
     prompts = [r for _, r in bench_requests(options.capture_cost_tokens)]
     walls: dict[bool, dict[int, float]] = {}
     for captured in (True, False):
-        seam = make("vllm_capture", model=options.model, heads=heads, device=options.device, dtype=options.dtype,
+        seam = make(VLLM_CAPTURE, model=options.model, heads=heads, device=options.device, dtype=options.dtype,
                     vllm_mode=options.vllm_mode or "cudagraph", capture=captured, fixed_length=True,
                     max_num_seqs=max(options.capture_cost_batches), **(seam_options or {}))
         try:

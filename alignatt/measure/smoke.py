@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from alignatt.core.errors import AlignattError
 from alignatt.replay.stream import RunRecord, count_retractions, ends_sentence, load_stream, replay_native, replay_wlk
 from alignatt.replay.wlk_client import load_wlk_client, wlk_available, wlk_version
+from alignatt.capture.names import DEFAULT_SEAM
 from alignatt.models.presets import DEFAULT_MODEL
 
 
@@ -38,7 +39,7 @@ class ServedModelOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str = DEFAULT_MODEL
-    seam: str = "hf_qk_fast"
+    seam: str = DEFAULT_SEAM
     preset: str = "balanced"
     device: str = "cpu"
     dtype: str | None = None

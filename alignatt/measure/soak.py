@@ -27,6 +27,10 @@ from typing import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from alignatt.capture.names import DEFAULT_SEAM
+from alignatt.core.policy import POLICY_PRESETS
+from alignatt.models.presets import DEFAULT_MODEL
+
 
 RSS_TOLERANCE = 0.05
 FD_SLACK = 2  # descriptors the runtime may open lazily (e.g. a thread pool's wake-up pipe)
@@ -35,8 +39,8 @@ FD_SLACK = 2  # descriptors the runtime may open lazily (e.g. a thread pool's wa
 class SoakOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    model: str = "gemma3-270m"
-    seam: str = "hf_qk_fast"
+    model: str = DEFAULT_MODEL
+    seam: str = DEFAULT_SEAM
     device: str = "cpu"
     dtype: str | None = None
     heads: str | None = Field(None, description="head-set file or bundled name (default: the model's)")
@@ -148,7 +152,7 @@ def well_formed(c: _Client, rng: random.Random, sentences: list[list[str]], dead
 
     Past the deadline the open utterance goes straight to its final, so the load ends promptly.
     """
-    c.init(preset=rng.choice(["low_latency", "balanced", "high_latency"]))
+    c.init(preset=rng.choice(list(POLICY_PRESETS)))
     named = rng.random() < 0.7  # else utterance_id is left out (the open utterance)
     for uid in range(rng.randint(1, 2)):
         words = rng.choice(sentences)

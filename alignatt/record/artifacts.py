@@ -411,15 +411,16 @@ def measurement_artifact(
     from alignatt.record.provenance import collect_provenance, model_identity
 
     model_id, revision = model_identity(model) if model else (None, None)
+    provenance = collect_provenance(model_id=model_id, model_revision=revision)
     return MeasurementArtifact(
         schema_version=ARTIFACT_SCHEMA_VERSION,
-        provenance=collect_provenance(model_id=model_id, model_revision=revision),
+        provenance=provenance,
         name=name,
         description=description,
         config=config,
         results=results,
         checks=checks or [],
-        synthetic_weights=revision == "random weights",
+        synthetic_weights=provenance.synthetic_weights,
     )
 
 

@@ -42,6 +42,7 @@ from alignatt.record.artifacts import (
     read_published,
     sha256_file,
 )
+from alignatt.capture.names import VLLM_CAPTURE
 from alignatt.core.errors import AlignattError
 from alignatt.record.provenance import HOST, NOT_INSTALLED, fingerprint_differences, fingerprint_of
 
@@ -132,7 +133,7 @@ def provenance_gaps(artifact) -> list[str]:
         if artifact.seam_factory not in OWN_FACTORIES:
             gaps.append(f"seams built by {artifact.seam_factory!r}, not alignatt's own seams")
         ran = [s.seam for s in artifact.seams if s.status == "ok"]
-        if "vllm_capture" in ran and p.vllm == NOT_INSTALLED:
+        if VLLM_CAPTURE in ran and p.vllm == NOT_INSTALLED:
             gaps.append("a vLLM seam ran but the vLLM version is not recorded")
         if artifact.config.device.startswith("cuda"):
             if p.gpu_count == 0:

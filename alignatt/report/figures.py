@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import date
 
+from alignatt.capture.names import HF_EAGER, HF_QK_FAST, VLLM_CAPTURE, VLLM_MODES
 from alignatt.core.errors import AlignattError
 from alignatt.report.inputs import ReportInputs
 
@@ -27,8 +28,8 @@ FIGURES_DIR = "figures"  # under reports/, beside BENCHMARKS.md
 SVG_RC = {"svg.hashsalt": "alignatt-report", "svg.fonttype": "none", "svg.image_inline": True,
           "path.simplify": False}
 SVG_METADATA = {"Date": None, "Creator": "alignatt report", "Format": None, "Type": None}
-SEAM_COLORS = {"hf_eager": "#d62728", "hf_qk_fast": "#1f77b4", "vllm_capture": "#2ca02c"}
-MODE_MARKERS = {"eager": "o", "cudagraph": "s", "fullgraph": "D", "compiled": "^"}
+SEAM_COLORS = {HF_EAGER: "#d62728", HF_QK_FAST: "#1f77b4", VLLM_CAPTURE: "#2ca02c"}
+MODE_MARKERS = dict(zip(VLLM_MODES, ("o", "s", "D", "^"), strict=True))  # a new mode needs its marker
 
 
 @dataclass(frozen=True)

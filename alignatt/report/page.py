@@ -62,7 +62,7 @@ def smoke_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
                          note=note))
     for rel, a in inputs.smokes:
         latencies = [e.latency_ms for e in a.fast_path_events]
-        synthetic = a.provenance.model_revision == "random weights"
+        synthetic = a.provenance.synthetic_weights
         rows.append(dict(
             date=a.provenance.date, machine=machine_of(a),
             model=str(a.config.get("model", "—")) + (" (synthetic weights)" if synthetic else ""),
