@@ -1,4 +1,4 @@
-"""Cross-engine parity for `vllm_capture` (issue 3): vLLM vs transformers on the same weights.
+"""Cross-engine parity for `vllm_capture`: vLLM vs transformers on the same weights.
 
 A reduced-depth Gemma-4 (sliding, full and KV-shared layers; random weights saved once as
 safetensors) is loaded by both engines. vLLM drafts greedily and captures q/K per layer; the

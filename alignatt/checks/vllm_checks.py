@@ -1,4 +1,4 @@
-"""GPU correctness checks for `vllm_capture` (issue 3), each writing into one JSON artifact.
+"""GPU correctness checks for `vllm_capture`, each writing into one JSON artifact.
 
     alignatt check-vllm all --part a --workdir W --out OUT/vllm_checks_a.json
     alignatt check-vllm all --part b --workdir W --out OUT/vllm_checks_b.json
@@ -366,7 +366,7 @@ def as_measurement(raw: dict):
         schema_version=ARTIFACT_SCHEMA_VERSION,
         provenance=raw["provenance"],
         name="vllm_checks",
-        description="vllm_capture correctness and overhead on the GPU (issue 3): "
+        description="vllm_capture correctness and overhead on the GPU: "
         + ", ".join(raw["config"].get("checks", [])),
         config=raw["config"],
         results={"checks": raw["checks"], "total_s": raw.get("total_s")},

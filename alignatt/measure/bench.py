@@ -52,7 +52,8 @@ from alignatt.capture.names import VLLM_CAPTURE
 from alignatt.core.errors import AlignattError
 
 DEFAULT_FACTORY = "alignatt.measure.bench:default_seam_factory"
-# The same factory under its path before the package regroup (artifacts measured before it).
+# The same factory under the module paths it had earlier: committed bench artifacts record them, and
+# they name alignatt's own seams all the same (the audit flags any other factory).
 OWN_FACTORIES = (DEFAULT_FACTORY, "alignatt.pipeline.bench:default_seam_factory", "alignatt.bench:default_seam_factory")
 FACTORY_ENV = "ALIGNATT_BENCH_SEAM_FACTORY"
 

@@ -3,7 +3,7 @@
 The server runs in this process (127.0.0.1 only); a few client threads open sessions until the
 deadline, then stop by themselves (every session is bounded in updates and every reply wait in
 time). Well-formed sessions stream sentences word by word (tail arrival, commit, final) and check
-that `committed_text` only grows; hostile ones send what issue 10 found (malformed JSON, huge
+that `committed_text` only grows; hostile ones send what breaks a careless server (malformed JSON, huge
 integers, lone surrogates, oversized frames, words with inner whitespace, token-bound breakers,
 control characters, seq replays, idle sockets, abandoned sessions) and check the server's answer.
 A sampler records RSS, file descriptors and active sessions over time. The `soak` artifact

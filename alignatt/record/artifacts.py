@@ -246,7 +246,7 @@ class LoadLevel(_Strict):
     texts_differing_from_alone: int | None = None  # updates whose committed text differs from N=1
     decisions_differing_from_alone: int | None = None  # updates whose path or released text differs
     vllm_mode: str | None = None  # the configuration (vllm_capture's mode) this level ran on
-    engines: list[LoadEngine] = Field(default_factory=list)  # per engine; empty in artifacts from before
+    engines: list[LoadEngine] = Field(default_factory=list)  # per engine; empty in artifacts that predate the field (they still validate)
 
 
 class CaptureCostRow(_Strict):
