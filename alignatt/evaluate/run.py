@@ -55,7 +55,7 @@ class EvalOptions(BaseModel):
 
 
 def parse_variant(variant: str) -> tuple[str, dict[str, Any]]:
-    from alignatt.record.artifacts import KNOWN_SEAMS, VLLM_MODES
+    from alignatt.capture.names import SEAMS as KNOWN_SEAMS, VLLM_MODES
 
     seam, _, mode = variant.partition(":")
     if seam not in KNOWN_SEAMS:

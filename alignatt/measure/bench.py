@@ -24,7 +24,6 @@ import io
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,6 +49,7 @@ from alignatt.record.artifacts import (
 )
 from alignatt.capture.names import VLLM_CAPTURE
 from alignatt.core.errors import AlignattError
+from alignatt.record.isolated import run_module
 
 DEFAULT_FACTORY = "alignatt.measure.bench:default_seam_factory"
 # The same factory under the module paths it had earlier: committed bench artifacts record them, and
@@ -294,7 +294,8 @@ class SubprocessRunner:
             job = WorkerJob(seam=name, config=config, out=str(out_path), factory=self.factory,
                             progress=self.progress)
             job_path.write_text(job.model_dump_json(), encoding="utf-8")
-            code, tail = _run_teeing_stderr([self.python, "-m", "alignatt.measure.bench", str(job_path)])
+            done = run_module("alignatt.measure.bench", str(job_path), keep=8, stdout=False, python=self.python)
+            code, tail = done.code, done.tail
             if code == 0 and out_path.exists():
                 try:
                     return SeamResult.model_validate_json(out_path.read_text(encoding="utf-8"))
@@ -302,28 +303,6 @@ class SubprocessRunner:
                     return skipped_seam(name, f"worker wrote an invalid result: {e}")
             last = " | ".join(line for line in tail if line.strip())[-600:]
             return skipped_seam(name, f"worker exited with code {code}: {last or 'no output'}")
-
-
-def _run_teeing_stderr(cmd: list[str], keep: int = 8) -> tuple[int, list[str]]:
-    """Run, forwarding the child's stderr live (progress bars) and keeping its last lines."""
-    tail: collections.deque[str] = collections.deque(maxlen=keep)
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    assert proc.stderr is not None
-    pending = b""
-    try:
-        for chunk in iter(lambda: proc.stderr.read1(4096), b""):
-            sys.stderr.buffer.write(chunk)
-            sys.stderr.flush()
-            pending += chunk
-            *lines, pending = pending.replace(b"\r", b"\n").split(b"\n")
-            tail.extend(line.decode("utf-8", "replace") for line in lines)
-    except BaseException:  # interrupted: never leave a worker measuring on its own
-        proc.kill()
-        proc.wait()
-        raise
-    if pending:
-        tail.append(pending.decode("utf-8", "replace"))
-    return proc.wait(), list(tail)
 
 
 def run_bench(config: BenchConfig, runner: SeamRunner | None = None) -> BenchArtifact:
