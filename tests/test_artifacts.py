@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from alignatt.pipeline.artifacts import (
+from alignatt.record.artifacts import (
     PUBLISHED_SEAM_NAMES,
     Check,
     EnvArtifact,
@@ -25,7 +25,7 @@ from alignatt.pipeline.artifacts import (
     write_artifact,
 )
 from alignatt.core.errors import AlignattError
-from alignatt.pipeline.provenance import collect_provenance
+from alignatt.record.provenance import collect_provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 PUBLISHED = ROOT / "outputs" / "published"

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from alignatt.pipeline import report
-from alignatt.pipeline.audit import run_audit
+from alignatt.report import page as report
+from alignatt.report.audit import run_audit
 from alignatt.cli import app
 from tests.report_fixtures import bench_artifact, build_tree, write_run
 

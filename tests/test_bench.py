@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from alignatt.pipeline import bench
+from alignatt.measure import bench
 
 from alignatt.pipeline import params
-from alignatt.pipeline.artifacts import BenchArtifact, BenchConfig, load_artifact, write_artifact
+from alignatt.record.artifacts import BenchArtifact, BenchConfig, load_artifact, write_artifact
 from alignatt.core.errors import AlignattError
 from tests.bench_fakes import make_fake_seam
 

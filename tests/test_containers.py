@@ -18,7 +18,7 @@ import pytest
 
 from alignatt.pipeline import container
 from alignatt.core.errors import AlignattError
-from alignatt.pipeline.provenance import CONTAINER_DIGEST_ENV, CONTAINER_IMAGE_ENV, collect_provenance
+from alignatt.record.provenance import CONTAINER_DIGEST_ENV, CONTAINER_IMAGE_ENV, collect_provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "containers" / "Dockerfile"

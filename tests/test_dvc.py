@@ -40,7 +40,7 @@ def test_dvc_is_initialised_without_analytics():
 def test_stage_graph_and_outputs():
     spec = yaml.safe_load((ROOT / "dvc.yaml").read_text())
     stages = dvc(ROOT, "stage", "list", "--names-only").split()
-    assert stages == ["env", "bench@eager", "bench@cudagraph", "smoke", "load", "eval", "report"]
+    assert stages == ["env", "gpu-tests", "bench@eager", "bench@cudagraph", "smoke", "load", "eval", "report"]
     for name, stage in spec["stages"].items():
         body = stage.get("do", stage)
         cmds = body["cmd"] if isinstance(body["cmd"], list) else [body["cmd"]]
@@ -57,8 +57,9 @@ def test_stage_graph_and_outputs():
     # env -> every measuring stage -> report (report depends on the whole outputs folder)
     edges = {line.strip().rstrip(";") for line in dvc(ROOT, "dag", "--dot", "report").splitlines()
              if "->" in line}
-    for stage in ("bench@eager", "bench@cudagraph", "smoke", "eval"):
+    for stage in ("bench@eager", "bench@cudagraph", "smoke", "load", "eval"):
         assert f'"env" -> "{stage}"' in edges
+        assert f'"gpu-tests" -> "{stage}"' in edges  # no measurement before the GPU suite's verdict
         assert f'"{stage}" -> "report"' in edges
     assert spec["plots"] and "metrics" in spec["stages"]["bench"]["do"]
 
@@ -67,12 +68,12 @@ def test_stage_graph_and_outputs():
 
 # What each stage's command calls (alignatt.cli is the thin front end every command shares).
 STAGE_ENTRY_MODULES = {
-    "env": ["alignatt.pipeline.doctor", "alignatt.pipeline.provenance", "alignatt.pipeline.artifacts"],
-    "bench": ["alignatt.pipeline.bench", "alignatt.pipeline.params"],
-    "smoke": ["alignatt.pipeline.smoke"],
+    "env": ["alignatt.pipeline.doctor", "alignatt.record.provenance", "alignatt.record.artifacts"],
+    "bench": ["alignatt.measure.bench", "alignatt.pipeline.params"],
+    "smoke": ["alignatt.measure.smoke"],
     "eval": ["alignatt.evaluate.run", "alignatt.evaluate.outputs"],
-    "load": ["alignatt.pipeline.load"],
-    "report": ["alignatt.pipeline.report", "alignatt.pipeline.figures"],
+    "load": ["alignatt.measure.capacity"],
+    "report": ["alignatt.report.page", "alignatt.report.figures"],
 }
 
 
@@ -120,13 +121,15 @@ def test_stage_code_deps_cover_every_module_the_stage_imports():
                 continue
             assert any(path == d or d in path.parents for d in deps), (
                 f"stage {stage} runs {path.relative_to(ROOT)} but does not depend on it")
+        # the record, the replay clients and the report are taken whole: a folder, not a list of modules to keep in step
+        assert not [d for d in body["deps"] if d.startswith(("alignatt/record/", "alignatt/replay/", "alignatt/report/"))], stage
         if stage in ("bench", "smoke", "eval", "report"):
             assert ROOT / "alignatt" / "data" in deps, f"{stage} reads the packaged prompts / heads"
             assert any(d.name == "fingerprint.json" for d in deps) or stage == "report"
     # the front end and modules no stage runs are not deps: editing them re-runs nothing
     bench_deps = spec["stages"]["bench"]["do"]["deps"]
     assert "alignatt" not in bench_deps and "alignatt/cli.py" not in bench_deps
-    assert not any(d.startswith("alignatt/pipeline/report") for d in bench_deps)
+    assert not any(d.startswith("alignatt/report") for d in bench_deps)
 
 
 def test_smoke_stage_command_exists():
@@ -143,7 +146,7 @@ def test_smoke_stage_command_exists():
 def _project_copy(dest: Path) -> Path:
     for name in ("dvc.yaml", "params.yaml", "pyproject.toml", ".dvcignore"):
         shutil.copy(ROOT / name, dest / name)
-    for name in ("stages", ".dvc", "alignatt"):
+    for name in ("stages", ".dvc", "alignatt", "tests"):  # tests: the gpu-tests stage's code
         shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__", "tmp", "cache"))
     (dest / "reports").mkdir()
     shutil.copy(ROOT / "reports" / "BENCHMARKS.md.j2", dest / "reports")
@@ -200,12 +203,14 @@ def test_repro_is_incremental(tmp_path):
     project = _project_copy(tmp_path)
     _bench_and_report_only(project)
     first = dvc(project, "repro", env=FAKE_ENV)
-    assert ran_stages(first) == ["env", "bench@eager", "bench@cudagraph", "report"], first
+    assert ran_stages(first) == ["env", "gpu-tests", "bench@eager", "bench@cudagraph", "report"], first
     out = project / "outputs" / "cpu"
     assert sorted(p.name for p in out.iterdir()) == [
         "bench_cudagraph.json", "bench_cudagraph_metrics.json", "bench_eager.json",
-        "bench_eager_metrics.json", "fingerprint.json", "latency_cudagraph.csv", "latency_eager.csv",
+        "bench_eager_metrics.json", "fingerprint.json", "gpu_tests.json", "gpu_tests_verdict.json",
+        "latency_cudagraph.csv", "latency_eager.csv",
     ]
+    assert json.loads((out / "gpu_tests_verdict.json").read_text())["gpu_suite"] == "not run"  # a CPU profile
     fingerprint = json.loads((out / "fingerprint.json").read_text())
     assert fingerprint["kind"] == "fingerprint"
     assert not {"timestamp_utc", "load_average", "git_commit"} & set(fingerprint["fingerprint"])
@@ -216,7 +221,7 @@ def test_repro_is_incremental(tmp_path):
     assert "](figures/latency_by_prompt_length_cpu.svg)" in page
     assert (project / "reports" / "figures" / "latency_by_prompt_length_cpu.svg").exists()
     assert "metrics" in dvc(project, "metrics", "show", "--json", env=FAKE_ENV)
-    from alignatt.pipeline.audit import run_audit
+    from alignatt.report.audit import run_audit
 
     result = run_audit(root=project)  # exactly the fake seams are flagged, nothing else
     assert sorted((Path(f.path).name, f.check) for f in result.findings) == [
@@ -246,7 +251,7 @@ def test_repro_is_incremental(tmp_path):
     (site / "METADATA").write_text("Metadata-Version: 2.1\nName: triton\nVersion: 9.9.0\n")
     upgraded = {**FAKE_ENV, "PYTHONPATH": f"{ROOT}{os.pathsep}{site.parent}"}
     fourth = dvc(project, "repro", env=upgraded)
-    assert ran_stages(fourth) == ["env", "bench@eager", "bench@cudagraph", "report"], fourth
+    assert ran_stages(fourth) == ["env", "gpu-tests", "bench@eager", "bench@cudagraph", "report"], fourth
     assert json.loads((out / "fingerprint.json").read_text())["fingerprint"]["triton"] == "9.9.0"
 
 
@@ -259,9 +264,9 @@ def test_experiment_sets_the_profile_and_provenance_records_it(tmp_path):
     _commit(project, "second cpu profile")
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=project, capture_output=True, text=True).stdout.strip()
     log = dvc(project, "exp", "run", "-S", "profile=cpu2", "bench@cudagraph", env=FAKE_ENV)
-    assert ran_stages(log) == ["env", "bench@cudagraph"], log
-    from alignatt.pipeline.artifacts import load_artifact
-    from alignatt.pipeline.audit import run_audit
+    assert ran_stages(log) == ["env", "gpu-tests", "bench@cudagraph"], log
+    from alignatt.record.artifacts import load_artifact
+    from alignatt.report.audit import run_audit
 
     art = load_artifact(project / "outputs" / "cpu2" / "bench_cudagraph.json")
     p = art.provenance

@@ -14,9 +14,9 @@ from alignatt.core.errors import AlignattError  # noqa: E402
 from alignatt.evaluate.outputs import eval_metrics, quality_latency_csv, write_derived  # noqa: E402
 from alignatt.evaluate.run import EvalOptions, run_eval  # noqa: E402
 from alignatt.evaluate.testsets import EN_DE_CALIBRATION_PAIRS, load_test_set, select  # noqa: E402
-from alignatt.pipeline.artifacts import EvalArtifact, load_artifact  # noqa: E402
-from alignatt.pipeline.audit import run_audit  # noqa: E402
-from alignatt.pipeline.wlk_client import load_wlk_client, wlk_available  # noqa: E402
+from alignatt.record.artifacts import EvalArtifact, load_artifact  # noqa: E402
+from alignatt.report.audit import run_audit  # noqa: E402
+from alignatt.replay.wlk_client import load_wlk_client, wlk_available  # noqa: E402
 from tests.mt_fakes import FakeSeam  # noqa: E402
 
 

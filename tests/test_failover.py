@@ -3,9 +3,9 @@ own: three engines, one SIGKILLed and one SIGSTOPped while four real-time speake
 committed is lost, every session of a faulted engine is told within the bound and resumes on the
 survivor, /health tells the truth, and the artifact round-trips through the shared schema."""
 
-from alignatt.pipeline.artifacts import load_artifact
-from alignatt.pipeline.failover import FailoverOptions, run_failover
-from alignatt.pipeline.report import failover_item
+from alignatt.record.artifacts import load_artifact
+from alignatt.measure.failover import FailoverOptions, run_failover
+from alignatt.report.page import failover_item
 from tests.server_client import head_set_file
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from alignatt.cli import app
-from alignatt.pipeline.artifacts import GpuTestCase, GpuTestsArtifact, load_artifact, measurement_artifact, write_artifact
-from alignatt.pipeline.audit import run_audit
-from alignatt.pipeline.gpu_suite import parse_junit, record_gpu_suite, verdict_json
+from alignatt.record.artifacts import GpuTestCase, GpuTestsArtifact, load_artifact, measurement_artifact, write_artifact
+from alignatt.report.audit import run_audit
+from alignatt.measure.gpu_suite import parse_junit, record_gpu_suite, verdict_json
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="1" failures="1"
  skipped="1" tests="4" time="12.0">
@@ -92,7 +92,7 @@ def test_the_audit_holds_gpu_figures_to_the_commit_whose_suite_passed(tmp_path):
 
 
 def test_the_page_names_the_commit_and_date_whose_gpu_suite_passed(tmp_path):
-    from alignatt.pipeline.report import render_report
+    from alignatt.report.page import render_report
 
     root = Path(__file__).resolve().parents[1]
     for name in ("params.yaml", "reports"):

@@ -4,7 +4,7 @@ misnamed step fails loudly, without a result."""
 import pytest
 
 from alignatt.core.errors import AlignattError
-from alignatt.pipeline.isolated import run_in_child
+from alignatt.record.isolated import run_in_child
 
 
 def doubled(payload: dict) -> dict:

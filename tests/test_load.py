@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from alignatt.core.errors import AlignattError
-from alignatt.pipeline.load import LoadOptions, resolve_streams, run_load, summarise_level
-from alignatt.pipeline.stream_replay import RunRecord, SmokeStream
+from alignatt.measure.capacity import LoadOptions, resolve_streams, run_load, summarise_level
+from alignatt.replay.stream import RunRecord, SmokeStream
 from tests.batch_fakes import StandInBatchSeam
 from tests.mt_fakes import FakeSeam
 
@@ -30,7 +30,7 @@ def render_site(site):
     import shutil
     from pathlib import Path
 
-    from alignatt.pipeline.report import render_all
+    from alignatt.report.page import render_all
 
     root = Path(__file__).resolve().parents[1]
     (site / "reports").mkdir(parents=True, exist_ok=True)
@@ -41,7 +41,7 @@ def render_site(site):
 
 
 def test_load_levels_through_the_server_with_a_batching_seam(tmp_path, short_stream):
-    from alignatt.pipeline.artifacts import LoadArtifact, load_artifact
+    from alignatt.record.artifacts import LoadArtifact, load_artifact
 
     seam = StandInBatchSeam(max_batch=8, steps_for=lambda r: 2, step_s=0.002)
     options = LoadOptions(model="gemma3-270m", speakers="1,3", streams=[short_stream], speed=2.0, stagger_s=0.01,
@@ -77,7 +77,7 @@ def test_a_one_at_a_time_seam_reports_batches_of_one(tmp_path, short_stream):
 
 
 def test_a_load_run_on_two_engine_processes_records_each_engine(tmp_path, short_stream):
-    from alignatt.pipeline.artifacts import load_artifact
+    from alignatt.record.artifacts import load_artifact
     from tests.replica_fakes import recording_factory
 
     options = LoadOptions(speakers=[2], streams=[short_stream], speed=3.0, stagger_s=0.0, capture_cost="off",
@@ -128,7 +128,7 @@ def test_alone_comparison_counts_updates_that_differ():
     base = _events([0.1] * 3)
     changed = [dict(e) for e in base]
     changed[1]["committed_text"] = "different"
-    from alignatt.pipeline.load import _signature
+    from alignatt.measure.capacity import _signature
 
     level = summarise_level(2, [RunRecord("native", base, 1, 0), RunRecord("native", changed, 1, 0)], [("s", stream)],
                             1.0, [], [], {}, (None, None), {"s": _signature(base)})
@@ -255,7 +255,7 @@ def test_a_configuration_flag_sets_its_engine_option_and_names_the_levels(tmp_pa
 
 
 def test_the_capture_cost_of_a_flagged_configuration_builds_its_engines_with_the_flag(monkeypatch):
-    from alignatt.pipeline.load import capture_cost_in_child
+    from alignatt.measure.capacity import capture_cost_in_child
 
     made: list[dict] = []
 
@@ -272,7 +272,7 @@ def test_the_capture_cost_of_a_flagged_configuration_builds_its_engines_with_the
 
     monkeypatch.setattr("alignatt.capture.registry.make_seam", make)
     profiled: list[str] = []
-    monkeypatch.setattr("alignatt.pipeline.capture_cost.profile_drafts",
+    monkeypatch.setattr("alignatt.measure.capture_cost.profile_drafts",
                         lambda seam, requests, folder, label: profiled.append(f"{folder.name}/{label}"))
     options = LoadOptions(seam="vllm_capture", device="cuda", capture_cost_batches="1", capture_cost_repeats=1,
                           profile_dir="prof")
@@ -296,7 +296,7 @@ def test_an_unknown_mode_or_flag_fails_before_any_server_starts(label, message):
 def test_the_capture_cost_compares_captured_and_uncaptured_on_the_same_prompts(tmp_path):
     """With a stand-in for make_seam: both engines get the same prompts at every batch size, one
     engine at a time, each closed; the profiler writes a trace and an operator table."""
-    from alignatt.pipeline.capture_cost import capture_cost
+    from alignatt.measure.capture_cost import capture_cost
 
     built = []
 

@@ -1,8 +1,8 @@
 """The load benchmark's client processes: every speaker runs once, in its own process group, and
 a speaker that fails comes back as an error record, not a lost level."""
 
-from alignatt.pipeline.load_clients import SpeakerPlan, process_groups, run_speakers
-from alignatt.pipeline.load import resolve_streams
+from alignatt.replay.speakers import SpeakerPlan, process_groups, run_speakers
+from alignatt.measure.capacity import resolve_streams
 
 
 def test_process_groups_deal_every_speaker_once_and_spread_the_stagger():
@@ -25,7 +25,7 @@ def test_speakers_in_client_processes_report_each_failure_in_speaker_order():
 
 
 def test_the_speakers_of_a_level_run_outside_the_calling_process(monkeypatch):
-    from alignatt.pipeline import load_clients
+    from alignatt.replay import speakers as load_clients
     from alignatt.serve.config import DirectionRoute, ServerConfig, ServerLimits
     from alignatt.serve.server import ServerThread
     from tests.mt_fakes import FakeSeam

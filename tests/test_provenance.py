@@ -10,8 +10,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from alignatt.pipeline import provenance
-from alignatt.pipeline.provenance import NOT_INSTALLED, Provenance, collect_provenance, git_state, model_identity
+from alignatt.record import provenance
+from alignatt.record.provenance import NOT_INSTALLED, Provenance, collect_provenance, git_state, model_identity
 
 
 def test_collect_records_every_field_and_this_machine():
@@ -100,7 +100,7 @@ def test_model_identity_of_presets_paths_and_hf_cache(tmp_path, monkeypatch):
 
 
 def test_fingerprint_is_provenance_without_when(monkeypatch):
-    from alignatt.pipeline.provenance import Fingerprint, fingerprint_differences, fingerprint_of
+    from alignatt.record.provenance import Fingerprint, fingerprint_differences, fingerprint_of
 
     a, b = collect_provenance(model_id="m", model_revision="r"), collect_provenance(model_id="m", model_revision="r")
     assert set(Fingerprint.model_fields) < set(Provenance.model_fields)

@@ -10,8 +10,8 @@ import jinja2
 import pytest
 from typer.testing import CliRunner
 
-from alignatt.pipeline import report
-from alignatt.pipeline.artifacts import load_artifact, write_artifact
+from alignatt.report import page as report
+from alignatt.record.artifacts import load_artifact, write_artifact
 from alignatt.cli import app
 from tests.report_fixtures import bench_artifact, build_tree, write_run
 
@@ -190,13 +190,10 @@ def test_check_finds_stale_missing_and_orphan_figures(tree):
     assert "stale" in report.stale_report(tree)
 
 
-def test_another_stage_registers_its_figures_by_artifact_kind(tree, monkeypatch):
-    """How the load and eval stages add theirs: a function keyed by their artifact kind."""
-    from alignatt.pipeline import figures
+def test_another_stage_adds_its_figures_to_the_page_list(tree, monkeypatch):
+    """How the load and eval stages add theirs: a function in `page.FIGURES`, keyed by their artifact kind."""
+    from alignatt.report import figures
 
-    monkeypatch.setattr(figures, "_REGISTRY", figures.registered())  # undone after the test
-
-    @figures.figure_for("server_smoke")
     def rtt(inputs):
         smokes = inputs.of_kind("server_smoke")
         fig, ax = figures.new_figure()
@@ -204,6 +201,7 @@ def test_another_stage_registers_its_figures_by_artifact_kind(tree, monkeypatch)
         return [figures.Figure("smoke_rtt", "server_smoke", "Smoke RTT p95", "p95 by artifact",
                                figures.svg_text(fig))]
 
+    monkeypatch.setattr(report, "FIGURES", report.FIGURES + (rtt,))  # undone after the test
     text, made = report.render_all(tree)
     assert "smoke_rtt" in [f.name for f in made]
     assert "## Figures: server_smoke" in text and "![Smoke RTT p95](figures/smoke_rtt.svg)" in text
@@ -214,7 +212,7 @@ def test_another_stage_registers_its_figures_by_artifact_kind(tree, monkeypatch)
 def test_the_configuration_note_reports_each_graphed_modes_bit_for_bit_check(tree):
     """`check-vllm exact` and `exact_fullgraph` artifacts become one line per mode in the note,
     with the counts they recorded; a failed fullgraph check says why it is served, not scored."""
-    from alignatt.pipeline.artifacts import Check, MeasurementArtifact, write_artifact
+    from alignatt.record.artifacts import Check, MeasurementArtifact, write_artifact
     from tests.report_fixtures import provenance
 
     def checks_artifact(name: str, mode: str, identical: int) -> MeasurementArtifact:
@@ -238,3 +236,52 @@ def test_the_configuration_note_reports_each_graphed_modes_bit_for_bit_check(tre
     assert "`outputs/h200/vllm_checks_exact_fullgraph.json`): 42 of 48 drafts bit-identical, failed" in text
     assert "served for its capacity, not scored" in text and "has not had the bit-for-bit check" not in text
     assert "✗ exact_fullgraph: failed; fullgraph vs eager: 42/48 bit-identical" in text  # Other measurements
+
+
+# ---- one page section per artifact kind ------------------------------------------------------
+
+# kind -> (a committed artifact of that kind, the page section that must show it). env and
+# fingerprint have no section of their own: they are listed under Artifacts.
+KIND_SECTIONS = {
+    "env": ("outputs/h200/env.json", "## Artifacts"),
+    "fingerprint": ("outputs/cpu/fingerprint.json", "## Artifacts"),
+    "bench": ("outputs/cpu/bench_eager.json", "## Results"),
+    "server_smoke": ("outputs/cpu/server_smoke.json", "## Server smoke"),
+    "measurement": ("outputs/h200/vllm_checks_exact.json", "## Other measurements"),
+    "load": ("outputs/cpu/load.json", "## Capacity"),
+    "eval": ("outputs/cpu/eval.json", "## Translation quality"),
+    "soak": ("outputs/cpu/soak.json", "## Other measurements"),
+    "gpu_tests": ("tests/golden/gpu_tests.json", "## The GPU suite these figures stand on"),
+    "failover": ("tests/golden/failover.json", "## Other measurements"),
+}
+UNIQUE_DATE = "2031-07-19"  # no fixture artifact is of this day: where it appears, the added one is shown
+
+
+def test_every_artifact_kind_has_a_page_test():
+    from typing import get_args
+
+    from alignatt.record.artifacts import AnyArtifact
+
+    kinds = {get_args(m.model_fields["kind"].annotation)[0] for m in get_args(AnyArtifact)}
+    assert kinds == set(KIND_SECTIONS), "a new artifact kind needs its page section (and a line in KIND_SECTIONS)"
+
+
+def _section(text: str, heading: str) -> str:
+    start = text.index(heading + "\n") if heading + "\n" in text else text.index(heading)
+    following = text.find("\n## ", start + len(heading))
+    return text[start:following if following != -1 else len(text)]
+
+
+@pytest.mark.parametrize("kind", sorted(KIND_SECTIONS))
+def test_each_artifact_kind_reaches_its_page_section(tree, kind):
+    """One committed artifact of the kind, redated and put in a folder of its own, shows in its section."""
+    source, heading = KIND_SECTIONS[kind]
+    artifact = load_artifact(ROOT / source)
+    assert artifact.kind == kind
+    if kind != "fingerprint":  # undated by design
+        artifact = artifact.model_copy(update={"provenance": artifact.provenance.model_copy(update={"timestamp_utc": UNIQUE_DATE + "T12:00:00Z"})})
+    rel = f"outputs/kindcheck/{Path(source).name}"
+    write_artifact(tree / rel, artifact)
+    section = _section(report.render_report(tree), heading)
+    assert (rel if kind in ("env", "fingerprint") else UNIQUE_DATE) in section, (
+        f"the {kind} artifact does not reach {heading!r}")

@@ -15,8 +15,8 @@ pytestmark = GPU_SERVER
 def test_two_sentences_on_the_e4b_architecture(tmp_path, seam):
     if seam == "vllm_capture":
         pytest.importorskip("vllm")
-    from alignatt.pipeline.stream_replay import load_stream
-    from alignatt.pipeline.smoke import SmokeOptions, run_smoke, summary_line
+    from alignatt.replay.stream import load_stream
+    from alignatt.measure.smoke import SmokeOptions, run_smoke, summary_line
 
     short = tmp_path / "stream.json"
     short.write_text(load_stream().first_sentences(2).model_dump_json())

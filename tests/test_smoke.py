@@ -5,12 +5,12 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from alignatt.pipeline.artifacts import ServerSmokeArtifact, load_artifact
+from alignatt.record.artifacts import ServerSmokeArtifact, load_artifact
 from alignatt.cli import app
 from alignatt.core.errors import AlignattError
-from alignatt.pipeline.stream_replay import asr_events, count_retractions, ends_sentence, load_stream
-from alignatt.pipeline.smoke import SmokeOptions, percentile, run_smoke
-from alignatt.pipeline.wlk_client import wlk_available
+from alignatt.replay.stream import asr_events, count_retractions, ends_sentence, load_stream
+from alignatt.measure.smoke import SmokeOptions, percentile, run_smoke
+from alignatt.replay.wlk_client import wlk_available
 from tests.server_client import FakeFactory
 
 # A model name whose default head set is bundled, so the fake engine gets real head coordinates.
@@ -139,7 +139,7 @@ def test_smoke_on_the_embedded_model(tmp_path):
 @pytest.mark.skipif(not wlk_available(), reason="WhisperLiveKit client not installed")
 @pytest.mark.filterwarnings("ignore:connect\\(\\) must be used:DeprecationWarning")
 def test_wlk_client_that_times_out_reconnects_and_the_smoke_goes_on(tmp_path, monkeypatch):
-    from alignatt.pipeline.wlk_client import load_wlk_client
+    from alignatt.replay.wlk_client import load_wlk_client
 
     # one slow final (past the client's call timeout, shortened here) drops the connection
     monkeypatch.setattr(load_wlk_client(), "_CALL_TIMEOUT_SECONDS", 0.5)

@@ -1,7 +1,7 @@
 """`alignatt soak` on the fake engine: a short run, every target recorded, the artifact valid."""
 
-from alignatt.pipeline.artifacts import SoakArtifact, load_artifact
-from alignatt.pipeline.soak import HOSTILE_CASES, SoakOptions, run_soak
+from alignatt.record.artifacts import SoakArtifact, load_artifact
+from alignatt.measure.soak import HOSTILE_CASES, SoakOptions, run_soak
 from tests.server_client import FakeFactory, head_set_file
 
 
@@ -26,7 +26,7 @@ def test_a_short_soak_on_the_fake_engine_meets_its_targets(tmp_path):
 
 
 def test_the_soak_is_shown_on_the_benchmarks_page(tmp_path):
-    from alignatt.pipeline.report import soak_item
+    from alignatt.report.page import soak_item
 
     heads = head_set_file(tmp_path, "en-de", [(0, 0), (0, 1), (1, 2), (2, 3)])
     options = SoakOptions(model="fake", seam="fake", heads=heads, minutes=0.05, clients=1, sample_s=1.0,

@@ -3,7 +3,7 @@ RSS and descriptors are read from outside the server (a trimmed heap inside it w
 
 import os
 
-from alignatt.pipeline.soak import HOSTILE_CASES, _ServedProcess, nested_arrays_frame
+from alignatt.measure.soak import HOSTILE_CASES, _ServedProcess, nested_arrays_frame
 from tests.server_client import FakeFactory, fake_config
 
 

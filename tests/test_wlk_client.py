@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from alignatt.pipeline.wlk_client import WLK_INSTALL_HINT, load_wlk_client
+from alignatt.replay.wlk_client import WLK_INSTALL_HINT, load_wlk_client
 from tests.server_client import fake_server
 
 try:

@@ -4,9 +4,14 @@ Kept apart from the registry so that the schema (and the audit) know the names w
 torch or any seam.
 """
 
-SEAMS = ("hf_eager", "hf_qk_fast", "vllm_capture")
+HF_EAGER = "hf_eager"
+HF_QK_FAST = "hf_qk_fast"
+VLLM_CAPTURE = "vllm_capture"
+SEAMS = (HF_EAGER, HF_QK_FAST, VLLM_CAPTURE)
 HF_SEAMS = SEAMS[:2]  # the transformers seams: they do not depend on the vLLM mode
-DEFAULT_SEAM = "hf_qk_fast"
+DEFAULT_SEAM = HF_QK_FAST
+# What alignatt[vllm] installs: vllm_capture is written against this version's internals.
+PINNED_VLLM = "0.22.1"
 # How vllm_capture runs the engine (alignatt.capture.vllm.engine.engine_options says what each is):
 # eager; cudagraph: full graphs for decode steps only; fullgraph: full graphs for every step,
 # prefill and mixed ones too; compiled: vLLM's default torch.compile + graphs.

@@ -1,4 +1,4 @@
-"""Cross-engine parity for `vllm_capture` (issue 3): vLLM vs transformers on the same weights.
+"""Cross-engine parity for `vllm_capture`: vLLM vs transformers on the same weights.
 
 A reduced-depth Gemma-4 (sliding, full and KV-shared layers; random weights saved once as
 safetensors) is loaded by both engines. vLLM drafts greedily and captures q/K per layer; the
@@ -29,6 +29,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from alignatt.capture.names import HF_QK_FAST
 from alignatt.checks.messages import ALIGN_AGREEMENT_MIN, DraftRecord, WorkerSpec, load_result
 
 FP32_ROW_MAX_ABS = 0.02  # CPU: transformers fp32 vs fp64 differ by <= 3.2e-3 at layer 11
@@ -386,7 +387,7 @@ def hf_seam_drafts(ckpt: str, heads: list, dtype: str, runs: list[dict], tokens:
     from alignatt.checks.records import bench_requests
 
     try:
-        with closing(make_seam("hf_qk_fast", model=ckpt, heads=heads, device=device, dtype=dtype)) as seam:
+        with closing(make_seam(HF_QK_FAST, model=ckpt, heads=heads, device=device, dtype=dtype)) as seam:
             requests = dict(bench_requests(tokens))
             same_prefix = total = identical = 0
             row_max = 0.0

@@ -17,6 +17,7 @@ from typing import Sequence
 import numpy as np
 from pydantic import BaseModel
 
+from alignatt.capture.names import HF_SEAMS
 from alignatt.core.draft import Draft, DraftRequest, Head
 from alignatt.core.errors import AlignattError
 
@@ -85,7 +86,7 @@ def compare_drafts(a: Draft, b: Draft) -> tuple[int, float, float, bool]:
 
 def run_parity(
     model: str = "tiny-gemma4",
-    seams: Sequence[str] = ("hf_eager", "hf_qk_fast"),
+    seams: Sequence[str] = HF_SEAMS,
     heads: list[Head] | None = None,
     device: str = "cpu",
     dtype: str | None = "float32",

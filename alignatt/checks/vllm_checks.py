@@ -1,4 +1,4 @@
-"""GPU correctness checks for `vllm_capture` (issue 3), each writing into one JSON artifact.
+"""GPU correctness checks for `vllm_capture`, each writing into one JSON artifact.
 
     alignatt check-vllm all --part a --workdir W --out OUT/vllm_checks_a.json
     alignatt check-vllm all --part b --workdir W --out OUT/vllm_checks_b.json
@@ -327,7 +327,7 @@ def run_checks(checks: list[str], out_path: Path, args: ChecksOptions) -> dict:
                                  "weights": "synthetic (random), initialised like transformers (alignatt.models.synthetic_init)",
                                  "kv_cache_memory_gib": {"e4b": E4B_KV_GIB, "reduced": REDUCED_KV_GIB}}}
     try:
-        from alignatt.pipeline.provenance import collect_provenance
+        from alignatt.record.provenance import collect_provenance
 
         artifact["provenance"] = collect_provenance(model_id="alignatt:data/models/gemma-4-E4B-it/config.json",
                                                     model_revision=None).model_dump(mode="json")
@@ -359,14 +359,14 @@ def run_checks(checks: list[str], out_path: Path, args: ChecksOptions) -> dict:
 
 def as_measurement(raw: dict):
     """The checks' running record as the shared artifact schema (kind `measurement`)."""
-    from alignatt.pipeline.artifacts import ARTIFACT_SCHEMA_VERSION, Check, MeasurementArtifact
+    from alignatt.record.artifacts import ARTIFACT_SCHEMA_VERSION, Check, MeasurementArtifact
 
     raw = _jsonable(raw)
     return MeasurementArtifact(
         schema_version=ARTIFACT_SCHEMA_VERSION,
         provenance=raw["provenance"],
         name="vllm_checks",
-        description="vllm_capture correctness and overhead on the GPU (issue 3): "
+        description="vllm_capture correctness and overhead on the GPU: "
         + ", ".join(raw["config"].get("checks", [])),
         config=raw["config"],
         results={"checks": raw["checks"], "total_s": raw.get("total_s")},
@@ -379,7 +379,7 @@ def write_checks(out_path: Path, raw: dict) -> None:
     """Rewritten after every check, so a timeout loses only the check that was running."""
     from pydantic import ValidationError
 
-    from alignatt.pipeline.artifacts import write_artifact
+    from alignatt.record.artifacts import write_artifact
 
     out_path.parent.mkdir(parents=True, exist_ok=True)
     try:

@@ -7,15 +7,14 @@ rows, masses, timings and AlignAtt decisions (`records.draft_record`), plus self
 identity probes. A crash or timeout loses only that worker's check.
 """
 
-import os
 import pickle
-import subprocess
 import sys
 import time
 import traceback
 from pathlib import Path
 
 from alignatt.checks.messages import WorkerResult, WorkerSpec, load_result
+from alignatt.record.isolated import run_module
 from alignatt.checks.records import (
     BATCH_IDS,
     bench_requests,
@@ -102,13 +101,10 @@ def run_worker(spec: WorkerSpec, workdir: Path, timeout_s: float) -> WorkerResul
     spec_path.write_text(spec.model_dump_json())
     say(f"worker {spec.name}: start (timeout {timeout_s:.0f} s)")
     started = time.perf_counter()
-    try:
-        env = dict(os.environ, **spec.env)
-        proc = subprocess.run([sys.executable, "-m", "alignatt.checks.worker", str(spec_path)],
-                              timeout=timeout_s, env=env)
-        rc = proc.returncode
-    except subprocess.TimeoutExpired:
+    done = run_module("alignatt.checks.worker", str(spec_path), env=spec.env, timeout_s=timeout_s)
+    if done.timed_out:
         return WorkerResult.failed(f"timed out after {timeout_s:.0f} s", wall_s=timeout_s)
+    rc = done.code
     wall = time.perf_counter() - started
     path = Path(spec.result)
     if not path.exists():

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from alignatt.evaluate.replay import ReplayStep
-from alignatt.pipeline.stream_replay import count_retractions
+from alignatt.replay.stream import count_retractions
 
 CHAR_LANGS = ("zh", "ja")
 

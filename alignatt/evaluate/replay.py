@@ -1,7 +1,7 @@
 """ASR-like replay of a source stream through the server's `Session`, in-process or over WebSocket.
 
 Word i arrives as unstable tail at i / words_per_second and is committed commit_lag_seconds later
-(`alignatt.pipeline.stream_replay.asr_events`, the smoke stream's schedule). Every ASR event
+(`alignatt.replay.stream.asr_events`, the smoke stream's schedule). Every ASR event
 becomes one update carrying the open utterance's state (committed words + tail), in lockstep: the
 next update is sent after the reply. An utterance closes (`is_final`) at the commit of the stream's
 last word, or, with `close_on_punctuation` (long-form), at the commit of a word that ends a
@@ -22,7 +22,7 @@ from typing import Protocol
 
 from alignatt.core.draft import Seam
 from alignatt.core.errors import AlignattError
-from alignatt.pipeline.stream_replay import SmokeStream, asr_events, ends_sentence
+from alignatt.replay.stream import SmokeStream, asr_events, ends_sentence
 from alignatt.serve.config import ServerLimits, resolve_preset
 from alignatt.serve.session import Session, SessionConfig
 

@@ -21,8 +21,8 @@ from alignatt.evaluate.emissions import Emission, StreamOutput, stream_output, u
 from alignatt.evaluate.replay import InProcessDriver, Schedule, WebSocketDriver, replay
 from alignatt.evaluate.testsets import TestPair, TestSet, load_test_set, select
 from alignatt.evaluate.wlk_driver import CLIENT_LATENCY, WlkDriver
-from alignatt.pipeline.stream_replay import ends_sentence
-from alignatt.pipeline.wlk_client import load_wlk_client, wlk_version
+from alignatt.replay.stream import ends_sentence
+from alignatt.replay.wlk_client import load_wlk_client, wlk_version
 
 PRESETS = ("low_latency", "balanced", "high_latency")
 RETRACTION_CHECK = "0 retractions in every replay"
@@ -55,7 +55,7 @@ class EvalOptions(BaseModel):
 
 
 def parse_variant(variant: str) -> tuple[str, dict[str, Any]]:
-    from alignatt.pipeline.artifacts import KNOWN_SEAMS, VLLM_MODES
+    from alignatt.capture.names import SEAMS as KNOWN_SEAMS, VLLM_MODES
 
     seam, _, mode = variant.partition(":")
     if seam not in KNOWN_SEAMS:
@@ -86,7 +86,7 @@ def _talks(pairs: list[TestPair], count: int, per_talk: int) -> list[list[TestPa
 
 def _row(preset, variant, driver, form, label, outputs: list[StreamOutput], hypotheses, references,
          target_lang, latency) -> dict[str, Any]:
-    from alignatt.pipeline.artifacts import EvalRow
+    from alignatt.record.artifacts import EvalRow
 
     shown = sum(o.buffer_units_shown for o in outputs)
     replaced = sum(o.buffer_units_replaced for o in outputs)
@@ -161,7 +161,7 @@ DRIVER_NAMES = {"websocket": "WebSocket", "wlk": "WhisperLiveKit-client"}
 def _driver_check(variant: str, preset: str, driver_name: str, pairs: list[TestPair],
                   inprocess: list[StreamOutput], other: list[StreamOutput]):
     """Whether a protocol driver emitted what the in-process one did, sentence by sentence."""
-    from alignatt.pipeline.artifacts import Check
+    from alignatt.record.artifacts import Check
 
     # WhisperLiveKit's client closes an utterance at any committed sentence mark, the replay a
     # sentence at its last word only: with such a mark inside, the two are not expected to agree.
@@ -240,9 +240,9 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
 
 
 def _variant_in_child(options: EvalOptions, variant: str):
-    """One variant in a child process of its own (alignatt.pipeline.isolated); its rows and checks."""
-    from alignatt.pipeline.artifacts import Check, EvalRow
-    from alignatt.pipeline.isolated import run_in_child
+    """One variant in a child process of its own (alignatt.record.isolated); its rows and checks."""
+    from alignatt.record.artifacts import Check, EvalRow
+    from alignatt.record.isolated import run_in_child
 
     child = options.model_copy(update={"variants": [variant], "isolate_variants": False, "comet_model": None})
     got = run_in_child("alignatt.evaluate.run:variant_in_child", {"options": child.model_dump(mode="json")},
@@ -251,7 +251,7 @@ def _variant_in_child(options: EvalOptions, variant: str):
 
 
 def variant_in_child(payload: dict) -> dict:
-    """`run_eval` of one variant, for `alignatt.pipeline.isolated` (payload: the options)."""
+    """`run_eval` of one variant, for `alignatt.record.isolated` (payload: the options)."""
     import sys
 
     artifact = run_eval(EvalOptions.model_validate(payload["options"]), None,
@@ -262,8 +262,8 @@ def variant_in_child(payload: dict) -> dict:
 
 def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=None, progress=print):
     """Run the whole evaluation; returns the `EvalArtifact` (written atomically to `out`)."""
-    from alignatt.pipeline.artifacts import ARTIFACT_SCHEMA_VERSION, Check, EvalArtifact, write_artifact
-    from alignatt.pipeline.provenance import collect_provenance, model_identity
+    from alignatt.record.artifacts import ARTIFACT_SCHEMA_VERSION, Check, EvalArtifact, write_artifact
+    from alignatt.record.provenance import collect_provenance, model_identity
     from alignatt.serve.config import default_seam_factory, resolve_preset
     from alignatt.serve.protocol import ProtocolError
 

@@ -1,6 +1,6 @@
 """The `wlk` eval driver: each stream through `alignatt serve` by WhisperLiveKit's own client, unmodified.
 
-`AlignAttTranslationClient` (whisperlivekit 0.2.26, `alignatt.pipeline.wlk_client`) is fed what
+`AlignAttTranslationClient` (whisperlivekit 0.2.26, `alignatt.replay.wlk_client`) is fed what
 WhisperLiveKit's translation loop feeds it: each newly committed word as an `ASRToken`, then a
 `HypothesisTail` snapshot of the unstable words, then `process()`. What `process()` returns is what
 WhisperLiveKit shows: a validated segment when an utterance closes, else the append-only accepted
@@ -33,7 +33,7 @@ import time
 
 from alignatt.core.errors import AlignattError
 from alignatt.evaluate.replay import Reply
-from alignatt.pipeline.wlk_client import load_wlk_client
+from alignatt.replay.wlk_client import load_wlk_client
 
 CLIENT_LATENCY = "balanced"  # the client's latency preset that sends the tail and adds no policy overrides
 

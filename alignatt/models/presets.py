@@ -66,6 +66,9 @@ class ModelPreset(BaseModel):
     architecture: Architecture | None = None  # recognises local checkpoints of this architecture
 
 
+E4B_HF_ID = "google/gemma-4-E4B-it"
+# The revision provenance records for weights that have none (a preset with synthetic_weights).
+SYNTHETIC_REVISION = "random weights"
 E4B_ARCHITECTURE = Architecture(model_types=("gemma4", "gemma4_text"), num_hidden_layers=42,
                                 num_attention_heads=8, hidden_size=2560)
 E4B_DIRECTIONS = ("en-de", "en-it", "en-zh", "en-cs", "cs-en")  # the published sets, shipped as data
@@ -99,7 +102,7 @@ MODEL_PRESETS: dict[str, ModelPreset] = {
             family="gemma4_text",
             source="pretrained",
             description="google/gemma-4-E4B-it from the local HF cache (never downloaded)",
-            model_id="google/gemma-4-E4B-it",
+            model_id=E4B_HF_ID,
             default_dtype="bfloat16",
             head_sets=E4B_HEAD_SETS,
             vllm=True,
@@ -323,7 +326,7 @@ def synthetic_tokenizer() -> Any:
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained("google/gemma-4-E4B-it", local_files_only=True)
+        return AutoTokenizer.from_pretrained(E4B_HF_ID, local_files_only=True)
     except (OSError, ValueError):
         pass
     return embedded.embedded_tokenizer()

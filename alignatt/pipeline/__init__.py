@@ -1,1 +1,1 @@
-"""The reproducibility pipeline: artifacts and provenance, bench, smoke, report and audit."""
+"""The DVC machinery: params, the stage container wrapper, and the doctor."""

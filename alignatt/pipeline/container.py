@@ -28,9 +28,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from alignatt.pipeline.artifacts import sha256_file
+from alignatt.record.artifacts import sha256_file
 from alignatt.core.errors import AlignattError
-from alignatt.pipeline.provenance import CONTAINER_DIGEST_ENV, CONTAINER_IMAGE_ENV
+from alignatt.record.provenance import CONTAINER_DIGEST_ENV, CONTAINER_IMAGE_ENV
 
 # Host variables a containerised stage still needs: offline switches, caches, device selection.
 DEFAULT_PASSTHROUGH = [

@@ -18,13 +18,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
-from alignatt.pipeline.provenance import NOT_INSTALLED, package_version
+from alignatt.capture.names import PINNED_VLLM, VLLM_CAPTURE
+from alignatt.models.presets import E4B_HF_ID, MODEL_PRESETS
+from alignatt.record.provenance import NOT_INSTALLED, package_version
 
-# What alignatt[vllm] installs; vllm_capture is written against these internals.
-PINNED_VLLM = "0.22.1"
 PINNED_TRANSFORMERS = "5.13.1"  # from 5.14 on, Gemma4TextConfig.head_dim raises inside vLLM 0.22.1
-GEMMA4_MODELS = ("gemma4-e4b", "gemma4-e4b-synthetic")
-E4B_HF_ID = "google/gemma-4-E4B-it"
+VLLM_MODELS = tuple(name for name, preset in MODEL_PRESETS.items() if preset.vllm)
 
 
 class SeamReadiness(BaseModel):
@@ -107,21 +106,23 @@ def tokenizer_gap(model: str) -> str | None:
     """None when the model's tokenizer is available offline; else what is missing."""
     from alignatt.models.embedded import EMBEDDED_INSTALL_HINT, cache_dir
 
-    if model == "tiny-gemma4":
+    source = MODEL_PRESETS[model].source if model in MODEL_PRESETS else None
+    if source == "tiny_random":
         return None  # built in memory
-    if model == "gemma3-270m":
+    if source == "embedded_gguf":
         ok = _embedded_package() or _embedded_tokenizer_cached()
         return None if ok else f"tokenizer: the embedded package ({EMBEDDED_INSTALL_HINT})"
-    if model == "gemma4-e4b-synthetic":
+    if source == "random_config":  # borrows a Gemma tokenizer (models.presets.synthetic_tokenizer)
         if any(_has_tokenizer(s) for s in _hf_snapshots(E4B_HF_ID)):
             return None
         if _embedded_package() or _embedded_tokenizer_cached():
             return None
         return (f"tokenizer: a Gemma tokenizer ({E4B_HF_ID} in the HF cache, the embedded package "
                 f"({EMBEDDED_INSTALL_HINT}), or its tokenizer under {cache_dir()}/tokenizers/gemma3)")
-    if model == "gemma4-e4b":
-        return None if any(_has_tokenizer(s) for s in _hf_snapshots(E4B_HF_ID)) else (
-            f"tokenizer: {E4B_HF_ID} is not in the HF cache ({_hf_hub()})")
+    if source == "pretrained":
+        model_id = MODEL_PRESETS[model].model_id
+        return None if any(_has_tokenizer(s) for s in _hf_snapshots(model_id)) else (
+            f"tokenizer: {model_id} is not in the HF cache ({_hf_hub()})")
     path = Path(model)
     if path.is_dir():
         return None if _has_tokenizer(path) else f"tokenizer: no tokenizer.json in {path}"
@@ -131,14 +132,16 @@ def tokenizer_gap(model: str) -> str | None:
 def weights_gap(model: str) -> str | None:
     from alignatt.models.embedded import EMBEDDED_INSTALL_HINT, embedded_model_dir
 
-    if model in ("tiny-gemma4", "gemma4-e4b-synthetic"):
+    source = MODEL_PRESETS[model].source if model in MODEL_PRESETS else None
+    if source in ("tiny_random", "random_config"):
         return None  # random weights from a packaged config
-    if model == "gemma3-270m":
+    if source == "embedded_gguf":
         ok = _embedded_package() or (embedded_model_dir() / "config.json").exists()
         return None if ok else f"weights: the embedded package ({EMBEDDED_INSTALL_HINT})"
-    if model == "gemma4-e4b":
-        return None if any(_has_weights(s) for s in _hf_snapshots(E4B_HF_ID)) else (
-            f"weights: {E4B_HF_ID} is not in the HF cache ({_hf_hub()}); alignatt never downloads")
+    if source == "pretrained":
+        model_id = MODEL_PRESETS[model].model_id
+        return None if any(_has_weights(s) for s in _hf_snapshots(model_id)) else (
+            f"weights: {model_id} is not in the HF cache ({_hf_hub()}); alignatt never downloads")
     path = Path(model)
     if path.is_dir():
         return None if _has_weights(path) else f"weights: no config.json + *.safetensors in {path}"
@@ -179,10 +182,10 @@ def transformers_gap() -> str | None:
 
 def seam_gaps(seam: str, model: str, device: str) -> list[str]:
     gaps = []
-    if seam == "vllm_capture":
+    if seam == VLLM_CAPTURE:
         gaps += [cuda_gap(), vllm_gap(), transformers_gap()]
-        if model not in GEMMA4_MODELS and not Path(model).is_dir():
-            gaps.append(f"model: vllm_capture runs Gemma-4 only ({', '.join(GEMMA4_MODELS)} or a local one), "
+        if model not in VLLM_MODELS and not Path(model).is_dir():
+            gaps.append(f"model: vllm_capture runs Gemma-4 only ({', '.join(VLLM_MODELS)} or a local one), "
                         f"not {model!r}")
     elif device.startswith("cuda"):
         gaps.append(cuda_gap())

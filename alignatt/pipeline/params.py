@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from alignatt.pipeline.artifacts import KNOWN_SEAMS, BenchConfig
+from alignatt.record.artifacts import KNOWN_SEAMS, BenchConfig
 from alignatt.core.errors import AlignattError
 from alignatt.models.presets import DEFAULT_MODEL
 

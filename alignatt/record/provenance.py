@@ -98,6 +98,13 @@ class Provenance(BaseModel):
         return self.gpus[0].name if self.gpus else None
 
     @property
+    def synthetic_weights(self) -> bool:
+        """Measured on a preset with random weights (latency only): its model revision says so."""
+        from alignatt.models.presets import SYNTHETIC_REVISION
+
+        return self.model_revision == SYNTHETIC_REVISION
+
+    @property
     def date(self) -> str:
         return self.timestamp_utc[:10]
 
@@ -321,8 +328,10 @@ def model_identity(model: str) -> tuple[str, str | None]:
     model_id = getattr(preset, "model_id", model)
     if source == "embedded_gguf":
         return model_id, package_version(model_id)
-    if source in ("tiny_random", "random_config"):
-        return model_id, "random weights"
+    if preset.synthetic_weights:
+        from alignatt.models.presets import SYNTHETIC_REVISION
+
+        return model_id, SYNTHETIC_REVISION
     return model_id, _hf_cache_revision(model_id)
 
 

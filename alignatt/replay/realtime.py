@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from alignatt.core.errors import AlignattError
-from alignatt.pipeline.stream_replay import RunRecord, SmokeStream, UpdateCursor, paced_events
+from alignatt.replay.stream import RunRecord, SmokeStream, UpdateCursor, paced_events
 
 _REPLY_FIELDS = ("utterance_id", "final", "forced_final", "path", "engine_calls", "server_ms", "compute_ms",
                  "committed_text", "committed_delta", "buffer_text", "stop_reason", "covered_source_units")

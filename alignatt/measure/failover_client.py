@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from alignatt.pipeline.stream_replay import SmokeStream, UpdateCursor, paced_events
+from alignatt.replay.stream import SmokeStream, UpdateCursor, paced_events
 
 RECONNECT_TRIES = 40  # 0.25 s apart: 10 s for a live engine to take the session
 DRAIN_S = 120.0  # after the last event, how long the finals may take

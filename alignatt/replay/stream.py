@@ -25,7 +25,7 @@ from typing import Any, Callable, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from alignatt.core.errors import AlignattError
-from alignatt.pipeline.wlk_client import load_wlk_client
+from alignatt.replay.wlk_client import load_wlk_client
 
 SENTENCE_MARKS = set(".!?。！？")  # WhisperLiveKit's PUNCTUATION_MARKS
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from alignatt.capture.names import HF_SEAMS
-from alignatt.pipeline.artifacts import BenchArtifact, EnvArtifact, PublishedArtifact, ServerSmokeArtifact
+from alignatt.capture.names import HF_EAGER, HF_QK_FAST, HF_SEAMS, VLLM_CAPTURE, VLLM_MODES
+from alignatt.record.artifacts import BenchArtifact, EnvArtifact, PublishedArtifact, ServerSmokeArtifact
 
-MODE_ORDER = {"eager": 0, "cudagraph": 1, "fullgraph": 2, "compiled": 3}
+MODE_ORDER = {mode: i for i, mode in enumerate(VLLM_MODES)}
 
 
 # ---- what each artifact says about where it was measured -------------------------------------
@@ -161,17 +161,17 @@ def published_rows(published: list[tuple[str, PublishedArtifact]]) -> list[Resul
                 eager_rel, eager = twin
                 hf = {s: eager.seam_medians.get(s) for s in HF_SEAMS}
                 sources.append(_facts_of_published(eager, eager_rel))
-                eager_rows = eager.seam_rows("vllm_capture")
+                eager_rows = eager.seam_rows(VLLM_CAPTURE)
         notes = []
         if a.bench is not None and a.bench.config is None:
             notes.append("published without a config: GPU, versions and vLLM mode not recorded")
-        graph_notes, corrupt = _graph_check(a.vllm_mode or "eager", a.seam_rows("vllm_capture"),
+        graph_notes, corrupt = _graph_check(a.vllm_mode or "eager", a.seam_rows(VLLM_CAPTURE),
                                             eager_rows, eager_rel)
-        vllm = a.seam_medians.get("vllm_capture")
+        vllm = a.seam_medians.get(VLLM_CAPTURE)
         rows.append(ResultRow(
             date=a.date or "unknown", machine=a.gpu or "not recorded", mode=a.vllm_mode or "not recorded",
             model=f"rev {own.model[:12]}" if own.model else "not recorded",
-            hf_eager=hf["hf_eager"], hf_qk_fast=hf["hf_qk_fast"], vllm=vllm,
+            hf_eager=hf[HF_EAGER], hf_qk_fast=hf[HF_QK_FAST], vllm=vllm,
             vllm_status="ok" if vllm is not None else "not run",
             sources=sources, historical=True, notes=notes + graph_notes, corrupt=corrupt,
             conflicts=disagreements(sources),
@@ -187,18 +187,18 @@ def our_rows(runs: dict[str, dict[str, tuple[str, BenchArtifact]]]) -> list[Resu
         for mode in sorted(by_mode, key=lambda m: MODE_ORDER.get(m, 9)):
             rel, a = by_mode[mode]
             sources = [_facts_of_bench(a, rel)]
-            seam = {s: a.seam(s) for s in (*HF_SEAMS, "vllm_capture")}
+            seam = {s: a.seam(s) for s in (*HF_SEAMS, VLLM_CAPTURE)}
             hf = {s: seam[s].median_per_token_ms if seam[s] else None for s in HF_SEAMS}
             eager_rows: list = []
             eager_rel = ""
-            v = seam["vllm_capture"]
+            v = seam[VLLM_CAPTURE]
             if mode != "eager" and "eager" in by_mode:
                 eager_rel, eager = by_mode["eager"]
                 # HF figures only to set beside a measured vLLM figure (the row's speedup)
                 if not any(hf.values()) and v is not None and v.status == "ok":
                     hf = {s: (eager.seam(s).median_per_token_ms if eager.seam(s) else None) for s in HF_SEAMS}
                     sources.append(_facts_of_bench(eager, eager_rel))
-                ev = eager.seam("vllm_capture")
+                ev = eager.seam(VLLM_CAPTURE)
                 eager_rows = [r.model_dump() for r in ev.rows] if ev else []
             notes = [f"{s.seam} skipped: {s.skip_reason}" for s in a.seams if s.status == "skipped"]
             notes += load_note(a)
@@ -210,7 +210,7 @@ def our_rows(runs: dict[str, dict[str, tuple[str, BenchArtifact]]]) -> list[Resu
             rows.append(ResultRow(
                 date=a.provenance.date, machine=machine_of(a), mode=mode,
                 model=a.config.model + (" (synthetic weights)" if a.synthetic_weights else ""),
-                hf_eager=hf["hf_eager"], hf_qk_fast=hf["hf_qk_fast"],
+                hf_eager=hf[HF_EAGER], hf_qk_fast=hf[HF_QK_FAST],
                 vllm=v.median_per_token_ms if v else None,
                 vllm_status=v.status if v else "not run",
                 sources=sources, historical=False, synthetic=a.synthetic_weights,

@@ -35,7 +35,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from alignatt.core.errors import AlignattError
-from alignatt.pipeline.smoke import ServedModelOptions
+from alignatt.measure.smoke import ServedModelOptions
 
 HEALTH_EVERY_S = 0.25
 
@@ -116,7 +116,7 @@ class ServerProcess:
         config.write_text(json.dumps(server_config(options, self.port)))
         self.log = workdir / "server.log"
         if options.seam_factory:
-            command = [sys.executable, "-m", "alignatt.pipeline.failover", str(config), options.seam_factory]
+            command = [sys.executable, "-m", "alignatt.measure.failover", str(config), options.seam_factory]
         else:
             command = [sys.executable, "-m", "alignatt.cli", "serve", "--config", str(config)]
         with self.log.open("wb") as out:
@@ -178,9 +178,9 @@ def _inject(server: ServerProcess, options: FailoverOptions, t0: float, faults: 
 
 
 def run_failover(options: FailoverOptions, out: str | Path | None = "outputs/failover.json"):
-    from alignatt.pipeline.failover_client import run_speakers
-    from alignatt.pipeline.failover_record import failover_artifact
-    from alignatt.pipeline.load import resolve_streams
+    from alignatt.measure.failover_client import run_speakers
+    from alignatt.measure.failover_record import failover_artifact
+    from alignatt.measure.capacity import resolve_streams
 
     streams = [s for _, s in resolve_streams(options.streams)]
     with tempfile.TemporaryDirectory(prefix="alignatt-failover-") as tmp:
@@ -211,7 +211,7 @@ def run_failover(options: FailoverOptions, out: str | Path | None = "outputs/fai
         server.stop()
         artifact = failover_artifact(options, load_s, t0, faults, records, samples, engines_before, engines_after)
     if out is not None:
-        from alignatt.pipeline.artifacts import write_artifact
+        from alignatt.record.artifacts import write_artifact
 
         write_artifact(out, artifact)
     return artifact

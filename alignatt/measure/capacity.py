@@ -2,8 +2,8 @@
 
 The server runs in-process on loopback (one engine unless `engines` says more, each engine's
 scheduler batching the drafts of the sessions placed on it). For each N in `speakers`, N native
-clients (`alignatt.pipeline.stream_replay`) each replay a stream in real time through their own
-WebSocket, from client processes of their own (alignatt.pipeline.load_clients: not the server's
+clients (`alignatt.replay.stream`) each replay a stream in real time through their own
+WebSocket, from client processes of their own (alignatt.replay.speakers: not the server's
 interpreter lock) (lockstep by default: an update waits for its reply; `pacing=realtime`: sent
 when due, never waiting), starts staggered by `stagger_s`; speaker i replays stream i mod
 len(streams) (the bundled smoke stream and a composed multi-minute stream by default). Per level
@@ -27,10 +27,12 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from alignatt.capture.names import VLLM_CAPTURE
 from alignatt.core.errors import AlignattError
-from alignatt.pipeline.load_clients import SpeakerPlan, run_speakers
-from alignatt.pipeline.smoke import ServedModelOptions, percentile
-from alignatt.pipeline.stream_replay import RunRecord, SmokeStream, count_retractions, ends_sentence, load_stream
+from alignatt.models.presets import preset_for
+from alignatt.replay.speakers import SpeakerPlan, run_speakers
+from alignatt.measure.smoke import ServedModelOptions, percentile
+from alignatt.replay.stream import RunRecord, SmokeStream, count_retractions, ends_sentence, load_stream
 
 BUNDLED_STREAMS = {"smoke": "mt_server_smoke_stream.json", "long": "mt_load_long_stream.json"}
 # Flags a configuration label may add to its vLLM mode (`fullgraph+batch_invariant`): engine options.
@@ -56,8 +58,8 @@ class LoadOptions(ServedModelOptions):
     pacing: Literal["lockstep", "realtime"] = Field(
         "lockstep", description="lockstep: an update waits for its reply; realtime: sent when due, never waits")
     clients: Literal["processes", "threads"] = Field(
-        "processes", description="processes: speakers in client processes of their own (alignatt.pipeline."
-                                 "load_clients); threads: in the server's process (contends for its GIL)")
+        "processes", description="processes: speakers in client processes of their own (alignatt.replay."
+                                 "speakers); threads: in the server's process (contends for its GIL)")
     speakers_per_process: int = Field(16, ge=1, description="speaker threads per client process")
     prefix_caching: bool | None = Field(None, description="vllm_capture: None = the server's default (on)")
     max_num_seqs: int | None = Field(None, ge=1, description="vllm_capture: the engine's batch limit")
@@ -261,7 +263,7 @@ def _route(options: LoadOptions, configuration: str | None):
     seam_options: dict[str, Any] = dict(flags)
     if mode:
         seam_options["vllm_mode"] = mode
-    if options.seam == "vllm_capture":
+    if options.seam == VLLM_CAPTURE:
         if options.prefix_caching is not None:
             seam_options["enable_prefix_caching"] = options.prefix_caching
         if options.max_num_seqs is not None:
@@ -317,13 +319,13 @@ def run_configuration(options: LoadOptions, mode: str | None, seam_factory=None)
 
 
 def configuration_in_child(payload: dict) -> dict:
-    """`run_configuration` for `alignatt.pipeline.isolated` (payload: options and mode)."""
+    """`run_configuration` for `alignatt.record.isolated` (payload: options and mode)."""
     return run_configuration(LoadOptions.model_validate(payload["options"]), payload["mode"])
 
 
 def capture_cost_in_child(payload: dict) -> list[dict]:
     from alignatt.core.draft import Head
-    from alignatt.pipeline.capture_cost import capture_cost
+    from alignatt.measure.capture_cost import capture_cost
 
     options = LoadOptions.model_validate(payload["options"])
     mode, flags = parse_configuration(payload["mode"])
@@ -356,7 +358,7 @@ def vllm_modes(options: LoadOptions) -> list[str | None]:
     modes = [m.strip() for m in (options.vllm_mode or "").split(",") if m.strip()] or [None]
     for label in modes:
         parse_configuration(label)
-    if len(modes) > 1 and options.seam != "vllm_capture":
+    if len(modes) > 1 and options.seam != VLLM_CAPTURE:
         raise AlignattError("several vllm modes need the vllm_capture seam")
     return modes
 
@@ -365,9 +367,9 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
              plot: str | Path | None = None, seam_factory=None):
     """Every configuration's load levels on a loopback server, then the capture cost; writes the
     artifact (and metrics/plot) once all of it is measured."""
-    from alignatt.pipeline.artifacts import ARTIFACT_SCHEMA_VERSION, CaptureCostRow, LoadArtifact, LoadLevel, write_artifact
-    from alignatt.pipeline.isolated import run_in_child
-    from alignatt.pipeline.provenance import collect_provenance, model_identity
+    from alignatt.record.artifacts import ARTIFACT_SCHEMA_VERSION, CaptureCostRow, LoadArtifact, LoadLevel, write_artifact
+    from alignatt.record.isolated import run_in_child
+    from alignatt.record.provenance import collect_provenance, model_identity
     from alignatt.serve.config import resolve_heads, resolve_preset
     from alignatt.serve.protocol import ProtocolError
 
@@ -378,14 +380,14 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
     streams = resolve_streams(options.streams)
     modes = vllm_modes(options)
     want_cost = options.capture_cost == "on" or (
-        options.capture_cost == "auto" and options.seam == "vllm_capture" and options.device.startswith("cuda"))
+        options.capture_cost == "auto" and options.seam == VLLM_CAPTURE and options.device.startswith("cuda"))
     # One vLLM engine per process: with a second one to come (another mode, the capture cost), each
     # configuration runs in a child of its own.
-    isolate = seam_factory is None and options.seam == "vllm_capture" and (len(modes) > 1 or want_cost)
+    isolate = seam_factory is None and options.seam == VLLM_CAPTURE and (len(modes) > 1 or want_cost)
     runs: list[dict] = []
     for mode in modes:
         payload = {"options": options.model_dump(), "mode": mode}
-        runs.append(run_in_child("alignatt.pipeline.load:configuration_in_child", payload, f"load ({mode})")
+        runs.append(run_in_child("alignatt.measure.capacity:configuration_in_child", payload, f"load ({mode})")
                     if isolate else run_configuration(options, mode, seam_factory))
     levels = [lv for r in runs for lv in r["levels"]]
     cost: list[dict] = []
@@ -393,7 +395,7 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
     if want_cost:
         for mode in modes:
             payload = {"options": options.model_dump(), "mode": mode or "cudagraph", "heads": heads}
-            rows = (run_in_child("alignatt.pipeline.load:capture_cost_in_child", payload, f"capture cost ({mode})")
+            rows = (run_in_child("alignatt.measure.capacity:capture_cost_in_child", payload, f"capture cost ({mode})")
                     if seam_factory is None else capture_cost_in_child(payload))
             cost += [{**row, "vllm_mode": mode or "cudagraph"} for row in rows]
         note = (f"draft_many of the bench prompts, {options.capture_cost_tokens} fixed-length tokens, "
@@ -406,8 +408,9 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
         model_id, revision = model_identity(options.model)
     except Exception:  # noqa: BLE001 - identity is best effort (a local path without metadata)
         model_id, revision = options.model, None
-    synthetic = bool((engine_facts.get("seam_describe") or {}).get("synthetic_weights")) or options.model.endswith(
-        "-synthetic")
+    preset = preset_for(options.model)
+    synthetic = bool((engine_facts.get("seam_describe") or {}).get("synthetic_weights")) or bool(
+        preset and preset.synthetic_weights)
     artifact = LoadArtifact(
         schema_version=ARTIFACT_SCHEMA_VERSION,
         provenance=collect_provenance(model_id=model_id, model_revision=revision),

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from alignatt.capture.names import SEAMS, VLLM_MODES
 from alignatt.core.errors import AlignattError
-from alignatt.pipeline.provenance import Fingerprint, Provenance
+from alignatt.record.provenance import Fingerprint, Provenance
 
 ARTIFACT_SCHEMA_VERSION = 1
 KNOWN_SEAMS = SEAMS
@@ -246,7 +246,7 @@ class LoadLevel(_Strict):
     texts_differing_from_alone: int | None = None  # updates whose committed text differs from N=1
     decisions_differing_from_alone: int | None = None  # updates whose path or released text differs
     vllm_mode: str | None = None  # the configuration (vllm_capture's mode) this level ran on
-    engines: list[LoadEngine] = Field(default_factory=list)  # per engine; empty in artifacts from before
+    engines: list[LoadEngine] = Field(default_factory=list)  # per engine; empty in artifacts that predate the field (they still validate)
 
 
 class CaptureCostRow(_Strict):
@@ -440,7 +440,7 @@ def artifact_json(artifact: BaseModel) -> str:
 
 def env_artifact(model: str | None = None) -> EnvArtifact:
     """What `alignatt env` writes: this machine's provenance (and the model's identity)."""
-    from alignatt.pipeline.provenance import collect_provenance, model_identity
+    from alignatt.record.provenance import collect_provenance, model_identity
 
     model_id, revision = model_identity(model) if model else (None, None)
     return EnvArtifact(
@@ -451,7 +451,7 @@ def env_artifact(model: str | None = None) -> EnvArtifact:
 
 def fingerprint_artifact(model: str | None = None) -> FingerprintArtifact:
     """What the env stage writes: this machine's fingerprint (and the model's identity)."""
-    from alignatt.pipeline.provenance import fingerprint_of
+    from alignatt.record.provenance import fingerprint_of
 
     return FingerprintArtifact(schema_version=ARTIFACT_SCHEMA_VERSION,
                                fingerprint=fingerprint_of(env_artifact(model).provenance))
@@ -466,18 +466,19 @@ def measurement_artifact(
     model: str | None = None,
 ) -> MeasurementArtifact:
     """A `MeasurementArtifact` stamped with this machine's provenance (and the model's identity)."""
-    from alignatt.pipeline.provenance import collect_provenance, model_identity
+    from alignatt.record.provenance import collect_provenance, model_identity
 
     model_id, revision = model_identity(model) if model else (None, None)
+    provenance = collect_provenance(model_id=model_id, model_revision=revision)
     return MeasurementArtifact(
         schema_version=ARTIFACT_SCHEMA_VERSION,
-        provenance=collect_provenance(model_id=model_id, model_revision=revision),
+        provenance=provenance,
         name=name,
         description=description,
         config=config,
         results=results,
         checks=checks or [],
-        synthetic_weights=revision == "random weights",
+        synthetic_weights=provenance.synthetic_weights,
     )
 
 

@@ -1,7 +1,7 @@
 """`alignatt smoke`: the MT server end to end, on loopback, through real WebSocket clients.
 
 Starts the server in-process (loopback, any free port), replays the smoke stream
-(`alignatt.pipeline.stream_replay`) through the `native` client and, when it can be imported, the unmodified
+(`alignatt.replay.stream`) through the `native` client and, when it can be imported, the unmodified
 WhisperLiveKit client (`wlk`), and writes a `server_smoke` artifact with provenance. The native
 client's numbers are the headline: updates, finals, retractions (must be 0), partial-draft RTT
 p50/p95 and the commit-fast-path events with their server-side latency and engine calls; the
@@ -16,8 +16,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from alignatt.core.errors import AlignattError
-from alignatt.pipeline.stream_replay import RunRecord, count_retractions, ends_sentence, load_stream, replay_native, replay_wlk
-from alignatt.pipeline.wlk_client import load_wlk_client, wlk_available, wlk_version
+from alignatt.replay.stream import RunRecord, count_retractions, ends_sentence, load_stream, replay_native, replay_wlk
+from alignatt.replay.wlk_client import load_wlk_client, wlk_available, wlk_version
+from alignatt.capture.names import DEFAULT_SEAM
 from alignatt.models.presets import DEFAULT_MODEL
 
 
@@ -38,7 +39,7 @@ class ServedModelOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str = DEFAULT_MODEL
-    seam: str = "hf_qk_fast"
+    seam: str = DEFAULT_SEAM
     preset: str = "balanced"
     device: str = "cpu"
     dtype: str | None = None
@@ -85,8 +86,8 @@ def _summary(run: RunRecord) -> dict[str, Any]:
 def run_smoke(options: SmokeOptions, out: str | Path | None = "outputs/server_smoke.json",
               seam_factory=None):
     """Start the server in-process on loopback, replay the stream, write the artifact."""
-    from alignatt.pipeline.artifacts import ARTIFACT_SCHEMA_VERSION, FastPathEvent, ServerSmokeArtifact, write_artifact
-    from alignatt.pipeline.provenance import collect_provenance, model_identity
+    from alignatt.record.artifacts import ARTIFACT_SCHEMA_VERSION, FastPathEvent, ServerSmokeArtifact, write_artifact
+    from alignatt.record.provenance import collect_provenance, model_identity
     from alignatt.serve.server import ServerThread
     from alignatt.serve.config import DirectionRoute, ServerConfig, resolve_preset
     from alignatt.serve.protocol import ProtocolError

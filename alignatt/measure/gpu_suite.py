@@ -20,7 +20,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from alignatt.core.errors import AlignattError
-from alignatt.pipeline.artifacts import ARTIFACT_SCHEMA_VERSION, GpuTestCase, GpuTestsArtifact, write_artifact
+from alignatt.record.artifacts import ARTIFACT_SCHEMA_VERSION, GpuTestCase, GpuTestsArtifact, write_artifact
 
 OUTCOMES = ("passed", "failed", "error", "skipped")
 
@@ -67,7 +67,7 @@ def counts_of(tests: list[GpuTestCase]) -> dict[str, int]:
 
 
 def not_run(reason: str) -> GpuTestsArtifact:
-    from alignatt.pipeline.provenance import collect_provenance
+    from alignatt.record.provenance import collect_provenance
 
     return GpuTestsArtifact(schema_version=ARTIFACT_SCHEMA_VERSION, provenance=collect_provenance(), ran=False,
                             reason=reason, command=[], exit_code=None, wall_s=0.0, counts=counts_of([]), tests=[],
@@ -76,7 +76,7 @@ def not_run(reason: str) -> GpuTestsArtifact:
 
 def run_gpu_suite(pytest_args: list[str] | None = None) -> GpuTestsArtifact:
     """Run every GPU test in one pytest session here; its artifact (passed or not)."""
-    from alignatt.pipeline.provenance import collect_provenance
+    from alignatt.record.provenance import collect_provenance
 
     root = repo_root()
     with tempfile.TemporaryDirectory(prefix="alignatt-gpu-suite-") as tmp:

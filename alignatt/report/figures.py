@@ -1,12 +1,11 @@
 """The Benchmarks page's figures: SVGs drawn with matplotlib from the artifacts, byte-stable.
 
-A small registry keyed by artifact kind: `@figure_for("bench")` registers a function that takes
-the report's inputs and returns `Figure`s (name, title, caption, SVG text). Another stage's
-module adds its figures the same way (`@figure_for("load")`, `@figure_for("eval")`) and puts its
-module name in `FIGURE_MODULES`, so that it is imported before rendering. `alignatt report`
-writes every figure to `reports/figures/<name>.svg` and removes figures no function makes any
-more; `report --check` renders them again and compares bytes, so a stale figure is found like a
-stale page.
+A figure function takes the report's inputs and returns `Figure`s (name, the artifact kind it is
+drawn from, title, caption, SVG text). This module holds the drawing helpers and the bench
+figures; another stage's figures live beside its section (`report/capacity.py`), and the page
+lists every function in `alignatt.report.page.FIGURES`. `alignatt report` writes every figure to
+`reports/figures/<name>.svg` and removes figures no function makes any more; `report --check`
+renders them again and compares bytes, so a stale figure is found like a stale page.
 
 Byte-stable: matplotlib's default style (no user matplotlibrc), text kept as text
 (`svg.fonttype: none`, no font files read into the output), a fixed `svg.hashsalt` for element
@@ -16,26 +15,21 @@ which the `pipeline` extra pins.
 
 from __future__ import annotations
 
-import importlib
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import date
-from typing import TYPE_CHECKING
 
+from alignatt.capture.names import HF_EAGER, HF_QK_FAST, VLLM_CAPTURE, VLLM_MODES
 from alignatt.core.errors import AlignattError
-
-if TYPE_CHECKING:
-    from alignatt.pipeline.report import ReportInputs
+from alignatt.report.inputs import ReportInputs
 
 FIGURES_DIR = "figures"  # under reports/, beside BENCHMARKS.md
-# Modules that register figure functions when imported (this one, and e.g. a load or eval module).
-FIGURE_MODULES: tuple[str, ...] = ("alignatt.pipeline.figures", "alignatt.pipeline.load_report")
 SVG_RC = {"svg.hashsalt": "alignatt-report", "svg.fonttype": "none", "svg.image_inline": True,
           "path.simplify": False}
 SVG_METADATA = {"Date": None, "Creator": "alignatt report", "Format": None, "Type": None}
-SEAM_COLORS = {"hf_eager": "#d62728", "hf_qk_fast": "#1f77b4", "vllm_capture": "#2ca02c"}
-MODE_MARKERS = {"eager": "o", "cudagraph": "s", "fullgraph": "D", "compiled": "^"}
+SEAM_COLORS = {HF_EAGER: "#d62728", HF_QK_FAST: "#1f77b4", VLLM_CAPTURE: "#2ca02c"}
+MODE_MARKERS = dict(zip(VLLM_MODES, ("o", "s", "D", "^"), strict=True))  # a new mode needs its marker
 
 
 @dataclass(frozen=True)
@@ -52,33 +46,12 @@ class Figure:
         return f"{FIGURES_DIR}/{self.name}.svg"
 
 
-FigureFunction = Callable[["ReportInputs"], list[Figure]]
-_REGISTRY: dict[str, list[FigureFunction]] = {}
+FigureFunction = Callable[[ReportInputs], list[Figure]]
 
 
-def figure_for(kind: str) -> Callable[[FigureFunction], FigureFunction]:
-    """Register a figure function for artifacts of `kind` (called once per render)."""
-
-    def register(fn: FigureFunction) -> FigureFunction:
-        if fn not in _REGISTRY.setdefault(kind, []):
-            _REGISTRY[kind].append(fn)
-        return fn
-
-    return register
-
-
-def registered() -> dict[str, list[FigureFunction]]:
-    return {kind: list(fns) for kind, fns in _REGISTRY.items()}
-
-
-def render_figures(inputs: "ReportInputs") -> list[Figure]:
-    """Every registered figure, in a fixed order (kind, then registration, then the function's)."""
-    for module in FIGURE_MODULES:
-        importlib.import_module(module)
-    figures: list[Figure] = []
-    for kind in sorted(_REGISTRY):
-        for fn in _REGISTRY[kind]:
-            figures += fn(inputs)
+def render_figures(inputs: ReportInputs, functions: Sequence[FigureFunction]) -> list[Figure]:
+    """Every figure the functions draw, in their order; two figures of one name are an error."""
+    figures = [figure for fn in functions for figure in fn(inputs)]
     names = [f.name for f in figures]
     duplicate = next((n for n in names if names.count(n) > 1), None)
     if duplicate:
@@ -122,11 +95,10 @@ def styled(draw: Callable[[], Figure]) -> Figure:
 # ---- bench figures ---------------------------------------------------------------------------
 
 
-@figure_for("bench")
-def latency_by_prompt_length(inputs: "ReportInputs") -> list[Figure]:
+def latency_by_prompt_length(inputs: ReportInputs) -> list[Figure]:
     """Per pipeline folder (profile): each seam's median ms/token per prompt against its length."""
-    from alignatt.pipeline.artifacts import BENCH_FILE
-    from alignatt.pipeline.report_rows import MODE_ORDER, machine_of
+    from alignatt.record.artifacts import BENCH_FILE
+    from alignatt.report.rows import MODE_ORDER, machine_of
 
     figures = []
     for session in sorted(inputs.runs):
@@ -173,8 +145,7 @@ def latency_by_prompt_length(inputs: "ReportInputs") -> list[Figure]:
     return figures
 
 
-@figure_for("bench")
-def headline_ratio_history(inputs: "ReportInputs") -> list[Figure]:
+def headline_ratio_history(inputs: ReportInputs) -> list[Figure]:
     """The dated history of the headline ratio (HF eager / vLLM, within one row), published + ours."""
     points = [r for r in inputs.rows() if r.speedup is not None]
     if not points:

@@ -7,10 +7,23 @@ from __future__ import annotations
 import statistics
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
-if TYPE_CHECKING:
-    from alignatt.pipeline.load import LoadOptions
+from alignatt.capture.names import VLLM_CAPTURE
+
+
+class CaptureCostOptions(Protocol):
+    """What the measurement reads from its caller's options (the capacity benchmark's `LoadOptions`
+    has them all); a protocol, so that this module needs nothing from the benchmark that runs it."""
+
+    model: str
+    device: str
+    dtype: str | None
+    vllm_mode: str | None
+    capture_cost_batches: list[int]
+    capture_cost_tokens: int
+    capture_cost_repeats: int
+    profile_dir: str | None
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -19,7 +32,7 @@ def write_text_atomic(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def capture_cost(options: "LoadOptions", heads: list, make: Callable[..., Any] | None = None,
+def capture_cost(options: CaptureCostOptions, heads: list, make: Callable[..., Any] | None = None,
                  seam_options: dict[str, Any] | None = None) -> list[dict]:
     """Captured vs uncaptured `draft_many` wall at each batch size: same prompts, same run,
     fixed-length drafts (both engines generate the same number of tokens); `seam_options`: the
@@ -31,7 +44,7 @@ def capture_cost(options: "LoadOptions", heads: list, make: Callable[..., Any] |
     prompts = [r for _, r in bench_requests(options.capture_cost_tokens)]
     walls: dict[bool, dict[int, float]] = {}
     for captured in (True, False):
-        seam = make("vllm_capture", model=options.model, heads=heads, device=options.device, dtype=options.dtype,
+        seam = make(VLLM_CAPTURE, model=options.model, heads=heads, device=options.device, dtype=options.dtype,
                     vllm_mode=options.vllm_mode or "cudagraph", capture=captured, fixed_length=True,
                     max_num_seqs=max(options.capture_cost_batches), **(seam_options or {}))
         try:

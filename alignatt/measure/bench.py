@@ -11,7 +11,7 @@ A seam that cannot run here (no CUDA, vLLM not installed, weights missing: `Alig
 its factory) or whose worker fails is recorded as skipped with the reason, never dropped.
 
 The runner takes a seam factory, so the aggregation can be tested with a fake seam. The front end
-is `alignatt bench` (typer, alignatt.cli); `python -m alignatt.pipeline.bench JOB.json` is only the
+is `alignatt bench` (typer, alignatt.cli); `python -m alignatt.measure.bench JOB.json` is only the
 per-seam worker that `SubprocessRunner` starts (a `WorkerJob`), not a second command line.
 """
 
@@ -24,7 +24,6 @@ import io
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,7 +34,7 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from alignatt.pipeline.artifacts import (
+from alignatt.record.artifacts import (
     ARTIFACT_SCHEMA_VERSION,
     KNOWN_SEAMS,
     TIMING_KEYS,
@@ -48,11 +47,14 @@ from alignatt.pipeline.artifacts import (
     PromptSummary,
     SeamResult,
 )
+from alignatt.capture.names import VLLM_CAPTURE
 from alignatt.core.errors import AlignattError
+from alignatt.record.isolated import run_module
 
-DEFAULT_FACTORY = "alignatt.pipeline.bench:default_seam_factory"
-# The same factory under its path before the package regroup (artifacts measured before it).
-OWN_FACTORIES = (DEFAULT_FACTORY, "alignatt.bench:default_seam_factory")
+DEFAULT_FACTORY = "alignatt.measure.bench:default_seam_factory"
+# The same factory under the module paths it had earlier: committed bench artifacts record them, and
+# they name alignatt's own seams all the same (the audit flags any other factory).
+OWN_FACTORIES = (DEFAULT_FACTORY, "alignatt.pipeline.bench:default_seam_factory", "alignatt.bench:default_seam_factory")
 FACTORY_ENV = "ALIGNATT_BENCH_SEAM_FACTORY"
 
 BenchSeamFactory = Callable[[str, BenchConfig], Any]  # returns an object implementing capture.Seam
@@ -223,7 +225,7 @@ def default_seam_factory(name: str, config: BenchConfig):
     from alignatt.capture.registry import make_seam
 
     heads = default_heads(config.model, config.heads_k)
-    options = {"vllm_mode": config.vllm_mode} if name == "vllm_capture" else {}
+    options = {"vllm_mode": config.vllm_mode} if name == VLLM_CAPTURE else {}
     return make_seam(
         name, model=config.model, heads=heads, device=config.device, dtype=config.dtype, **options
     )
@@ -277,7 +279,7 @@ class WorkerJob(BaseModel):
 
 
 class SubprocessRunner:
-    """Runs each seam in a fresh `python -m alignatt.pipeline.bench JOB.json` worker process."""
+    """Runs each seam in a fresh `python -m alignatt.measure.bench JOB.json` worker process."""
 
     def __init__(self, factory: str | None = None, progress: bool = True, python: str | None = None):
         # ALIGNATT_BENCH_SEAM_FACTORY=module:function swaps the seams (tests, external seams);
@@ -292,7 +294,8 @@ class SubprocessRunner:
             job = WorkerJob(seam=name, config=config, out=str(out_path), factory=self.factory,
                             progress=self.progress)
             job_path.write_text(job.model_dump_json(), encoding="utf-8")
-            code, tail = _run_teeing_stderr([self.python, "-m", "alignatt.pipeline.bench", str(job_path)])
+            done = run_module("alignatt.measure.bench", str(job_path), keep=8, stdout=False, python=self.python)
+            code, tail = done.code, done.tail
             if code == 0 and out_path.exists():
                 try:
                     return SeamResult.model_validate_json(out_path.read_text(encoding="utf-8"))
@@ -302,31 +305,9 @@ class SubprocessRunner:
             return skipped_seam(name, f"worker exited with code {code}: {last or 'no output'}")
 
 
-def _run_teeing_stderr(cmd: list[str], keep: int = 8) -> tuple[int, list[str]]:
-    """Run, forwarding the child's stderr live (progress bars) and keeping its last lines."""
-    tail: collections.deque[str] = collections.deque(maxlen=keep)
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    assert proc.stderr is not None
-    pending = b""
-    try:
-        for chunk in iter(lambda: proc.stderr.read1(4096), b""):
-            sys.stderr.buffer.write(chunk)
-            sys.stderr.flush()
-            pending += chunk
-            *lines, pending = pending.replace(b"\r", b"\n").split(b"\n")
-            tail.extend(line.decode("utf-8", "replace") for line in lines)
-    except BaseException:  # interrupted: never leave a worker measuring on its own
-        proc.kill()
-        proc.wait()
-        raise
-    if pending:
-        tail.append(pending.decode("utf-8", "replace"))
-    return proc.wait(), list(tail)
-
-
 def run_bench(config: BenchConfig, runner: SeamRunner | None = None) -> BenchArtifact:
     """Measure every configured seam and assemble the artifact (provenance collected last)."""
-    from alignatt.pipeline.provenance import collect_provenance, model_identity
+    from alignatt.record.provenance import collect_provenance, model_identity
 
     unknown = [s for s in config.seams if s not in KNOWN_SEAMS]
     if unknown:
@@ -337,11 +318,12 @@ def run_bench(config: BenchConfig, runner: SeamRunner | None = None) -> BenchArt
     runner = runner or SubprocessRunner()
     results = [runner(name, config) for name in config.seams]
     model_id, revision = model_identity(config.model)
+    provenance = collect_provenance(model_id=model_id, model_revision=revision)
     return BenchArtifact(
         schema_version=ARTIFACT_SCHEMA_VERSION,
-        provenance=collect_provenance(model_id=model_id, model_revision=revision),
+        provenance=provenance,
         config=config,
-        synthetic_weights=revision == "random weights",
+        synthetic_weights=provenance.synthetic_weights,
         seam_factory=getattr(runner, "factory", "unknown"),
         prompt_count=len(prompts),
         seams=results,
@@ -416,7 +398,7 @@ def write_bench_outputs(
     plot: str | Path | None = None, add: bool = False,
 ) -> BenchArtifact:
     """Write the artifact (merged into an existing `out` when `add`) and its derived files."""
-    from alignatt.pipeline.artifacts import load_artifact, write_artifact
+    from alignatt.record.artifacts import load_artifact, write_artifact
 
     if add and Path(out).exists():
         base = load_artifact(out)
@@ -464,5 +446,5 @@ def worker_main(job_file: str) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m alignatt.pipeline.bench JOB.json (the seam worker; use `alignatt bench`)")
+        sys.exit("usage: python -m alignatt.measure.bench JOB.json (the seam worker; use `alignatt bench`)")
     sys.exit(worker_main(sys.argv[1]))

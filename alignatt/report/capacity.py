@@ -1,19 +1,16 @@
 """The Benchmarks page's capacity section: a table per load level and RTT p95 against speakers.
 
 Rows and the figure come from the `load` artifacts (`alignatt load`, DVC stage `load`); the
-figure registers itself with `alignatt.pipeline.figures` (kind `load`), one line per
-configuration (artifact: profile, seam, vLLM mode, prefix caching).
+figure draws one line per configuration (artifact: profile, seam, vLLM mode, prefix caching).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from alignatt.pipeline.figures import Figure, new_figure, styled, figure_for, svg_text
-
-if TYPE_CHECKING:
-    from alignatt.pipeline.report import ReportInputs
+from alignatt.report.figures import Figure, new_figure, styled, svg_text
+from alignatt.report.inputs import ReportInputs
 
 
 def _fmt(value: float | None, digits: int = 0) -> str:
@@ -34,8 +31,8 @@ def configuration(rel: str, artifact: Any, vllm_mode: str | None = None) -> str:
     return f"{folder}: {c.get('seam')}{f' {mode}' if mode else ''}{extra}"
 
 
-def capacity_rows(inputs: "ReportInputs") -> list[dict[str, Any]]:
-    from alignatt.pipeline.report_rows import machine_of
+def capacity_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
+    from alignatt.report.rows import machine_of
 
     rows = []
     for rel, a in sorted(inputs.of_kind("load"), key=lambda t: t[0]):
@@ -55,7 +52,7 @@ def capacity_rows(inputs: "ReportInputs") -> list[dict[str, Any]]:
     return rows
 
 
-def capture_cost_rows(inputs: "ReportInputs") -> list[dict[str, Any]]:
+def capture_cost_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
     rows = []
     for rel, a in sorted(inputs.of_kind("load"), key=lambda t: t[0]):
         for c in a.capture_cost:
@@ -64,8 +61,7 @@ def capture_cost_rows(inputs: "ReportInputs") -> list[dict[str, Any]]:
     return rows
 
 
-@figure_for("load")
-def rtt_against_speakers(inputs: "ReportInputs") -> list[Figure]:
+def rtt_against_speakers(inputs: ReportInputs) -> list[Figure]:
     loads = sorted(inputs.of_kind("load"), key=lambda t: t[0])
     points: dict[str, list[tuple[int, float]]] = {}
     for rel, a in loads:

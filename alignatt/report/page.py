@@ -4,8 +4,8 @@ Everything in the document comes from files: the methodology from params.yaml an
 configs, one results row per measurement (historical rows from `outputs/published/`, ours from
 `outputs/<profile>/`), notes computed from the rows. Rendering is byte-stable (no render-time
 clock, sorted inputs, fixed number formats), so `alignatt report --check` can tell whether the
-committed document is stale. Which artifacts make a results row: `alignatt.pipeline.report_rows`;
-the figures (SVG, `reports/figures/`) come from `alignatt.pipeline.figures` and are checked the
+committed document is stale. Which artifacts make a results row: `alignatt.report.rows`;
+the figures (SVG, `reports/figures/`) come from `alignatt.report.figures` and are checked the
 same way.
 """
 
@@ -13,88 +13,21 @@ from __future__ import annotations
 
 import re
 import statistics
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from alignatt.pipeline.artifacts import (
-    BENCH_FILE,
-    BenchArtifact,
-    EnvArtifact,
-    FingerprintArtifact,
-    MeasurementArtifact,
-    PublishedArtifact,
-    ServerSmokeArtifact,
-    load_artifact,
-    read_published,
-    sha256_file,
-)
 from alignatt.core.errors import AlignattError
-from alignatt.pipeline.figures import FIGURES_DIR, Figure, render_figures
-from alignatt.pipeline.load_report import capacity_rows, capture_cost_rows
-from alignatt.pipeline.report_rows import ResultRow, load_note, machine_of, our_rows, published_rows
+from alignatt.record.artifacts import FingerprintArtifact, sha256_file
+from alignatt.report import capacity, figures as bench_figures
+from alignatt.report.capacity import capacity_rows, capture_cost_rows
+from alignatt.report.figures import FIGURES_DIR, Figure, FigureFunction, render_figures
+from alignatt.report.inputs import ReportInputs, collect_inputs, relative
+from alignatt.report.rows import ResultRow, load_note, machine_of
 
 TEMPLATE = "BENCHMARKS.md.j2"
-
-
-# ---- collecting the inputs -------------------------------------------------------------------
-
-
-@dataclass
-class ReportInputs:
-    root: Path
-    params: dict[str, Any]
-    published: list[tuple[str, PublishedArtifact]]
-    runs: dict[str, dict[str, tuple[str, BenchArtifact]]]
-    smokes: list[tuple[str, ServerSmokeArtifact]]
-    envs: list[tuple[str, EnvArtifact]]
-    measurements: list[tuple[str, MeasurementArtifact]]
-    # every valid artifact by kind, for figures and for kinds other stages add (load, eval, ...)
-    by_kind: dict[str, list[tuple[str, Any]]] = field(default_factory=dict)
-
-    def of_kind(self, kind: str) -> list[tuple[str, Any]]:
-        return self.by_kind.get(kind, [])
-
-    def rows(self) -> list[ResultRow]:
-        return sorted(published_rows(self.published) + our_rows(self.runs), key=lambda r: r.sort_key)
-
-
-def _rel(root: Path, path: Path) -> str:
-    try:
-        return path.resolve().relative_to(root.resolve()).as_posix()
-    except ValueError:
-        return path.as_posix()
-
-
-def collect_inputs(root: Path, params: dict[str, Any]) -> ReportInputs:
-    report = params.get("report") or {}
-    published_dir = root / report.get("published", "outputs/published")
-    outputs = published_dir.parent
-    published = [(_rel(root, p), read_published(p)) for p in sorted(published_dir.glob("*.json"))]
-    runs: dict[str, dict[str, tuple[str, BenchArtifact]]] = {}
-    smokes, envs, measurements = [], [], []
-    by_kind: dict[str, list[tuple[str, Any]]] = {}
-    for path in sorted(outputs.rglob("*.json")):
-        if path.parent == published_dir or path.name.endswith("_metrics.json"):
-            continue  # historical (read above) / DVC metrics derived from a bench artifact
-        try:
-            artifact = load_artifact(path)
-        except AlignattError:
-            continue  # not a valid artifact: `alignatt audit` reports it; the page shows the rest
-        rel = _rel(root, path)
-        by_kind.setdefault(artifact.kind, []).append((rel, artifact))
-        if isinstance(artifact, BenchArtifact):
-            # a pipeline folder is one session (its modes share HF figures); any other bench
-            # file is a session of its own
-            session = _rel(root, path.parent) if BENCH_FILE.match(path.name) else rel
-            runs.setdefault(session, {})[artifact.config.vllm_mode] = (rel, artifact)
-        elif isinstance(artifact, ServerSmokeArtifact):
-            smokes.append((rel, artifact))
-        elif isinstance(artifact, EnvArtifact):
-            envs.append((rel, artifact))
-        elif isinstance(artifact, MeasurementArtifact):
-            measurements.append((rel, artifact))
-    return ReportInputs(root, params, published, runs, smokes, envs, measurements, by_kind)
+# Every figure on the page, in page order: a new figure is one function here.
+FIGURES: tuple[FigureFunction, ...] = (bench_figures.latency_by_prompt_length, bench_figures.headline_ratio_history,
+                                       capacity.rtt_against_speakers)
 
 
 # ---- view model for the template -------------------------------------------------------------
@@ -129,7 +62,7 @@ def smoke_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
                          note=note))
     for rel, a in inputs.smokes:
         latencies = [e.latency_ms for e in a.fast_path_events]
-        synthetic = a.provenance.model_revision == "random weights"
+        synthetic = a.provenance.synthetic_weights
         rows.append(dict(
             date=a.provenance.date, machine=machine_of(a),
             model=str(a.config.get("model", "—")) + (" (synthetic weights)" if synthetic else ""),
@@ -216,7 +149,8 @@ def measurement_items(inputs: ReportInputs) -> list[dict[str, Any]]:
     items = []
     for rel, a in inputs.of_kind("failover"):
         items.append(failover_item(rel, a, machine_of(a)))
-    for rel, a in inputs.measurements:
+    # the soak is not a MeasurementArtifact, but the page shows it with them
+    for rel, a in sorted(inputs.measurements + inputs.of_kind("soak"), key=lambda t: t[0]):
         if a.kind == "soak":  # its own fields, shown like a measurement
             items.append(soak_item(rel, a, machine_of(a)))
             continue
@@ -286,7 +220,7 @@ def load_independence(inputs: ReportInputs) -> dict[str, Any] | None:
 
 
 def methodology(inputs: ReportInputs) -> dict[str, Any]:
-    from alignatt.pipeline.bench import load_prompts
+    from alignatt.measure.bench import load_prompts
     from alignatt.pipeline.params import BenchParams, profile_of
 
     params = inputs.params
@@ -411,7 +345,7 @@ def render_all(root: str | Path = ".", params: dict[str, Any] | None = None) -> 
     except jinja2.TemplateNotFound:
         raise AlignattError(f"report template {root / 'reports' / TEMPLATE} not found") from None
     inputs = collect_inputs(root, params)
-    figures = render_figures(inputs)
+    figures = render_figures(inputs, FIGURES)
     text = template.render(**build_context(inputs, figures))
     return re.sub(r"\n{3,}", "\n\n", text), figures  # templates' blank-line noise never reaches the page
 
@@ -461,22 +395,22 @@ def stale_report(root: str | Path = ".") -> str | None:
     params = load_params(root / "params.yaml")
     path = report_path(root, params)
     if not path.exists():
-        return f"{_rel(root, path)} does not exist: run `alignatt report`"
+        return f"{relative(root, path)} does not exist: run `alignatt report`"
     fresh, figures = render_all(root, params)
     current = path.read_text(encoding="utf-8")
     if current != fresh:
         old, new = current.splitlines(), fresh.splitlines()
         line = next((i for i, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
-        return f"{_rel(root, path)} is stale (first difference at line {line + 1}): run `alignatt report`"
+        return f"{relative(root, path)} is stale (first difference at line {line + 1}): run `alignatt report`"
     folder = figures_dir(root, params)
     for f in figures:
         svg = folder / f"{f.name}.svg"
         if not svg.exists():
-            return f"{_rel(root, svg)} does not exist: run `alignatt report`"
+            return f"{relative(root, svg)} does not exist: run `alignatt report`"
         if svg.read_text(encoding="utf-8") != f.svg:
-            return f"{_rel(root, svg)} is stale: run `alignatt report`"
+            return f"{relative(root, svg)} is stale: run `alignatt report`"
     made = {f"{f.name}.svg" for f in figures}
     extra = sorted(p.name for p in folder.glob("*.svg") if p.name not in made) if folder.is_dir() else []
     if extra:
-        return f"{_rel(root, folder)} holds figures no artifact draws any more ({', '.join(extra)}): run `alignatt report`"
+        return f"{relative(root, folder)} holds figures no artifact draws any more ({', '.join(extra)}): run `alignatt report`"
     return None

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from alignatt.pipeline.artifacts import ARTIFACT_SCHEMA_VERSION, Check, FailoverArtifact, FailoverSession
-from alignatt.pipeline.failover_client import SpeakerRecord
+from alignatt.record.artifacts import ARTIFACT_SCHEMA_VERSION, Check, FailoverArtifact, FailoverSession
+from alignatt.measure.failover_client import SpeakerRecord
 
 KILL_NOTICE_S = 3.0  # a killed engine: its pipe closes at once; room for the join and the close frame
 NOTICE_SLACK_S = 3.0  # a stopped engine: past step_deadline_s + heartbeat_s, the kill and the frames
@@ -55,7 +55,7 @@ def session_of(record: SpeakerRecord, faults: list[dict]) -> tuple[FailoverSessi
 def failover_artifact(options: Any, load_s: float, t0: float, faults: list[dict],
                       records: list[SpeakerRecord], samples: list[dict], engines_before: list[dict],
                       engines_after: list[dict]) -> FailoverArtifact:
-    from alignatt.pipeline.provenance import collect_provenance, model_identity
+    from alignatt.record.provenance import collect_provenance, model_identity
 
     bounds = {"kill": KILL_NOTICE_S, "stop": options.step_deadline_s + options.heartbeat_s + NOTICE_SLACK_S}
     sessions, losses = [], []

@@ -4,7 +4,7 @@ The server runs in a child process (127.0.0.1 only), so its RSS and descriptors 
 from outside it, as a deployment's monitor sees them (no collection or heap trim inside the
 server); a few client threads open sessions until the deadline, then stop by themselves (every session is bounded in updates and every reply wait in
 time). Well-formed sessions stream sentences word by word (tail arrival, commit, final) and check
-that `committed_text` only grows; hostile ones send what issue 10 found (malformed JSON, huge
+that `committed_text` only grows; hostile ones send what breaks a careless server (malformed JSON, huge
 integers, lone surrogates, oversized frames, words with inner whitespace, token-bound breakers,
 control characters, seq replays, idle sockets, abandoned sessions) and what issue 25 found
 (256 KiB frames of nested arrays before and after init, 250 kB-prefix inits, a session pipelining
@@ -31,6 +31,10 @@ from typing import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from alignatt.capture.names import DEFAULT_SEAM
+from alignatt.core.policy import POLICY_PRESETS
+from alignatt.models.presets import DEFAULT_MODEL
+
 
 RSS_TOLERANCE = 0.05
 FD_SLACK = 2  # descriptors the runtime may open lazily (e.g. a thread pool's wake-up pipe)
@@ -39,8 +43,8 @@ FD_SLACK = 2  # descriptors the runtime may open lazily (e.g. a thread pool's wa
 class SoakOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    model: str = "gemma3-270m"
-    seam: str = "hf_qk_fast"
+    model: str = DEFAULT_MODEL
+    seam: str = DEFAULT_SEAM
     device: str = "cpu"
     dtype: str | None = None
     heads: str | None = Field(None, description="head-set file or bundled name (default: the model's)")
@@ -136,7 +140,7 @@ class _Client:
 
 
 def _sentences(words: list[str]) -> list[list[str]]:
-    from alignatt.pipeline.stream_replay import ends_sentence
+    from alignatt.replay.stream import ends_sentence
 
     out, cur = [], []
     for w in words:
@@ -152,7 +156,7 @@ def well_formed(c: _Client, rng: random.Random, sentences: list[list[str]], dead
 
     Past the deadline the open utterance goes straight to its final, so the load ends promptly.
     """
-    c.init(preset=rng.choice(["low_latency", "balanced", "high_latency"]))
+    c.init(preset=rng.choice(list(POLICY_PRESETS)))
     named = rng.random() < 0.7  # else utterance_id is left out (the open utterance)
     for uid in range(rng.randint(1, 2)):
         words = rng.choice(sentences)
@@ -462,9 +466,9 @@ class _Sampler(threading.Thread):
 def run_soak(options: SoakOptions, out: str | Path | None = "outputs/cpu/soak.json", seam_factory=None,
              progress: Callable[[str], None] | None = None):
     """Start the server on loopback, run the load until the deadline, write the `soak` artifact."""
-    from alignatt.pipeline.artifacts import ARTIFACT_SCHEMA_VERSION, Check, SoakArtifact, write_artifact
-    from alignatt.pipeline.provenance import collect_provenance, model_identity
-    from alignatt.pipeline.stream_replay import load_stream
+    from alignatt.record.artifacts import ARTIFACT_SCHEMA_VERSION, Check, SoakArtifact, write_artifact
+    from alignatt.record.provenance import collect_provenance, model_identity
+    from alignatt.replay.stream import load_stream
     from alignatt.serve.config import DirectionRoute, ServerConfig, ServerLimits
 
     try:

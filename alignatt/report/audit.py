@@ -1,7 +1,7 @@
 """`alignatt audit [PATHS]`: check every artifact, the historical hashes and the report.
 
 Findings, each with the file and a plain message:
-- `schema`: an artifact that does not validate against `alignatt.pipeline.artifacts` (or a published
+- `schema`: an artifact that does not validate against `alignatt.record.artifacts` (or a published
   file that lost its published shape), or an unsupported schema version;
 - `provenance`: a provenance block missing what the measurement needs (torch, transformers, git
   commit, model id; vLLM when a vLLM seam ran; GPU and driver when it ran on CUDA; the digest of
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from alignatt.pipeline.artifacts import (
+from alignatt.record.artifacts import (
     BENCH_FILE,
     FINGERPRINT_FILE,
     BenchArtifact,
@@ -45,8 +45,9 @@ from alignatt.pipeline.artifacts import (
     read_published,
     sha256_file,
 )
+from alignatt.capture.names import VLLM_CAPTURE
 from alignatt.core.errors import AlignattError
-from alignatt.pipeline.provenance import HOST, NOT_INSTALLED, fingerprint_differences, fingerprint_of
+from alignatt.record.provenance import HOST, NOT_INSTALLED, fingerprint_differences, fingerprint_of
 
 MANIFEST = "SHA256SUMS"
 ACCEPTED = "outputs/accepted-findings.yaml"
@@ -130,12 +131,12 @@ def provenance_gaps(artifact) -> list[str]:
     if isinstance(artifact, (BenchArtifact, ServerSmokeArtifact, EvalArtifact, LoadArtifact)) and not p.model_id:
         gaps.append("model id not recorded")
     if isinstance(artifact, BenchArtifact):
-        from alignatt.pipeline.bench import OWN_FACTORIES
+        from alignatt.measure.bench import OWN_FACTORIES
 
         if artifact.seam_factory not in OWN_FACTORIES:
             gaps.append(f"seams built by {artifact.seam_factory!r}, not alignatt's own seams")
         ran = [s.seam for s in artifact.seams if s.status == "ok"]
-        if "vllm_capture" in ran and p.vllm == NOT_INSTALLED:
+        if VLLM_CAPTURE in ran and p.vllm == NOT_INSTALLED:
             gaps.append("a vLLM seam ran but the vLLM version is not recorded")
         if artifact.config.device.startswith("cuda"):
             if p.gpu_count == 0:
@@ -149,7 +150,7 @@ def provenance_gaps(artifact) -> list[str]:
 
 def _check_derived(path: Path, artifact: BenchArtifact, rel: str, result: AuditResult) -> None:
     """DVC metrics and plot data beside a bench artifact must still be derived from it."""
-    from alignatt.pipeline.bench import bench_metrics, latency_csv
+    from alignatt.measure.bench import bench_metrics, latency_csv
 
     mode = BENCH_FILE.match(path.name)
     if mode is None:
@@ -302,7 +303,8 @@ def _json_files(paths: list[Path]) -> list[Path]:
 def audit_report(root: Path, result: AuditResult) -> None:
     """Combined rows must agree; the committed report must equal a fresh render."""
     from alignatt.pipeline.params import load_params
-    from alignatt.pipeline.report import collect_inputs, report_path, stale_report
+    from alignatt.report.inputs import collect_inputs
+    from alignatt.report.page import report_path, stale_report
 
     try:
         params = load_params(root / "params.yaml")

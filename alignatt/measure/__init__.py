@@ -1,0 +1,1 @@
+"""The measurements: bench, server smoke, capacity, capture cost and soak."""

@@ -1,0 +1,1 @@
+"""The artifact record: the artifact schema, provenance, and the child-process runner."""

@@ -1,0 +1,81 @@
+"""The report's inputs: every valid artifact under `outputs/`, read once, by kind.
+
+The page, its rows and its figures all read this; it imports none of them, so that a figure
+module can take `ReportInputs` without importing the page that draws it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from alignatt.core.errors import AlignattError
+from alignatt.record.artifacts import (
+    BENCH_FILE,
+    BenchArtifact,
+    EnvArtifact,
+    MeasurementArtifact,
+    PublishedArtifact,
+    ServerSmokeArtifact,
+    load_artifact,
+    read_published,
+)
+from alignatt.report.rows import ResultRow, our_rows, published_rows
+
+
+@dataclass
+class ReportInputs:
+    root: Path
+    params: dict[str, Any]
+    published: list[tuple[str, PublishedArtifact]]
+    runs: dict[str, dict[str, tuple[str, BenchArtifact]]]
+    smokes: list[tuple[str, ServerSmokeArtifact]]
+    envs: list[tuple[str, EnvArtifact]]
+    measurements: list[tuple[str, MeasurementArtifact]]
+    # every valid artifact by kind, for figures and for kinds other stages add (load, eval, ...)
+    by_kind: dict[str, list[tuple[str, Any]]] = field(default_factory=dict)
+
+    def of_kind(self, kind: str) -> list[tuple[str, Any]]:
+        return self.by_kind.get(kind, [])
+
+    def rows(self) -> list[ResultRow]:
+        return sorted(published_rows(self.published) + our_rows(self.runs), key=lambda r: r.sort_key)
+
+
+def relative(root: Path, path: Path) -> str:
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def collect_inputs(root: Path, params: dict[str, Any]) -> ReportInputs:
+    report = params.get("report") or {}
+    published_dir = root / report.get("published", "outputs/published")
+    outputs = published_dir.parent
+    published = [(relative(root, p), read_published(p)) for p in sorted(published_dir.glob("*.json"))]
+    runs: dict[str, dict[str, tuple[str, BenchArtifact]]] = {}
+    smokes, envs, measurements = [], [], []
+    by_kind: dict[str, list[tuple[str, Any]]] = {}
+    for path in sorted(outputs.rglob("*.json")):
+        if path.parent == published_dir or path.name.endswith("_metrics.json"):
+            continue  # historical (read above) / DVC metrics derived from a bench artifact
+        try:
+            artifact = load_artifact(path)
+        except AlignattError:
+            continue  # not a valid artifact: `alignatt audit` reports it; the page shows the rest
+        rel = relative(root, path)
+        by_kind.setdefault(artifact.kind, []).append((rel, artifact))
+        if isinstance(artifact, BenchArtifact):
+            # a pipeline folder is one session (its modes share HF figures); any other bench
+            # file is a session of its own
+            session = relative(root, path.parent) if BENCH_FILE.match(path.name) else rel
+            runs.setdefault(session, {})[artifact.config.vllm_mode] = (rel, artifact)
+        elif isinstance(artifact, ServerSmokeArtifact):
+            smokes.append((rel, artifact))
+        elif isinstance(artifact, EnvArtifact):
+            envs.append((rel, artifact))
+        elif isinstance(artifact, MeasurementArtifact):
+            measurements.append((rel, artifact))
+    return ReportInputs(root, params, published, runs, smokes, envs, measurements, by_kind)
