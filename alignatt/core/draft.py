@@ -123,6 +123,31 @@ class Acceptance:
                 "extend_ms": round(self.extend_ms, 3)}
 
 
+ACCEPTANCE_COUNTS = ("proposed", "accepted", "decoded", "forward_steps", "verify_ms", "extend_ms")
+
+
+def add_acceptance(totals: dict[str, float], a: Acceptance, n_tokens: int) -> None:
+    """Add one finished draft to running totals (a seam's `acceptance_totals()`)."""
+    totals["drafts"] = totals.get("drafts", 0) + 1
+    totals["tokens"] = totals.get("tokens", 0) + n_tokens
+    for k in ACCEPTANCE_COUNTS:
+        totals[k] = totals.get(k, 0) + getattr(a, k)
+
+
+def acceptance_level(before: dict[str, float], after: dict[str, float]) -> dict[str, float | int | None]:
+    """Per-draft figures between two snapshots of a seam's totals (a load level's verification)."""
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in ("drafts", "tokens", *ACCEPTANCE_COUNTS)}
+    n = d["drafts"]
+
+    def per(key: str, by: float) -> float | None:
+        return round(d[key] / by, 3) if by else None
+
+    return {"drafts": int(n), "proposed": int(d["proposed"]), "accepted": int(d["accepted"]),
+            "acceptance_rate": per("accepted", d["proposed"]), "tokens_per_draft": per("tokens", n),
+            "decoded_tokens_per_update": per("decoded", n), "forward_steps_per_draft": per("forward_steps", n),
+            "verify_ms_mean": per("verify_ms", n), "extend_ms_mean": per("extend_ms", n)}
+
+
 def accept_proposal(scored: Sequence[int], proposal: Sequence[int], max_new_tokens: int,
                     is_stop) -> tuple[list[int], bool]:
     """Greedy acceptance: the tokens a from-scratch draft would draft from the verifying forward.

@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 from alignatt.core.draft import (
-    Acceptance, Draft, DraftRequest, Head, Timings, TokenCapture, accept_proposal, agreeing_prefix, sync,
+    Acceptance, Draft, DraftRequest, Head, Timings, TokenCapture, accept_proposal, add_acceptance, agreeing_prefix,
+    sync,
 )
 from alignatt.core.errors import AlignattError
 from alignatt.models.presets import LoadedModel
@@ -62,6 +63,7 @@ class HFCaptureSeam:
     def __init__(self, loaded: LoadedModel, heads: list[Head], verify: bool = True):
         self.loaded = loaded
         self.verify = verify  # False: every draft from scratch, a request's proposal ignored
+        self.totals: dict[str, float] = {}  # acceptance figures over every draft (`acceptance_totals`)
         self.heads = loaded.layout.validate_heads(heads)
         self.layers = sorted({h.layer for h in self.heads})
         # For each selected layer: (rows in `self.heads` order, query heads, KV heads they read).
@@ -76,6 +78,9 @@ class HFCaptureSeam:
         self.row_index = {
             layer: torch.tensor(idx, device=self.device) for layer, (idx, _, _) in self.by_layer.items()
         }
+
+    def acceptance_totals(self) -> dict[str, float]:
+        return dict(self.totals)
 
     def close(self) -> None:
         """The loaded model belongs to whoever loaded it (tests share one); drop our reference."""
@@ -130,6 +135,7 @@ class HFCaptureSeam:
                 timings.reconstruct_ms = (time.perf_counter() - t2) * 1e3
         finally:
             self.end()
+        add_acceptance(self.totals, acceptance, len(tokens))
         return Draft(
             request=request,
             heads=list(self.heads),
