@@ -38,7 +38,7 @@ def make_seam(
 
         device = "cuda" if device == "cpu" else device
         return vllm_capture.make_seam(model=model, heads=heads, device=device, dtype=dtype, **options)
-    allowed = {"decode"} if name == "hf_qk_fast" else set()
+    allowed = {"decode", "verify"} if name == "hf_qk_fast" else {"verify"}
     if set(options) - allowed:
         raise AlignattError(f"seam {name} does not take {', '.join(sorted(set(options) - allowed))}")
     from alignatt.models.presets import load_model
@@ -47,10 +47,10 @@ def make_seam(
     if name == "hf_eager":
         from alignatt.capture.hf.eager import HFEagerSeam
 
-        return HFEagerSeam(loaded, heads)
+        return HFEagerSeam(loaded, heads, verify=options.get("verify", True))
     from alignatt.capture.hf.qk_fast import HFQKFastSeam
 
-    return HFQKFastSeam(loaded, heads, decode=options.get("decode"))
+    return HFQKFastSeam(loaded, heads, decode=options.get("decode"), verify=options.get("verify", True))
 
 
 def _check_vllm_can_run() -> None:

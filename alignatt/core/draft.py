@@ -29,6 +29,25 @@ class Head:
     head: int
 
 
+@dataclass(frozen=True)
+class DraftProposal:
+    """Tokens a seam may verify instead of decoding them one by one (greedy speculative decoding).
+
+    They are the session's previous draft beyond what it accepted, and they continue
+    `target_prefix` (the accepted target text then, which must be the request's prefix now). A
+    proposal is only ever a guess: a seam keeps proposed token i only where the model's own
+    greedy argmax at that position, on *this* request's prompt, is token i, so the draft's tokens
+    are the from-scratch draft's whatever the proposal holds.
+    """
+
+    token_ids: tuple[int, ...]
+    target_prefix: str
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            raise ValueError("an empty proposal: give no proposal instead")
+
+
 @dataclass
 class DraftRequest:
     """One draft: the whole known source (committed words first, then the unstable tail)."""
@@ -43,6 +62,7 @@ class DraftRequest:
     # ([source, target] pairs, oldest first). Attention on them is neither source nor target.
     context_text: str = ""
     history: list[tuple[str, str]] = field(default_factory=list)
+    proposal: DraftProposal | None = None  # the previous draft's tokens to verify (None: from scratch)
 
     def __post_init__(self) -> None:
         if not self.source_words or not any(w.strip() for w in self.source_words):
@@ -53,6 +73,15 @@ class DraftRequest:
             )
         if self.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
+        if self.proposal is not None and self.proposal.target_prefix != self.target_prefix:
+            raise ValueError("the proposal continues another target prefix than this request's")
+
+    def proposed_tokens(self) -> list[int]:
+        """The proposal a seam verifies: at most `max_new_tokens - 1` tokens, since the verifying
+        forward also yields the model's own token after the last one it keeps."""
+        if self.proposal is None:
+            return []
+        return list(self.proposal.token_ids[: self.max_new_tokens - 1])
 
 
 @dataclass
@@ -71,6 +100,82 @@ class Timings:
     def per_token_ms(self, generated_tokens: int) -> float:
         """End-to-end wall time of the draft (prefill included) divided by drafted tokens."""
         return self.total_ms / max(generated_tokens, 1)
+
+
+@dataclass
+class Acceptance:
+    """How a draft was obtained: what a verifying forward kept and what was decoded after it.
+
+    A from-scratch draft proposes nothing: its first forward is the prefill. `decoded` counts the
+    tokens that cost one sequential forward step each (every token after the first forward's).
+    """
+
+    proposed: int = 0  # proposal tokens scored by the first forward
+    accepted: int = 0  # of them, the agreeing prefix kept
+    decoded: int = 0  # drafted tokens produced by one-token steps after the first forward
+    forward_steps: int = 0  # forward passes the draft ran (first forward included)
+    verify_ms: float = 0.0  # the first forward (prefill + verification of the proposal)
+    extend_ms: float = 0.0  # every step after it
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {"proposed": self.proposed, "accepted": self.accepted, "decoded": self.decoded,
+                "forward_steps": self.forward_steps, "verify_ms": round(self.verify_ms, 3),
+                "extend_ms": round(self.extend_ms, 3)}
+
+
+ACCEPTANCE_COUNTS = ("proposed", "accepted", "decoded", "forward_steps", "verify_ms", "extend_ms")
+
+
+def add_acceptance(totals: dict[str, float], a: Acceptance, n_tokens: int) -> None:
+    """Add one finished draft to running totals (a seam's `acceptance_totals()`)."""
+    totals["drafts"] = totals.get("drafts", 0) + 1
+    totals["tokens"] = totals.get("tokens", 0) + n_tokens
+    for k in ACCEPTANCE_COUNTS:
+        totals[k] = totals.get(k, 0) + getattr(a, k)
+
+
+def acceptance_level(before: dict[str, float], after: dict[str, float]) -> dict[str, float | int | None]:
+    """Per-draft figures between two snapshots of a seam's totals (a load level's verification)."""
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in ("drafts", "tokens", *ACCEPTANCE_COUNTS)}
+    n = d["drafts"]
+
+    def per(key: str, by: float) -> float | None:
+        return round(d[key] / by, 3) if by else None
+
+    return {"drafts": int(n), "proposed": int(d["proposed"]), "accepted": int(d["accepted"]),
+            "acceptance_rate": per("accepted", d["proposed"]), "tokens_per_draft": per("tokens", n),
+            "decoded_tokens_per_update": per("decoded", n), "forward_steps_per_draft": per("forward_steps", n),
+            "verify_ms_mean": per("verify_ms", n), "extend_ms_mean": per("extend_ms", n)}
+
+
+def accept_proposal(scored: Sequence[int], proposal: Sequence[int], max_new_tokens: int,
+                    is_stop) -> tuple[list[int], bool]:
+    """Greedy acceptance: the tokens a from-scratch draft would draft from the verifying forward.
+
+    `scored[i]` is the model's argmax at the position that decides drafted token i (the prompt's
+    last position for i = 0, the proposal's token i-1 after it), for i in 0..len(proposal).
+    Returns (drafted tokens, stopped): proposal tokens are kept while they equal the argmax; the
+    argmax at the first disagreement (or after the whole proposal) is the model's own next token.
+    `stopped` says the argmax hit a stop token (the draft ends by itself, "eos").
+    """
+    drafted: list[int] = []
+    for i, token in enumerate(scored[: len(proposal) + 1]):
+        if is_stop(token):
+            return drafted, True
+        drafted.append(int(token))
+        if len(drafted) >= max_new_tokens or i >= len(proposal) or token != proposal[i]:
+            break
+    return drafted, False
+
+
+def agreeing_prefix(drafted: Sequence[int], proposal: Sequence[int]) -> int:
+    """How many leading drafted tokens equal the proposal's (the accepted count)."""
+    n = 0
+    for a, b in zip(drafted, proposal):
+        if a != b:
+            break
+        n += 1
+    return n
 
 
 @dataclass
@@ -104,6 +209,7 @@ class Draft:
     stop_reason: str  # "eos" | "max_new_tokens"
     timings: Timings = field(default_factory=Timings)
     seam: str = ""
+    acceptance: Acceptance = field(default_factory=Acceptance)
 
     @property
     def text(self) -> str:

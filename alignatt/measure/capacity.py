@@ -28,6 +28,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from alignatt.capture.names import VLLM_CAPTURE
+from alignatt.core.draft import acceptance_level
 from alignatt.core.errors import AlignattError
 from alignatt.models.presets import preset_for
 from alignatt.replay.speakers import SpeakerPlan, run_speakers
@@ -36,7 +37,10 @@ from alignatt.replay.stream import RunRecord, SmokeStream, count_retractions, en
 
 BUNDLED_STREAMS = {"smoke": "mt_server_smoke_stream.json", "long": "mt_load_long_stream.json"}
 # Flags a configuration label may add to its vLLM mode (`fullgraph+batch_invariant`): engine options.
-CONFIGURATION_FLAGS: dict[str, dict[str, Any]] = {"batch_invariant": {"batch_invariant": True}}
+# `verify`: verified re-drafts (the session's previous draft as vLLM's speculative proposer), so
+# `--vllm-mode fullgraph,fullgraph+verify` runs verification off and on in one run.
+CONFIGURATION_FLAGS: dict[str, dict[str, Any]] = {"batch_invariant": {"batch_invariant": True},
+                                                  "verify": {"verify": True}}
 LAG_GROWTH_S = 0.25  # last third's mean lag over the first third's beyond this: the lag grows
 
 
@@ -291,9 +295,11 @@ def run_configuration(options: LoadOptions, mode: str | None, seam_factory=None)
         engines = handle.server.registry.engines
         engine = engines[0]
         describe = getattr(engine.seam, "describe", None)
+        totals = getattr(engine.seam, "acceptance_totals", None)  # in-process seams count verification
         for n in sorted(set(options.speakers)):
             _wait_for_sessions_to_close(handle)  # the last level's sessions hold admission slots until closed
             before = [e.stats() for e in engines]
+            accepted_before = totals() if callable(totals) else None
             server_before = handle.call(lambda: {"coalesced": handle.server.stats.coalesced})
             _reset_gpu_peak()
             runs, wall = run_speakers(plan, n, options.clients, options.speakers_per_process)
@@ -303,6 +309,8 @@ def run_configuration(options: LoadOptions, mode: str | None, seam_factory=None)
             delta = {k: server_after[k] - server_before[k] for k in server_after}
             level = summarise_level(n, runs, streams, wall, before, after, delta, memory, alone)
             level["vllm_mode"] = mode
+            if accepted_before is not None:
+                level["verification"] = acceptance_level(accepted_before, totals())
             if n == 1:
                 for i, run in enumerate(runs):
                     if not isinstance(run, BaseException):

@@ -215,6 +215,20 @@ class LoadEngine(_Strict):
     step_cpu_ms_mean: float | None = None  # the engine thread's CPU time inside it, per step
 
 
+class LoadVerification(_Strict):
+    """Verified re-drafts over one load level (`alignatt.core.draft.acceptance_level`)."""
+
+    drafts: int
+    proposed: int  # proposal tokens the engine scored
+    accepted: int  # of them, kept (the agreeing prefix)
+    acceptance_rate: float | None  # accepted / proposed (None: nothing proposed, e.g. verification off)
+    tokens_per_draft: float | None
+    decoded_tokens_per_update: float | None  # tokens decoded one step each, per draft
+    forward_steps_per_draft: float | None
+    verify_ms_mean: float | None  # the first forward (prefill + verification), per draft
+    extend_ms_mean: float | None  # the steps after it, per draft
+
+
 class LoadLevel(_Strict):
     """N concurrent real-time speakers on one server: what they saw."""
 
@@ -247,6 +261,7 @@ class LoadLevel(_Strict):
     decisions_differing_from_alone: int | None = None  # updates whose path or released text differs
     vllm_mode: str | None = None  # the configuration (vllm_capture's mode) this level ran on
     engines: list[LoadEngine] = Field(default_factory=list)  # per engine; empty in artifacts that predate the field (they still validate)
+    verification: LoadVerification | None = None  # None: the seam does not count it (or artifacts from before)
 
 
 class CaptureCostRow(_Strict):

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from alignatt.core.draft import Draft, DraftRequest, Seam
+from alignatt.core.draft import Draft, DraftProposal, DraftRequest, Seam
 from alignatt.core.policy import (
     AFTER_STOP, CONTEXT_LEAK, SOURCE_FRONTIER, UNSTABLE_TAIL, PolicyConfig, PolicyResult, decide,
 )
@@ -57,6 +57,9 @@ class SessionConfig(BaseModel):
     final_max_new_tokens: int = Field(256, ge=1)
     limits: SessionLimits = Field(default_factory=SessionLimits)
     context: ContextConfig = Field(default_factory=ContextConfig, description="context/history in the prompt")
+    verify_drafts: bool = Field(
+        True, description="propose the last draft's unaccepted tokens for the seam to verify (verify, then extend)"
+    )
 
 
 # Characters never emitted: C0/C1 controls (category Cc) other than newline, and the bidi
@@ -254,9 +257,11 @@ class Session:
         if fresh and (u.committed_words or u.committed_text):  # `update` closes the open one first
             history = history + [(" ".join(u.committed_words), u.committed_text)]
         words, tail, _ = self._normalise(committed_words, tail_words, is_final)
+        proposal = None if fresh else self._proposal(committed_text)
         if is_final or len(words) > self.config.limits.max_utterance_words:
-            return self._request(words, len(words), committed_text, self._final_budget(len(words), covered), history)
-        return self._request(words + tail, len(words), committed_text, self.config.max_new_tokens, history)
+            return self._request(words, len(words), committed_text, self._final_budget(len(words), covered), history,
+                                 proposal)
+        return self._request(words + tail, len(words), committed_text, self.config.max_new_tokens, history, proposal)
 
     def update(
         self,
@@ -354,10 +359,31 @@ class Session:
             self._remember(" ".join(u.committed_words), u.committed_text)
         self._open = _Utterance(utterance_id=utterance_id)
 
+    def _proposal(self, prefix: str) -> DraftProposal | None:
+        """The open utterance's last draft beyond its accepted tokens, for the seam to verify.
+
+        None when there is nothing to reuse: verification is off, no draft yet (a new utterance,
+        or the one after a final), the draft is wholly accepted, or the accepted text is not the
+        draft's own prefix plus its accepted pieces (the character filter or the first emission's
+        lstrip changed it: the prompt then continues other text). A superseded or aborted draft
+        never reached the session, so the last applied draft stays the proposal. The source and
+        context may have changed since: the seam keeps a proposed token only where the model
+        picks it on the new prompt, so the proposal is only ever a guess.
+        """
+        u, d = self._open, self._open.draft
+        if not self.config.verify_drafts or d is None:
+            return None
+        rest = tuple(t.token_id for t in d.tokens[u.draft_emitted :])
+        continued = d.request.target_prefix + "".join(t.piece for t in d.tokens[: u.draft_emitted])
+        if not rest or continued != prefix:
+            return None
+        return DraftProposal(token_ids=rest, target_prefix=prefix)
+
     def _request(self, source: list[str], committed: int, prefix: str, max_new: int,
-                 history: list[tuple[str, str]] | None = None) -> DraftRequest:
+                 history: list[tuple[str, str]] | None = None,
+                 proposal: DraftProposal | None | bool = True) -> DraftRequest:
         """The draft's request, within the token budget (`PromptBudget.fit`: BudgetExceeded before
-        any engine work, naming the bound)."""
+        any engine work, naming the bound); `proposal=True`: the open utterance's own (`_proposal`)."""
         request = DraftRequest(
             source_words=source,
             committed_words=committed,
@@ -367,6 +393,7 @@ class Session:
             target_lang=self.target_lang,
             context_text=self.context_text,
             history=recent_history(self.history if history is None else history, self.config.context),
+            proposal=self._proposal(prefix) if proposal is True else proposal or None,
         )
         return request if self.budget is None else self.budget.fit(request)
 

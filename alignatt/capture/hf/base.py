@@ -5,6 +5,13 @@ back with the model's KV cache, stop at an EOS / end-of-turn token (or a line br
 prompts) or after `max_new_tokens`. Drafted token i is attributed the attention of the forward
 step that *produced* its logits, i.e. of the query at absolute position `prompt_len - 1 + i`.
 
+Verify, then extend: a request with a proposal (the session's previous draft beyond what it
+accepted) prefills the prompt *and* the proposal in one forward and takes the argmax at the last
+`len(proposal) + 1` positions. The agreeing prefix is kept, the argmax at the first disagreement
+is the model's own next token, and the loop decodes on from there (after cropping the rejected
+positions from the cache). A kept token's query saw exactly the prompt and the kept tokens before
+it (causal mask), so its logits and rows are the from-scratch draft's, computed in one pass.
+
 A seam plugs in three things: the attention implementation to run, what to collect after each
 forward step (`capture`), and how to turn that into full rows over absolute key positions
 (`reconstruct`). The rows stay on the model's device until the draft ends, then cross to the
@@ -19,7 +26,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from alignatt.core.draft import Draft, DraftRequest, Head, Timings, TokenCapture, sync
+from alignatt.core.draft import (
+    Acceptance, Draft, DraftRequest, Head, Timings, TokenCapture, accept_proposal, add_acceptance, agreeing_prefix,
+    sync,
+)
 from alignatt.core.errors import AlignattError
 from alignatt.models.presets import LoadedModel
 from alignatt.core.prompt import PromptLayout, build_prompt
@@ -50,8 +60,10 @@ class HFCaptureSeam:
     name = ""
     attn_implementation = ""
 
-    def __init__(self, loaded: LoadedModel, heads: list[Head]):
+    def __init__(self, loaded: LoadedModel, heads: list[Head], verify: bool = True):
         self.loaded = loaded
+        self.verify = verify  # False: every draft from scratch, a request's proposal ignored
+        self.totals: dict[str, float] = {}  # acceptance figures over every draft (`acceptance_totals`)
         self.heads = loaded.layout.validate_heads(heads)
         self.layers = sorted({h.layer for h in self.heads})
         # For each selected layer: (rows in `self.heads` order, query heads, KV heads they read).
@@ -67,6 +79,9 @@ class HFCaptureSeam:
             layer: torch.tensor(idx, device=self.device) for layer, (idx, _, _) in self.by_layer.items()
         }
 
+    def acceptance_totals(self) -> dict[str, float]:
+        return dict(self.totals)
+
     def close(self) -> None:
         """The loaded model belongs to whoever loaded it (tests share one); drop our reference."""
         self.loaded = None
@@ -78,11 +93,15 @@ class HFCaptureSeam:
     def begin(self, prompt: PromptLayout) -> None:
         """Called once per draft before the prefill."""
 
-    def before_step(self, query_position: int) -> None:
-        """Called before each forward; `query_position` is the absolute position of its last query."""
+    def before_step(self, query_position: int, n_queries: int = 1) -> None:
+        """Called before each forward; `query_position` is the absolute position of its last query,
+        and its last `n_queries` queries decide drafted tokens (more than one: a verifying forward)."""
 
-    def capture(self, outputs: Any, query_position: int) -> None:
-        """Collect what the step recorded (called after every forward)."""
+    def capture(self, outputs: Any, query_position: int, n_queries: int = 1) -> None:
+        """Collect what the step recorded for its last `n_queries` queries (after every forward)."""
+
+    def keep_rows(self, n_tokens: int) -> None:
+        """Only the first `n_tokens` drafted tokens' captures are valid (the rest were rejected)."""
 
     def reconstruct(self, n_steps: int, n_positions: int) -> torch.Tensor:
         """fp32 [n_steps, n_heads, n_positions]: each step's rows over absolute positions."""
@@ -104,17 +123,19 @@ class HFCaptureSeam:
             raise AlignattError(f"prompt of {n_prompt} tokens + draft exceeds the model's {max_pos} positions")
         if model.config._attn_implementation != self.attn_implementation:
             model.set_attn_implementation(self.attn_implementation)
-        timings = Timings()
+        timings, acceptance = Timings(), Acceptance()
+        proposal = request.proposed_tokens() if self.verify else []
         self.begin(prompt)
         try:
             with torch.inference_mode():
-                drafted, stop_reason = self.decode(prompt, request.max_new_tokens, timings)
+                drafted, stop_reason = self.decode(prompt, request.max_new_tokens, timings, proposal, acceptance)
                 t2 = time.perf_counter()
                 tokens = self._tokens(prompt, drafted)
                 self._sync()
                 timings.reconstruct_ms = (time.perf_counter() - t2) * 1e3
         finally:
             self.end()
+        add_acceptance(self.totals, acceptance, len(tokens))
         return Draft(
             request=request,
             heads=list(self.heads),
@@ -125,6 +146,7 @@ class HFCaptureSeam:
             stop_reason=stop_reason,
             timings=timings,
             seam=self.name,
+            acceptance=acceptance,
         )
 
     def is_stop(self, prompt: PromptLayout, token: int) -> bool:
@@ -132,13 +154,47 @@ class HFCaptureSeam:
             prompt.stop_at_newline and "\n" in self.loaded.tokenizer.decode([token])
         )
 
-    def decode(self, prompt: PromptLayout, max_new_tokens: int, timings: Timings) -> tuple[list[int], str]:
-        """The greedy loop on transformers' dynamic cache; returns (drafted ids, stop reason)."""
+    def decode(self, prompt: PromptLayout, max_new_tokens: int, timings: Timings,
+               proposal: list[int] | None = None, acceptance: Acceptance | None = None) -> tuple[list[int], str]:
+        """The greedy loop on transformers' dynamic cache; returns (drafted ids, stop reason).
+
+        With a proposal, the first forward verifies it (see the module docstring)."""
+        acceptance = acceptance if acceptance is not None else Acceptance()
+        proposal = list(proposal or [])
+        k = len(proposal)
         n_prompt = len(prompt.input_ids)
-        ids = torch.tensor([prompt.input_ids], device=self.device)
-        drafted: list[int] = []
-        cache = None
-        for step in range(max_new_tokens):
+        ids = torch.tensor([list(prompt.input_ids) + proposal], device=self.device)
+        # A cache of full-length layers: a rejected suffix can be cropped from it, which a
+        # sliding-window layer past its window cannot do. The sliding window is then the mask's
+        # alone, as on the static path. Without a proposal the model builds its own cache, as ever.
+        cache = self._croppable_cache() if k else None
+        self.before_step(n_prompt - 1 + k, k + 1)
+        self._sync()
+        t0 = time.perf_counter()
+        out = self.loaded.model(
+            input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=k + 1, **self.forward_kwargs(),
+        )
+        scored = out.logits[0].argmax(-1).tolist()  # the one host sync per forward
+        t1 = time.perf_counter()
+        timings.prefill_ms += (t1 - t0) * 1e3
+        acceptance.verify_ms += (t1 - t0) * 1e3
+        acceptance.forward_steps += 1
+        self.capture(out, n_prompt - 1 + k, k + 1)
+        self._sync()
+        timings.capture_ms += (time.perf_counter() - t1) * 1e3
+        cache = out.past_key_values
+        del out
+        drafted, stopped = accept_proposal(scored, proposal, max_new_tokens, lambda t: self.is_stop(prompt, t))
+        acceptance.proposed, acceptance.accepted = k, agreeing_prefix(drafted, proposal)
+        self.keep_rows(len(drafted))
+        if stopped:
+            return drafted, "eos"
+        if len(drafted) >= max_new_tokens:
+            return drafted, "max_new_tokens"
+        if k:  # keep the prompt and the tokens before the last drafted one, which is fed next
+            cache.crop(n_prompt + len(drafted) - 1)
+        ids = torch.tensor([[drafted[-1]]], device=self.device)
+        for step in range(len(drafted), max_new_tokens):
             query_position = n_prompt - 1 + step
             self.before_step(query_position)
             self._sync()
@@ -149,10 +205,9 @@ class HFCaptureSeam:
             )
             token = int(out.logits[0, -1].argmax())  # the one host sync per step
             t1 = time.perf_counter()
-            if step == 0:
-                timings.prefill_ms += (t1 - t0) * 1e3
-            else:
-                timings.decode_ms += (t1 - t0) * 1e3
+            timings.decode_ms += (t1 - t0) * 1e3
+            acceptance.extend_ms += (t1 - t0) * 1e3
+            acceptance.forward_steps += 1
             self.capture(out, query_position)
             self._sync()
             timings.capture_ms += (time.perf_counter() - t1) * 1e3
@@ -161,8 +216,14 @@ class HFCaptureSeam:
             if self.is_stop(prompt, token):
                 return drafted, "eos"
             drafted.append(token)
+            acceptance.decoded += 1
             ids = torch.tensor([[token]], device=self.device)
         return drafted, "max_new_tokens"
+
+    def _croppable_cache(self) -> Any:
+        from transformers.cache_utils import DynamicCache
+
+        return DynamicCache()  # no config: every layer a full-length `DynamicLayer`
 
     def _tokens(self, prompt: PromptLayout, drafted: list[int]) -> list[TokenCapture]:
         if not drafted:

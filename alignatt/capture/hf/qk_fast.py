@@ -18,10 +18,10 @@ import torch
 
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from alignatt.core.draft import Head, Timings, attention_row
+from alignatt.core.draft import Acceptance, Head, Timings, attention_row
 from alignatt.core.errors import AlignattError
 from alignatt.capture.hf.base import HFCaptureSeam, decoder_layers, key_positions, rows_buffer
-from alignatt.capture.hf.static_decode import StaticDecoder, bucket_length, greedy
+from alignatt.capture.hf.static_decode import StaticDecoder, bucket_length, verify_then_greedy
 from alignatt.models.presets import LoadedModel
 from alignatt.core.prompt import PromptLayout
 
@@ -58,9 +58,10 @@ class HFQKFastSeam(HFCaptureSeam):
     name = "hf_qk_fast"
     attn_implementation = ATTN_NAME
 
-    def __init__(self, loaded: LoadedModel, heads: list[Head], decode: DecodeMode | None = None):
+    def __init__(self, loaded: LoadedModel, heads: list[Head], decode: DecodeMode | None = None,
+                 verify: bool = True):
         register_attention()
-        super().__init__(loaded, heads)
+        super().__init__(loaded, heads, verify)
         if decode is None:
             decode = "graph" if self.device.type == "cuda" else "dynamic"
         if decode not in DECODE_MODES:
@@ -81,8 +82,11 @@ class HFQKFastSeam(HFCaptureSeam):
             id(layer.self_attn): i for i, layer in enumerate(decoder_layers(loaded.model)) if i in self._index
         }
         self._query_position = 0
+        self._n_queries = 1  # queries of the running forward that decide drafted tokens
+        self._next_token = 0
         self._step: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._steps: list[tuple[int, dict[int, tuple[torch.Tensor, torch.Tensor]]]] = []
+        # One entry per forward: (first drafted token, queries kept, last query position, recorded).
+        self._steps: list[tuple[int, int, int, dict[int, tuple[torch.Tensor, torch.Tensor]]]] = []
         self._token = None
         # static / graph: one decoder + query buffers per cache-length bucket
         self._decoders: dict[int, tuple[StaticDecoder, dict[int, torch.Tensor]]] = {}
@@ -106,11 +110,12 @@ class HFQKFastSeam(HFCaptureSeam):
         }[self.decode_mode]
 
     def begin(self, prompt: PromptLayout) -> None:
-        self._steps = []
+        self._steps, self._next_token, self._n_queries = [], 0, 1
         self._token = _ACTIVE.set(self)
 
-    def before_step(self, query_position: int) -> None:
+    def before_step(self, query_position: int, n_queries: int = 1) -> None:
         self._query_position = query_position
+        self._n_queries = n_queries
         self._step = {}
 
     def record(self, module: Any, query: torch.Tensor, key: torch.Tensor) -> None:
@@ -120,17 +125,32 @@ class HFQKFastSeam(HFCaptureSeam):
             return
         q_heads, kv_heads = self._index[layer]
         # query [1, H, q_len, D], key [1, KV, n_keys, D]
-        q = query[0, :, -1, :].index_select(0, q_heads)
+        n = self._n_queries
+        if n == 1:
+            q = query[0, :, -1, :].index_select(0, q_heads)  # [H, D]
+        else:  # a verifying forward: its last n queries each decide a drafted token
+            q = query[0, :, -n:, :].index_select(0, q_heads).transpose(0, 1)  # [n, H, D]
         if self._static is not None:
             decoder, qbuf = self._static
-            qbuf[layer].index_copy_(0, decoder.pos, q[None])  # graph-safe: addressed by a tensor
+            if n == 1:
+                qbuf[layer].index_copy_(0, decoder.pos, q[None])  # graph-safe: addressed by a tensor
+            else:  # only in the uncaptured verifying prefill
+                qbuf[layer].index_copy_(0, decoder.pos - n + 1 + torch.arange(n, device=q.device), q)
             return
         # index_select copies, so the recorded tensors stay valid whatever the cache does next.
         self._step[layer] = (q, key[0].index_select(0, kv_heads))
 
-    def capture(self, outputs: Any, query_position: int) -> None:
-        self._steps.append((query_position, self._step))
+    def capture(self, outputs: Any, query_position: int, n_queries: int = 1) -> None:
+        self._steps.append((self._next_token, n_queries, query_position, self._step))
+        self._next_token += n_queries
         self._step = {}
+        self._n_queries = 1
+
+    def keep_rows(self, n_tokens: int) -> None:
+        if self._steps:  # dynamic path; the static one addresses rows by position, later steps overwrite
+            first, n, qp, rec = self._steps[-1]
+            self._steps[-1] = (first, max(min(n, n_tokens - first), 0), qp, rec)
+        self._next_token = n_tokens
 
     # ---- static / graph decoding ----
     def _decoder_for(self, n_positions: int) -> tuple[StaticDecoder, dict[int, torch.Tensor]]:
@@ -148,23 +168,34 @@ class HFQKFastSeam(HFCaptureSeam):
             decoder.capture()  # the recording kernel runs inside it, into these buffers
         return self._decoders[length]
 
-    def decode(self, prompt: PromptLayout, max_new_tokens: int, timings: Timings) -> tuple[list[int], str]:
+    def decode(self, prompt: PromptLayout, max_new_tokens: int, timings: Timings,
+               proposal: list[int] | None = None, acceptance: Acceptance | None = None) -> tuple[list[int], str]:
+        acceptance = acceptance if acceptance is not None else Acceptance()
         if self.decode_mode == "dynamic":
             self._static = None
-            return super().decode(prompt, max_new_tokens, timings)
+            return super().decode(prompt, max_new_tokens, timings, proposal, acceptance)
+        proposal = list(proposal or [])
         n_prompt = len(prompt.input_ids)
-        self._static = self._decoder_for(n_prompt + max_new_tokens)
+        self._static = self._decoder_for(n_prompt + max_new_tokens)  # a proposal is < max_new_tokens
         self._first_query = n_prompt - 1
 
         def clock() -> float:
             self._sync()
             return time.perf_counter()
 
-        drafted, stop_reason, prefill_ms, decode_ms = greedy(
-            self._static[0], list(prompt.input_ids), max_new_tokens, lambda t: self.is_stop(prompt, t), clock,
-        )
-        timings.prefill_ms += prefill_ms
-        timings.decode_ms += decode_ms
+        # The recorder keeps the verifying prefill's last len(proposal) + 1 queries.
+        self._n_queries = len(proposal) + 1
+        try:
+            drafted, stop_reason, verify = verify_then_greedy(
+                self._static[0], list(prompt.input_ids), proposal, max_new_tokens,
+                lambda t: self.is_stop(prompt, t), clock, on_verified=lambda: setattr(self, "_n_queries", 1),
+            )
+        finally:
+            self._n_queries = 1
+        timings.prefill_ms += verify.verify_ms
+        timings.decode_ms += verify.extend_ms
+        for name in ("proposed", "accepted", "decoded", "forward_steps", "verify_ms", "extend_ms"):
+            setattr(acceptance, name, getattr(acceptance, name) + getattr(verify, name))
         return drafted, stop_reason
 
     def reconstruct(self, n_steps: int, n_positions: int) -> torch.Tensor:
@@ -181,13 +212,21 @@ class HFQKFastSeam(HFCaptureSeam):
                 full[:, self.row_index[layer], :] = attention_row(
                     q, keys, positions, queries, la.scaling, la.sliding_window, la.softcap)
             return full
-        for s in range(n_steps):
-            query_position, recorded = self._steps[s]
+        for first, n, query_position, recorded in self._steps:
+            n = min(n, n_steps - first)
+            if n <= 0:
+                continue
             for layer, (q, k) in recorded.items():
                 la = layout[layer]
                 positions = key_positions(query_position, k.shape[1], k.device)
-                rows = attention_row(q, k, positions, query_position, la.scaling, la.sliding_window, la.softcap)
-                full[s, self.row_index[layer][:, None], positions[None, :]] = rows
+                if q.ndim == 2:  # one query: the forward's last
+                    rows = attention_row(q, k, positions, query_position, la.scaling, la.sliding_window, la.softcap)
+                    full[first, self.row_index[layer][:, None], positions[None, :]] = rows
+                    continue
+                queries = torch.arange(n, device=k.device) + (query_position - q.shape[0] + 1)
+                rows = attention_row(q[:n], k, positions, queries, la.scaling, la.sliding_window, la.softcap)
+                inside = positions < n_positions  # keys after the kept queries: masked to 0
+                full[first:first + n, self.row_index[layer][:, None], positions[inside][None, :]] = rows[..., inside]
         return full
 
     def end(self) -> None:

@@ -13,6 +13,12 @@ read their donor's), so cache index == absolute position on *every* layer, slidi
 the sliding window is applied by the mask, exactly as transformers' own sdpa mask does
 (`key_pos > query_pos - window`). Lengths come in buckets so that a handful of graphs serve every
 prompt; each bucket's graph is captured once, on its first draft.
+
+Verify, then extend (`verify_then_greedy`): the prefill runs over the prompt and the proposal
+together and scores the last `len(proposal) + 1` positions; `rewind` then sets every layer's
+write position and the step's query position back to the kept tokens, so the captured step goes
+on from there. Rejected positions' keys stay in the cache past the write position, masked
+(key position > query position) until a later step overwrites them.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import Any, Callable
 
 import torch
 
+from alignatt.core.draft import Acceptance, accept_proposal, agreeing_prefix
 from alignatt.core.errors import AlignattError
 
 BUCKET = 256  # cache lengths are multiples of this: few graphs, little wasted attention
@@ -88,6 +95,31 @@ class StaticDecoder:
         self.ids.copy_(self._next_token(ids, torch.arange(n, device=self.device)))
         return int(self.ids)
 
+    def verify(self, prompt_ids: list[int], proposal: list[int]) -> list[int]:
+        """Prefill the prompt and the proposal; the argmax at the last len(proposal) + 1 positions."""
+        ids = list(prompt_ids) + list(proposal)
+        n, k = len(ids), len(proposal)
+        if n + 1 > self.max_len:
+            raise AlignattError(f"prompt and proposal of {n} tokens do not fit a static cache of {self.max_len}")
+        self.cache.reset()
+        self.pos.fill_(n - 1)  # the last query: a recorder addresses the kept queries from it
+        query_pos = torch.arange(n, device=self.device)
+        out = self.decoder(
+            input_ids=torch.tensor([ids], device=self.device), attention_mask=self._masks(query_pos),
+            position_ids=query_pos[None], past_key_values=self.cache, use_cache=True,
+        )
+        logits = self.lm_head(out.last_hidden_state[:, -(k + 1):])
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits[0].argmax(-1).tolist()
+
+    def rewind(self, n_cached: int, next_input: int) -> None:
+        """Keep positions [0, n_cached) and feed `next_input` at position n_cached next."""
+        for layer in self.cache.layers:
+            layer.cumulative_length.fill_(n_cached)
+        self.pos.fill_(n_cached - 1)  # `step` adds one before its forward
+        self.ids.fill_(next_input)
+
     def step(self) -> int:
         """One greedy step after the prefill (or the previous step); returns the new token id."""
         if self.graph is not None:
@@ -136,3 +168,39 @@ def greedy(decoder: StaticDecoder, prompt_ids: list[int], max_new_tokens: int,
             break
         drafted.append(token)
     return drafted, stop_reason, prefill_ms, (clock() - t1) * 1e3
+
+
+def verify_then_greedy(decoder: StaticDecoder, prompt_ids: list[int], proposal: list[int], max_new_tokens: int,
+                       is_stop: Callable[[int], bool], clock: Callable[[], float],
+                       on_verified: Callable[[], None] = lambda: None) -> tuple[list[int], str, Acceptance]:
+    """`greedy`, with the first forward verifying `proposal`; returns (tokens, stop reason, figures).
+    `on_verified` runs after the verifying forward (a recorder goes back to one query per step)."""
+    acceptance = Acceptance()
+    if not proposal:
+        drafted, stop_reason, prefill_ms, decode_ms = greedy(decoder, prompt_ids, max_new_tokens, is_stop, clock)
+        steps = len(drafted) + (stop_reason == "eos")  # the prefill, and one step per later token or stop
+        acceptance.decoded = max(len(drafted) - 1, 0)
+        acceptance.forward_steps = max(steps, 1)
+        acceptance.verify_ms, acceptance.extend_ms = prefill_ms, decode_ms
+        return drafted, stop_reason, acceptance
+    n_prompt = len(prompt_ids)
+    t0 = clock()
+    scored = decoder.verify(prompt_ids, proposal)
+    on_verified()
+    t1 = clock()
+    drafted, stopped = accept_proposal(scored, proposal, max_new_tokens, is_stop)
+    acceptance.proposed, acceptance.accepted = len(proposal), agreeing_prefix(drafted, proposal)
+    acceptance.forward_steps, acceptance.verify_ms = 1, (t1 - t0) * 1e3
+    stop_reason = "eos" if stopped else "max_new_tokens"
+    if not stopped and len(drafted) < max_new_tokens:
+        decoder.rewind(n_prompt + len(drafted) - 1, drafted[-1])
+        while len(drafted) < max_new_tokens:
+            token = decoder.step()
+            acceptance.forward_steps += 1
+            if is_stop(token):
+                stop_reason = "eos"
+                break
+            drafted.append(token)
+            acceptance.decoded += 1
+    acceptance.extend_ms = (clock() - t1) * 1e3
+    return drafted, stop_reason, acceptance

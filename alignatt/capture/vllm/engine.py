@@ -69,6 +69,9 @@ class VllmEngineConfig(BaseModel):
     batch_invariant: bool = Field(False, description="vLLM's batch-invariant kernels (VLLM_BATCH_INVARIANT=1): a "
                                                      "draft no longer depends on what else is in the batch")
     seed: int = 0
+    verify: bool = Field(False, description="verify each request's proposal (the session's previous draft) with "
+                                            "vLLM's speculative decoding; off: no speculative config at all")
+    verify_tokens: int = Field(15, ge=1, description="draft tokens one verifying step scores per request")
     capture: bool = True
     capture_output: bool = False
     device: str = "cuda"
@@ -105,6 +108,13 @@ class VllmEngineConfig(BaseModel):
         )
         if self.async_scheduling is not None:
             args["async_scheduling"] = self.async_scheduling
+        if self.verify:
+            from alignatt.capture.vllm.verify import speculative_config
+
+            args["speculative_config"] = speculative_config(self.verify_tokens)
+            # The proposer reads the input batch right after the step's sampling: no step may run ahead.
+            if self.async_scheduling is None:
+                args["async_scheduling"] = False
         args.update(self.engine_kwargs)
         return args
 

@@ -60,6 +60,8 @@ class DraftState:
     finished_at: Optional[float] = None
     finish_reason: Optional[str] = None
     cached_tokens: Optional[int] = None  # prompt tokens vLLM's prefix cache served (None: not reported)
+    proposal: tuple[int, ...] = ()  # the tokens the engine was asked to verify (verify on)
+    step_tokens: list[int] = field(default_factory=list)  # new tokens each of its steps delivered
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,8 @@ from alignatt.capture.vllm.fetch import (BatchFetcher, DraftState, EngineView, F
                                          RawCapture)
 from alignatt.capture.vllm.hooks import log
 from alignatt.capture.vllm.qcache import head_order, plan_capture
-from alignatt.core.draft import Draft, DraftRequest, Head, Timings, TokenCapture
+from alignatt.capture.vllm import verify as vllm_verify
+from alignatt.core.draft import Draft, DraftRequest, Head, Timings, TokenCapture, add_acceptance
 from alignatt.core.errors import AlignattError
 from alignatt.core.layout import AttentionLayout
 from alignatt.models.synthetic_init import HFLikeInit
@@ -78,6 +79,7 @@ class VllmCaptureSeam:
     """
 
     name = "vllm_capture"
+    book: Optional[vllm_verify.ProposalBook] = None  # verification's proposals (None: verify off)
 
     def __init__(self, model: str, heads: list[Head], tokenizer: Any = None, *, fixed_length: bool = False,
                  reconstruct: str = "batched", keep_raw: bool = False, **engine: Any) -> None:
@@ -122,6 +124,21 @@ class VllmCaptureSeam:
         self._counter = 0
         self._warned: set[str] = set()
         self.prompt_tokens = self.cached_prompt_tokens = 0  # prefix-cache hits, over finished drafts
+        # Verified re-drafts (docs/batching.md): off leaves the engine without a speculative config.
+        if self.config.verify:
+            self.book = vllm_verify.ProposalBook(self.config.verify_tokens)
+            vllm_verify.install(self._runner(), self.book)
+        self.totals: dict[str, float] = {}
+
+    def _runner(self) -> Any:
+        hooks = self.engine.hooks
+        if hooks is not None and hooks.runner is not None:
+            return hooks.runner
+        return self.engine.llm.llm_engine.model_executor.driver_worker.worker.model_runner
+
+    def acceptance_totals(self) -> dict:
+        """Verification figures summed over finished drafts (the load benchmark takes differences)."""
+        return dict(getattr(self, "totals", {}))
 
     # ---- compatibility views (checks and describe read these) ----
 
@@ -171,8 +188,11 @@ class VllmCaptureSeam:
         )
         now = time.perf_counter()
         internal = self.engine.core.add_request(handle, self._engine_prompt(prompt.input_ids), params)
-        self._states[handle] = DraftState(handle, internal if isinstance(internal, str) else handle, request,
-                                          prompt, now)
+        state = DraftState(handle, internal if isinstance(internal, str) else handle, request, prompt, now)
+        if self.book is not None:
+            state.proposal = tuple(request.proposed_tokens())
+            self.book.add(state.internal, len(prompt.input_ids), state.proposal)
+        self._states[handle] = state
         return handle
 
     def abort(self, handle: str) -> None:
@@ -184,6 +204,8 @@ class VllmCaptureSeam:
             return
         self.engine.core.abort_request([handle])
         self._aborted.add(handle)
+        if self.book is not None:
+            self.book.drop(state.internal)
         if self.engine.hooks is not None:
             self.engine.hooks.block_ids.pop(state.internal, None)
 
@@ -208,6 +230,7 @@ class VllmCaptureSeam:
                     continue
                 raise RuntimeError(f"alignatt: output for unknown request {out.request_id}")
             state.tokens.extend(out.outputs[0].token_ids)
+            state.step_tokens.append(len(out.outputs[0].token_ids))
             if state.cached_tokens is None and getattr(out, "num_cached_tokens", None) is not None:
                 state.cached_tokens = int(out.num_cached_tokens)
             if state.first_token_at is None and state.tokens:
@@ -215,6 +238,8 @@ class VllmCaptureSeam:
             if out.finished:
                 state.finished_at, state.finish_reason = now, out.outputs[0].finish_reason
                 finished.append(self._states.pop(out.request_id))
+                if self.book is not None:
+                    self.book.drop(state.internal)
         if len(self._aborted) > 10_000:
             self._aborted.clear()  # late outputs of aborted requests arrive within a step or two
         ready, self._pending = self._pending, []
@@ -309,6 +334,9 @@ class VllmCaptureSeam:
             if st.handle in done.dropped:
                 continue
             timings = done.timings[i]
+            acceptance = vllm_verify.acceptance_of(tokens, st.proposal, st.step_tokens, timings.prefill_ms,
+                                                   timings.decode_ms)
+            add_acceptance(self.__dict__.setdefault("totals", {}), acceptance, len(tokens))
             pieces = _pieces(self.tokenizer, tokens)
             captures = []
             if i in fetched:
@@ -336,6 +364,7 @@ class VllmCaptureSeam:
                 stop_reason=stop_reason,
                 timings=timings,
                 seam=self.name,
+                acceptance=acceptance,
             )))
         return out
 
@@ -370,6 +399,8 @@ class VllmCaptureSeam:
             "max_num_seqs": self.config.max_num_seqs,
             "enable_prefix_caching": self.config.enable_prefix_caching,
             "batch_invariant": self.config.batch_invariant,
+            "verify": self.config.verify,
+            "verify_tokens": self.config.verify_tokens if self.config.verify else None,
             "heads": [[h.layer, h.head] for h in self.heads],
             "capture": self.capture,
             "reconstruct": self.reconstruct,

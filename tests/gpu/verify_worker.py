@@ -1,0 +1,68 @@
+"""One vLLM engine with verified re-drafts, in its own process, for tests/gpu/test_vllm_verify.py.
+
+Drafts a growing utterance one update at a time from scratch, then again with proposals: the
+from-scratch draft itself (whole acceptance), it with a wrong first token (rejection at once), with
+a wrong third token (partial), and the previous update's draft (what a session proposes). Writes
+every draft's tokens, rows and acceptance figures to an .npz.
+
+`python -m tests.gpu.verify_worker SPEC.json OUT.npz`; SPEC: checkpoint, dtype, mode, heads,
+tokens, kv_cache_memory_gib, verify.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from tests.gpu.batching_worker import requests
+
+
+def main(spec_path: str, out_path: str) -> int:
+    from alignatt.capture.vllm.seam import VllmCaptureSeam
+    from alignatt.checks.cross_engine import ensure_reduced_checkpoint
+    from alignatt.checks.records import choose_tokenizer
+    from alignatt.core.draft import DraftProposal, Head
+
+    spec = json.loads(Path(spec_path).read_text())
+    tokenizer, _ = choose_tokenizer("auto")
+    ckpt = Path(spec["checkpoint"])
+    ensure_reduced_checkpoint(ckpt, tokenizer)
+    seam = VllmCaptureSeam(str(ckpt), [Head(l, h) for l, h in spec["heads"]], tokenizer=tokenizer,
+                           vllm_mode=spec["mode"], dtype=spec["dtype"], fixed_length=True,
+                           max_num_seqs=16, kv_cache_memory_gib=spec["kv_cache_memory_gib"],
+                           verify=spec["verify"])
+    out: dict[str, np.ndarray] = {}
+
+    def keep(name: str, d) -> None:
+        out[f"{name}_tokens"] = np.asarray([t.token_id for t in d.tokens])
+        out[f"{name}_rows"] = np.stack([t.rows for t in d.tokens])
+        a = d.acceptance
+        out[f"{name}_acceptance"] = np.asarray([a.proposed, a.accepted, a.decoded, a.forward_steps])
+
+    try:
+        previous = None
+        for i, r in enumerate(requests(spec["tokens"])):
+            scratch = seam.draft(r)
+            keep(f"scratch_{i}", scratch)
+            ids = [t.token_id for t in scratch.tokens]
+            wrong = lambda t: (t + 1) % 1000  # noqa: E731 - another id
+            proposals = {"whole": ids, "first": [wrong(ids[0])] + ids[1:],
+                         "partial": ids[:2] + [wrong(ids[2])] + ids[3:]}
+            if previous is not None:
+                proposals["previous"] = previous
+            for kind, p in proposals.items():
+                keep(f"{kind}_{i}", seam.draft(replace(r, proposal=DraftProposal(tuple(p), r.target_prefix))))
+            previous = ids
+        out["totals"] = np.asarray(json.dumps(seam.acceptance_totals()))
+    finally:
+        seam.close()
+    np.savez(out_path, **out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(*sys.argv[1:3]))
