@@ -13,7 +13,8 @@ prediction_length, reference, source, source_length) and a `config.yaml`:
   gives the row's `al_words_read` / `laal_words_read`.
 - `words_committed/`: the same with committed words only (the secondary column).
 - `ms/`: delays = stream time (CU), elapsed = computation-aware time (CA), source_length = the
-  source's duration in ms (speech input); add `--computation-aware` for the CA figures.
+  source's duration in ms (speech input); `--computation-aware` gives the CA figures (SimulEval
+  then scores its plain AL and LAAL columns on `elapsed` too: run it once without, once with).
 
 Every folder also has `references.txt` (one per line), so OmniSTEval reads the same log:
 `omnisteval shortform --hypothesis_file DIR/instances.log --ref_sentences_file DIR/references.txt`.
@@ -128,15 +129,17 @@ def write_instance_logs(artifact, artifact_path: Path, pairs, talks, schedule, t
                 if ms:
                     figures.update({"AL_CA": row.latency.get("ca_al_ms"), "LAAL_CA": row.latency.get("ca_laal_ms")})
                 figures["BLEU"] = row.bleu
-                index.append({"path": folder, "row": what, "delays": sub, "figures": figures,
-                              "simuleval": _simuleval_command(f"{final.name}/{folder}", unit, ms, target_lang),
+                commands = {"simuleval": _simuleval_command(f"{final.name}/{folder}", unit, False, target_lang)}
+                if ms:  # with --computation-aware SimulEval scores AL and LAAL on `elapsed` too
+                    commands["simuleval_ca"] = _simuleval_command(f"{final.name}/{folder}", unit, True, target_lang)
+                index.append({"path": folder, "row": what, "delays": sub, "figures": figures, **commands,
                               "omnisteval": f"omnisteval shortform --hypothesis_file {final.name}/{folder}/instances.log "
                                             f"--ref_sentences_file {final.name}/{folder}/references.txt"
-                                            f"{' --char_level' if char else ''} --bleu_tokenizer {bleu_tokenizer(target_lang)}"})
+                                            f"{' --char_level' if char else ' --word_level'} --bleu_tokenizer {bleu_tokenizer(target_lang)}"})
         elif row.streams:
             folder = f"{key}/longform"
             _longform(tmp / folder, row, talks, schedule, target_lang)
-            lang = " --char_level" if char else f" --lang {target_lang}"
+            lang = " --char_level" if char else f" --word_level --lang {target_lang}"
             index.append({"path": folder, "row": what, "delays": "ms",
                           "figures": {"LongYAAL": row.latency.get("long_yaal"),
                                       "LongYAAL_CA": row.latency.get("ca_long_yaal")},
