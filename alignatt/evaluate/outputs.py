@@ -53,9 +53,10 @@ def quality_latency_points(artifact) -> list[dict[str, Any]]:
 
 def curve_note(artifact) -> str | None:
     """What the page says over a quality-latency curve that is no result (too few sentences)."""
-    from alignatt.evaluate.uncertainty import MIN_SENTENCES_FOR_A_CURVE
-
+    # the threshold the eval recorded (alignatt.evaluate.uncertainty.MIN_SENTENCES_FOR_A_CURVE);
+    # read from the artifact so that the report stage does not import the scorers
     n = len(artifact.test_set.get("sentence_ids", []))
+    MIN_SENTENCES_FOR_A_CURVE = (artifact.config.get("uncertainty") or {}).get("curve_needs", 100)
     if artifact.purpose == "scorer smoke":
         return (f"a smoke of the scorer on N = {n} sentences: not a quality result; the curve is not "
                 "significant (see the intervals)")
