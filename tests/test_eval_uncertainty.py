@@ -47,3 +47,9 @@ def test_paired_tests_tell_a_different_system_from_an_identical_one(method):
 def test_a_paired_test_needs_the_same_sentences():
     with pytest.raises(ValueError, match="same sentences"):
         uncertainty.paired_tests(GOOD, {"short": GOOD[:3]}, REFS, "de")
+
+
+def test_two_sentences_cannot_be_significant():
+    got = uncertainty.paired_tests(GOOD[:2], {"bad": BAD[:2]}, REFS[:2], "de", "bs")
+    # sacrebleu gives p = 1/1001 here, but 2 sentences have only 3 distinct resamples
+    assert got["bad"]["bleu_p"] < 0.05 and not got["bad"]["resolvable"] and not got["bad"]["significant"]

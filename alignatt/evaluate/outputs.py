@@ -142,7 +142,8 @@ def report_section(root: Path, paths: list[tuple[str, Any]]) -> list[dict[str, A
             sig = r.significance
             presets.setdefault(r.preset, []).append({
                 "tail": r.tail, "bleu_ci": ci("bleu"), "chrf_ci": ci("chrf"),
-                "p_offline": "—" if sig is None else f"{sig.bleu_p:.3g} / {sig.chrf_p:.3g} ({sig.method}, N={sig.n})",
+                "p_offline": "—" if sig is None else f"{sig.bleu_p:.3g} / {sig.chrf_p:.3g} ({sig.method}, N={sig.n}"
+                             + ("" if sig.resolvable else ": too few sentences to resolve p < 0.05") + ")",
                 "al_read": fig("al_words_read", 2), "laal_read": fig("laal_words_read", 2),
                 "laal_committed": fig("laal_words_committed", 2, "laal_words"),
                 "negatives": [f"{n.metric}: {n.instances}/{n.scored} instances below 0 (min {n.min:.2f}); {n.why}"

@@ -104,7 +104,12 @@ def paired_tests(baseline: list[str], systems: dict[str, list[str]], references:
                 no_difference.append(m)
             else:
                 p[m] = round(float(by_ours[m][i].p_value), 4)
-        out[name] = {"no_difference": no_difference, "method": method, "description": TEST_NAMES[method], "samples": test.n_samples, "n": n,
+        # A resampling test over N sentences has at most C(2N-1, N) distinct bootstrap resamples
+        # (2^N swap patterns for ar); with fewer than 1/level of them it cannot resolve p < level
+        # (sacrebleu still prints p = 1/(samples+1)): such a p is reported, never "significant".
+        distinct = distinct_resamples(n) if method == "bs" else 2 ** n
+        resolvable = distinct is None or distinct >= 1 / SIGNIFICANCE_LEVEL
+        out[name] = {"no_difference": no_difference, "resolvable": resolvable, "method": method, "description": TEST_NAMES[method], "samples": test.n_samples, "n": n,
                      "seed": _seed(), "bleu_p": p["bleu"], "chrf_p": p["chrf"],
-                     "significant": p["bleu"] < SIGNIFICANCE_LEVEL, "level": SIGNIFICANCE_LEVEL}
+                     "significant": resolvable and p["bleu"] < SIGNIFICANCE_LEVEL, "level": SIGNIFICANCE_LEVEL}
     return out

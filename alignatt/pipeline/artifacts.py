@@ -295,6 +295,7 @@ class EvalPairedTest(_Strict):
     significant: bool  # BLEU p < level
     level: float = 0.05
     no_difference: list[str] = Field(default_factory=list)  # metrics with the baseline's exact score: p = 1
+    resolvable: bool = True  # False: too few sentences for any p below the level (N = 2: 3 resamples)
 
 
 class EvalNegativeLatency(_Strict):
