@@ -67,8 +67,9 @@ def test_character_units_for_chinese():
 ])
 def test_word_lagging_equals_the_definition(delays, src, ref, al, laal):
     item = scoring.SentenceLatencyInput(ref, src, src * 1000.0, _emissions(delays))
-    got = scoring.sentence_latency([item], "de")
-    assert got["al_words"] == pytest.approx(al) and got["laal_words"] == pytest.approx(laal)
+    got, negative = scoring.sentence_latency([item], "de")
+    assert got["al_words_committed"] == pytest.approx(al) and got["laal_words_committed"] == pytest.approx(laal)
+    assert negative == []
     assert got["al_ms"] == pytest.approx(1000 * al) and got["laal_ms"] == pytest.approx(1000 * laal)
     assert got["ca_laal_ms"] == pytest.approx(1000 * laal + 50)  # every emission 50 ms later
 
@@ -78,7 +79,7 @@ def test_sentence_latency_equals_omnistevals_own_evaluation():
         scoring.SentenceLatencyInput("a b c d", 4, 4000.0, _emissions([1, 1, 3, 4], [900, 1200, 3100, 4200])),
         scoring.SentenceLatencyInput("x y", 3, 3000.0, _emissions([2, 3, 3], [2500, 3300, 3300])),
     ]
-    ours = scoring.sentence_latency(items, "de")
+    ours, _ = scoring.sentence_latency(items, "de")
     instances = [Instance(reference=it.reference, source_length=it.source_ms,
                           emission_cu=[e.cu_ms for e in it.emissions], emission_ca=[e.ca_ms for e in it.emissions])
                  for it in items]
@@ -100,7 +101,8 @@ def test_longform_resegments_and_scores_long_yaal():
     talk = scoring.TalkInput(["eins zwei", "drei vier"], [(0.0, 1000.0), (1000.0, 1000.0)],
                              [Emission(w, 0, 0, t, t + 10.0) for w, t in
                               (("eins", 500.0), ("zwei", 900.0), ("drei", 1500.0), ("vier", 2500.0))])
-    scores, segments = scoring.longform([talk], "de")
+    scores, segments, negative = scoring.longform([talk], "de")
+    assert negative == []
     assert segments == ["eins zwei", "drei vier"]
     # segment 1: (500 + (900 - 500)) / 2 = 450; segment 2, relative to its offset: delays 500,
     # 1500; 1500 is past the recording's end (1000 ms after the offset), so 500 alone -> mean 475

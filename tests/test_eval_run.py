@@ -90,17 +90,29 @@ def test_eval_on_the_fake_seam_writes_an_artifact_the_audit_accepts(tmp_path, mo
     a = run_eval(options, out, seam_factory=lambda route, heads: FakeSeam(), progress=lambda m: None)
     write_derived(a, tmp_path / "outputs" / "eval_metrics.json", tmp_path / "outputs" / "quality_latency.csv")
     assert isinstance(load_artifact(out), EvalArtifact)
-    # 3 presets x 2 drivers (sentences) + 3 long-form rows + the offline baseline
-    assert len(a.rows) == 10 and all(r.retractions == 0 for r in a.rows)
+    # 3 presets x 3 tails x 2 drivers (sentences) + 3 long-form rows (gold tail) + the offline baseline
+    assert len(a.rows) == 22 and all(r.retractions == 0 for r in a.rows)
     assert all(c.passed for c in a.checks), a.checks
-    assert sum("in-process and WebSocket" in c.name for c in a.checks) == 3
+    assert sum("in-process and WebSocket" in c.name for c in a.checks) == 9
     offline = next(r for r in a.rows if r.preset == "offline")
-    balanced = next(r for r in a.rows if r.preset == "balanced" and r.driver == "inprocess" and r.form == "sentence")
+    assert offline.tail == "none"
+
+    def row(preset, tail="gold"):
+        return next(r for r in a.rows if (r.preset, r.driver, r.form, r.tail) == (preset, "inprocess", "sentence", tail))
+
+    balanced = row("balanced")
     # the fake translates word by word: the offline text equals the streamed one, and it waits longer
     assert offline.hypotheses == balanced.hypotheses
-    assert offline.latency["laal_words"] > balanced.latency["laal_words"]
-    low = next(r for r in a.rows if r.preset == "low_latency" and r.driver == "inprocess" and r.form == "sentence")
-    assert low.latency["laal_words"] < balanced.latency["laal_words"]
+    assert offline.latency["laal_words_read"] > balanced.latency["laal_words_read"]
+    assert row("low_latency").latency["laal_words_read"] < balanced.latency["laal_words_read"]
+    # words read count the tail: at least the committed words, more with a gold tail than without
+    assert balanced.latency["laal_words_read"] >= balanced.latency["laal_words_committed"]
+    assert row("balanced", "none").latency["laal_words_read"] == row("balanced", "none").latency["laal_words_committed"]
+    # N and the interval beside every figure; each preset tested against offline
+    for r in a.rows:
+        assert r.quality_intervals["bleu"].n == r.instances and r.quality_intervals["chrf"].low <= r.chrf
+    assert all(r.significance is not None for r in a.rows if r.form == "sentence" and r.driver != "offline")
+    assert a.instance_logs == "eval_instances" and (out.parent / "eval_instances" / "index.jsonl").exists()
     assert a.comet["status"] == "skipped" and a.synthetic_weights is False
     assert a.test_set["sentence_ids"] == [p.id for p in select(load_test_set("en-de"), 2, 8)]
     assert json.loads((tmp_path / "outputs" / "eval_metrics.json").read_text()) == eval_metrics(a)
@@ -118,7 +130,8 @@ def test_two_variants_get_an_equality_check(tmp_path):
     options = EvalOptions(limit=1, max_source_words=8, presets=["balanced"], variants=["hf_qk_fast", "hf_eager"])
     a = run_eval(options, None, seam_factory=lambda route, heads: FakeSeam(), progress=lambda m: None)
     same = [c for c in a.checks if "gives the same hypotheses" in c.name]
-    assert [c.name for c in same] == ["balanced: hf_eager gives the same hypotheses as hf_qk_fast",
+    assert [c.name for c in same] == [f"balanced tail={t}: hf_eager gives the same hypotheses as hf_qk_fast"
+                                      for t in ("gold", "noisy", "none")] + [
                                       "offline: hf_eager gives the same hypotheses as hf_qk_fast"]
     assert all(c.passed for c in same)
 

@@ -1,7 +1,8 @@
 """From replay steps to what the user saw: each target unit's emission, retractions, replaced drafts.
 
 A target unit (a word; a character for zh/ja targets) is emitted by the first step whose committed
-text contains it. It gets that step's ASR state (source words committed and arrived) and two
+text contains it. It gets that step's ASR state (source words committed, arrived, and read: committed plus the
+tail positions the translator was shown, SimulEval's delay unit) and two
 times: computation-unaware = the stream time of the ASR event that triggered the update;
 computation-aware = when its reply was ready on a real-time clock where the engine serves updates
 one at a time (an update starts at max(its event time, the end of the previous one) and takes the
@@ -36,6 +37,11 @@ class Emission:
     arrived_words: int
     cu_ms: float
     ca_ms: float
+    read_words: int = -1  # committed + tail shown when it was written (-1: not recorded, = arrived)
+
+    def __post_init__(self) -> None:
+        if self.read_words < 0:
+            self.read_words = self.arrived_words
 
 
 @dataclass
@@ -74,7 +80,7 @@ def stream_output(steps: list[ReplayStep], target_lang: str) -> StreamOutput:
         uid, text = s.reply.utterance_id, s.reply.committed_text
         have = units(text, target_lang)
         for u in have[shown_units.get(uid, 0):]:
-            emissions.append(Emission(u, s.committed_words, s.arrived_words, s.stream_ms, ready))
+            emissions.append(Emission(u, s.committed_words, s.arrived_words, s.stream_ms, ready, s.read_words))
         shown_units[uid] = max(shown_units.get(uid, 0), len(have))
         buffer = units(s.reply.buffer_text, target_lang)
         if buffer and not s.reply.final:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from alignatt.evaluate.outputs import quality_latency_points
+from alignatt.evaluate.outputs import curve_note, quality_latency_points
 
 
 def quality_latency_svg(artifact, path: str | Path) -> Path | None:
@@ -26,7 +26,7 @@ def quality_latency_svg(artifact, path: str | Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(6, 4))
     series: dict[tuple[str, str], list[dict]] = {}
     for p in quality_latency_points(artifact):
-        key = (p["variant"], "offline" if p["driver"] == "offline" else p["driver"])
+        key = (p["variant"], "offline" if p["driver"] == "offline" else f"{p['driver']}, tail {p['tail']}")
         series.setdefault(key, []).append(p)
     for (variant, driver), pts in sorted(series.items()):
         xs = [p["ca_laal_ms"] for p in pts if p["ca_laal_ms"] is not None]
@@ -39,7 +39,8 @@ def quality_latency_svg(artifact, path: str | Path) -> Path | None:
     label = " — latency only (synthetic weights)" if artifact.synthetic_weights else ""
     ax.set_xlabel("LAAL, computation-aware (ms)")
     ax.set_ylabel("BLEU")
-    ax.set_title(f"quality vs latency{label}", fontsize=9)
+    note = curve_note(artifact)  # fewer than 100 sentences: the figure says it is no result
+    ax.set_title(f"quality vs latency{label}" + (f"\n{note}" if note else ""), fontsize=8)
     ax.legend(fontsize=7)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -12,19 +12,25 @@ import json
 from pathlib import Path
 from typing import Any
 
-METRIC_KEYS = ("laal_words", "al_words", "laal_ms", "ca_laal_ms", "al_ms", "ca_al_ms",
+METRIC_KEYS = ("laal_words_read", "al_words_read", "laal_words_committed", "al_words_committed",
+               "laal_words", "al_words", "laal_ms", "ca_laal_ms", "al_ms", "ca_al_ms",
                "long_yaal", "ca_long_yaal", "stream_laal", "ca_stream_laal")
-PLOT_COLUMNS = ("variant", "driver", "preset", "label", "bleu", "chrf", "laal_words", "laal_ms", "ca_laal_ms")
+PLOT_COLUMNS = ("variant", "driver", "preset", "tail", "label", "n", "bleu", "bleu_low", "bleu_high", "chrf",
+                "laal_words_read", "laal_words_committed", "laal_ms", "ca_laal_ms")
 
 
 def eval_metrics(artifact) -> dict[str, Any]:
     """Nested for `dvc metrics show/diff`: variant / driver / form / preset -> figures."""
     out: dict[str, Any] = {}
     for r in artifact.rows:
-        figures = {"bleu": r.bleu, "chrf": r.chrf, "retractions": r.retractions,
+        figures = {"bleu": r.bleu, "chrf": r.chrf, "n": r.instances, "retractions": r.retractions,
                    "buffer_replaced_share": r.buffer_replaced_share}
+        for name, ci in r.quality_intervals.items():
+            figures.update({f"{name}_low": ci.low, f"{name}_high": ci.high})
+        if r.significance is not None:
+            figures.update({"bleu_p_vs_offline": r.significance.bleu_p, "chrf_p_vs_offline": r.significance.chrf_p})
         figures.update({k: r.latency[k] for k in METRIC_KEYS if k in r.latency})
-        out.setdefault(r.variant, {}).setdefault(r.driver, {}).setdefault(r.form, {})[r.preset] = figures
+        out.setdefault(r.variant, {}).setdefault(r.driver, {}).setdefault(r.form, {}).setdefault(r.tail, {})[r.preset] = figures
     return out
 
 
@@ -35,10 +41,28 @@ def quality_latency_points(artifact) -> list[dict[str, Any]]:
     for r in artifact.rows:
         if r.form != "sentence":
             continue
-        points.append({"variant": r.variant, "driver": r.driver, "preset": r.preset, "label": r.label,
-                       "bleu": r.bleu, "chrf": r.chrf, "laal_words": r.latency.get("laal_words"),
+        ci = r.quality_intervals.get("bleu")
+        points.append({"variant": r.variant, "driver": r.driver, "preset": r.preset, "tail": r.tail,
+                       "label": r.label, "n": r.instances, "bleu": r.bleu,
+                       "bleu_low": ci.low if ci else None, "bleu_high": ci.high if ci else None, "chrf": r.chrf,
+                       "laal_words_read": r.latency.get("laal_words_read"),
+                       "laal_words_committed": r.latency.get("laal_words_committed", r.latency.get("laal_words")),
                        "laal_ms": r.latency.get("laal_ms"), "ca_laal_ms": r.latency.get("ca_laal_ms")})
-    return sorted(points, key=lambda p: (p["variant"], p["driver"], order.get(p["preset"], 9)))
+    return sorted(points, key=lambda p: (p["variant"], p["driver"], p["tail"], order.get(p["preset"], 9)))
+
+
+def curve_note(artifact) -> str | None:
+    """What the page says over a quality-latency curve that is no result (too few sentences)."""
+    # the threshold the eval recorded (alignatt.evaluate.uncertainty.MIN_SENTENCES_FOR_A_CURVE);
+    # read from the artifact so that the report stage does not import the scorers
+    n = len(artifact.test_set.get("sentence_ids", []))
+    MIN_SENTENCES_FOR_A_CURVE = (artifact.config.get("uncertainty") or {}).get("curve_needs", 100)
+    if artifact.purpose == "scorer smoke":
+        return (f"a smoke of the scorer on N = {n} sentences: not a quality result; the curve is not "
+                "significant (see the intervals)")
+    if n < MIN_SENTENCES_FOR_A_CURVE:
+        return f"N = {n} < {MIN_SENTENCES_FOR_A_CURVE} sentences: the curve is not significant (see the intervals)"
+    return None
 
 
 def quality_latency_csv(artifact) -> str:
@@ -104,7 +128,26 @@ def report_section(root: Path, paths: list[tuple[str, Any]]) -> list[dict[str, A
         presets: dict[str, list[dict[str, str]]] = {}
         for r in a.rows:
             lat = r.latency
+            neg = {n.metric: n for n in r.negative_latency}
+
+            def fig(key, digits, fallback=None):
+                value = lat.get(key, lat.get(fallback) if fallback else None)
+                mark = "†" if key in neg else ""
+                return _fmt(value, digits) + mark
+
+            def ci(name):
+                c = r.quality_intervals.get(name)
+                return "—" if c is None else f"[{c.low:.1f}, {c.high:.1f}]"
+
+            sig = r.significance
             presets.setdefault(r.preset, []).append({
+                "tail": r.tail, "bleu_ci": ci("bleu"), "chrf_ci": ci("chrf"),
+                "p_offline": "—" if sig is None else f"{sig.bleu_p:.3g} / {sig.chrf_p:.3g} ({sig.method}, N={sig.n}"
+                             + ("" if sig.resolvable else ": too few sentences to resolve p < 0.05") + ")",
+                "al_read": fig("al_words_read", 2), "laal_read": fig("laal_words_read", 2),
+                "laal_committed": fig("laal_words_committed", 2, "laal_words"),
+                "negatives": [f"{n.metric}: {n.instances}/{n.scored} instances below 0 (min {n.min:.2f}); {n.why}"
+                              for n in r.negative_latency],
                 "variant": r.variant, "driver": r.driver, "form": r.form, "label": r.label,
                 "instances": str(r.instances), "bleu": _fmt(r.bleu), "chrf": _fmt(r.chrf),
                 "laal_words": _fmt(lat.get("laal_words"), 2), "al_words": _fmt(lat.get("al_words"), 2),
@@ -121,6 +164,10 @@ def report_section(root: Path, paths: list[tuple[str, Any]]) -> list[dict[str, A
             "synthetic": a.synthetic_weights, "test_set": a.test_set.get("name"),
             "direction": a.test_set.get("direction"), "description": a.test_set.get("description"),
             "sentences": len(a.test_set.get("sentence_ids", [])),
+            "purpose": a.purpose, "curve_note": curve_note(a), "instance_logs": a.instance_logs,
+            "tails": {k: v.get("description", "") + (f" {v['tail_noise']}" if v.get("tail_noise") else "")
+                      for k, v in (cfg.get("tails") or {"gold": {"description": "tail = the gold source words"}}).items()},
+            "uncertainty": cfg.get("uncertainty"),
             "talks": len(a.test_set.get("longform_ids", [])),
             "wps": cfg.get("words_per_second"), "lag": cfg.get("commit_lag_seconds"),
             "presets": [(name, presets[name]) for name in ("low_latency", "balanced", "high_latency", "offline")

@@ -7,6 +7,11 @@ next update is sent after the reply. An utterance closes (`is_final`) at the com
 last word, or, with `close_on_punctuation` (long-form), at the commit of a word that ends a
 sentence, as WhisperLiveKit's client does; the session may also force a final on its own.
 
+What the tail shows is the tail model's (`alignatt.evaluate.tails`: the gold words, a seeded noisy
+ASR hypothesis, or nothing); an update that would show exactly what the previous one did (an
+arrival with no tail shown) is not sent. Each step records the source words *read*: committed
+plus the tail positions shown (SimulEval's delay unit).
+
 Every driver answers the same `Reply`, so one loop (`replay`) drives any of them:
 - `InProcessDriver`: a `Session` built exactly as the server builds one for a preset;
 - `WebSocketDriver`: protocol v1 frames to a running `alignatt serve` (e.g. a `ServerThread`);
@@ -22,6 +27,7 @@ from typing import Protocol
 
 from alignatt.core.draft import Seam
 from alignatt.core.errors import AlignattError
+from alignatt.evaluate.tails import TailModel
 from alignatt.replay.stream import SmokeStream, asr_events, ends_sentence
 from alignatt.serve.config import ServerLimits, resolve_preset
 from alignatt.serve.session import Session, SessionConfig
@@ -68,6 +74,11 @@ class ReplayStep:
     arrived_words: int  # source words arrived so far in the whole stream
     is_final: bool  # the update closed the utterance
     reply: Reply
+    read_words: int = -1  # committed + tail positions shown (-1: not recorded, read as arrived)
+
+    def __post_init__(self) -> None:
+        if self.read_words < 0:
+            self.read_words = self.arrived_words
 
 
 class Driver(Protocol):
@@ -161,15 +172,18 @@ class WebSocketDriver:
             self.ws = None
 
 
-def replay(words: list[str], driver: Driver, schedule: Schedule,
-           close_on_punctuation: bool = False) -> list[ReplayStep]:
-    """Replay one stream (a sentence, or a talk) through the driver; one step per sent update."""
+def replay(words: list[str], driver: Driver, schedule: Schedule, close_on_punctuation: bool = False,
+           tail_model: TailModel | None = None, stream_id: str = "") -> list[ReplayStep]:
+    """Replay one stream (a sentence, or a talk) through the driver; one step per sent update.
+    `stream_id` keys the tail noise, so every preset sees the same noisy ASR on one stream."""
+    tails = tail_model or TailModel("gold")
     steps: list[ReplayStep] = []
     uid = utt_start = committed = arrived = 0
     last = len(words) - 1
+    sent = None
     driver.open()
     try:
-        for ev in schedule.events(words):
+        for n, ev in enumerate(schedule.events(words)):
             final = False
             if ev.kind == "arrive":
                 arrived = ev.index + 1
@@ -177,14 +191,19 @@ def replay(words: list[str], driver: Driver, schedule: Schedule,
                 committed = ev.index + 1
                 final = ev.index == last or (close_on_punctuation and ends_sentence(words[ev.index]))
             open_words = words[utt_start:committed]
-            tail = [] if final else words[committed:arrived]
-            if not open_words and not tail:
+            shown = tails.show([] if final else words[committed:arrived], stream_id, n)
+            if not open_words and not shown.words:
                 continue
-            reply = driver.update(open_words, tail, final, uid)
-            steps.append(ReplayStep(round(ev.t * 1000.0, 3), ev.kind, committed, arrived, final, reply))
+            if (len(open_words), shown.words, final) == sent:
+                continue  # nothing new to show (no lookahead: an arrival)
+            sent = (len(open_words), shown.words, final)
+            reply = driver.update(open_words, shown.words, final, uid)
+            steps.append(ReplayStep(round(ev.t * 1000.0, 3), ev.kind, committed, arrived, final, reply,
+                                    committed + shown.covered))
             if final or reply.final:  # the session may force a final on a long utterance
                 uid += 1
                 utt_start = committed
+                sent = None
     finally:
         driver.close()
     return steps

@@ -6,6 +6,11 @@ session each, closed at its last word); long-form talks (consecutive pairs conca
 boundaries given) are replayed with sentence closing left to the punctuation the ASR commits and
 the session's own forced finals, then resegmented against the references. The offline baseline
 translates each whole sentence in one final update (same session, model and prompt).
+
+Each preset is replayed once per tail (`alignatt.evaluate.tails`: gold, noisy, none), each a row of
+its own. Every sentence row carries sacrebleu's bootstrap intervals of BLEU and chrF, and every
+preset row a paired test against the offline row of its variant (`alignatt.evaluate.uncertainty`);
+the SimulEval instance logs are written beside the artifact (`alignatt.evaluate.instance_log`).
 """
 
 from __future__ import annotations
@@ -16,9 +21,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from alignatt.core.errors import AlignattError
-from alignatt.evaluate import scoring
-from alignatt.evaluate.emissions import Emission, StreamOutput, stream_output, units
+from alignatt.evaluate import scoring, uncertainty
+from alignatt.evaluate.instance_log import logs_dir, write_instance_logs
+from alignatt.evaluate.emissions import Emission, StreamOutput, join_units, stream_output, units
 from alignatt.evaluate.replay import InProcessDriver, Schedule, WebSocketDriver, replay
+from alignatt.evaluate.tails import TailKind, TailModel, TailNoise, vocabulary
 from alignatt.evaluate.testsets import TestPair, TestSet, load_test_set, select
 from alignatt.evaluate.wlk_driver import CLIENT_LATENCY, WlkDriver
 from alignatt.replay.stream import ends_sentence
@@ -51,6 +58,15 @@ class EvalOptions(BaseModel):
     heads: str | None = None
     comet_model: str | None = None
     offline_baseline: bool = True
+    tails: list[TailKind] = Field(default_factory=lambda: ["gold", "noisy", "none"],
+                                  description="one row per preset and tail: gold, noisy (seeded ASR noise), none")
+    longform_tails: list[TailKind] = Field(default_factory=lambda: ["gold"], description="tails of the long form")
+    tail_noise: TailNoise = Field(default_factory=TailNoise)
+    bootstrap: int = Field(uncertainty.DEFAULT_BOOTSTRAP, ge=1, description="sacrebleu bootstrap resamples (intervals)")
+    significance: Literal["ar", "bs"] = Field("bs", description="paired test against offline: sacrebleu's ar or bs")
+    significance_samples: int = Field(0, ge=0, description="0: sacrebleu's default (ar 10000, bs 1000)")
+    purpose: Literal["quality", "scorer_smoke"] = Field(
+        "quality", description="scorer_smoke: a few sentences that exercise the scorer (CPU CI), not a quality result")
     isolate_variants: bool | None = Field(None, description="each variant in its own process (None: when vLLM runs several)")
 
 
@@ -85,7 +101,7 @@ def _talks(pairs: list[TestPair], count: int, per_talk: int) -> list[list[TestPa
 
 
 def _row(preset, variant, driver, form, label, outputs: list[StreamOutput], hypotheses, references,
-         target_lang, latency) -> dict[str, Any]:
+         target_lang, latency, tail: str, negative=(), bootstrap: int = uncertainty.DEFAULT_BOOTSTRAP):
     from alignatt.record.artifacts import EvalRow
 
     shown = sum(o.buffer_units_shown for o in outputs)
@@ -95,27 +111,32 @@ def _row(preset, variant, driver, form, label, outputs: list[StreamOutput], hypo
         for k, v in o.paths.items():
             paths[k] = paths.get(k, 0) + v
     return EvalRow(
-        preset=preset, variant=variant, driver=driver, form=form, label=label,
+        preset=preset, variant=variant, driver=driver, form=form, label=label, tail=tail,
         instances=len(references), **scoring.quality(hypotheses, references, target_lang),
-        latency=latency, retractions=sum(o.retractions for o in outputs),
+        quality_intervals=uncertainty.intervals(hypotheses, references, target_lang, bootstrap),
+        latency=latency, negative_latency=list(negative), retractions=sum(o.retractions for o in outputs),
         buffer_units_shown=shown, buffer_units_replaced=replaced,
         buffer_replaced_share=round(replaced / shown, 4) if shown else None,
         updates=sum(o.updates for o in outputs), engine_calls=sum(o.engine_calls for o in outputs),
         wall_ms=round(sum(o.wall_ms for o in outputs), 3), paths=dict(sorted(paths.items())),
         hypotheses=hypotheses,
         emissions=[[(e.committed_words, e.arrived_words, e.cu_ms, e.ca_ms) for e in o.emissions] for o in outputs],
+        read_words=[[e.read_words for e in o.emissions] for o in outputs],
+        streams=[join_units([e.text for e in o.emissions], target_lang) for o in outputs] if form == "longform" else [],
     )
 
 
-def _sentence_row(pairs, outputs, preset, variant, driver, label, ts: TestSet, schedule: Schedule):
+def _sentence_row(pairs, outputs, preset, variant, driver, label, ts: TestSet, schedule: Schedule, tail: str,
+                  bootstrap: int):
     items = [scoring.SentenceLatencyInput(p.reference, len(p.source_words), schedule.source_ms(len(p.source_words)),
                                           o.emissions) for p, o in zip(pairs, outputs)]
-    latency = scoring.sentence_latency(items, ts.target_lang)
+    latency, negative = scoring.sentence_latency(items, ts.target_lang)
     return _row(preset, variant, driver, "sentence", label, outputs, [o.hypothesis for o in outputs],
-                [p.reference for p in pairs], ts.target_lang, latency)
+                [p.reference for p in pairs], ts.target_lang, latency, tail, negative, bootstrap)
 
 
-def _longform_row(talks, outputs, preset, variant, driver, label, ts: TestSet, schedule: Schedule):
+def _longform_row(talks, outputs, preset, variant, driver, label, ts: TestSet, schedule: Schedule, tail: str,
+                  bootstrap: int):
     inputs = []
     for talk, out in zip(talks, outputs):
         spans, start = [], 0
@@ -124,14 +145,14 @@ def _longform_row(talks, outputs, preset, variant, driver, label, ts: TestSet, s
             spans.append((schedule.source_ms(start), schedule.source_ms(n)))
             start += n
         inputs.append(scoring.TalkInput([p.reference for p in talk], spans, out.emissions))
-    latency, resegmented = scoring.longform(inputs, ts.target_lang)
+    latency, resegmented, negative = scoring.longform(inputs, ts.target_lang)
     references = [p.reference for t in talks for p in t]
     # Quality of the long form is OmniSTEval's (sacrebleu on the resegmented output); the row's
     # own corpus scores of the same segments must agree with it.
     omni_quality = {"omnisteval_bleu": latency.pop("bleu"), "omnisteval_chrf": latency.pop("chrf")}
     latency.update(omni_quality, talks=len(talks), closed_utterances=sum(len(o.utterances) for o in outputs))
     return _row(preset, variant, driver, "longform", label, outputs, resegmented, references,
-                ts.target_lang, latency)
+                ts.target_lang, latency, tail, negative, bootstrap)
 
 
 def _offline_output(driver: InProcessDriver, words: list[str], target_lang: str,
@@ -176,7 +197,7 @@ def _driver_check(variant: str, preset: str, driver_name: str, pairs: list[TestP
 
 def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_options: dict[str, Any], ts: TestSet,
                  pairs: list[TestPair], talks: list[list[TestPair]], presets: list[str], schedule: Schedule,
-                 label: str, factory, progress):
+                 label: str, factory, progress, tail_models: dict[str, TailModel]):
     """Every preset and driver (and the offline baseline) on one seam variant: (rows, checks)."""
     from alignatt.serve.config import DirectionRoute, ServerConfig, resolve_heads
 
@@ -197,41 +218,48 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
             server = ServerThread(config, lambda r, h: _Borrowed(seam)).start()
         try:
             for preset in presets:
-                sentence_outputs: dict[str, list[StreamOutput]] = {}
-                for driver_name in options.drivers:
-                    if driver_name == "inprocess":
-                        driver = InProcessDriver(seam, preset, ts.source_lang, ts.target_lang)
-                    elif driver_name == "websocket":
-                        driver = WebSocketDriver(server.url, preset, ts.source_lang, ts.target_lang)
-                    else:
-                        driver = WlkDriver(server, preset, ts.source_lang, ts.target_lang, schedule.words_per_second)
-                    outs = []
-                    for i, p in enumerate(pairs):
-                        outs.append(stream_output(replay(p.source_words, driver, schedule), ts.target_lang))
-                    sentence_outputs[driver_name] = outs
-                    rows.append(_sentence_row(pairs, outs, preset, variant, driver_name, label, ts, schedule))
-                    progress(f"[{variant}] {preset} {driver_name}: BLEU {rows[-1].bleu:.2f}, "
-                             f"LAAL {rows[-1].latency.get('laal_words')} words")
-                for driver_name in ("websocket", "wlk"):
-                    if "inprocess" in sentence_outputs and driver_name in sentence_outputs:
-                        checks.append(_driver_check(variant, preset, driver_name, pairs,
-                                                    sentence_outputs["inprocess"], sentence_outputs[driver_name]))
-                if talks:
+                for tail in options.tails:
+                    tails = tail_models[tail]
+                    sentence_outputs: dict[str, list[StreamOutput]] = {}
+                    for driver_name in options.drivers:
+                        if driver_name == "inprocess":
+                            driver = InProcessDriver(seam, preset, ts.source_lang, ts.target_lang)
+                        elif driver_name == "websocket":
+                            driver = WebSocketDriver(server.url, preset, ts.source_lang, ts.target_lang)
+                        else:
+                            driver = WlkDriver(server, preset, ts.source_lang, ts.target_lang,
+                                               schedule.words_per_second)
+                        outs = [stream_output(replay(p.source_words, driver, schedule, tail_model=tails,
+                                                     stream_id=p.id), ts.target_lang) for p in pairs]
+                        sentence_outputs[driver_name] = outs
+                        rows.append(_sentence_row(pairs, outs, preset, variant, driver_name, label, ts, schedule,
+                                                  tail, options.bootstrap))
+                        progress(f"[{variant}] {preset} {driver_name} tail={tail}: BLEU {rows[-1].bleu:.2f} "
+                                 f"(N={len(pairs)}), LAAL {rows[-1].latency.get('laal_words_read')} words read")
+                    for driver_name in ("websocket", "wlk"):
+                        if "inprocess" in sentence_outputs and driver_name in sentence_outputs:
+                            checks.append(_driver_check(f"{variant} tail={tail}", preset, driver_name, pairs,
+                                                        sentence_outputs["inprocess"], sentence_outputs[driver_name]))
+                for tail in options.longform_tails if talks else []:
                     driver = InProcessDriver(seam, preset, ts.source_lang, ts.target_lang)
                     outs = []
                     for talk in talks:
                         words = [w for p in talk for w in p.source_words]
-                        outs.append(stream_output(replay(words, driver, schedule, close_on_punctuation=True),
-                                                  ts.target_lang))
-                    rows.append(_longform_row(talks, outs, preset, variant, "inprocess", label, ts, schedule))
-                    progress(f"[{variant}] {preset} long form: LongYAAL {rows[-1].latency.get('long_yaal')} ms")
+                        outs.append(stream_output(replay(words, driver, schedule, close_on_punctuation=True,
+                                                         tail_model=tail_models[tail],
+                                                         stream_id="+".join(p.id for p in talk)), ts.target_lang))
+                    rows.append(_longform_row(talks, outs, preset, variant, "inprocess", label, ts, schedule, tail,
+                                              options.bootstrap))
+                    progress(f"[{variant}] {preset} long form tail={tail}: LongYAAL "
+                             f"{rows[-1].latency.get('long_yaal')} ms")
         finally:
             if server is not None:
                 server.stop()
         if options.offline_baseline:
             driver = InProcessDriver(seam, "balanced", ts.source_lang, ts.target_lang)
             outs = [_offline_output(driver, p.source_words, ts.target_lang, schedule) for p in pairs]
-            row = _sentence_row(pairs, outs, "offline", variant, "offline", label, ts, schedule)
+            row = _sentence_row(pairs, outs, "offline", variant, "offline", label, ts, schedule, "none",
+                                options.bootstrap)
             rows.append(row)
             progress(f"[{variant}] offline baseline: BLEU {row.bleu:.2f}")
     finally:
@@ -285,8 +313,15 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
     except Exception:  # identity is best effort (a local path without metadata)
         model_id, revision = options.model, None
     synthetic = revision == "random weights"
-    label = "latency only" if synthetic else "scored"
+    smoke = options.purpose == "scorer_smoke"
+    label = "latency only" if synthetic else "scorer smoke" if smoke else "scored"
     factory = seam_factory or default_seam_factory
+    vocab = vocabulary([p.source for p in ts.pairs])
+    try:
+        tail_models = {k: TailModel(k, options.tail_noise, vocab)
+                       for k in dict.fromkeys([*options.tails, *options.longform_tails])}
+    except ValueError as e:
+        raise AlignattError(f"tail: {e}") from None
 
     rows, checks = [], []
     # vLLM engines each get a process of their own (as in the bench and the GPU checks): a second
@@ -299,10 +334,11 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
             got_rows, got_checks = _variant_in_child(options, variant)
         else:
             got_rows, got_checks = _run_variant(options, variant, seam_name, seam_options, ts, pairs, talks,
-                                                presets, schedule, label, factory, progress)
+                                                presets, schedule, label, factory, progress, tail_models)
         rows += got_rows
         checks += got_checks
-    by_variant = {(r.variant, r.preset): r.hypotheses for r in rows
+    _paired_tests(rows, ts.target_lang, options, [p.reference for p in pairs])
+    by_variant = {(r.variant, r.preset, r.tail): r.hypotheses for r in rows
                   if r.form == "sentence" and r.driver in ("inprocess", "offline")}
 
     checks.append(Check(name=RETRACTION_CHECK, passed=all(r.retractions == 0 for r in rows),
@@ -311,12 +347,14 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
     if len(variants) > 1:
         first = variants[0][0]
         for variant, _, _ in variants[1:]:
-            for preset in [*presets, *(["offline"] if options.offline_baseline else [])]:
-                a, b = by_variant.get((first, preset)), by_variant.get((variant, preset))
+            for preset, tail in [*((p, t) for p in presets for t in options.tails),
+                                 *([("offline", "none")] if options.offline_baseline else [])]:
+                a, b = by_variant.get((first, preset, tail)), by_variant.get((variant, preset, tail))
                 if a is None or b is None:
                     continue
                 diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
-                checks.append(Check(name=f"{preset}: {variant} gives the same hypotheses as {first}",
+                name = preset if preset == "offline" else f"{preset} tail={tail}"
+                checks.append(Check(name=f"{name}: {variant} gives the same hypotheses as {first}",
                                     passed=not diff,
                                     detail=f"{len(a) - len(diff)}/{len(a)} identical"
                                     + (f"; differ at {diff[:10]}" if diff else "")))
@@ -330,7 +368,16 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
                                                       "commit_lag_seconds": options.commit_lag_seconds},
                 "computation_aware_clock": "engine serves updates one at a time: start = max(event time, "
                                            "previous reply), ready = start + measured round trip",
-                "latency_units": "words: source words committed when a target unit was emitted; ms: stream time",
+                "latency_units": "words read (headline, SimulEval's delays): source words committed plus the tail "
+                                 "positions shown when a target unit was written; words committed: committed "
+                                 "only (secondary); ms: stream time of the source (CU) and when the reply was "
+                                 "ready (CA)",
+                "tails": {k: m.describe() for k, m in tail_models.items()},
+                "offline_tail": "the offline baseline is sent the whole sentence, committed, with no tail",
+                "uncertainty": {"intervals": f"sacrebleu bootstrap, {options.bootstrap} resamples, 95 %",
+                                "significance": f"{uncertainty.TEST_NAMES[options.significance]} of each preset "
+                                                "row against the offline row of its variant, same sentences",
+                                "curve_needs": uncertainty.MIN_SENTENCES_FOR_A_CURVE},
                 **({"whisperlivekit": wlk_version(),
                     "wlk_driver": f"the unmodified client, latency={CLIENT_LATENCY} and the row's preset; round trip: "
                                   "its process() call, timed by the driver"} if "wlk" in options.drivers else {})},
@@ -341,7 +388,24 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
         rows=rows,
         comet=comet,
         checks=checks,
+        purpose="scorer smoke" if smoke else "quality",
+        instance_logs=logs_dir(Path(out)).name if out is not None else None,
     )
     if out is not None:
+        # The logs first: an artifact on disk always has its logs beside it.
+        write_instance_logs(artifact, Path(out), pairs, talks, schedule, ts.target_lang)
         write_artifact(out, artifact)
     return artifact
+
+
+def _paired_tests(rows, target_lang: str, options: EvalOptions, references: list[str]) -> None:
+    """Each preset's sentence row against the offline row of its variant (sacrebleu's PairedTest)."""
+    from alignatt.record.artifacts import EvalPairedTest
+
+    for base in [r for r in rows if r.driver == "offline"]:
+        systems = {i: r.hypotheses for i, r in enumerate(rows)
+                   if r.variant == base.variant and r.form == "sentence" and r.driver != "offline"}
+        got = uncertainty.paired_tests(base.hypotheses, systems, references, target_lang,
+                                       options.significance, options.significance_samples)
+        for i, result in got.items():
+            rows[i].significance = EvalPairedTest(against=f"offline ({base.variant})", **result)

@@ -37,7 +37,12 @@ class SentenceLatencyInput:
     emissions: list[Emission]
 
 
+WORD_UNITS = {"read": "read_words", "committed": "committed_words"}
+
+
 def _instances(items: list[SentenceLatencyInput], target_lang: str, unit: str):
+    """OmniSTEval instances of the scorable sentences: `unit` is read | committed (source words
+    when each target unit was written) or ms (stream time, CU and CA)."""
     from omnisteval import Instance
 
     latency_unit = "char" if target_lang in CHAR_LANGS else "word"
@@ -45,8 +50,8 @@ def _instances(items: list[SentenceLatencyInput], target_lang: str, unit: str):
     for i, it in enumerate(items):
         if not it.emissions:
             continue  # nothing emitted: the scorers skip it; the row counts it
-        if unit == "words":
-            cu = [float(e.committed_words) for e in it.emissions]
+        if unit in WORD_UNITS:
+            cu = [float(getattr(e, WORD_UNITS[unit])) for e in it.emissions]
             out.append(Instance(reference=it.reference, latency_unit=latency_unit, index=i,
                                 source_length=float(it.source_words), emission_cu=cu))
         else:
@@ -61,22 +66,50 @@ def _r(x: float) -> float | None:
     return None if x != x else round(float(x), 4)  # NaN (no scorable instance) -> None
 
 
-def sentence_latency(items: list[SentenceLatencyInput], target_lang: str) -> dict[str, float | None]:
-    """AL / LAAL / YAAL per sentence, averaged: in source words (committed when emitted, the
-    SimulEval text convention) and in ms, computation-unaware and -aware."""
+NEGATIVE_WHY = ("a lag below 0 means target units were written ahead of the ideal simultaneous "
+                "translator, who writes unit i once (i-1)/gamma source units are in: the output ran "
+                "ahead of the source it translates, from the tail's lookahead (a gold tail is the "
+                "answer) or an over-long or hallucinated output{longform}")
+LONGFORM_WHY = (", or, in long form, output the resegmenter aligned to a segment that it was emitted "
+                "before (delays are taken from the segment's start)")
+
+
+def negatives(name: str, scorer, instances, longform: bool = False) -> dict | None:
+    """Per-instance scores from the same OmniSTEval scorer: how many are below 0, and why. The
+    figure is still the mean over all instances; this says that negative lags are inside it."""
+    scores = [x for x in (scorer.compute(ins) for ins in instances
+                          if getattr(ins, "emission_ca" if scorer.computation_aware else "emission_cu", None))
+              if x is not None]
+    below = [x for x in scores if x < 0]
+    if not below:
+        return None
+    return {"metric": name, "instances": len(below), "scored": len(scores), "min": round(min(below), 4),
+            "mean": round(sum(scores) / len(scores), 4),
+            "why": NEGATIVE_WHY.format(longform=LONGFORM_WHY if longform else "")}
+
+
+def sentence_latency(items: list[SentenceLatencyInput], target_lang: str) -> tuple[dict[str, float | None], list]:
+    """AL / LAAL per sentence, averaged, in source words *read* (committed + tail shown when a
+    target unit was written: SimulEval's delays) and committed; AL / LAAL / YAAL in ms, CU and CA.
+    Also the negative-lag notes (`negatives`), one per figure that has any."""
     from omnisteval.scoring import ALScorer, LAALScorer, YAALScorer
 
-    words = _instances(items, target_lang, "words")
+    out: dict[str, float | None] = {}
+    notes = []
+    for unit in WORD_UNITS:
+        ins = _instances(items, target_lang, unit)
+        for name, scorer in (("al", ALScorer()), ("laal", LAALScorer())):
+            key = f"{name}_words_{unit}"
+            out[key] = _r(scorer(ins)) if ins else None
+            notes.append(negatives(key, scorer, ins) if ins else None)
     times = _instances(items, target_lang, "ms")
-    out: dict[str, float | None] = {
-        "al_words": _r(ALScorer()(words)) if words else None,
-        "laal_words": _r(LAALScorer()(words)) if words else None,
-    }
     for aware, prefix in ((False, ""), (True, "ca_")):
-        for name, scorer in (("al", ALScorer), ("laal", LAALScorer), ("yaal", YAALScorer)):
-            out[f"{prefix}{name}_ms"] = _r(scorer(computation_aware=aware)(times)) if times else None
+        for name, cls in (("al", ALScorer), ("laal", LAALScorer), ("yaal", YAALScorer)):
+            scorer = cls(computation_aware=aware)
+            out[f"{prefix}{name}_ms"] = _r(scorer(times)) if times else None
+            notes.append(negatives(f"{prefix}{name}_ms", scorer, times) if times else None)
     out["scored_instances"] = len(times)
-    return out
+    return out, [n for n in notes if n]
 
 
 @dataclass
@@ -88,9 +121,9 @@ class TalkInput:
     emissions: list[Emission]
 
 
-def longform(talks: list[TalkInput], target_lang: str) -> tuple[dict[str, float | None], list[str]]:
+def longform(talks: list[TalkInput], target_lang: str) -> tuple[dict[str, float | None], list[str], list]:
     """Resegment each talk's output against its references (OmniSTEval) and score it; also the
-    resegmented hypotheses, one per reference segment."""
+    resegmented hypotheses, one per reference segment, and the negative-lag notes of LongYAAL."""
     from omnisteval import Word, evaluate_instances, resegment
 
     char = target_lang in CHAR_LANGS
@@ -117,7 +150,11 @@ def longform(talks: list[TalkInput], target_lang: str) -> tuple[dict[str, float 
     keep = ("bleu", "chrf", "long_yaal", "ca_long_yaal", "long_laal", "ca_long_laal", "long_al", "ca_long_al")
     out = {k: _r(scores[k]) if k in scores else None for k in keep}
     out.update(stream_laal(talks, target_lang))
-    return out, [i.prediction for i in instances]
+    from omnisteval.scoring import YAALScorer
+
+    notes = [negatives(f"{prefix}long_yaal", YAALScorer(computation_aware=aware, is_longform=True), instances,
+                       longform=True) for aware, prefix in ((False, ""), (True, "ca_"))]
+    return out, [i.prediction for i in instances], [n for n in notes if n]
 
 
 def mwer_segments(references: list[str], hypothesis_units: list[str]) -> list[int]:

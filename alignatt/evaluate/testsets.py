@@ -13,6 +13,14 @@ head set (`alignatt/data/heads/gemma-3-270m_en-de.json`, `used_pairs: 200`) was 
 `alignatt heads calibrate --max-pairs 200`, i.e. on file positions 0-199; the test split is file
 positions 200-902 (703 pairs), in file order. The published E4B heads were calibrated on all 903,
 so E4B scores on this split are not held out.
+
+The other directions with references in `../shared/data/` follow the same rule: the embedded
+model's head set `gemma-3-270m_<dir>.json` records `used_pairs` N (its calibration run was offered
+the first N pairs of `word_alignments_<dir>.json`, none skipped), so file positions 0..N-1
+calibrate and N..end test: en-it 0-99 / 100-906 (807 pairs), en-zh 0-149 / 150-879 (730),
+cs-en 0-99 / 100-511 (412). The splits ship as `alignatt/data/eval/<dir>.test.jsonl` (each line
+keeps its file `position`). zh targets are scored in characters (BLEU tokenize zh, latency
+units = characters: `alignatt.evaluate.emissions.CHAR_LANGS`).
 """
 
 from __future__ import annotations
@@ -25,8 +33,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from alignatt.core.errors import AlignattError
 
-NAMED_SETS = {"en-de": "en-de.test.jsonl"}
-EN_DE_CALIBRATION_PAIRS = 200  # file positions [0, 200) calibrated the embedded model's heads
+# direction -> file positions [0, N) of word_alignments_<direction>.json that calibrated the
+# embedded model's heads (its head set's `used_pairs`); the packaged split is [N, end)
+CALIBRATION_PAIRS = {"en-de": 200, "en-it": 100, "en-zh": 150, "cs-en": 100}
+SET_SIZES = {"en-de": 903, "en-it": 907, "en-zh": 880, "cs-en": 512}  # pairs in the alignment file
+NAMED_SETS = {d: f"{d}.test.jsonl" for d in CALIBRATION_PAIRS}
+EN_DE_CALIBRATION_PAIRS = CALIBRATION_PAIRS["en-de"]
 
 
 class TestPair(BaseModel):
@@ -115,8 +127,9 @@ def load_test_set(spec: str, direction: str | None = None) -> TestSet:
     if spec in NAMED_SETS:
         text = (resources.files("alignatt") / "data" / "eval" / NAMED_SETS[spec]).read_text(encoding="utf-8")
         pairs, found_direction = _jsonl(text, spec), spec
-        description = (f"packaged {spec} test split: positions {EN_DE_CALIBRATION_PAIRS}-902 of "
-                       "word_alignments_en-de.json (0-199 calibrated the embedded model's heads)")
+        n = CALIBRATION_PAIRS[spec]
+        description = (f"packaged {spec} test split: positions {n}-{SET_SIZES[spec] - 1} of "
+                       f"word_alignments_{spec}.json (0-{n - 1} calibrated the embedded model's heads)")
     elif ":" in spec and not Path(spec).exists():
         source, target = spec.split(":", 1)
         pairs = _simuleval(Path(source), Path(target))

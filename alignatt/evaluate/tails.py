@@ -1,0 +1,122 @@
+"""What the replayed ASR shows as its unstable tail: the gold words, a seeded noisy hypothesis, or nothing.
+
+The replay's schedule (`alignatt.evaluate.replay.Schedule`) decides which source words have
+arrived and which are committed; a tail model decides how the arrived-but-uncommitted words are
+shown to the translator. Committed words are always the gold words: the noise stops at the commit.
+
+- `gold`: the tail is the gold source (perfect lookahead: at 2.4 words/s and a 2 s commit lag,
+  about 4.8 words of the answer).
+- `none` (no lookahead): the tail is never shown; the translator reads committed words only.
+- `noisy`: every ASR event redraws the whole tail, as a re-decoding ASR rewrites its partial
+  hypothesis on each chunk (WhisperLiveKit's LocalAgreement does). Each tail word, independently,
+  is (`TailNoise`): dropped with probability `p_drop`, replaced by a confusion with probability
+  `p_wrong`, split in two with probability `p_split`, else shown as it is (one uniform draw per
+  word; the three outcomes exclude each other, so each parameter is that outcome's probability).
+  The confusion is another word of the test set's source vocabulary (its distinct
+  whitespace-separated source tokens, sorted), drawn uniformly. A split cuts the word at a
+  uniformly drawn interior character ("consonance" -> "conso nance"); a one-character word
+  cannot be split and is shown as it is.
+
+Deterministic: the draw for one tail is seeded by (seed, stream id, event number), so every preset
+and every driver sees the same noisy ASR on the same stream, and a re-run gives the same tails.
+
+Words *read* (SimulEval's delay unit): the committed words plus the source positions the shown
+tail covers, i.e. up to the last tail word shown in any form (a dropped last word is not read).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+TailKind = Literal["gold", "noisy", "none"]
+TAIL_KINDS: tuple[str, ...] = ("gold", "noisy", "none")
+TAIL_DESCRIPTIONS = {
+    "gold": "tail = the gold source words (perfect lookahead)",
+    "noisy": "tail = a seeded noisy ASR hypothesis (see config.tail_noise)",
+    "none": "no lookahead: the tail is never shown, only committed words",
+}
+
+
+class TailNoise(BaseModel):
+    """The seeded tail-noise model of the `noisy` tail (probabilities per shown tail word, per update)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    seed: int = Field(0, description="seeds every draw, with the stream id and the event number")
+    p_wrong: float = Field(0.2, ge=0, le=1, description="a tail word is shown as another vocabulary word")
+    p_drop: float = Field(0.05, ge=0, le=1, description="a tail word is missing from the tail")
+    p_split: float = Field(0.05, ge=0, le=1, description="a tail word is shown as two pieces")
+    confusion: Literal["test_set_vocabulary"] = Field(
+        "test_set_vocabulary", description="a wrong word is drawn uniformly from the test set's distinct "
+                                           "source tokens, the true word excluded")
+
+    @model_validator(mode="after")
+    def _exclusive(self) -> "TailNoise":
+        if self.p_wrong + self.p_drop + self.p_split > 1:
+            raise ValueError("p_wrong + p_drop + p_split must be at most 1 (the outcomes exclude each other)")
+        return self
+
+
+@dataclass(frozen=True)
+class ShownTail:
+    words: list[str]  # what the translator is shown as the tail
+    covered: int  # tail positions read: up to the last one shown in any form
+
+
+def vocabulary(sources: list[str]) -> list[str]:
+    """The confusion set: the distinct source tokens of the test set, sorted (stable across runs)."""
+    return sorted({w for s in sources for w in s.split()})
+
+
+class TailModel:
+    """Turns the gold tail of one ASR event into the tail the translator is shown."""
+
+    def __init__(self, kind: TailKind = "gold", noise: TailNoise | None = None,
+                 vocab: list[str] | None = None) -> None:
+        if kind not in TAIL_KINDS:
+            raise ValueError(f"unknown tail {kind!r}: use one of {', '.join(TAIL_KINDS)}")
+        self.kind = kind
+        self.noise = noise or TailNoise()
+        self.vocab = list(vocab or [])
+        if kind == "noisy" and self.noise.p_wrong > 0 and len(self.vocab) < 2:
+            raise ValueError("a noisy tail with p_wrong > 0 needs a vocabulary of at least 2 words")
+
+    def show(self, tail: list[str], stream_id: str, event: int) -> ShownTail:
+        if self.kind == "gold":
+            return ShownTail(list(tail), len(tail))
+        if self.kind == "none" or not tail:
+            return ShownTail([], 0)
+        n = self.noise
+        rng = random.Random(f"{n.seed}:{stream_id}:{event}")  # str seeds hash with sha512: stable
+        shown: list[str] = []
+        covered = 0
+        for j, word in enumerate(tail):
+            u = rng.random()
+            if u < n.p_drop:
+                continue
+            if u < n.p_drop + n.p_wrong:
+                shown.append(self._confusion(word, rng))
+            elif u < n.p_drop + n.p_wrong + n.p_split and len(word) > 1:
+                cut = rng.randint(1, len(word) - 1)
+                shown += [word[:cut], word[cut:]]
+            else:
+                shown.append(word)
+            covered = j + 1
+        return ShownTail(shown, covered)
+
+    def _confusion(self, word: str, rng: random.Random) -> str:
+        while True:  # the vocabulary has >= 2 distinct words, so this ends
+            other = self.vocab[rng.randrange(len(self.vocab))]
+            if other != word:
+                return other
+
+    def describe(self) -> dict[str, object]:
+        out: dict[str, object] = {"tail": self.kind, "description": TAIL_DESCRIPTIONS[self.kind]}
+        if self.kind == "noisy":
+            out["tail_noise"] = self.noise.model_dump()
+            out["vocabulary_size"] = len(self.vocab)
+        return out

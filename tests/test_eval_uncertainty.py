@@ -1,0 +1,55 @@
+"""Bootstrap intervals and paired tests from sacrebleu: present, sane, N beside them."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("sacrebleu")
+
+from sacrebleu.metrics import BLEU  # noqa: E402
+
+from alignatt.evaluate import uncertainty  # noqa: E402
+
+REFS = [f"der Hund {i} läuft schnell über die grüne Wiese nach Hause" for i in range(40)]
+GOOD = list(REFS)
+GOOD[::7] = [f"der Hund {i} rennt über die Wiese" for i in range(0, 40, 7)]
+BAD = [f"eine Katze {i} schläft" for i in range(40)]
+
+
+def test_the_interval_is_sacrebleus_bootstrap_with_n():
+    got = uncertainty.intervals(GOOD, REFS, "de", resamples=200)
+    own = BLEU().corpus_score(GOOD, [REFS], n_bootstrap=200)
+    b = got["bleu"]
+    assert b["score"] == pytest.approx(own.score, abs=1e-4) and b["mean"] == pytest.approx(own._mean, abs=1e-3)
+    assert b["half_width"] == pytest.approx(own._ci, abs=1e-3)
+    assert b["low"] <= b["score"] <= b["high"] <= 100 and b["n"] == 40 and b["resamples"] == 200
+    assert got["chrf"]["low"] <= got["chrf"]["score"] <= got["chrf"]["high"]
+    assert got == uncertainty.intervals(GOOD, REFS, "de", resamples=200)  # seeded: the same again
+
+
+def test_small_n_says_how_few_resamples_there_are():
+    two = uncertainty.intervals(GOOD[:2], REFS[:2], "de")
+    assert two["bleu"]["n"] == 2 and two["bleu"]["distinct_resamples"] == 3  # {aa, ab, bb}
+    one = uncertainty.intervals(GOOD[:1], REFS[:1], "de")
+    assert one["bleu"]["half_width"] == 0 and one["bleu"]["resamples"] == 1
+
+
+@pytest.mark.parametrize("method", ["bs", "ar"])
+def test_paired_tests_tell_a_different_system_from_an_identical_one(method):
+    got = uncertainty.paired_tests(GOOD, {"same": list(GOOD), "bad": BAD}, REFS, "de", method, samples=300)
+    # identical to the baseline: no difference to test, p = 1 (sacrebleu alone would give 1/(samples+1))
+    assert got["same"]["bleu_p"] == 1.0 and got["same"]["no_difference"] == ["bleu", "chrf"]
+    assert not got["same"]["significant"]
+    assert got["bad"]["bleu_p"] < 0.05 and got["bad"]["significant"] and got["bad"]["n"] == 40
+    assert got["bad"]["samples"] == 300 and got["bad"]["method"] == method
+
+
+def test_a_paired_test_needs_the_same_sentences():
+    with pytest.raises(ValueError, match="same sentences"):
+        uncertainty.paired_tests(GOOD, {"short": GOOD[:3]}, REFS, "de")
+
+
+def test_two_sentences_cannot_be_significant():
+    got = uncertainty.paired_tests(GOOD[:2], {"bad": BAD[:2]}, REFS[:2], "de", "bs")
+    # sacrebleu gives p = 1/1001 here, but 2 sentences have only 3 distinct resamples
+    assert got["bad"]["bleu_p"] < 0.05 and not got["bad"]["resolvable"] and not got["bad"]["significant"]
