@@ -251,8 +251,9 @@ KIND_SECTIONS = {
     "load": ("outputs/cpu/load.json", "## Capacity"),
     "eval": ("outputs/cpu/eval.json", "## Translation quality"),
     "soak": ("outputs/cpu/soak.json", "## Other measurements"),
-    "gpu_tests": ("tests/golden/gpu_tests.json", "## The GPU suite these figures stand on"),
-    "failover": ("tests/golden/failover.json", "## Other measurements"),
+    "gpu_tests": ("tests/golden/gpu_tests.json",  # a CPU run of `alignatt test-gpu -- -k budget`: every test skips
+                  "## The GPU suite these figures stand on"),
+    "failover": ("outputs/cpu/failover.json", "## Other measurements"),
 }
 UNIQUE_DATE = "2031-07-19"  # no fixture artifact is of this day: where it appears, the added one is shown
 
