@@ -252,7 +252,7 @@ def test_isolated_variants_run_in_child_processes_and_are_compared(tmp_path):
     jl = tmp_path / "one.jsonl"
     jl.write_text('{"source": "the cat sat", "reference": "die Katze sass"}\n')
     options = EvalOptions(model="tiny-gemma4", test_set=str(jl), presets=["balanced"], offline_baseline=False,
-                          variants=["hf_eager", "hf_qk_fast"], isolate_variants=True)
+                          variants=["hf_eager", "hf_qk_fast"], isolate_variants=True, tails=["gold"])
     a = run_eval(options, tmp_path / "eval.json", progress=lambda m: None)
     assert [r.variant for r in a.rows] == ["hf_eager", "hf_qk_fast"] and a.synthetic_weights
     assert all(r.label == "latency only" for r in a.rows)
@@ -270,7 +270,7 @@ def test_the_eval_command_end_to_end_writes_what_the_audit_accepts(tmp_path):
     outputs = tmp_path / "outputs"
     runner = CliRunner()
     r = runner.invoke(app, ["eval", "--model", "tiny-gemma4", "--test-set", str(jl), "--presets", "balanced",
-                            "--no-offline", "--out", str(outputs / "eval.json"),
+                            "--no-offline", "--tails", "gold", "--out", str(outputs / "eval.json"),
                             "--metrics", str(outputs / "eval_metrics.json"),
                             "--plot", str(outputs / "quality_latency.csv")])
     assert r.exit_code == 0, r.output

@@ -28,20 +28,24 @@ def requests(tokens: int):
             for k in range(4, len(SENTENCE) + 1, 2)]
 
 
-def main(spec_path: str, out_path: str) -> int:
+def open_seam(spec: dict, **options):
+    """The vLLM capture seam on the reduced Gemma-4 checkpoint that `spec` names (built once)."""
     from alignatt.capture.vllm.seam import VllmCaptureSeam
     from alignatt.checks.cross_engine import ensure_reduced_checkpoint
     from alignatt.checks.records import choose_tokenizer
     from alignatt.core.draft import Head
 
-    spec = json.loads(Path(spec_path).read_text())
     tokenizer, _ = choose_tokenizer("auto")
     ckpt = Path(spec["checkpoint"])
     ensure_reduced_checkpoint(ckpt, tokenizer)
-    seam = VllmCaptureSeam(str(ckpt), [Head(l, h) for l, h in spec["heads"]], tokenizer=tokenizer,
-                           vllm_mode=spec["mode"], dtype=spec["dtype"], fixed_length=True,
-                           enable_prefix_caching=spec["prefix_caching"], max_num_seqs=16,
-                           kv_cache_memory_gib=spec["kv_cache_memory_gib"])
+    return VllmCaptureSeam(str(ckpt), [Head(l, h) for l, h in spec["heads"]], tokenizer=tokenizer,
+                           vllm_mode=spec["mode"], dtype=spec["dtype"], fixed_length=True, max_num_seqs=16,
+                           kv_cache_memory_gib=spec["kv_cache_memory_gib"], **options)
+
+
+def main(spec_path: str, out_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    seam = open_seam(spec, enable_prefix_caching=spec["prefix_caching"])
     out: dict[str, np.ndarray] = {}
     try:
         reqs = requests(spec["tokens"])

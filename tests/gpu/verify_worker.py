@@ -18,23 +18,14 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.gpu.batching_worker import requests
+from tests.gpu.batching_worker import open_seam, requests
 
 
 def main(spec_path: str, out_path: str) -> int:
-    from alignatt.capture.vllm.seam import VllmCaptureSeam
-    from alignatt.checks.cross_engine import ensure_reduced_checkpoint
-    from alignatt.checks.records import choose_tokenizer
-    from alignatt.core.draft import DraftProposal, Head
+    from alignatt.core.draft import DraftProposal
 
     spec = json.loads(Path(spec_path).read_text())
-    tokenizer, _ = choose_tokenizer("auto")
-    ckpt = Path(spec["checkpoint"])
-    ensure_reduced_checkpoint(ckpt, tokenizer)
-    seam = VllmCaptureSeam(str(ckpt), [Head(l, h) for l, h in spec["heads"]], tokenizer=tokenizer,
-                           vllm_mode=spec["mode"], dtype=spec["dtype"], fixed_length=True,
-                           max_num_seqs=16, kv_cache_memory_gib=spec["kv_cache_memory_gib"],
-                           verify=spec["verify"])
+    seam = open_seam(spec, verify=spec["verify"])
     out: dict[str, np.ndarray] = {}
 
     def keep(name: str, d) -> None:
