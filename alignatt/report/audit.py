@@ -171,21 +171,22 @@ def _check_derived(path: Path, artifact: BenchArtifact, rel: str, result: AuditR
             result.add(str(plot), "derived", f"plot data do not match {rel}: re-run the bench stage")
 
 
-def audit_artifact(path: Path, result: AuditResult) -> None:
+def audit_artifact(path: Path, result: AuditResult):
+    """Check one artifact; the parsed artifact, or None when it does not validate (a finding)."""
     rel = str(path)
     result.checked.append(rel)
     try:
         artifact = parse_artifact(load_json(path))
     except AlignattError as e:
         result.add(rel, "schema", str(e))
-        return
+        return None
     except ValidationError as e:
         for err in e.errors():
             where = ".".join(str(x) for x in err["loc"]) or "(document)"
             result.add(rel, "schema", f"{where}: {err['msg']}")
-        return
+        return None
     if isinstance(artifact, FingerprintArtifact):
-        return  # no provenance by design: the stable part of it, which the checks below compare
+        return artifact  # no provenance by design: the stable part of it, which the checks below compare
     for gap in provenance_gaps(artifact):
         result.add(rel, "provenance", gap)
     if isinstance(artifact, BenchArtifact):
@@ -198,20 +199,17 @@ def audit_artifact(path: Path, result: AuditResult) -> None:
         for where, message in derived_findings(path, artifact):
             result.checked.append(where)
             result.add(where, "derived", message)
+    return artifact
 
 
-def audit_gpu_suites(files: list[Path], result: AuditResult) -> None:
+def audit_gpu_suites(artifacts: list[tuple[Path, object]], result: AuditResult) -> None:
     """A GPU figure stands on its code's GPU suite: the suite must have passed, at the same commit.
 
     Per folder: the `gpu_tests.json` beside the measurements names the commit whose suite ran.
     Every other artifact there that ran on a GPU must carry that commit, and the suite must have
     passed; a GPU folder without a suite artifact is a finding too."""
     by_folder: dict[Path, list[tuple[Path, object]]] = {}
-    for f in files:
-        try:
-            artifact = parse_artifact(load_json(f))
-        except (AlignattError, ValidationError):
-            continue  # reported by audit_artifact
+    for f, artifact in artifacts:
         by_folder.setdefault(f.parent, []).append((f, artifact))
     for folder, entries in sorted(by_folder.items()):
         suites = [(f, a) for f, a in entries if isinstance(a, GpuTestsArtifact)]
@@ -331,12 +329,14 @@ def run_audit(paths: list[str] | None = None, root: str | Path = ".", report: bo
     manifests += [t for t in targets if t.name == MANIFEST and t not in manifests]
     for manifest in manifests:
         covered |= audit_manifest(manifest, result)
+    parsed = []  # (file, artifact) of every artifact that validated, for the cross-artifact checks
     for f in files:
         if f.resolve() in covered or f.name.endswith(("_metrics.json", "_verdict.json")) or f.name == MANIFEST:
             continue  # metrics are checked with the bench artifact they derive from; a verdict is a stage's
-        audit_artifact(f, result)
-    audit_gpu_suites([f for f in files if f.resolve() not in covered and f.name.endswith(".json")
-                      and not f.name.endswith(("_metrics.json", "_verdict.json"))], result)
+        artifact = audit_artifact(f, result)
+        if artifact is not None:
+            parsed.append((f, artifact))
+    audit_gpu_suites(parsed, result)
     if (root / "params.yaml").exists():
         from alignatt.pipeline.params import load_params
 
