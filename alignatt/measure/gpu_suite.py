@@ -81,7 +81,8 @@ def run_gpu_suite(pytest_args: list[str] | None = None) -> GpuTestsArtifact:
     root = repo_root()
     with tempfile.TemporaryDirectory(prefix="alignatt-gpu-suite-") as tmp:
         junit = Path(tmp) / "junit.xml"
-        command = [sys.executable, "-m", "pytest", "-m", "gpu", "tests", "-q", "-rs", "-p", "no:cacheprovider",
+        # -v: a suite of twenty minutes names each test as it ends, so a watcher sees where it is
+        command = [sys.executable, "-m", "pytest", "-m", "gpu", "tests", "-v", "-rs", "--durations=0", "-p", "no:cacheprovider",
                    "-o", "junit_family=xunit1", *(pytest_args or [])]
         start = time.monotonic()
         code = subprocess.run([*command, f"--junitxml={junit}"], cwd=root).returncode
