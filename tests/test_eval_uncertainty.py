@@ -34,6 +34,15 @@ def test_small_n_says_how_few_resamples_there_are():
     assert one["bleu"]["half_width"] == 0 and one["bleu"]["resamples"] == 1
 
 
+def test_an_interval_survives_a_resample_with_no_match():
+    """A resample holding only the sentence with no character in common scores chrF 0.0 (a Python
+    float) beside float32 scores; sacrebleu 2.6's own mean refused the mix (the H200, 2026-12-02)."""
+    got = uncertainty.intervals(["der Hund läuft", "qqqq"], ["der Hund läuft", "die Katze schläft"], "de", 200)
+    chrf = got["chrf"]
+    assert chrf["low"] <= chrf["mean"] <= chrf["high"] and chrf["low"] < chrf["score"]
+    assert isinstance(chrf["mean"], float)
+
+
 @pytest.mark.parametrize("method", ["bs", "ar"])
 def test_paired_tests_tell_a_different_system_from_an_identical_one(method):
     got = uncertainty.paired_tests(GOOD, {"same": list(GOOD), "bad": BAD}, REFS, "de", method, samples=300)

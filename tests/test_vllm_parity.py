@@ -21,6 +21,7 @@ from alignatt.checks.cross_engine import (
     build_reduced_checkpoint,
     ensure_reduced_checkpoint,
     hf_layer_captures,
+    bf16_verdict,
     noise_verdict,
     strict_verdict,
     vllm_layer_captures,
@@ -177,6 +178,22 @@ def test_noise_verdict_compares_the_cross_engine_gap_with_one_engines_bf16_noise
     # one engine computes something else: far beyond its own rounding
     assert noise_verdict(stats(0.90, 0.60), stats(0.9999, 0.99)) == "beyond bf16 noise"
     assert noise_verdict(stats(None, None), stats(0.9, 0.9)) == "not compared"
+
+
+def test_bf16_rows_within_transformers_own_bf16_rounding_are_not_a_capture_fault():
+    """Layer 1 of the reduced model on the H200 (2026-12-02): q/k agree, rows past the fixed bf16
+    bound, but no further apart than transformers' own bf16 rows are from its fp32 ones."""
+    def stats(row_max, row_mean, q_cos=0.99916, aligned=0.978):
+        return {"q_min_cos": q_cos, "q_mean_cos": 0.99988, "k_min_cos": 0.99924, "row_max_abs": row_max,
+                "row_mean_abs": row_mean, "aligned_agreement": aligned}
+
+    noise = stats(0.2486, 0.000603)
+    v = bf16_verdict(stats(0.2382, 0.000575), noise)
+    assert not v["passed"] and v["verdict"].startswith("numerics")
+    # the same q/k with rows far beyond that rounding: the capture read something else
+    assert bf16_verdict(stats(0.9, 0.05), noise)["verdict"].startswith("capture")
+    # and rows inside the fixed bound agree whatever the noise
+    assert bf16_verdict(stats(0.01, 0.0001), noise)["verdict"] == "agree"
 
 
 @pytest.mark.slow

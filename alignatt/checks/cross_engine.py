@@ -244,6 +244,20 @@ def strict_verdict(s: dict, row_max: float, row_mean: float, inputs_min_cos: flo
             "passed": passed, "verdict": verdict}
 
 
+def bf16_verdict(cross: dict, noise: dict) -> dict:
+    """`strict_verdict` at bf16's tolerance, where rows past it that are no further apart than
+    transformers' own bf16 rows are from its fp32 ones (twice that: two engines each round) are
+    rounding, not a capture fault. The capture itself is tested strictly in fp32; a fixed bf16 row
+    bound alone called layer 1 of the reduced model a fault on the H200 (vLLM-HF 0.238, HF's own
+    bf16-fp32 0.249)."""
+    v = strict_verdict(cross, BF16_ROW_MAX_ABS, BF16_ROW_MEAN_ABS, BF16_INPUTS_MIN_COS)
+    if v["verdict"].startswith("capture") and noise.get("row_max_abs") is not None and cross["row_max_abs"] is not None:
+        if (cross["row_max_abs"] <= 2 * noise["row_max_abs"] + 1e-6
+                and cross["row_mean_abs"] <= 2 * noise["row_mean_abs"] + 1e-6):
+            v["verdict"] = "numerics: rows differ by no more than transformers' own bf16 rounding"
+    return v
+
+
 def noise_verdict(cross: dict, noise: dict) -> str:
     """Is a cross-engine bf16 gap the size of one engine's own bf16 rounding noise? Two engines
     each carry that noise, so allow about twice it (4x in 1 - cos, which goes as the square)."""
@@ -360,7 +374,7 @@ def worker_parity_hf(spec: WorkerSpec) -> dict:
                                     "aligned_agreement_min": ALIGN_AGREEMENT_MIN}}
     bf16, noise = _finish(bf16_stats), _finish(noise_stats)
     for layer, s in bf16.items():
-        s.update(strict_verdict(s, BF16_ROW_MAX_ABS, BF16_ROW_MEAN_ABS, BF16_INPUTS_MIN_COS))
+        s.update(bf16_verdict(s, noise[layer]))
         s["hf_bf16_vs_hf_fp32"] = noise[layer]
         s["noise_verdict"] = noise_verdict(s, noise[layer])
     first = sorted(bf16)[:2]

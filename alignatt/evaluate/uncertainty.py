@@ -36,7 +36,24 @@ def _metrics(target_lang: str):
 
     from alignatt.evaluate.scoring import bleu_tokenizer
 
-    return {"bleu": BLEU(tokenize=bleu_tokenizer(target_lang)), "chrf": CHRF()}
+    return {"bleu": _python_float_scores(BLEU(tokenize=bleu_tokenizer(target_lang))),
+            "chrf": _python_float_scores(CHRF())}
+
+
+def _python_float_scores(metric):
+    """`metric`, its every score a Python float. sacrebleu 2.6 resamples float32 statistics, so a
+    resampled chrF is a numpy float32, except a resample with no character match, which is the
+    Python float 0.0; `statistics.mean` in its interval then refuses the mix ("don't know how to
+    coerce float and float32"). Seen on the H200 with synthetic weights, where such resamples occur."""
+    compute = metric._compute_score_from_stats
+
+    def scored(stats):
+        score = compute(stats)
+        score.score = float(score.score)
+        return score
+
+    metric._compute_score_from_stats = scored  # the instance's own: sacrebleu calls it for every resample
+    return metric
 
 
 def _seed() -> str:
