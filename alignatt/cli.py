@@ -491,6 +491,7 @@ def test_gpu_cmd(
     verdict: str = typer.Option(None, help="also write the stable verdict the measuring stages depend on"),
     profile: str = typer.Option(None, help="params profile: one without a CUDA device records 'not run'"),
     params: str = typer.Option("params.yaml", help="params file (with --profile)"),
+    lanes: int = typer.Option(None, help="test children side by side (default: the profile's gpu_lanes, else 1)"),
 ) -> None:
     """The GPU test suite whole, in one command (each test in a child process); an artifact of it.
 
@@ -503,7 +504,9 @@ def test_gpu_cmd(
 
         profile, prof = profile_of(load_params(params), profile)
         device = prof.device
-    artifact = record_gpu_suite(Path(out), Path(verdict) if verdict else None, profile, device, list(ctx.args))
+        lanes = prof.gpu_lanes if lanes is None else lanes
+    artifact = record_gpu_suite(Path(out), Path(verdict) if verdict else None, profile, device, list(ctx.args),
+                                lanes=lanes or 1)
     typer.echo(summary_line(artifact))
     if artifact.ran and not artifact.passed:
         raise typer.Exit(1)

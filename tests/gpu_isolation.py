@@ -1,18 +1,26 @@
-"""GPU tests in one command: each GPU test runs in a child pytest process, and none may leave
-GPU memory held behind it.
+"""GPU tests in one command: each GPU test runs in a child pytest process, children run side by
+side in lanes, and none may leave GPU memory held behind it.
 
 vLLM does not free all of an engine's memory when the engine object goes away, and `load_model`
 keeps a loaded model for the life of its process; one test's leftovers then break the next
 test's engine start ("Free memory on device ... is less than desired GPU memory utilization").
 So, where CUDA is available, every `gpu` test runs in a fresh `python -m pytest NODEID` child
 (its setup, call and teardown), and the parent replays the child's reports as its own: outcomes,
-durations, skip reasons and failure texts are the child's. Tests marked `gpu_workers` start
-their engines in worker processes of their own and share results across a module, so they run
-in the parent.
+durations, skip reasons and failure texts are the child's. A module marked `gpu_module` shares
+its engines' results between its tests (a module-level cache): its GPU tests form one unit and
+run together in one child.
 
-After every GPU test the parent checks the device: its used memory must return to within
-`GPU_MEMORY_SLACK_MIB` of what it was before the first GPU test. If not, that test gets an error
-naming the processes that still hold memory, so a leak fails where it happens, loudly.
+Lanes (`ALIGNATT_GPU_LANES`, default 1): with N > 1, N children run at once, longest first by the
+durations of an earlier run (`ALIGNATT_GPU_DURATIONS`, a gpu_tests artifact), and each vLLM
+engine asks vLLM's start-up check for 0.9/N of the device (`ALIGNATT_VLLM_GPU_MEMORY_SHARE`;
+the engines set their KV cache size themselves, so the share only gates the start). Engine
+starts are CPU-bound (graph capture, torch.compile), so lanes cut the suite's wall time.
+
+Memory: with one lane, after every unit the device's used memory must return to within
+`GPU_MEMORY_SLACK_MIB` of what it was before the first GPU test, else that unit's last test gets
+an error naming the processes that still hold memory. With lanes, the same check runs once all
+children have ended (a child's exit frees its own memory; what can leak is a process that
+outlives it, such as an orphaned engine core), on the last GPU test.
 """
 
 from __future__ import annotations
@@ -23,15 +31,20 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-CHILD_ENV = "ALIGNATT_GPU_TEST_CHILD"  # set in the child: run the test here, do not re-spawn
+CHILD_ENV = "ALIGNATT_GPU_TEST_CHILD"  # set in the child: run the tests here, do not re-spawn
+LANES_ENV = "ALIGNATT_GPU_LANES"
+DURATIONS_ENV = "ALIGNATT_GPU_DURATIONS"
+MEMORY_SHARE_ENV = "ALIGNATT_VLLM_GPU_MEMORY_SHARE"  # read by alignatt.capture.vllm.engine
+GPU_MEMORY_SHARED = 0.9  # of the device, split between the lanes' engines
 GPU_MEMORY_SLACK_MIB = 1024  # the driver's own bookkeeping moves by tens of MiB; an engine holds GiBs
 # a child's exit frees its memory within a second or two; the wait before a leak is called one
 MEMORY_SETTLE_S = float(os.environ.get("ALIGNATT_GPU_MEMORY_SETTLE_S", "20"))
-CHILD_TIMEOUT_S = 1800.0  # the slowest GPU test (the eval, two engines) takes a few minutes
+CHILD_TIMEOUT_S = 1800.0  # the slowest unit (a module's shared engines) takes a few minutes
 ROOT = Path(__file__).resolve().parents[1]
 
 _baseline: dict[str, int | None] = {}
@@ -39,7 +52,7 @@ _config: list[pytest.Config] = []
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "gpu_workers: a GPU test whose engines run in worker processes of its own")
+    config.addinivalue_line("markers", "gpu_module: the module's GPU tests share engines and run in one child")
     _config.append(config)
 
 
@@ -65,7 +78,7 @@ def gpu_holders() -> str:
         return f"(nvidia-smi failed: {e})"
 
 
-def memory_leak_message(nodeid: str) -> str | None:
+def memory_leak_message(after: str) -> str | None:
     """None when the device's memory is back to its baseline, else what still holds it."""
     base = _baseline.get("mib")
     if base is None:
@@ -77,8 +90,25 @@ def memory_leak_message(nodeid: str) -> str | None:
         used = gpu_memory_used_mib()
     if used is None or used <= base + GPU_MEMORY_SLACK_MIB:
         return None
-    return (f"GPU memory still held after {nodeid}: {used} MiB used, {base} MiB before the first GPU test "
+    return (f"GPU memory still held after {after}: {used} MiB used, {base} MiB before the first GPU test "
             f"(slack {GPU_MEMORY_SLACK_MIB} MiB). Holders:\n{gpu_holders()}")
+
+
+def lanes() -> int:
+    try:
+        return max(1, int(os.environ.get(LANES_ENV, "1")))
+    except ValueError:
+        raise pytest.UsageError(f"{LANES_ENV} must be a whole number, not {os.environ[LANES_ENV]!r}") from None
+
+
+def earlier_durations() -> dict[str, float]:
+    """Test id -> seconds, from an earlier run's gpu_tests artifact (empty when there is none)."""
+    path = os.environ.get(DURATIONS_ENV)
+    try:
+        tests = json.loads(Path(path).read_text(encoding="utf-8")).get("tests", []) if path else []
+        return {t["nodeid"]: float(t.get("duration_s") or 0.0) for t in tests}
+    except (OSError, ValueError, TypeError, KeyError):
+        return {}
 
 
 def _is_gpu(item: pytest.Item) -> bool:
@@ -94,27 +124,86 @@ def _cuda_here() -> bool:
         return False
 
 
-def _run_child(item: pytest.Item) -> list[dict]:
-    """The child's serialized reports of `item` (setup, call, teardown)."""
+def _unit_key(item: pytest.Item) -> str:
+    return item.nodeid.split("::")[0] if item.get_closest_marker("gpu_module") else item.nodeid
+
+
+def _child_failure(nodeid: str, location, code, out: str, err: str) -> dict:
+    return {"$report_type": "TestReport", "nodeid": nodeid, "location": list(location), "keywords": {},
+            "outcome": "failed", "when": "call", "sections": [], "duration": 0.0, "user_properties": [],
+            "longrepr": f"the child pytest process exited {code} without reporting:\n{out[-6000:]}\n{err[-6000:]}"}
+
+
+def _run_child(items: list[pytest.Item], share: float | None) -> dict[str, list[dict]]:
+    """Node id -> the child's serialized reports (setup, call, teardown) of each of `items`."""
     with tempfile.TemporaryDirectory(prefix="alignatt-gpu-test-") as tmp:
         reports = Path(tmp) / "reports.jsonl"
         env = dict(os.environ, **{CHILD_ENV: str(reports)})
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-        cmd = [sys.executable, "-m", "pytest", item.nodeid, "-q", "-p", "no:cacheprovider"]
-        try:  # the child runs from the parent's rootdir, where the node id means the same test
-            done = subprocess.run(cmd, cwd=item.config.rootpath, env=env, capture_output=True, text=True,
+        if share is not None:
+            env[MEMORY_SHARE_ENV] = f"{share:.3f}"
+        cmd = [sys.executable, "-m", "pytest", *[i.nodeid for i in items], "-q", "-p", "no:cacheprovider"]
+        try:  # the child runs from the parent's rootdir, where the node ids mean the same tests
+            done = subprocess.run(cmd, cwd=items[0].config.rootpath, env=env, capture_output=True, text=True,
                                   timeout=CHILD_TIMEOUT_S)
             code, out, err = done.returncode, done.stdout, done.stderr
         except subprocess.TimeoutExpired as e:
             code, out, err = f"nothing: killed after {CHILD_TIMEOUT_S:.0f} s", str(e.stdout or ""), str(e.stderr or "")
-        found = [json.loads(line) for line in reports.read_text().splitlines()] if reports.exists() else []
-        if not found:  # the child died before reporting (a crash, a kill): say so with its output
-            found = [{"$report_type": "TestReport", "nodeid": item.nodeid, "location": list(item.location),
-                      "keywords": {}, "outcome": "failed", "when": "call", "sections": [], "duration": 0.0,
-                      "user_properties": [],
-                      "longrepr": f"the child pytest process exited {code} without reporting:\n"
-                                  f"{out[-6000:]}\n{err[-6000:]}"}]
+        found: dict[str, list[dict]] = {}
+        lines = reports.read_text().splitlines() if reports.exists() else []
+        for data in map(json.loads, lines):
+            found.setdefault(data["nodeid"], []).append(data)
+        for item in items:  # a test the child never reported (a crash, a kill): say so with its output
+            if item.nodeid not in found:
+                found[item.nodeid] = [_child_failure(item.nodeid, item.location, code, out, err)]
         return found
+
+
+def longest_first(units: dict[str, list[str]], seconds: dict[str, float]) -> list[str]:
+    """Unit keys by their tests' earlier total duration, longest first (unknown: 0 s; ties keep order)."""
+    return sorted(units, key=lambda k: -sum(seconds.get(nodeid, 0.0) for nodeid in units[k]))
+
+
+class _Lanes:
+    """The session's GPU units, run in a pool of `n` lanes, longest first; each test waits for its unit."""
+
+    def __init__(self, items: list[pytest.Item], n: int):
+        self.units: dict[str, list[pytest.Item]] = {}
+        for item in items:
+            self.units.setdefault(_unit_key(item), []).append(item)
+        self.last_nodeid = items[-1].nodeid
+        order = longest_first({k: [i.nodeid for i in v] for k, v in self.units.items()}, earlier_durations())
+        self.pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="gpu-lane")
+        share = round(GPU_MEMORY_SHARED / n, 3)
+        self.futures: dict[str, Future] = {k: self.pool.submit(_run_child, self.units[k], share) for k in order}
+
+    def reports(self, item: pytest.Item) -> list[dict]:
+        return self.futures[_unit_key(item)].result()[item.nodeid]
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+_state: dict[str, object] = {}
+
+
+def _gpu_items(session: pytest.Session) -> list[pytest.Item]:
+    return [i for i in session.items if _is_gpu(i)]
+
+
+def _replay(item: pytest.Item, reports: list[dict]) -> None:
+    for data in reports:
+        report = item.config.hook.pytest_report_from_serializable(config=item.config, data=data)
+        if isinstance(report.longrepr, list):  # a skip's (path, line, reason): JSON made the tuple a list
+            report.longrepr = tuple(report.longrepr)
+        item.ihook.pytest_runtest_logreport(report=report)
+
+
+def _report_leak(item: pytest.Item, after: str) -> None:
+    leak = memory_leak_message(after)
+    if leak:
+        item.ihook.pytest_runtest_logreport(report=pytest.TestReport(
+            item.nodeid, item.location, {}, "failed", leak, "teardown", [], 0.0))
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -123,36 +212,30 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
         return None  # the default protocol (skips without CUDA stay ordinary skips)
     if "mib" not in _baseline:
         _baseline["mib"] = gpu_memory_used_mib()
-    if item.get_closest_marker("gpu_workers") is not None:
-        return None  # its engines are in worker processes; the fixture below checks the memory
-    hook = item.ihook
-    hook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-    for data in _run_child(item):
-        report = item.config.hook.pytest_report_from_serializable(config=item.config, data=data)
-        if isinstance(report.longrepr, list):  # a skip's (path, line, reason): JSON made the tuple a list
-            report.longrepr = tuple(report.longrepr)
-        hook.pytest_runtest_logreport(report=report)
-    leak = memory_leak_message(item.nodeid)
-    if leak:
-        hook.pytest_runtest_logreport(report=pytest.TestReport(
-            item.nodeid, item.location, {}, "failed", leak, "teardown", [], 0.0))
-    hook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    n = lanes()
+    item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    if n > 1:
+        if "lanes" not in _state:
+            _state["lanes"] = _Lanes(_gpu_items(item.session), n)
+        pool: _Lanes = _state["lanes"]  # type: ignore[assignment]
+        _replay(item, pool.reports(item))
+        if item.nodeid == pool.last_nodeid:
+            pool.close()
+            _report_leak(item, f"all {len(pool.units)} GPU units ({n} lanes)")
+    else:
+        key = _unit_key(item)
+        if _state.get("unit") != key:  # one lane: run the unit when its first test comes up
+            unit = [i for i in _gpu_items(item.session) if _unit_key(i) == key]
+            _state.update(unit=key, reports=_run_child(unit, None), last=unit[-1].nodeid)
+        _replay(item, _state["reports"][item.nodeid])  # type: ignore[index]
+        if item.nodeid == _state["last"]:
+            _report_leak(item, key)
+    item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
     return True
 
 
-@pytest.fixture(autouse=True)
-def _gpu_memory_returned(request):
-    """For GPU tests that run in this process (`gpu_workers`): the same check as for a child."""
-    yield
-    if os.environ.get(CHILD_ENV) or not _is_gpu(request.node) or "mib" not in _baseline:
-        return
-    leak = memory_leak_message(request.node.nodeid)
-    if leak:
-        pytest.fail(leak, pytrace=False)
-
-
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """In the child: hand every report of the test to the parent, serialized the way xdist does."""
+    """In the child: hand every report of its tests to the parent, serialized the way xdist does."""
     path = os.environ.get(CHILD_ENV)
     if path and _config:
         data = _config[0].hook.pytest_report_to_serializable(config=_config[0], report=report)

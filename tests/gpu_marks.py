@@ -5,9 +5,9 @@ import torch
 
 NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 GPU = [pytest.mark.gpu, NEEDS_CUDA]
-# GPU tests whose engines run in worker processes of their own (check-vllm's workers, the batching
-# worker) and that share those workers' results across their module: they stay in the parent
-# pytest process; every other GPU test runs in a child (tests/gpu_isolation.py).
-GPU_WORKERS = [*GPU, pytest.mark.gpu_workers]
+# A module whose GPU tests share their engines' results (a module-level cache of worker runs):
+# its tests run together in one child process (tests/gpu_isolation.py); every other GPU test
+# gets a child of its own.
+GPU_MODULE = [*GPU, pytest.mark.gpu_module]
 # GPU tests that talk to a server through websockets' sync client, which warns on connect().
 GPU_SERVER = [*GPU, pytest.mark.filterwarnings("ignore:connect\\(\\) must be used:DeprecationWarning")]

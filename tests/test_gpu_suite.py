@@ -52,10 +52,12 @@ def test_the_suite_run_here_without_cuda_fails_loudly_and_leaves_no_verdict(tmp_
     CUDA"), so nothing passed; the artifact says so, exit 1, and no verdict is left behind."""
     out, verdict = tmp_path / "gpu_tests.json", tmp_path / "v.json"
     verdict.write_text("stale")
-    result = CliRunner().invoke(app, ["test-gpu", "--out", str(out), "--verdict", str(verdict), "--", "-k", "budget"])
+    result = CliRunner().invoke(app, ["test-gpu", "--out", str(out), "--verdict", str(verdict), "--lanes", "2",
+                                      "--", "-k", "budget"])
     assert result.exit_code == 1, result.output
     a = load_artifact(out)
     assert a.ran and not a.passed and a.reason == "no GPU test passed: is CUDA visible here?"
+    assert a.lanes == 2 and "(2 lanes)" in result.output
     assert a.counts["skipped"] == len(a.tests) >= 2 and all("needs CUDA" in t.message for t in a.tests)
     assert not verdict.exists()
     assert "GPU suite FAILED" in result.output
@@ -107,3 +109,10 @@ def test_the_page_names_the_commit_and_date_whose_gpu_suite_passed(tmp_path):
     page = render_report(tmp_path)
     assert f"passed at commit `c0ffee000000` on {suite.provenance.date}" in page
     assert "skipped: `tests/test_eval_gpu.py::test_x`: could not import 'omnisteval'" in page
+
+
+def test_the_h200_profile_runs_its_gpu_tests_in_lanes():
+    from alignatt.pipeline.params import load_params, profile_of
+
+    assert profile_of(load_params("params.yaml"), "h200")[1].gpu_lanes == 3
+    assert profile_of(load_params("params.yaml"), "cpu")[1].gpu_lanes == 1

@@ -22,6 +22,21 @@ def test_llm_arguments_follow_the_config():
     assert VllmEngineConfig(model="m", async_scheduling=False).llm_arguments(spec)["async_scheduling"] is False
 
 
+def test_a_memory_share_from_the_environment_gates_the_start_and_the_route_still_wins(monkeypatch):
+    from alignatt.capture.vllm.engine import GPU_MEMORY_SHARE_ENV
+
+    spec = ModelSpec("m", "/models/m", "dummy", True, "/models/m")
+    assert "gpu_memory_utilization" not in VllmEngineConfig(model="m").llm_arguments(spec)  # vLLM's own default
+    monkeypatch.setenv(GPU_MEMORY_SHARE_ENV, "0.3")
+    assert VllmEngineConfig(model="m").llm_arguments(spec)["gpu_memory_utilization"] == 0.3
+    own = VllmEngineConfig(model="m", engine_kwargs={"gpu_memory_utilization": 0.45}).llm_arguments(spec)
+    assert own["gpu_memory_utilization"] == 0.45  # a server's split of the GPU between its engines
+    for bad in ("1.5", "0", "most"):
+        monkeypatch.setenv(GPU_MEMORY_SHARE_ENV, bad)
+        with pytest.raises(AlignattError, match=GPU_MEMORY_SHARE_ENV):
+            VllmEngineConfig(model="m").llm_arguments(spec)
+
+
 def test_fullgraph_graphs_every_step_and_no_step_outgrows_its_graphs():
     from alignatt.capture.names import VLLM_MODES
     from alignatt.capture.vllm.engine import FULLGRAPH_MAX_TOKENS

@@ -2,7 +2,8 @@
 
 It runs `python -m pytest -m gpu tests` with the interpreter that runs alignatt (so a console
 script that names another Python cannot pick the wrong packages), where every GPU test gets a
-child process of its own and must leave no GPU memory behind (tests/gpu_isolation.py). pytest's
+child process of its own, `lanes` of them at a time, and must leave no GPU memory behind
+(tests/gpu_isolation.py). pytest's
 JUnit report becomes a `gpu_tests` artifact: every test id, its outcome, its duration and a
 skip's reason. The verdict file is what the measuring stages depend on: byte-identical while the
 suite keeps passing, so a re-run suite does not force the benchmarks to re-run, and absent when
@@ -12,6 +13,7 @@ it fails, so no benchmark of the h200 profile runs on code whose GPU tests faile
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -74,18 +76,28 @@ def not_run(reason: str) -> GpuTestsArtifact:
                             passed=False)
 
 
-def run_gpu_suite(pytest_args: list[str] | None = None) -> GpuTestsArtifact:
-    """Run every GPU test in one pytest session here; its artifact (passed or not)."""
+LANES_ENV, DURATIONS_ENV = "ALIGNATT_GPU_LANES", "ALIGNATT_GPU_DURATIONS"  # read by tests/gpu_isolation.py
+
+
+def run_gpu_suite(pytest_args: list[str] | None = None, lanes: int = 1,
+                  earlier: Path | None = None) -> GpuTestsArtifact:
+    """Run every GPU test in one pytest session here, `lanes` test children at a time (longest
+    first by the durations in `earlier`, a gpu_tests artifact); its artifact (passed or not)."""
     from alignatt.record.provenance import collect_provenance
 
+    if lanes < 1:
+        raise AlignattError(f"the GPU suite needs at least one lane, not {lanes}")
     root = repo_root()
+    env = dict(os.environ, **{LANES_ENV: str(lanes)})
+    if earlier is not None and earlier.exists():
+        env[DURATIONS_ENV] = str(earlier.resolve())
     with tempfile.TemporaryDirectory(prefix="alignatt-gpu-suite-") as tmp:
         junit = Path(tmp) / "junit.xml"
         # -v: a suite of twenty minutes names each test as it ends, so a watcher sees where it is
         command = [sys.executable, "-m", "pytest", "-m", "gpu", "tests", "-v", "-rs", "--durations=0", "-p", "no:cacheprovider",
                    "-o", "junit_family=xunit1", *(pytest_args or [])]
         start = time.monotonic()
-        code = subprocess.run([*command, f"--junitxml={junit}"], cwd=root).returncode
+        code = subprocess.run([*command, f"--junitxml={junit}"], cwd=root, env=env).returncode
         wall = time.monotonic() - start
         tests = parse_junit(junit) if junit.exists() else []
     counts = counts_of(tests)
@@ -93,7 +105,7 @@ def run_gpu_suite(pytest_args: list[str] | None = None) -> GpuTestsArtifact:
     reason = "" if passed else ("no GPU test passed: is CUDA visible here?" if code == 0 else f"pytest exited {code}")
     return GpuTestsArtifact(schema_version=ARTIFACT_SCHEMA_VERSION, provenance=collect_provenance(), ran=True,
                             reason=reason, command=["python", *command[1:]], exit_code=code, wall_s=round(wall, 1),
-                            counts=counts, tests=tests, passed=passed)
+                            counts=counts, tests=tests, passed=passed, lanes=lanes)
 
 
 def verdict_json(artifact: GpuTestsArtifact, profile: str) -> str:
@@ -104,14 +116,14 @@ def verdict_json(artifact: GpuTestsArtifact, profile: str) -> str:
 
 
 def record_gpu_suite(out: Path, verdict: Path | None, profile: str | None, device: str | None,
-                     pytest_args: list[str] | None = None) -> GpuTestsArtifact:
+                     pytest_args: list[str] | None = None, lanes: int = 1) -> GpuTestsArtifact:
     """Run (or, on a profile without a GPU, record that it did not run) and write both files."""
     if verdict is not None and verdict.exists():
         verdict.unlink()  # a failed suite leaves no verdict for a measuring stage to stand on
     if device is not None and not device.startswith("cuda"):
         artifact = not_run(f"profile {profile} runs on {device}: its GPU suite runs on a CUDA profile")
     else:
-        artifact = run_gpu_suite(pytest_args)
+        artifact = run_gpu_suite(pytest_args, lanes, earlier=out)  # the last run's durations order this one
     write_artifact(out, artifact)
     if verdict is not None and (artifact.passed or not artifact.ran):
         verdict.parent.mkdir(parents=True, exist_ok=True)
@@ -125,4 +137,4 @@ def summary_line(a: GpuTestsArtifact) -> str:
     c = a.counts
     state = "passed" if a.passed else f"FAILED ({a.reason})"
     return (f"GPU suite {state}: {c['passed']} passed, {c['failed']} failed, {c['error']} errors, "
-            f"{c['skipped']} skipped in {a.wall_s:.0f} s at {a.provenance.git_commit or 'an unknown commit'}")
+            f"{c['skipped']} skipped in {a.wall_s:.0f} s ({a.lanes} lanes) at {a.provenance.git_commit or 'an unknown commit'}")

@@ -33,6 +33,8 @@ class Profile(BaseModel):
     # seams that cannot run on this profile's machine by design (vllm_capture on a CPU): their
     # skip is expected; a bench stage where every *other* seam was skipped fails
     expect_skipped: list[str] = Field(default_factory=list)
+    # GPU test children run side by side (alignatt test-gpu --lanes): engine starts are CPU-bound
+    gpu_lanes: int = Field(1, ge=1, le=8)
 
 
 class BenchParams(BaseModel):

@@ -424,6 +424,7 @@ class GpuTestsArtifact(_Artifact):
     counts: dict[str, int]  # passed, failed, error, skipped
     tests: list[GpuTestCase]
     passed: bool  # it ran, nothing failed or errored, and at least one test passed
+    lanes: int = 1  # test children run side by side (tests/gpu_isolation.py)
 
 
 class FailoverSession(_Strict):

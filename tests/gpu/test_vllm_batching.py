@@ -19,9 +19,9 @@ import pytest
 
 from alignatt.checks.cross_engine import FP32_ROW_MAX_ABS
 from alignatt.checks.messages import ALIGN_AGREEMENT_MIN
-from tests.gpu_marks import GPU_WORKERS
+from tests.gpu_marks import GPU_MODULE
 
-pytestmark = GPU_WORKERS
+pytestmark = GPU_MODULE
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADS = [(0, 1), (1, 2), (2, 5), (3, 4), (5, 6), (8, 0), (10, 6), (11, 3)]  # sliding, full and KV-shared layers

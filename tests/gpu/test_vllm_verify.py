@@ -1,8 +1,8 @@
 """GPU: verified re-drafts in vllm_capture (vLLM's speculative decoding, the previous draft as the
 proposer) on the reduced Gemma-4 in fp32: tokens identical to from-scratch drafts, rows within the
 fp32 bound, and the proposal actually accepted (fewer forward steps). Each engine runs in its own
-process (tests/gpu/verify_worker.py) and its results serve every test of its mode, so the module
-runs in the suite's parent (`gpu_workers`): three engine starts, not nine.
+process (tests/gpu/verify_worker.py) and its results serve every test of its mode, so the module's
+tests run together in one child (`gpu_module`): three engine starts, not nine.
 `pytest -m gpu tests/gpu/test_vllm_verify.py -x -q`."""
 
 import json
@@ -16,9 +16,9 @@ import pytest
 
 from alignatt.checks.cross_engine import FP32_ROW_MAX_ABS
 from alignatt.checks.messages import ALIGN_AGREEMENT_MIN
-from tests.gpu_marks import GPU_WORKERS
+from tests.gpu_marks import GPU_MODULE
 
-pytestmark = GPU_WORKERS
+pytestmark = GPU_MODULE
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADS = [(0, 1), (1, 2), (2, 5), (3, 4), (5, 6), (8, 0), (10, 6), (11, 3)]  # sliding, full and KV-shared layers

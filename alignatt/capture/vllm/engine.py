@@ -115,8 +115,29 @@ class VllmEngineConfig(BaseModel):
             # The proposer reads the input batch right after the step's sampling: no step may run ahead.
             if self.async_scheduling is None:
                 args["async_scheduling"] = False
+        share = gpu_memory_share()
+        if share is not None:
+            args["gpu_memory_utilization"] = share
         args.update(self.engine_kwargs)
         return args
+
+
+# Set where several engines start side by side on one GPU (the GPU suite's lanes): the share of the
+# device vLLM's start-up check may ask for. The KV cache is sized by kv_cache_memory_gib either way.
+GPU_MEMORY_SHARE_ENV = "ALIGNATT_VLLM_GPU_MEMORY_SHARE"
+
+
+def gpu_memory_share() -> Optional[float]:
+    raw = os.environ.get(GPU_MEMORY_SHARE_ENV)
+    if not raw:
+        return None
+    try:
+        share = float(raw)
+    except ValueError:
+        share = -1.0
+    if not 0 < share <= 1:
+        raise AlignattError(f"{GPU_MEMORY_SHARE_ENV} must be a fraction in (0, 1], not {raw!r}")
+    return share
 
 
 # ---- model resolution (facts from the preset table) ----
