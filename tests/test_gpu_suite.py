@@ -20,6 +20,10 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="py
  <skipped type="pytest.skip" message="could not import 'omnisteval': No module named 'omnisteval'">x</skipped></testcase>
 <testcase classname="tests.test_b.TestC" name="test_fails" file="tests/test_b.py" line="1" time="2.0">
  <failure message="AssertionError: assert 1 == 2&#10;more">trace</failure></testcase>
+<testcase classname="tests.test_b" name="test_dump" file="tests/test_b.py" line="3" time="1.0">
+ <failure message="AssertionError: {&#10;  &quot;0&quot;: 1">def test_dump():
+&gt;       assert result["ok"], json.dumps(result)
+E       AssertionError: {</failure></testcase>
 <testcase classname="tests.test_b" name="test_leak" file="tests/test_b.py" line="5" time="5.0">
  <error message="GPU memory still held after tests/test_b.py::test_leak: 9000 MiB used">holders</error></testcase>
 </testsuite></testsuites>"""
@@ -30,8 +34,9 @@ def test_the_junit_report_becomes_test_cases_with_node_ids_outcomes_and_reasons(
     path.write_text(JUNIT)
     cases = {c.nodeid: c for c in parse_junit(path)}
     assert list(cases) == ["tests/gpu/test_a.py::test_ok", "tests/gpu/test_a.py::test_skip[vllm]",
-                           "tests/test_b.py::TestC::test_fails", "tests/test_b.py::test_leak"]
-    assert [c.outcome for c in cases.values()] == ["passed", "skipped", "failed", "error"]
+                           "tests/test_b.py::TestC::test_fails", "tests/test_b.py::test_dump", "tests/test_b.py::test_leak"]
+    assert [c.outcome for c in cases.values()] == ["passed", "skipped", "failed", "failed", "error"]
+    assert cases["tests/test_b.py::test_dump"].message == 'AssertionError at `assert result["ok"], json.dumps(result)`'
     assert cases["tests/gpu/test_a.py::test_skip[vllm]"].message.startswith("could not import 'omnisteval'")
     assert cases["tests/test_b.py::TestC::test_fails"].message == "AssertionError: assert 1 == 2"
     assert cases["tests/gpu/test_a.py::test_ok"].duration_s == 4.25
@@ -109,6 +114,12 @@ def test_the_page_names_the_commit_and_date_whose_gpu_suite_passed(tmp_path):
     page = render_report(tmp_path)
     assert f"passed at commit `c0ffee000000` on {suite.provenance.date}" in page
     assert "skipped: `tests/test_eval_gpu.py::test_x`: could not import 'omnisteval'" in page
+    failed = _suite(tmp_path, "c0ffee" + "0" * 34, passed=False).model_copy(update={"tests": [
+        GpuTestCase(nodeid="tests/test_a.py::test_y", outcome="failed", duration_s=1.0, message="AssertionError")]})
+    write_artifact(tmp_path / "outputs" / "h200" / "gpu_tests.json", failed)
+    lines = render_report(tmp_path).splitlines()
+    said = lines.index("  pytest exited 1: no GPU figure on this page stands on a passing suite from this machine.")
+    assert lines[said + 1] == "  - failed: `tests/test_a.py::test_y`: AssertionError"  # a line of its own
 
 
 def test_the_h200_profile_runs_its_gpu_tests_in_lanes():

@@ -49,6 +49,17 @@ def _first_line(text: str | None) -> str:
     return line[0][:500] if line else ""
 
 
+def _reason(element: ET.Element) -> str:
+    """A failure's one line: its message's first line, or, where that only opens a dumped
+    structure ("AssertionError: {"), the failing statement from the traceback as well."""
+    first = _first_line(element.get("message") or element.text)
+    if first.endswith(("{", "[", "(")):
+        failing = [ln[1:].strip() for ln in (element.text or "").splitlines() if ln.startswith(">")]
+        if failing:
+            return f"{first.split(':')[0]} at `{failing[-1][:300]}`"
+    return first
+
+
 def parse_junit(path: Path) -> list[GpuTestCase]:
     """Every test case of a pytest JUnit report; a teardown error after a pass counts as an error."""
     cases = []
@@ -57,7 +68,7 @@ def parse_junit(path: Path) -> list[GpuTestCase]:
         outcome, message = "passed", ""
         for tag, name in (("error", "error"), ("failure", "failed"), ("skipped", "skipped")):
             if tag in tags:
-                outcome, message = name, _first_line(tags[tag].get("message") or tags[tag].text)
+                outcome, message = name, _reason(tags[tag])
                 break
         cases.append(GpuTestCase(nodeid=_nodeid(case), outcome=outcome, duration_s=round(float(case.get("time") or 0), 3),
                                  message=message))

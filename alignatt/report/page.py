@@ -282,7 +282,7 @@ def gpu_suites(inputs: ReportInputs) -> list[dict[str, Any]]:
         items.append(dict(
             path=rel, machine=machine_of(a), date=a.provenance.date, time=a.provenance.timestamp_utc,
             commit=(a.provenance.git_commit or "unknown")[:12], passed=a.passed, counts=a.counts,
-            wall_s=round(a.wall_s), reason=a.reason,
+            wall_s=round(a.wall_s), reason=a.reason, lanes=a.lanes,
             skipped=[(t.nodeid, t.message) for t in a.tests if t.outcome == "skipped"],
             failed=[(t.nodeid, t.message) for t in a.tests if t.outcome in ("failed", "error")],
         ))
