@@ -7,9 +7,11 @@ from hypothesis import strategies as st
 
 from alignatt.core.draft import Head
 from alignatt.core.policy import PolicyConfig
-from alignatt.serve.multi_target import MultiTargetSession
+from alignatt.serve.multi_target import Targets
 from alignatt.serve.pool import HeadRows
-from alignatt.serve.session import FAST_PATH, FINAL_CACHED, UNCHANGED, Session, SessionConfig, SessionLimits
+from alignatt.serve.session import (
+    FAST_PATH, FINAL_CACHED, UNCHANGED, Session, SessionConfig, SessionLimits, SourceUpdate,
+)
 from tests.mt_fakes import FakeSeam
 
 UNION = [Head(0, 0), Head(0, 1), Head(3, 2)]
@@ -31,17 +33,28 @@ class BatchingEngine:
         self.seam = seam
         self.batches: list[list[str]] = []
 
-    def draft_together(self, pairs, final):
+    def draft_together(self, pairs):
         self.batches.append([t for t, _ in pairs])
         assert [t for t, _ in pairs] == [r.target_lang for _, r in pairs]
         return [self.seam.draft(r) for _, r in pairs]
+
+
+class Multi:
+    """The targets driven the synchronous way (plan, one batch, apply), for these tests."""
+
+    def __init__(self, targets: Targets, engine: BatchingEngine) -> None:
+        self.targets_, self.engine = targets, engine
+        self.sessions, self.targets = targets.sessions, targets.targets
+
+    def update(self, words, tail, final, uid=None):
+        return self.targets_.update(SourceUpdate.of(words, tail, final, uid), self.engine.draft_together)
 
 
 def multi(config: SessionConfig, fail_when=None, look_ahead=0, leak=""):
     seam = LangSeam(heads=UNION, fail_when=fail_when, look_ahead=look_ahead, leak=leak)
     engine = BatchingEngine(seam)
     sessions = {t: Session(HeadRows(seam, UNION, HEADS[t]), config, target_lang=t) for t in HEADS}
-    return seam, engine, MultiTargetSession(sessions, engine.draft_together)
+    return seam, engine, Multi(Targets(sessions), engine)
 
 
 def test_targets_draft_in_one_batch_with_their_own_heads_and_text():
@@ -157,4 +170,4 @@ def test_an_update_a_target_refuses_is_refused_before_any_draft():
         m.update("the causal encoder".split(), ["again"], False, 0)
     assert (seam.calls, len(engine.batches)) == (calls, batches)  # no target drafted
     with pytest.raises(UpdateRejected):
-        m.needs_engine(["x"], [], False, 0)
+        m.targets_.plan(SourceUpdate.of(["x"], [], False, 0))

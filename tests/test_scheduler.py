@@ -22,8 +22,8 @@ from tests.batch_fakes import StandInBatchSeam
 from tests.mt_fakes import FakeSeam
 
 
-def req(*words, max_new=16):
-    return DraftRequest(source_words=list(words) or ["x"], committed_words=0, max_new_tokens=max_new)
+def req(*words, max_new=16, final=False):
+    return DraftRequest(source_words=list(words) or ["x"], committed_words=0, max_new_tokens=max_new, final=final)
 
 
 def until(predicate, timeout=5.0):
@@ -129,7 +129,7 @@ def test_finals_are_never_superseded_and_go_in_order_ahead_of_their_sessions_par
     first = sched.submit("c", req("c0"))
     until(lambda: len(seam.submitted) == 1)
     partial_b = sched.submit("b", req("pb"))
-    finals = [sched.submit("a", req(f"f{i}"), final=True) for i in range(3)]
+    finals = [sched.submit("a", req(f"f{i}", final=True)) for i in range(3)]
     sched.supersede("a")  # a newer update of a: finals stay
     partial_a = sched.submit("a", req("pa"))
     for _ in range(20):
@@ -193,10 +193,10 @@ def test_a_slow_reader_is_bounded_and_does_not_slow_the_others(make):
     sched.open_session("reader")
     sched.open_session("never")
     ignored = [sched.submit("never", req("p", str(i))) for i in range(50)]
-    finals = [sched.submit("never", req("f", str(i)), final=True) for i in range(3)]
+    finals = [sched.submit("never", req("f", str(i), final=True)) for i in range(3)]
     with pytest.raises(SchedulerBusy, match="finals waiting"):
         for i in range(20):  # the cap holds while they wait; the engine may drain some meanwhile
-            sched.submit("never", req("f", "x"), final=True)
+            sched.submit("never", req("f", "x", final=True))
     started = time.perf_counter()
     for i in range(10):
         sched.submit("reader", req("r", str(i))).result(5)
@@ -211,10 +211,10 @@ def test_a_failed_engine_step_fails_only_the_drafts_it_held(make):
     seam = StandInBatchSeam(max_batch=4, steps_for=lambda r: 1, fail_step_when=lambda i: i == 0)
     sched = make(seam)
     sched.open_session("a")
-    first = sched.submit("a", req("x"), final=True)
+    first = sched.submit("a", req("x", final=True))
     with pytest.raises(RuntimeError, match="step failed"):
         first.result(5)
-    assert sched.submit("a", req("y"), final=True).result(5).request.source_words == ["y"]
+    assert sched.submit("a", req("y", final=True)).result(5).request.source_words == ["y"]
 
 
 def test_an_engine_that_dies_fails_everything_held_and_refuses_later_work(make):
@@ -228,9 +228,9 @@ def test_an_engine_that_dies_fails_everything_held_and_refuses_later_work(make):
     sched = make(seam)
     sched.open_session("a")
     sched.open_session("b")
-    running = sched.submit("a", req("x"), final=True)
+    running = sched.submit("a", req("x", final=True))
     until(lambda: len(seam.submitted) == 1)
-    queued = [sched.submit("b", req("y"), final=True), sched.submit("b", req("z"))]
+    queued = [sched.submit("b", req("y", final=True)), sched.submit("b", req("z"))]
     gate.release()
     for f in [running, *queued]:  # not only the running draft: the queued ones too
         with pytest.raises(EngineDied, match="signal 9"):
@@ -248,7 +248,7 @@ def test_closing_a_session_aborts_its_work(make):
     seam = StandInBatchSeam(max_batch=4, steps_for=lambda r: 10, gate=gate)
     sched = make(seam)
     sched.open_session("a")
-    f = sched.submit("a", req("x"), final=True)
+    f = sched.submit("a", req("x", final=True))
     until(lambda: len(seam.submitted) == 1)
     sched.close_session("a")
     with pytest.raises(Superseded, match="session closed"):
@@ -292,6 +292,37 @@ def _batch_server(tmp_path, seam, max_sessions=8):
     from tests.server_client import fake_config
 
     return ServerThread(fake_config(tmp_path, max_sessions=max_sessions), lambda route, heads: seam)
+
+
+def test_sessions_waiting_for_drafts_hold_no_thread_each(tmp_path):
+    """Every session's draft is pending (the engine is held at a gate): the server's thread count
+    does not grow with the sessions, since a connection awaits its draft's future."""
+    from tests.server_client import Client
+
+    gate = threading.Semaphore(0)
+    seam = StandInBatchSeam(max_batch=16, steps_for=lambda r: 1, gate=gate)
+    n = 12
+    with _batch_server(tmp_path, seam, max_sessions=n) as srv:
+        clients = [Client(srv.url) for _ in range(n)]
+        try:
+            for c in clients:
+                c.init()
+            before = threading.active_count()
+            for i, c in enumerate(clients):
+                c.update([f"s{i}w0", f"s{i}w1"], [f"s{i}w2"])
+            until(lambda: len(seam.running) + sum(len(b) for b in seam.batches) >= 1)
+            time.sleep(0.3)  # every update reached the server and waits on its draft
+            waiting = threading.active_count()
+            assert waiting - before < 3, (before, waiting)  # not one thread per waiting session
+            for _ in range(4 * n):
+                gate.release()
+            for c in clients:
+                assert c.recv(timeout=10)["type"] == "translation"
+        finally:
+            for _ in range(100):
+                gate.release()
+            for c in clients:
+                c.close()
 
 
 def test_the_server_batches_drafts_of_concurrent_sessions(tmp_path):
@@ -357,7 +388,7 @@ def test_two_sessions_full_of_finals_do_not_starve_a_third_sessions_partial(make
     sched = make(seam, max_queued_finals=12)
     for s in "abc":
         sched.open_session(s)
-    finals = {s: [sched.submit(s, req(f"{s}{i}"), final=True) for i in range(12)] for s in "ab"}
+    finals = {s: [sched.submit(s, req(f"{s}{i}", final=True)) for i in range(12)] for s in "ab"}
     until(lambda: len(seam.submitted) == 1)  # a0 is in the engine
     partial = sched.submit("c", req("c-partial"))
     for _ in range(40):
@@ -383,7 +414,7 @@ def test_sessions_that_resubmit_finals_at_once_still_share_the_engine_with_a_par
     def pipeline(s):
         i = 0
         while not stop.is_set() and i < 40:
-            sched.submit(s, req(f"{s}{i}"), final=True).result(5)
+            sched.submit(s, req(f"{s}{i}", final=True)).result(5)
             i += 1
 
     threads = [threading.Thread(target=pipeline, args=(s,)) for s in "ab"]

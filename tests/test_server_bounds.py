@@ -45,11 +45,11 @@ def answered_or_closed(c: Client, seq: int) -> str:
 
 # Every stage of answering an update, and of the replies that carry it.
 STAGES = {
-    "needs_engine": lambda mp: mp.setattr(Session, "needs_engine", _raise),
-    "session_update": lambda mp: mp.setattr(Session, "update", _raise),
+    "session_plan": lambda mp: mp.setattr(Session, "plan", _raise),
+    "session_apply": lambda mp: mp.setattr(Session, "apply", _raise),
     "translation_frame": lambda mp: mp.setattr(connection_module, "translation_frame", _raise),
     "frame_to_json": lambda mp: mp.setattr(TranslationFrame, "to_json", _raise),
-    "error_to_json_too": lambda mp: (mp.setattr(Session, "update", _raise), mp.setattr(ErrorFrame, "to_json", _raise)),
+    "error_to_json_too": lambda mp: (mp.setattr(Session, "apply", _raise), mp.setattr(ErrorFrame, "to_json", _raise)),
     "step_log": lambda mp: mp.setattr(ByteBoundedLog, "append", _raise),
     "process": lambda mp: mp.setattr(Connection, "_process", _araise),
     "send": lambda mp: mp.setattr(Connection, "_send", _raise),

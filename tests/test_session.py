@@ -287,3 +287,52 @@ def test_session_limits_are_defined_once():
     s = Session(FakeSeam(), SessionConfig(limits=limits))
     assert s.config.limits is limits
     assert s.update(WORDS[:4], [], False, 0).forced_final
+
+
+# ---- plan / apply: the session holds no engine ----
+
+
+def test_plan_changes_nothing_and_apply_takes_the_draft_made_for_it():
+    from alignatt.serve.session import SourceUpdate
+
+    seam, s = make(border=1)
+    first = SourceUpdate.of(WORDS[:3], WORDS[3:5], False, 0)
+    request = s.plan(first)
+    assert request is not None and request.source_words == WORDS[:5] and not request.final
+    assert s.plan(first) == request and s.committed_text == "" and seam.calls == 0  # planning is free
+    step = s.apply(first, seam.draft(request))
+    assert step.path == DRAFT and step.engine_calls == 1 and s.engine_calls == 1
+    # a commit-only update plans no draft and is answered from the cached one
+    commit = SourceUpdate.of(WORDS[:5], [], False, 0)
+    assert s.plan(commit) is None
+    assert s.apply(commit).path == FAST_PATH and s.engine_calls == 1
+    final = SourceUpdate.of(WORDS, [], True, 0)
+    assert s.plan(final).final  # finality travels in the request
+
+
+def test_apply_refuses_a_missing_a_stale_or_an_unwanted_draft():
+    from alignatt.serve.session import SourceUpdate
+
+    seam, s = make(border=1)
+    update = SourceUpdate.of(WORDS[:3], WORDS[3:5], False, 0)
+    request = s.plan(update)
+    with pytest.raises(ValueError, match="needs the draft"):
+        s.apply(update)
+    stale = seam.draft(s.plan(SourceUpdate.of(WORDS[:2], WORDS[2:3], False, 0)))
+    with pytest.raises(ValueError, match="needs the draft"):
+        s.apply(update, stale)
+    assert s.committed_text == "" and s.engine_calls == 0  # refused: nothing applied
+    s.apply(update, seam.draft(request))
+    unchanged = SourceUpdate.of(WORDS[:3], WORDS[3:5], False, 0)
+    with pytest.raises(ValueError, match="takes no draft"):
+        s.apply(unchanged, seam.draft(request))
+
+
+def test_a_refused_update_raises_in_plan_before_any_draft():
+    from alignatt.serve.session import SourceUpdate
+
+    seam, s = make()
+    s.update(WORDS[:2], [], False, 3)
+    with pytest.raises(UpdateRejected, match="behind the open utterance 3"):
+        s.plan(SourceUpdate.of(WORDS[:3], [], False, 2))
+    assert seam.calls == 1

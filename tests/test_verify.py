@@ -134,13 +134,15 @@ def test_the_final_verifies_the_open_utterances_draft():
     assert s.history[-1][1]  # the final translated the utterance
 
 
-def test_planned_request_is_the_request_update_sends():
+def test_the_planned_request_is_the_request_update_sends():
+    from alignatt.serve.session import SourceUpdate
+
     seam, s = session()
     s.update(WORDS[:2], WORDS[2:5], False, utterance_id=0)
     for args in ((WORDS[:2], WORDS[2:6], False, 0), (WORDS[:3], WORDS[3:6], False, 1)):
-        planned = s.planned_request(*args)
+        planned = s.plan(SourceUpdate.of(*args))
         s.update(*args)
-        assert planned == seam.requests[-1]  # a batch-prefetched draft is matched by equality
+        assert planned == seam.requests[-1]
     assert seam.requests[-2].proposal is not None and seam.requests[-1].proposal is None
 
 

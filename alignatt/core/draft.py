@@ -63,6 +63,8 @@ class DraftRequest:
     context_text: str = ""
     history: list[tuple[str, str]] = field(default_factory=list)
     proposal: DraftProposal | None = None  # the previous draft's tokens to verify (None: from scratch)
+    # An utterance's closing draft: a scheduler runs it in order and never supersedes it. Seams ignore it.
+    final: bool = False
 
     def __post_init__(self) -> None:
         if not self.source_words or not any(w.strip() for w in self.source_words):

@@ -1,7 +1,9 @@
 """One WebSocket connection of the MT server: reader, session worker and writer, and their bounds.
 
 The reader validates frames and queues updates (partials coalesce, finals never); the worker
-runs them through the `Session` (engine work on the engine's thread); the writer sends replies
+plans each update on every target's `Session`, awaits the drafts it needs from the engine's
+scheduler (queued together, so a multi-target update is one batch; no thread waits), and applies
+them; the writer sends replies
 from a bounded outbox. Nothing that goes wrong inside ends a session silently: it becomes an
 error frame, or a close with a code and a reason (1008 a bound passed, 1011 an internal error,
 1012 its engine died: reconnect, 1013 busy), counted in `ServerStats.closes`.
@@ -13,11 +15,13 @@ import asyncio
 import collections
 import logging
 import time
+from concurrent.futures import Future
 
+from alignatt.core.draft import Draft
 from alignatt.core.prompt import SOURCE_MARK, recent_history
 from alignatt.serve.config import DirectionRoute, head_set_name, resolve_heads, resolve_preset
 from alignatt.serve.host import ConnectionHost
-from alignatt.serve.multi_target import MultiTargetSession
+from alignatt.serve.multi_target import Targets
 from alignatt.serve.pool import Engine, route_key
 from alignatt.serve.protocol import (
     BAD_PROTOCOL,
@@ -36,7 +40,7 @@ from alignatt.serve.protocol import (
 )
 from alignatt.serve.scheduler import EngineDied, SchedulerBusy, Superseded
 from alignatt.serve.limits import BudgetExceeded, UpdateRejected
-from alignatt.serve.session import Session, SessionConfig, Step
+from alignatt.serve.session import Session, SessionConfig, SourceUpdate, Step
 
 log = logging.getLogger("alignatt.serve.server")
 
@@ -57,7 +61,9 @@ class Connection:
     def __init__(self, server: ConnectionHost, ws, connection_id: int) -> None:
         self.id = connection_id
         self.keys: list = [connection_id]  # the scheduler's session keys (one per target)
-        self.multi: MultiTargetSession | None = None  # `target_langs` sessions
+        self.targets: Targets | None = None  # the session of every target (one without `target_langs`)
+        self.key_of: dict[str, object] = {}  # target -> its scheduler key
+        self.multi = False  # `target_langs`: every frame names its target
         self.described: list[dict] = []  # per target: direction, model, seam, head set, heads
         self._primary: dict = {}  # the entry of `described` for init's target_lang
         self.server = server
@@ -345,7 +351,7 @@ class Connection:
             history_received=len(frame.history),
             history_used=len(self.session.history),
             history_trimmed=len(frame.history) - len(self.session.history),
-            targets=self.described if self.multi is not None else None,
+            targets=self.described if self.multi else None,
         )
         self._send(ok.to_json())
         self._record(server.session_log, {
@@ -371,10 +377,10 @@ class Connection:
             budget = await self.server.budget_for(engine)
             received = [tuple(p) for p in frame.history]
             if budget is not None:  # tokenizing runs where the engine's tokenizer lives
-                await loop.run_in_executor(engine.executor, budget.check_context, received, frame.context_text)
+                await loop.run_in_executor(engine.counting, budget.check_context, received, frame.context_text)
             context, history, _ = self._bounded_context(frame)
             if budget is not None:  # the whole prompt these will make, with a one-word source
-                await loop.run_in_executor(engine.executor, budget.check_init, frame.accepted_target_prefix,
+                await loop.run_in_executor(engine.counting, budget.check_init, frame.accepted_target_prefix,
                                            history, context, source_lang, primary)
             config = SessionConfig(policy=policy, max_new_tokens=preset.max_new_tokens, limits=self.limits,
                                    context=self.server.config.context)
@@ -397,9 +403,8 @@ class Connection:
             raise
         self.keys, self.described = keys, described
         self._primary = described[list(routes).index(primary)]
-        if multi:
-            self.multi = MultiTargetSession(sessions, lambda pairs, final: engine.draft_together(
-                [((self.id, t), request) for t, request in pairs], final))
+        self.targets, self.multi = Targets(sessions), multi
+        self.key_of = dict(zip(sessions, keys))
         engine.on_death(keys[0], lambda error: loop.call_soon_threadsafe(self._engine_died, error))
         return sessions[primary], engine
 
@@ -464,26 +469,21 @@ class Connection:
                       "internal_error", code=CLOSE_INTERNAL)
 
     async def _process(self, update: UpdateFrame, received: float) -> None:
-        session, stats = self.session, self.server.stats
-        args = (update.words, update.tail_words, update.is_final, update.utterance_id)
+        stats = self.server.stats
+        source = SourceUpdate.of(update.words, update.tail_words, update.is_final, update.utterance_id)
         stats.updates += 1
         try:
-            if self.multi is not None:  # one frame per target, each naming its target
-                if self.multi.needs_engine(*args):
-                    loop = asyncio.get_running_loop()
-                    steps = await loop.run_in_executor(self.engine.executor, self.multi.update, *args)
-                else:
-                    steps = self.multi.update(*args)
-            elif session.needs_engine(*args):
-                loop = asyncio.get_running_loop()
-                steps = [(None, await loop.run_in_executor(self.engine.executor, self.engine.update, self.id,
-                                                          session, *args))]
-            else:
-                steps = [(None, session.update(*args))]  # no model work: answer from the event loop
+            # Planned on the event loop: a cached path (the commit fast path) costs no thread and
+            # no engine call; a refused update raises here, before any target's draft is queued.
+            wanted = self.targets.plan(source)
+            # Queued together, so the scheduler batches them.
+            futures = [(t, self.engine.submit(self.key_of[t], request)) for t, request in wanted]
+            drafts = {t: await _draft_of(f) for t, f in futures}
+            steps = self.targets.apply(source, drafts)
             frames = []
             for target, step in steps:
                 frame = translation_frame(update, step, received)
-                frame.target_lang = target
+                frame.target_lang = target if self.multi else None
                 frames.append((step, frame, frame.to_json()))
         except asyncio.CancelledError:
             raise
@@ -514,6 +514,16 @@ class Connection:
             records.append(entry)
         except Exception:  # noqa: BLE001 - a record that cannot be kept loses nothing the client needs
             log.exception("connection %d: record not kept", self.id)
+
+
+async def _draft_of(future: Future) -> Draft:
+    """The draft of a scheduler future, awaited without a thread. Shielded: a closing connection
+    stops waiting but never cancels a future the engine thread resolves (closing the session
+    drops its drafts); whatever arrives after nobody waits is read here, so nothing is logged as
+    lost."""
+    waited = asyncio.wrap_future(future)
+    waited.add_done_callback(lambda f: f.cancelled() or f.exception())
+    return await asyncio.shield(waited)
 
 
 _LOGGED = {"seq", "utterance_id", "final", "path", "engine_calls", "compute_ms", "server_ms",

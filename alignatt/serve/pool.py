@@ -2,7 +2,7 @@
 
 One model serves every session of its routes. An engine's drafts are batched by its
 `DraftScheduler` (alignatt.serve.scheduler) on the engine's own thread, off the server's event
-loop; session updates that wait for a draft wait on the engine's `executor`, one thread each.
+loop; a connection awaits its draft's future (`Engine.submit`), no thread waits for it.
 Directions that share a model share its engines: they capture the union of their heads once, and
 each session sees only its direction's rows (`HeadRows`). A route served by several engines has
 one process per engine (`alignatt.serve.replicas`); each new session is placed on the least
@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Callable, Hashable, Sequence
 
@@ -58,7 +58,7 @@ def served_route(route: DirectionRoute, engines_on_gpu: int = 1) -> DirectionRou
 
 
 class Engine:
-    """A loaded seam, its scheduler, and the threads that wait for its drafts.
+    """A loaded seam and its scheduler.
 
     The seam is built, driven and closed on the scheduler's thread, so whatever the engine binds
     to its creating thread (CUDA graphs, vLLM's engine client) is only used there. With
@@ -83,9 +83,8 @@ class Engine:
             build = lambda: ProcessBatchSeam(spec, name)  # noqa: E731
         self.scheduler = DraftScheduler(build, config, name=name)
         self.seam: Seam = self.scheduler.seam
-        # One waiting thread per admitted session: a session's update blocks only its own thread.
-        self.executor = ThreadPoolExecutor(max_workers=config.capacity, thread_name_prefix=f"engine-{name}-wait")
-        self._proxies: dict[Hashable, SessionSeam] = {}
+        # Token counting off the event loop, where the engine's tokenizer lives (an init's bounds).
+        self.counting = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"engine-{name}-count")
         self._on_death: dict[Hashable, Callable[[EngineDied], None]] = {}
         self._lock = threading.Lock()
         self._closing = False
@@ -167,12 +166,9 @@ class Engine:
     def open_session(self, key: Hashable) -> SessionSeam:
         """Admit a session (`SchedulerBusy` past capacity); the seam its `Session` drafts through."""
         self.scheduler.open_session(key)
-        proxy = SessionSeam(self.scheduler, key)
-        self._proxies[key] = proxy
-        return proxy
+        return SessionSeam(self.scheduler, key)
 
     def close_session(self, key: Hashable) -> None:
-        self._proxies.pop(key, None)
         with self._lock:
             self._on_death.pop(key, None)
         self.scheduler.close_session(key)
@@ -181,22 +177,19 @@ class Engine:
         """Admit a session that drafts with `heads` (a subset of the engine's): its seam view."""
         return HeadRows(self.open_session(key), self.heads, heads)
 
-    def draft_together(self, keyed: Sequence[tuple[Hashable, DraftRequest]], final: bool) -> list[Draft]:
-        """Several sessions' drafts queued at once, so the scheduler runs them in one batch."""
-        futures = [self.scheduler.submit(key, request, final=final) for key, request in keyed]
+    def submit(self, key: Hashable, request: DraftRequest) -> Future:
+        """Queue a session's draft (a final in order, a partial superseding its stale one); the
+        future resolves to the `Draft`, `Superseded`, or the engine's error."""
+        return self.scheduler.submit(key, request)
+
+    def draft_together(self, keyed: Sequence[tuple[Hashable, DraftRequest]]) -> list[Draft]:
+        """Several sessions' drafts queued at once, so the scheduler runs them in one batch (blocks)."""
+        futures = [self.submit(key, request) for key, request in keyed]
         return [f.result(600.0) for f in futures]
 
     def supersede(self, key: Hashable) -> None:
         """A newer update of the session arrived: its queued or running partial is stale."""
         self.scheduler.supersede(key)
-
-    def update(self, key: Hashable, session: Any, words: list[str], tail: list[str], is_final: bool,
-               utterance_id: int | None) -> Any:
-        """`session.update` with its draft queued as a final or a partial (runs on `executor`)."""
-        proxy = self._proxies.get(key)
-        if proxy is not None:
-            proxy.final = bool(is_final)
-        return session.update(words, tail, is_final, utterance_id)
 
     def stats(self) -> dict:
         pid = self.seam.pid if isinstance(self.seam, ProcessBatchSeam) else os.getpid()
@@ -206,21 +199,18 @@ class Engine:
                 **self.scheduler.stats.as_dict()}
 
     def close(self) -> None:
-        """Stop the scheduler (it closes the seam on its own thread), then the waiting threads."""
+        """Stop the scheduler (it closes the seam on its own thread), then the counting threads."""
         self._closing = True
         try:
             self.scheduler.close()
         except Exception as e:  # noqa: BLE001 - shutdown goes on; the failure is logged
             log.warning("engine %s: closing its scheduler failed: %s", self.name, e)
-        self.executor.shutdown(wait=False, cancel_futures=True)
+        self.counting.shutdown(wait=False, cancel_futures=True)
 
 
 class HeadRows:
     """One direction's seam on a shared engine: the engine drafts with the union of every route's
-    heads; this view keeps its own heads' rows (and masses), in its own order.
-
-    `prefetched` holds drafts already made for it in a batch (`MultiTargetSession`): a request
-    equal to one of them is answered from there instead of the engine."""
+    heads; this view keeps its own heads' rows (and masses), in its own order."""
 
     def __init__(self, seam: Seam, engine_heads: list[Head], heads: list[Head]) -> None:
         missing = [h for h in heads if h not in engine_heads]
@@ -230,7 +220,6 @@ class HeadRows:
         self.heads = list(heads)
         self.index = [engine_heads.index(h) for h in heads]
         self._n_engine = len(engine_heads)
-        self.prefetched: list[tuple[DraftRequest, Draft]] = []
 
     @property
     def name(self) -> str:
@@ -248,10 +237,6 @@ class HeadRows:
         return replace(draft, heads=list(self.heads) if draft.heads else [], tokens=tokens)
 
     def draft(self, request: DraftRequest) -> Draft:
-        for i, (r, d) in enumerate(self.prefetched):
-            if r == request:
-                del self.prefetched[i]
-                return d
         return self.select(self.seam.draft(request))
 
     def close(self) -> None:

@@ -32,7 +32,7 @@ import itertools
 import logging
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Optional, Protocol, Sequence, runtime_checkable
 
@@ -234,7 +234,7 @@ class DraftScheduler:
             self._drop_partial(session, "session closed")
             for job in [j for j in self._finals if j.session == session]:
                 self._finals.remove(job)
-                job.future.set_exception(Superseded("session closed"))
+                _fail(job.future, Superseded("session closed"))
             for handle, job in list(self._running.items()):
                 if job.session == session:
                     self._abort_running(handle, job, "session closed")
@@ -253,8 +253,10 @@ class DraftScheduler:
 
     # ---- work ----
 
-    def submit(self, session: Hashable, request: DraftRequest, final: bool = False) -> Future:
-        """Queue one draft; the future resolves to its `Draft` (or `Superseded`, or the error)."""
+    def submit(self, session: Hashable, request: DraftRequest) -> Future:
+        """Queue one draft (`request.final`: in order, never superseded); the future resolves to its
+        `Draft` (or `Superseded`, or the error)."""
+        final = request.final
         future: Future = Future()
         with self._cond:
             if self._stopping:
@@ -293,13 +295,13 @@ class DraftScheduler:
         job = self._partials.pop(session, None)
         if job is not None:
             self.stats.superseded_queued += 1
-            job.future.set_exception(Superseded(why))
+            _fail(job.future, Superseded(why))
 
     def _abort_running(self, handle: Any, job: _Job, why: str) -> None:
         del self._running[handle]
         self._to_abort.append(handle)
         self.stats.aborted_running += 1
-        job.future.set_exception(Superseded(why))
+        _fail(job.future, Superseded(why))
 
     def _next_jobs(self, room: int) -> list[_Job]:
         """Up to `room` drafts, sessions taking turns (see the module docstring): each session with
@@ -374,7 +376,7 @@ class DraftScheduler:
                     return
                 except Exception as e:  # noqa: BLE001 - a bad request fails alone
                     self.stats.failed += 1
-                    job.future.set_exception(e)
+                    _fail(job.future, e)
                     continue
                 with self._cond:
                     self._running[job.handle] = job
@@ -409,14 +411,14 @@ class DraftScheduler:
                     self.stats.discarded += 1  # superseded while it ran to completion
                     continue
                 self.stats.finished += 1
-                job.future.set_result(draft)
+                _resolve(job.future, draft)
 
     def _fail_running(self, error: BaseException) -> None:
         with self._cond:
             running, self._running = list(self._running.values()), {}
             for job in running:
                 self.stats.failed += 1
-                job.future.set_exception(error)
+                _fail(job.future, error)
         engine = self._engine
         for job in running:  # a failed step may leave them in the engine
             try:
@@ -434,7 +436,7 @@ class DraftScheduler:
             for job in [*taken, *self._finals, *self._partials.values(), *self._running.values()]:
                 if not job.future.done():
                     self.stats.failed += 1
-                    job.future.set_exception(EngineDied(str(error)))
+                    _fail(job.future, EngineDied(str(error)))
             self._finals.clear()
             self._partials.clear()
             self._running.clear()
@@ -443,7 +445,7 @@ class DraftScheduler:
     def _fail_all(self, error: BaseException) -> None:
         for job in [*self._finals, *self._partials.values(), *self._running.values()]:
             if not job.future.done():
-                job.future.set_exception(error)
+                _fail(job.future, error)
         self._finals.clear()
         self._partials.clear()
         self._running.clear()
@@ -458,21 +460,33 @@ class DraftScheduler:
             log.warning("engine %s: its thread did not stop within %.0fs", self.name, timeout_s)
 
 
-class SessionSeam:
-    """The `Seam` a `Session` drafts through: its drafts go to the engine's scheduler.
+def _resolve(future: Future, draft: Draft) -> None:
+    """Deliver a draft, unless its waiter cancelled the future (then nobody wants it)."""
+    try:
+        future.set_result(draft)
+    except InvalidStateError:
+        pass
 
-    `final` says how the next draft is queued (set by the server before each update; the
-    session's updates run one at a time)."""
+
+def _fail(future: Future, error: BaseException) -> None:
+    try:
+        future.set_exception(error)
+    except InvalidStateError:
+        pass
+
+
+class SessionSeam:
+    """The `Seam` a `Session` drafts through when it drafts itself (`Session.update`): its drafts
+    go to the engine's scheduler, queued as the request says (a final or a partial)."""
 
     def __init__(self, scheduler: DraftScheduler, session: Hashable, timeout_s: float = 600.0) -> None:
         self.scheduler = scheduler
         self.session = session
         self.name = getattr(scheduler.seam, "name", "seam")
-        self.final = False
         self.timeout_s = timeout_s
 
     def draft(self, request: DraftRequest) -> Draft:
-        return self.scheduler.submit(self.session, request, final=self.final).result(self.timeout_s)
+        return self.scheduler.submit(self.session, request).result(self.timeout_s)
 
     def close(self) -> None:
         self.scheduler.close_session(self.session)

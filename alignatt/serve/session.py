@@ -1,8 +1,12 @@
 """One streaming translation session: committed source, unstable tail, append-only target.
 
-A session follows one speaker's utterances. Every `update` carries the full state of the open
-utterance (all committed source words, plus the unstable ASR tail) and returns a `Step`: the
-accepted target text so far, what changed, and how it was obtained:
+A session follows one speaker's utterances. It is a state machine with no engine inside:
+`plan(update)` says which draft, if any, the update needs (a `DraftRequest`, finality carried in
+it; None when a cached path answers), and `apply(update, draft)` applies the update with that
+draft and returns a `Step`: the accepted target text so far, what changed, and how it was
+obtained. Whoever holds the engine makes the draft in between (the server awaits its scheduler's
+future; `update` drafts through the session's own seam, for offline use). Every update carries
+the full state of the open utterance (all committed source words, plus the unstable ASR tail).
 
 - `fast_path`: the source text (committed + tail, in order) is the one the cached draft was made
   for and only the commit frontier moved; the policy re-judges the cached rows at the new frontier
@@ -15,7 +19,8 @@ accepted target text so far, what changed, and how it was obtained:
   `final_cached` reuses a cached draft that already ended on EOS over exactly these words.
 
 `committed_text` never shrinks or changes within an utterance (0 retractions): text is only ever
-appended. `engine_calls` counts every `Seam.draft` call so the zero-call paths are provable.
+appended. `engine_calls` counts every draft applied, so the zero-call paths are provable. The
+session holds its last applied draft, which it proposes for the next draft to verify.
 """
 
 from __future__ import annotations
@@ -73,6 +78,21 @@ def emitted_text(text: str) -> str:
     return _UNSAFE_CHARS.sub("", text)
 
 
+@dataclass(frozen=True)
+class SourceUpdate:
+    """One client update: the open utterance's whole state (protocol v1's `update` frame)."""
+
+    committed_words: tuple[str, ...]
+    tail_words: tuple[str, ...] = ()
+    is_final: bool = False
+    utterance_id: int | None = None
+
+    @classmethod
+    def of(cls, committed_words, tail_words=(), is_final: bool = False,
+           utterance_id: int | None = None) -> "SourceUpdate":
+        return cls(tuple(committed_words), tuple(tail_words), bool(is_final), utterance_id)
+
+
 @dataclass
 class Step:
     utterance_id: int
@@ -84,8 +104,8 @@ class Step:
     covered_source_units: int  # source words the accepted target covers
     stop_reason: str | None
     path: str
-    engine_calls: int  # engine calls made by this step (0 on fast_path / unchanged)
-    elapsed_ms: float  # time spent inside `Session.update`
+    engine_calls: int  # drafts this step applied (0 on fast_path / unchanged)
+    elapsed_ms: float  # from `plan` to the end of `apply`: the draft's making included
     policy: PolicyResult | None = None
     source_rewritten: bool = False  # committed words contradicted earlier committed words
     ignored_tail_words: int = 0
@@ -195,11 +215,9 @@ class Session:
 
     # ---- the decision ----
 
-    def _normalise(
-        self, committed_words: list[str], tail_words: list[str], is_final: bool
-    ) -> tuple[list[str], list[str], int]:
-        words = _clean(committed_words)
-        tail = [] if is_final else _clean(tail_words)
+    def _normalise(self, update: SourceUpdate) -> tuple[list[str], list[str], int]:
+        words = _clean(update.committed_words)
+        tail = [] if update.is_final else _clean(update.tail_words)
         max_tail = self.config.limits.max_tail_words
         ignored = max(len(tail) - max_tail, 0)
         return words, tail[:max_tail], ignored
@@ -227,60 +245,58 @@ class Session:
             return FAST_PATH
         return None
 
-    def needs_engine(
-        self, committed_words: list[str], tail_words: list[str], is_final: bool,
-        utterance_id: int | None = None,
-    ) -> bool:
-        """True when `update` will call the engine (the server runs those off its event loop).
-        An update `update` would refuse raises `UpdateRejected` here, before any draft is made."""
-        self._check_order(utterance_id)
-        if utterance_id is not None and self._open.utterance_id not in (None, utterance_id):
-            return bool(_clean(committed_words) or (not is_final and _clean(tail_words)))
-        words, tail, _ = self._normalise(committed_words, tail_words, is_final)
-        return self._cached_path(words, tail, is_final) is None
+    def plan(self, update: SourceUpdate) -> DraftRequest | None:
+        """The draft `apply(update, ...)` needs (None: a cached path answers, no engine call).
 
-    def planned_request(
-        self, committed_words: list[str], tail_words: list[str], is_final: bool,
-        utterance_id: int | None = None,
-    ) -> DraftRequest | None:
-        """The DraftRequest `update` would send to the engine for this update (None: no engine call).
-
-        Lets a caller draft several sessions' requests in one engine batch before updating them.
-        """
-        if not self.needs_engine(committed_words, tail_words, is_final, utterance_id):
-            return None
+        Changes nothing but the clock `apply` measures from. An update `apply` would refuse raises
+        here, before any draft is made: `UpdateRejected` (an utterance id going back) or
+        `BudgetExceeded` (a token bound, named)."""
+        self._planned = (update, time.perf_counter())
+        self._check_order(update.utterance_id)
         u = self._open
-        fresh = utterance_id is not None and u.utterance_id not in (None, utterance_id)
+        fresh = update.utterance_id is not None and u.utterance_id not in (None, update.utterance_id)
+        words, tail, _ = self._normalise(update)
+        if fresh:
+            if not words and not tail:
+                return None
+        elif self._cached_path(words, tail, update.is_final) is not None:
+            return None
         committed_text = "" if fresh else u.committed_text
         covered = 0 if fresh else u.covered_source_units
         history = self.history
-        if fresh and (u.committed_words or u.committed_text):  # `update` closes the open one first
+        if fresh and (u.committed_words or u.committed_text):  # `apply` closes the open one first
             history = history + [(" ".join(u.committed_words), u.committed_text)]
-        words, tail, _ = self._normalise(committed_words, tail_words, is_final)
         proposal = None if fresh else self._proposal(committed_text)
-        if is_final or len(words) > self.config.limits.max_utterance_words:
-            return self._request(words, len(words), committed_text, self._final_budget(len(words), covered), history,
-                                 proposal)
-        return self._request(words + tail, len(words), committed_text, self.config.max_new_tokens, history, proposal)
+        if update.is_final or len(words) > self.config.limits.max_utterance_words:
+            return self._request(words, len(words), committed_text, self._final_budget(len(words), covered),
+                                 history, proposal, final=True)
+        return self._request(words + tail, len(words), committed_text, self.config.max_new_tokens, history,
+                             proposal, final=False)
 
-    def update(
-        self,
-        committed_words: list[str],
-        tail_words: list[str],
-        is_final: bool,
-        utterance_id: int | None = None,
-    ) -> Step:
-        """Apply one client update; raises the engine's exception with the state unchanged."""
-        started = time.perf_counter()
-        self._enter_utterance(utterance_id)
+    def apply(self, update: SourceUpdate, draft: Draft | None = None) -> Step:
+        """Apply one update with the draft of `plan(update)`'s request (None when it planned none)."""
+        planned, at = getattr(self, "_planned", (None, None))
+        started = at if planned is update else time.perf_counter()
+        self._planned = (None, None)
+        self._check_order(update.utterance_id)
+        self._enter_utterance(update.utterance_id)
         u = self._open
-        words, tail, ignored = self._normalise(committed_words, tail_words, is_final)
+        words, tail, ignored = self._normalise(update)
+        is_final = update.is_final
         rewritten = words[: len(u.committed_words)] != u.committed_words[: len(words)] or (
             len(words) < len(u.committed_words)
         )
         forced = not is_final and len(words) > self.config.limits.max_utterance_words
         path = self._cached_path(words, tail, is_final)
-        calls_before = self.engine_calls
+        if path is None:
+            expected = words if is_final or forced else words + tail
+            if draft is None or draft.request.source_words != expected:
+                raise ValueError("apply needs the draft of plan's request for this update "
+                                 f"(source {expected!r}, got {None if draft is None else draft.request.source_words!r})")
+            self.engine_calls += 1
+        elif draft is not None:
+            raise ValueError(f"this update is answered by the {path} path: it takes no draft")
+        calls = 1 if path is None else 0
 
         before = u.committed_text
         if is_final or forced:
@@ -288,27 +304,27 @@ class Session:
                 continuation = emitted_text("".join(t.piece for t in u.draft.tokens[u.draft_emitted :]))
                 result = u.result
             elif words:
-                result, continuation = self._final_draft(words)
+                result = decide(draft, len(words), self.config.policy, final=True)
+                continuation = emitted_text(result.emitted_text)
                 path = FINAL
             else:
                 result, continuation, path = None, "", EMPTY
             delta = bound_to_source(u.committed_text, continuation, words) if words else ""
             stop = result.stop_reason if result else None
-            step = self._step(u, before, delta, "", len(words), stop, path, calls_before,
-                              started, result, final=True, forced=forced)
+            step = self._step(u, before, delta, "", len(words), stop, path, calls, started, result,
+                              final=True, forced=forced)
             self._remember(" ".join(words), u.committed_text + delta)
             self._open = _Utterance(utterance_id=(u.utterance_id or 0) + 1)
             return self._finish(step, rewritten, ignored)
 
         if path == EMPTY:
             u.committed_words, u.tail_words = words, tail
-            step = self._step(u, before, "", "", u.covered_source_units, None, EMPTY,
-                              calls_before, started, None)
+            step = self._step(u, before, "", "", u.covered_source_units, None, EMPTY, calls, started, None)
             return self._finish(step, rewritten, ignored)
         if path == UNCHANGED:
             r = u.result
             step = self._step(u, before, "", r.held_text if r else "", u.covered_source_units,
-                              r.stop_reason if r else None, UNCHANGED, calls_before, started, r)
+                              r.stop_reason if r else None, UNCHANGED, calls, started, r)
             return self._finish(step, rewritten, ignored)
         if path == FAST_PATH:
             result = decide(u.draft, len(words), self.config.policy)
@@ -316,7 +332,6 @@ class Session:
             if delta:
                 self.fast_path_releases += 1
         else:
-            draft = self._draft(words + tail, len(words), u.committed_text, self.config.max_new_tokens)
             result = decide(draft, len(words), self.config.policy)
             u.draft, u.draft_emitted, u.draft_stale = draft, 0, False
             delta = self._release(u, result)
@@ -331,8 +346,16 @@ class Session:
             u.draft_stale = True
         held = emitted_text("".join(t.piece for t in u.draft.tokens[u.draft_emitted :]))
         step = self._step(u, before, delta, held, u.covered_source_units, result.stop_reason,
-                          path, calls_before, started, result)
+                          path, calls, started, result)
         return self._finish(step, rewritten, ignored)
+
+    def update(self, committed_words: list[str], tail_words: list[str], is_final: bool,
+               utterance_id: int | None = None) -> Step:
+        """`plan`, the draft through this session's own seam, `apply`: the offline way. Raises the
+        engine's exception with the state unchanged."""
+        update = SourceUpdate.of(committed_words, tail_words, is_final, utterance_id)
+        request = self.plan(update)
+        return self.apply(update, None if request is None else self.seam.draft(request))
 
     # ---- internals ----
 
@@ -380,10 +403,9 @@ class Session:
         return DraftProposal(token_ids=rest, target_prefix=prefix)
 
     def _request(self, source: list[str], committed: int, prefix: str, max_new: int,
-                 history: list[tuple[str, str]] | None = None,
-                 proposal: DraftProposal | None | bool = True) -> DraftRequest:
+                 history: list[tuple[str, str]], proposal: DraftProposal | None, final: bool) -> DraftRequest:
         """The draft's request, within the token budget (`PromptBudget.fit`: BudgetExceeded before
-        any engine work, naming the bound); `proposal=True`: the open utterance's own (`_proposal`)."""
+        any engine work, naming the bound)."""
         request = DraftRequest(
             source_words=source,
             committed_words=committed,
@@ -392,15 +414,11 @@ class Session:
             source_lang=self.source_lang,
             target_lang=self.target_lang,
             context_text=self.context_text,
-            history=recent_history(self.history if history is None else history, self.config.context),
-            proposal=self._proposal(prefix) if proposal is True else proposal or None,
+            history=recent_history(history, self.config.context),
+            proposal=proposal,
+            final=final,
         )
         return request if self.budget is None else self.budget.fit(request)
-
-    def _draft(self, source: list[str], committed: int, prefix: str, max_new: int) -> Draft:
-        request = self._request(source, committed, prefix, max_new)
-        self.engine_calls += 1
-        return self.seam.draft(request)
 
     def _final_budget(self, n_words: int, covered: int) -> int:
         # The committed text already covers part of the source: budget only the rest, so a final
@@ -408,13 +426,6 @@ class Session:
         cfg = self.config
         uncovered = max(n_words - covered, 1)
         return min(cfg.final_max_new_tokens, int(cfg.final_tokens_per_word * uncovered) + cfg.final_extra_tokens)
-
-    def _final_draft(self, words: list[str]) -> tuple[PolicyResult, str]:
-        cfg = self.config
-        budget = self._final_budget(len(words), self._open.covered_source_units)
-        draft = self._draft(words, len(words), self._open.committed_text, budget)
-        result = decide(draft, len(words), cfg.policy, final=True)
-        return result, emitted_text(result.emitted_text)
 
     def _release(self, u: _Utterance, result: PolicyResult) -> str:
         """Append the newly accepted draft tokens; never takes anything back."""
@@ -430,7 +441,7 @@ class Session:
         u.draft_emitted = result.emit_count
         return delta
 
-    def _step(self, u, before, delta, held, covered, stop, path, calls_before, started, result,
+    def _step(self, u, before, delta, held, covered, stop, path, calls, started, result,
               final=False, forced=False) -> Step:
         if final:
             if not before:
@@ -450,7 +461,7 @@ class Session:
             covered_source_units=covered,
             stop_reason=stop,
             path=path,
-            engine_calls=self.engine_calls - calls_before,
+            engine_calls=calls,
             elapsed_ms=(time.perf_counter() - started) * 1000.0,
             policy=result,
         )
