@@ -15,6 +15,7 @@ from typer.core import TyperGroup
 from alignatt.capture.names import DEFAULT_SEAM
 from alignatt.core.errors import AlignattError
 from alignatt.models.presets import DEFAULT_MODEL
+from alignatt.core.policy import DEFAULT_PRESET, PRESET_NAMES
 
 
 def fail(message: str) -> NoReturn:
@@ -49,7 +50,7 @@ def validated(options_cls, prefix: str = "", **fields):
 # The options of the commands that serve a model (serve, smoke, load, soak, eval): declared once.
 MODEL = typer.Option(DEFAULT_MODEL, help="model preset or local checkpoint")
 SEAM = typer.Option(DEFAULT_SEAM, help="capture seam: hf_eager | hf_qk_fast | vllm_capture")
-PRESET = typer.Option("balanced", help="latency preset: low_latency | balanced | high_latency")
+PRESET = typer.Option(DEFAULT_PRESET, help=f"latency preset: {' | '.join(PRESET_NAMES)}")
 DEVICE = typer.Option("cpu")
 DTYPE = typer.Option(None, help="float32 | bfloat16 (default: the model's)")
 TOP_K = typer.Option(4, "--top-k", help="alignment heads used")
@@ -70,7 +71,7 @@ def translate_cmd(
     heads: int = typer.Option(4, "--heads", help="use the model's top-K default alignment heads"),
     head: list[str] = typer.Option(None, "--head", help="explicit head LAYER:HEAD (repeatable; overrides --heads)"),
     max_new_tokens: int = typer.Option(20, "--max-new-tokens"),
-    policy: str = typer.Option("balanced", "--policy", help="policy preset"),
+    policy: str = typer.Option(DEFAULT_PRESET, "--policy", help="policy preset"),
     final: bool = typer.Option(False, "--final", help="the source is complete: emit the whole draft"),
     device: str = typer.Option("cpu", "--device"),
     dtype: str = typer.Option(None, "--dtype", help="float32 | bfloat16 (default: the model's)"),
@@ -193,7 +194,7 @@ def serve_cmd(
     port: int = typer.Option(8765, help="TCP port (0 = any free port)"),
     model: str = MODEL,
     seam: str = SEAM,
-    preset: str = typer.Option("balanced", help="default latency preset: low_latency | balanced | high_latency"),
+    preset: str = typer.Option(DEFAULT_PRESET, help=f"default latency preset: {' | '.join(PRESET_NAMES)}"),
     direction: str = typer.Option("en-de", help="the direction served (source-target)"),
     heads: str = HEADS,
     top_k: int = TOP_K,

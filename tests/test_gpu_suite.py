@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from alignatt.cli import app
 from alignatt.record.artifacts import GpuTestCase, GpuTestsArtifact, load_artifact, measurement_artifact, write_artifact
 from alignatt.report.audit import run_audit
-from alignatt.measure.gpu_suite import parse_junit, record_gpu_suite, verdict_json
+from alignatt.measure.gpu_suite import parse_junit, record_gpu_suite
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="1" failures="1"
  skipped="1" tests="4" time="12.0">

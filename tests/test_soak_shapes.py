@@ -3,7 +3,8 @@ RSS and descriptors are read from outside the server (a trimmed heap inside it w
 
 import os
 
-from alignatt.measure.soak import HOSTILE_CASES, _ServedProcess, nested_arrays_frame
+from alignatt.measure.soak import _ServedProcess
+from alignatt.measure.soak_sessions import HOSTILE_CASES, nested_arrays_frame
 from tests.server_client import FakeFactory, fake_config
 
 

@@ -10,7 +10,7 @@ from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
-from alignatt.capture.names import DEFAULT_SEAM, SEAMS
+from alignatt.capture.names import DEFAULT_SEAM, HF_QK_FAST, SEAMS
 from alignatt.core.draft import Draft, DraftRequest, Head, Seam
 from alignatt.core.errors import AlignattError
 from alignatt.models.presets import DEFAULT_MODEL
@@ -38,7 +38,7 @@ def make_seam(
 
         device = "cuda" if device == "cpu" else device
         return vllm_capture.make_seam(model=model, heads=heads, device=device, dtype=dtype, **options)
-    allowed = {"decode", "verify"} if name == "hf_qk_fast" else {"verify"}
+    allowed = {"decode", "verify"} if name == HF_QK_FAST else {"verify"}
     if set(options) - allowed:
         raise AlignattError(f"seam {name} does not take {', '.join(sorted(set(options) - allowed))}")
     from alignatt.models.presets import load_model

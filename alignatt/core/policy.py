@@ -49,6 +49,8 @@ POLICY_PRESETS: dict[str, PolicyConfig] = {
     "balanced": PolicyConfig(border_words=1, hold_back_words=0, min_emit_words=0),
     "high_latency": PolicyConfig(border_words=2, hold_back_words=1, min_emit_words=1),
 }
+PRESET_NAMES = tuple(POLICY_PRESETS)  # from the lowest latency to the highest
+DEFAULT_PRESET = "balanced"
 
 
 # Reasons, in the order a token is checked. Stop reasons carry the `alignatt:` prefix on the wire.

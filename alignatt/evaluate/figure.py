@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from alignatt.evaluate.outputs import curve_note, quality_latency_points
+from alignatt.evaluate.outputs import OFFLINE, curve_note, quality_latency_points
 
 
 def quality_latency_svg(artifact, path: str | Path) -> Path | None:
@@ -26,12 +26,12 @@ def quality_latency_svg(artifact, path: str | Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(6, 4))
     series: dict[tuple[str, str], list[dict]] = {}
     for p in quality_latency_points(artifact):
-        key = (p["variant"], "offline" if p["driver"] == "offline" else f"{p['driver']}, tail {p['tail']}")
+        key = (p["variant"], OFFLINE if p["driver"] == OFFLINE else f"{p['driver']}, tail {p['tail']}")
         series.setdefault(key, []).append(p)
     for (variant, driver), pts in sorted(series.items()):
         xs = [p["ca_laal_ms"] for p in pts if p["ca_laal_ms"] is not None]
         ys = [p["bleu"] for p in pts if p["ca_laal_ms"] is not None]
-        ax.plot(xs, ys, marker="*" if driver == "offline" else "o", linestyle="" if driver == "offline" else "-",
+        ax.plot(xs, ys, marker="*" if driver == OFFLINE else "o", linestyle="" if driver == OFFLINE else "-",
                 label=f"{variant} ({driver})")
         for p in pts:
             if p["ca_laal_ms"] is not None:

@@ -12,6 +12,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from alignatt.core.policy import PRESET_NAMES
+
+OFFLINE = "offline"  # the baseline row: the whole source at once, as its preset and its driver
+ROW_PRESETS = (*PRESET_NAMES, OFFLINE)
+
 METRIC_KEYS = ("laal_words_read", "al_words_read", "laal_words_committed", "al_words_committed",
                "laal_words", "al_words", "laal_ms", "ca_laal_ms", "al_ms", "ca_al_ms",
                "long_yaal", "ca_long_yaal", "stream_laal", "ca_stream_laal")
@@ -36,7 +41,7 @@ def eval_metrics(artifact) -> dict[str, Any]:
 
 def quality_latency_points(artifact) -> list[dict[str, Any]]:
     """One point per preset and the offline baseline (sentence form), per variant and driver."""
-    order = {"low_latency": 0, "balanced": 1, "high_latency": 2, "offline": 3}
+    order = {name: i for i, name in enumerate(ROW_PRESETS)}
     points = []
     for r in artifact.rows:
         if r.form != "sentence":
@@ -170,8 +175,7 @@ def report_section(root: Path, paths: list[tuple[str, Any]]) -> list[dict[str, A
             "uncertainty": cfg.get("uncertainty"),
             "talks": len(a.test_set.get("longform_ids", [])),
             "wps": cfg.get("words_per_second"), "lag": cfg.get("commit_lag_seconds"),
-            "presets": [(name, presets[name]) for name in ("low_latency", "balanced", "high_latency", "offline")
-                        if name in presets],
+            "presets": [(name, presets[name]) for name in ROW_PRESETS if name in presets],
             "points": [{k: (_fmt(v, 2) if isinstance(v, float) or v is None else v) for k, v in pt.items()}
                        for pt in quality_latency_points(a)],
             "checks": [("✓" if c.passed else "✗", c.name, c.detail) for c in a.checks],

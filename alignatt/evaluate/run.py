@@ -20,18 +20,22 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from alignatt.capture.names import HF_QK_FAST
 from alignatt.core.errors import AlignattError
 from alignatt.evaluate import scoring, uncertainty
 from alignatt.evaluate.instance_log import logs_dir, write_instance_logs
+from alignatt.evaluate.outputs import OFFLINE
 from alignatt.evaluate.emissions import Emission, StreamOutput, join_units, stream_output, units
 from alignatt.evaluate.replay import InProcessDriver, Schedule, WebSocketDriver, replay
 from alignatt.evaluate.tails import TailKind, TailModel, TailNoise, vocabulary
 from alignatt.evaluate.testsets import TestPair, TestSet, load_test_set, select
 from alignatt.evaluate.wlk_driver import CLIENT_LATENCY, WlkDriver
+from alignatt.models.presets import SYNTHETIC_REVISION
 from alignatt.replay.stream import ends_sentence
+from alignatt.core.policy import DEFAULT_PRESET, PRESET_NAMES
 from alignatt.replay.wlk_client import load_wlk_client, wlk_version
 
-PRESETS = ("low_latency", "balanced", "high_latency")
+PRESETS = PRESET_NAMES
 RETRACTION_CHECK = "0 retractions in every replay"
 
 
@@ -39,7 +43,7 @@ class EvalOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str = "gemma3-270m"
-    variants: list[str] = Field(default_factory=lambda: ["hf_qk_fast"],
+    variants: list[str] = Field(default_factory=lambda: [HF_QK_FAST],
                                 description="seam[:vllm_mode], e.g. vllm_capture:cudagraph")
     presets: list[str] = Field(default_factory=lambda: list(PRESETS))
     drivers: list[Literal["inprocess", "websocket", "wlk"]] = Field(
@@ -256,9 +260,9 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
             if server is not None:
                 server.stop()
         if options.offline_baseline:
-            driver = InProcessDriver(seam, "balanced", ts.source_lang, ts.target_lang)
+            driver = InProcessDriver(seam, DEFAULT_PRESET, ts.source_lang, ts.target_lang)
             outs = [_offline_output(driver, p.source_words, ts.target_lang, schedule) for p in pairs]
-            row = _sentence_row(pairs, outs, "offline", variant, "offline", label, ts, schedule, "none",
+            row = _sentence_row(pairs, outs, OFFLINE, variant, OFFLINE, label, ts, schedule, "none",
                                 options.bootstrap)
             rows.append(row)
             progress(f"[{variant}] offline baseline: BLEU {row.bleu:.2f}")
@@ -312,7 +316,7 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
         model_id, revision = model_identity(options.model)
     except Exception:  # identity is best effort (a local path without metadata)
         model_id, revision = options.model, None
-    synthetic = revision == "random weights"
+    synthetic = revision == SYNTHETIC_REVISION
     smoke = options.purpose == "scorer_smoke"
     label = "latency only" if synthetic else "scorer smoke" if smoke else "scored"
     factory = seam_factory or default_seam_factory
@@ -339,7 +343,7 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
         checks += got_checks
     _paired_tests(rows, ts.target_lang, options, [p.reference for p in pairs])
     by_variant = {(r.variant, r.preset, r.tail): r.hypotheses for r in rows
-                  if r.form == "sentence" and r.driver in ("inprocess", "offline")}
+                  if r.form == "sentence" and r.driver in ("inprocess", OFFLINE)}
 
     checks.append(Check(name=RETRACTION_CHECK, passed=all(r.retractions == 0 for r in rows),
                         detail=", ".join(f"{r.preset}/{r.variant}/{r.driver}/{r.form}: {r.retractions}"
@@ -348,18 +352,18 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
         first = variants[0][0]
         for variant, _, _ in variants[1:]:
             for preset, tail in [*((p, t) for p in presets for t in options.tails),
-                                 *([("offline", "none")] if options.offline_baseline else [])]:
+                                 *([(OFFLINE, "none")] if options.offline_baseline else [])]:
                 a, b = by_variant.get((first, preset, tail)), by_variant.get((variant, preset, tail))
                 if a is None or b is None:
                     continue
                 diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
-                name = preset if preset == "offline" else f"{preset} tail={tail}"
+                name = preset if preset == OFFLINE else f"{preset} tail={tail}"
                 checks.append(Check(name=f"{name}: {variant} gives the same hypotheses as {first}",
                                     passed=not diff,
                                     detail=f"{len(a) - len(diff)}/{len(a)} identical"
                                     + (f"; differ at {diff[:10]}" if diff else "")))
     comet = scoring.comet(options.comet_model, [p.source for p in pairs],
-                          next((r.hypotheses for r in rows if r.preset == "offline"), rows[0].hypotheses),
+                          next((r.hypotheses for r in rows if r.preset == OFFLINE), rows[0].hypotheses),
                           [p.reference for p in pairs])
     artifact = EvalArtifact(
         schema_version=ARTIFACT_SCHEMA_VERSION,
@@ -402,9 +406,9 @@ def _paired_tests(rows, target_lang: str, options: EvalOptions, references: list
     """Each preset's sentence row against the offline row of its variant (sacrebleu's PairedTest)."""
     from alignatt.record.artifacts import EvalPairedTest
 
-    for base in [r for r in rows if r.driver == "offline"]:
+    for base in [r for r in rows if r.driver == OFFLINE]:
         systems = {i: r.hypotheses for i, r in enumerate(rows)
-                   if r.variant == base.variant and r.form == "sentence" and r.driver != "offline"}
+                   if r.variant == base.variant and r.form == "sentence" and r.driver != OFFLINE}
         got = uncertainty.paired_tests(base.hypotheses, systems, references, target_lang,
                                        options.significance, options.significance_samples)
         for i, result in got.items():

@@ -34,8 +34,9 @@ import time
 from alignatt.core.errors import AlignattError
 from alignatt.evaluate.replay import Reply
 from alignatt.replay.wlk_client import load_wlk_client
+from alignatt.core.policy import DEFAULT_PRESET
 
-CLIENT_LATENCY = "balanced"  # the client's latency preset that sends the tail and adds no policy overrides
+CLIENT_LATENCY = DEFAULT_PRESET  # the client's latency preset that sends the tail and adds no policy overrides
 
 
 class WlkDriver:

@@ -13,6 +13,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from alignatt.capture.names import DEFAULT_SEAM
 from alignatt.core.draft import Head, Seam
 from alignatt.core.errors import AlignattError
 from alignatt.core.policy import POLICY_PRESETS, PolicyConfig
@@ -112,7 +113,7 @@ class DirectionRoute(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     model: str = DEFAULT_MODEL
-    seam: str = "hf_qk_fast"
+    seam: str = DEFAULT_SEAM
     heads: str | None = Field(None, description="head-set file or bundled name; None: the model's default")
     top_k: int = Field(4, ge=1)
     device: str = "cpu"
@@ -171,7 +172,7 @@ def server_config(
     host: str = "127.0.0.1",
     port: int = 8765,
     model: str = DEFAULT_MODEL,
-    seam: str = "hf_qk_fast",
+    seam: str = DEFAULT_SEAM,
     preset: str = "balanced",
     direction: str = "en-de",
     heads: str | None = None,

@@ -20,7 +20,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, Callable, Hashable, Sequence
+from typing import Callable, Hashable, Sequence
 
 from alignatt.core.draft import Draft, DraftRequest, Head, Seam
 from alignatt.serve.budget import PromptBudget
@@ -33,9 +33,10 @@ log = logging.getLogger("alignatt.serve.server")
 
 # What a served vLLM engine gets unless the route says otherwise: a growing utterance re-drafts a
 # prompt whose prefix is already cached, the batch holds every admitted session, and every step is
-# graphed (fullgraph: with many speakers most steps hold a prefill, which cudagraph runs eager; on
-# the H200, 64 speakers' p95 534 vs 1813 ms). Its padded prefills cost bitwise equality with eager
-# (42 of 48 drafts), so the page scores cudagraph: docs/batching.md.
+# graphed (fullgraph: with many speakers most steps hold a prefill, which cudagraph runs eager, and
+# an eager E4B step costs several graphed ones). Its padded prefills cost bitwise equality with
+# eager, so the page scores cudagraph and says so; the measured gap is on the page and in
+# docs/batching.md.
 SERVED_VLLM_OPTIONS = {"enable_prefix_caching": True, "max_num_seqs": 128, "vllm_mode": "fullgraph"}
 
 
