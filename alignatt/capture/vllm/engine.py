@@ -106,6 +106,8 @@ class VllmEngineConfig(BaseModel):
             disable_log_stats=True,
             **engine_options(self.vllm_mode),
         )
+        if spec.attention_backend is not None:
+            args["attention_backend"] = spec.attention_backend
         if self.async_scheduling is not None:
             args["async_scheduling"] = self.async_scheduling
         if self.verify:
@@ -125,6 +127,7 @@ class VllmEngineConfig(BaseModel):
 # Set where several engines start side by side on one GPU (the GPU suite's lanes): the share of the
 # device vLLM's start-up check may ask for. The KV cache is sized by kv_cache_memory_gib either way.
 GPU_MEMORY_SHARE_ENV = "ALIGNATT_VLLM_GPU_MEMORY_SHARE"
+TRITON_ATTN = "TRITON_ATTN"
 
 
 def gpu_memory_share() -> Optional[float]:
@@ -151,6 +154,9 @@ class ModelSpec:
     synthetic: bool
     config_dir: str  # a directory with the HF config.json
     tmp_dir: Optional[str] = None  # removed when the engine shuts down
+    # The capture reads TRITON_ATTN's KV cache layout: vLLM picks it for Gemma-4 by itself (its
+    # head dims differ by layer), other families are told (Gemma-3 would otherwise get FLASH_ATTN).
+    attention_backend: Optional[str] = None
 
 
 def resolve_model(model: str) -> ModelSpec:
@@ -162,7 +168,7 @@ def resolve_model(model: str) -> ModelSpec:
     if preset is not None and not preset.vllm:
         runs = [p.name for p in MODEL_PRESETS.values() if p.vllm]
         raise AlignattError(f"vllm_capture does not run {model!r}; use one of {', '.join(runs)} "
-                            "or a local Gemma-4 checkpoint directory")
+                            "or a local Gemma-4 or Gemma-3 checkpoint directory")
     if preset is None:  # a local checkpoint directory
         path = Path(model).resolve()
         if not (path / "config.json").exists():
@@ -173,6 +179,11 @@ def resolve_model(model: str) -> ModelSpec:
         tmp = tempfile.mkdtemp(prefix="alignatt-vllm-synthetic-")
         shutil.copy(e4b_config_path(), Path(tmp) / "config.json")
         return ModelSpec(model, tmp, "dummy", True, tmp, tmp)
+    if preset.source == "embedded_gguf":  # converted once from the PyPI GGUF, then read from the cache
+        from alignatt.models.embedded import ensure_embedded_model
+
+        local = str(ensure_embedded_model())
+        return ModelSpec(model, local, "auto", False, local, attention_backend=TRITON_ATTN)
     if preset.source == "pretrained":
         try:
             from huggingface_hub import snapshot_download

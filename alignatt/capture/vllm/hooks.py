@@ -142,6 +142,7 @@ def _capturing_class(base: type) -> type:
 def _attach(runner: Any, hooks: Hooks) -> None:
     """After the model is loaded, before any forward: swap in the capturing attention."""
     from vllm.config import CompilationMode
+    from vllm.model_executor.models.gemma3 import Gemma3Attention
     from vllm.model_executor.models.gemma4 import Gemma4Attention
     from vllm.model_executor.models.utils import extract_layer_index
 
@@ -152,12 +153,12 @@ def _attach(runner: Any, hooks: Hooks) -> None:
     model = runner.get_model()
     found: dict[int, Any] = {}
     for _, module in model.named_modules():
-        if isinstance(module, Gemma4Attention):
+        if isinstance(module, (Gemma4Attention, Gemma3Attention)):  # both hold their layer's `attn`
             found[extract_layer_index(module.attn.layer_name)] = module
     missing = sorted(set(hooks.plans) - set(found))
     if missing:
         raise RuntimeError(
-            f"alignatt: no Gemma4Attention for layers {missing} in {type(model).__name__} "
+            f"alignatt: no Gemma-4 or Gemma-3 attention for layers {missing} in {type(model).__name__} "
             f"(found layers {sorted(found)})"
         )
     hooks.keep_alive = runner.compilation_config.mode != CompilationMode.NONE

@@ -41,6 +41,7 @@ import torch
 from pydantic import ValidationError
 
 from alignatt.capture.vllm.engine import (  # noqa: F401  (VLLM_MODES, engine_options: the mode names' home)
+    TRITON_ATTN,
     VLLM_MODES,
     StartedEngine,
     VllmEngineConfig,
@@ -58,6 +59,8 @@ from alignatt.capture.vllm import verify as vllm_verify
 from alignatt.core.draft import Draft, DraftRequest, Head, Timings, TokenCapture, add_acceptance
 from alignatt.core.errors import AlignattError
 from alignatt.core.layout import AttentionLayout
+
+CAPTURED_FAMILIES = ("gemma4_text", "gemma3_text")  # vLLM's Gemma4Attention and Gemma3Attention
 from alignatt.models.synthetic_init import HFLikeInit
 
 
@@ -96,8 +99,10 @@ class VllmCaptureSeam:
         self.tokenizer = load_tokenizer(self.spec, tokenizer)
         hf_config = AutoConfig.from_pretrained(self.spec.config_dir, local_files_only=True)
         self.layout = AttentionLayout.from_config(hf_config)
-        if self.layout.family != "gemma4_text":
-            raise AlignattError(f"vllm_capture runs Gemma-4 only; {model} is {self.layout.family}")
+        if self.layout.family not in CAPTURED_FAMILIES:
+            raise AlignattError(f"vllm_capture runs {' and '.join(CAPTURED_FAMILIES)}; {model} is {self.layout.family}")
+        if self.layout.family != "gemma4_text" and self.spec.attention_backend is None:
+            self.spec.attention_backend = TRITON_ATTN  # a local Gemma-3 checkpoint: the layout the capture reads
         self.heads = self.layout.validate_heads(heads)
         self.plans = plan_capture(self.layout, self.heads)
         text_config = hf_config.get_text_config()
@@ -402,6 +407,8 @@ class VllmCaptureSeam:
             "verify": self.config.verify,
             "verify_tokens": self.config.verify_tokens if self.config.verify else None,
             "heads": [[h.layer, h.head] for h in self.heads],
+            # the backend vLLM runs the captured layers with (the capture reads its KV cache layout)
+            "attention_backend": sorted({a.attn_backend.get_name() for a in hooks.attn.values()}) if hooks else None,
             "capture": self.capture,
             "reconstruct": self.reconstruct,
             "engine_start_s": round(e.start_s, 2) if e else None,
