@@ -166,14 +166,19 @@ def _huge_integer(c: _Client) -> None:
     _expect_error(c, '{"type": "update", "seq": 1, "clock_ms": ' + "9" * 5000 + "}", "invalid JSON", "huge_integer")
 
 
-def _surrogate_override_key(c: _Client) -> None:
-    c.send(_INIT + ', "overrides": {"\\ud800": 1}}')
+def _refused_then_working(c: _Client, frame: str, fragment: str, name: str) -> None:
+    """`frame` gets an error naming `fragment`; an init after it opens a session that works."""
+    c.send(frame)
     r = c.recv()
-    if r.get("type") != "error" or "surrogate" not in r.get("message", ""):
-        c.tally.unexpected.append(f"surrogate_override_key: {r}"[:200])
+    if r.get("type") != "error" or fragment not in r.get("message", ""):
+        c.tally.unexpected.append(f"{name}: {r}"[:200])
     c.init()
     if c.ask(["hello"], utterance_id=None).get("type") != "translation":
-        c.tally.unexpected.append("surrogate_override_key: the session did not work after the refusal")
+        c.tally.unexpected.append(f"{name}: the session did not work after the refusal")
+
+
+def _surrogate_override_key(c: _Client) -> None:
+    _refused_then_working(c, _INIT + ', "overrides": {"\\ud800": 1}}', "surrogate", "surrogate_override_key")
 
 
 def _inner_whitespace(c: _Client) -> None:
@@ -193,13 +198,7 @@ def _token_bound(c: _Client) -> None:
 
 
 def _update_before_init(c: _Client) -> None:
-    c.send(json.dumps({"type": "update", "seq": 1, "words": []}))
-    r = c.recv()
-    if r.get("type") != "error" or "before init" not in r.get("message", ""):
-        c.tally.unexpected.append(f"update_before_init: {r}"[:200])
-    c.init()
-    if c.ask(["hello"], utterance_id=None).get("type") != "translation":
-        c.tally.unexpected.append("update_before_init: the session did not work after init")
+    _refused_then_working(c, json.dumps({"type": "update", "seq": 1, "words": []}), "before init", "update_before_init")
 
 
 def nested_arrays_frame(items: int = 216, depth: int = 600) -> str:
