@@ -10,7 +10,6 @@ import pytest
 from pydantic import ValidationError
 
 from alignatt.record.artifacts import (
-    PUBLISHED_SEAM_NAMES,
     Check,
     EnvArtifact,
     FastPathEvent,
@@ -21,9 +20,9 @@ from alignatt.record.artifacts import (
     load_artifact,
     measurement_artifact,
     parse_artifact,
-    read_published,
     write_artifact,
 )
+from alignatt.record.published import PUBLISHED_SEAM_NAMES, read_published
 from alignatt.core.errors import AlignattError
 from alignatt.record.provenance import collect_provenance
 

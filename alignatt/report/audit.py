@@ -42,9 +42,9 @@ from alignatt.record.artifacts import (
     ServerSmokeArtifact,
     load_json,
     parse_artifact,
-    read_published,
     sha256_file,
 )
+from alignatt.record.published import read_published
 from alignatt.capture.names import VLLM_CAPTURE
 from alignatt.core.errors import AlignattError
 from alignatt.record.provenance import HOST, NOT_INSTALLED, fingerprint_differences, fingerprint_of

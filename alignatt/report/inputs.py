@@ -16,11 +16,10 @@ from alignatt.record.artifacts import (
     BenchArtifact,
     EnvArtifact,
     MeasurementArtifact,
-    PublishedArtifact,
     ServerSmokeArtifact,
     load_artifact,
-    read_published,
 )
+from alignatt.record.published import PublishedArtifact, read_published
 from alignatt.report.rows import ResultRow, our_rows, published_rows
 
 

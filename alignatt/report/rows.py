@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from alignatt.capture.names import HF_EAGER, HF_QK_FAST, HF_SEAMS, VLLM_CAPTURE, VLLM_MODES
-from alignatt.record.artifacts import BenchArtifact, EnvArtifact, PublishedArtifact, ServerSmokeArtifact
+from alignatt.record.artifacts import BenchArtifact, EnvArtifact, ServerSmokeArtifact
+from alignatt.record.published import PublishedArtifact
 
 MODE_ORDER = {mode: i for i, mode in enumerate(VLLM_MODES)}
 
