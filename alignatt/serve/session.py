@@ -194,6 +194,7 @@ class Session:
         self.source_rewrites = 0
         self.steps = 0
         self._open = _Utterance(committed_text=emitted_text(accepted_target_prefix).lstrip())
+        self._planned: tuple[SourceUpdate | None, float] = (None, 0.0)  # the update `plan` saw last, and when
 
     # ---- read-only views ----
 
@@ -275,9 +276,9 @@ class Session:
 
     def apply(self, update: SourceUpdate, draft: Draft | None = None) -> Step:
         """Apply one update with the draft of `plan(update)`'s request (None when it planned none)."""
-        planned, at = getattr(self, "_planned", (None, None))
+        planned, at = self._planned
         started = at if planned is update else time.perf_counter()
-        self._planned = (None, None)
+        self._planned = (None, 0.0)
         self._check_order(update.utterance_id)
         self._enter_utterance(update.utterance_id)
         u = self._open
