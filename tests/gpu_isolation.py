@@ -149,6 +149,8 @@ def _run_child(items: list[pytest.Item], share: float | None) -> dict[str, list[
             code, out, err = done.returncode, done.stdout, done.stderr
         except subprocess.TimeoutExpired as e:
             code, out, err = f"nothing: killed after {CHILD_TIMEOUT_S:.0f} s", str(e.stdout or ""), str(e.stderr or "")
+        except OSError as e:  # it could not start: every test of the unit fails with the reason
+            code, out, err = f"nothing: it did not start ({e})", "", ""
         found: dict[str, list[dict]] = {}
         lines = reports.read_text().splitlines() if reports.exists() else []
         for data in map(json.loads, lines):
