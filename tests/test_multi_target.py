@@ -47,7 +47,10 @@ class Multi:
         self.sessions, self.targets = targets.sessions, targets.targets
 
     def update(self, words, tail, final, uid=None):
-        return self.targets_.update(SourceUpdate.of(words, tail, final, uid), self.engine.draft_together)
+        update = SourceUpdate.of(words, tail, final, uid)
+        wanted = self.targets_.plan(update)  # what the server does: plan all, one batch, apply all
+        drafts = dict(zip((t for t, _ in wanted), self.engine.draft_together(wanted))) if wanted else {}
+        return self.targets_.apply(update, drafts)
 
 
 def multi(config: SessionConfig, fail_when=None, look_ahead=0, leak=""):

@@ -141,12 +141,12 @@ def test_a_process_engine_drafts_in_its_child_and_reports_errors_and_its_death_t
         assert child != os.getpid() and engine.alive
         engine.open_session("a")
         request = DraftRequest(source_words=["hello", "world"], committed_words=2)
-        draft = engine.draft_together([("a", request)])[0]
+        draft = engine.submit("a", request).result(60)
         assert draft.seam == f"fake@{child}" and draft.text == " ".join(target_word(j, w) for j, w in
                                                                          enumerate(request.source_words))
         with pytest.raises(ValueError, match="refuses 'boom'"):  # the child's error, its own type
-            engine.draft_together([("a", DraftRequest(source_words=["boom"], committed_words=1, final=True))])
-        assert engine.draft_together([("a", replace(request, final=True))])[0].text == draft.text  # it goes on
+            engine.submit("a", DraftRequest(source_words=["boom"], committed_words=1, final=True)).result(60)
+        assert engine.submit("a", replace(request, final=True)).result(60).text == draft.text  # it goes on
         budget = engine.budget(ServerLimits(), draft_tokens=16)  # counted in the child, by its seam
         assert budget.prompt_tokens(request) == 5 + 2 + 2 and budget.positions == 4096
         told = []

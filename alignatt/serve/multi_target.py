@@ -9,14 +9,9 @@ update with its own draft, narrowed to its own heads by its `HeadRows` view.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
-
 from alignatt.core.draft import Draft, DraftRequest
 from alignatt.serve.pool import HeadRows
 from alignatt.serve.session import Session, SourceUpdate, Step
-
-# (target, request) pairs -> one engine draft per pair, made together (each request says if it is a final).
-DraftTogether = Callable[[Sequence[tuple[str, DraftRequest]]], list[Draft]]
 
 
 class Targets:
@@ -29,7 +24,6 @@ class Targets:
             if not isinstance(session.seam, HeadRows):
                 raise ValueError(f"target {target}: its session must draft through a HeadRows view")
         self.sessions = sessions
-        self.batches: list[int] = []  # drafts per engine batch, for tests and logs
 
     @property
     def targets(self) -> list[str]:
@@ -38,10 +32,7 @@ class Targets:
     def plan(self, update: SourceUpdate) -> list[tuple[str, DraftRequest]]:
         """The drafts `apply` needs, by target (empty: every target answers from its cache)."""
         planned = [(t, s.plan(update)) for t, s in self.sessions.items()]
-        wanted = [(t, r) for t, r in planned if r is not None]
-        if wanted:
-            self.batches.append(len(wanted))
-        return wanted
+        return [(t, r) for t, r in planned if r is not None]
 
     def apply(self, update: SourceUpdate, drafts: dict[str, Draft]) -> list[tuple[str, Step]]:
         """Every target's step, in target order; `drafts` are the engine's (all heads) by target."""
@@ -50,9 +41,3 @@ class Targets:
             draft = drafts.get(t)
             steps.append((t, s.apply(update, None if draft is None else s.seam.select(draft))))
         return steps
-
-    def update(self, update: SourceUpdate, draft_together: DraftTogether) -> list[tuple[str, Step]]:
-        """`plan`, the drafts made together by `draft_together`, `apply`: the synchronous way."""
-        wanted = self.plan(update)
-        drafts = dict(zip((t for t, _ in wanted), draft_together(wanted))) if wanted else {}
-        return self.apply(update, drafts)

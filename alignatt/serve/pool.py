@@ -183,11 +183,6 @@ class Engine:
         future resolves to the `Draft`, `Superseded`, or the engine's error."""
         return self.scheduler.submit(key, request)
 
-    def draft_together(self, keyed: Sequence[tuple[Hashable, DraftRequest]]) -> list[Draft]:
-        """Several sessions' drafts queued at once, so the scheduler runs them in one batch (blocks)."""
-        futures = [self.submit(key, request) for key, request in keyed]
-        return [f.result(600.0) for f in futures]
-
     def supersede(self, key: Hashable) -> None:
         """A newer update of the session arrived: its queued or running partial is stale."""
         self.scheduler.supersede(key)
