@@ -9,10 +9,14 @@ source holds that word stops its process with SIGSTOP: an engine that answers no
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
+import time
 from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from alignatt.core.draft import Draft, DraftRequest, Head
 from tests.mt_fakes import FakeSeam
@@ -53,3 +57,15 @@ def drafts_by_process(record_dir) -> dict[int, list[str]]:
 def process_of(record_dir, tag: str) -> set[int]:
     """The processes that drafted for words starting with `tag` (one session's words)."""
     return {pid for pid, words in drafts_by_process(record_dir).items() if any(w.startswith(tag) for w in words)}
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes():
+    """Autouse where imported: every engine process a test started has ended within 10 s of it."""
+    before = {p.pid for p in multiprocessing.active_children()}
+    yield
+    deadline = time.monotonic() + 10
+    while [p for p in multiprocessing.active_children() if p.pid not in before] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [p for p in multiprocessing.active_children() if p.pid not in before]
+    assert not left, f"engine processes left running: {left}"

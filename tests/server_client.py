@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import urllib.error
+import urllib.request
 from contextlib import contextmanager
 
 from websockets.sync.client import connect
@@ -143,3 +145,16 @@ class StalledClient:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def http_get(srv, path: str) -> tuple[int, dict]:
+    """The status and JSON body of GET `path` on the server's HTTP side (an error status too)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{srv.server.port}{path}", timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def health(srv) -> tuple[int, dict]:
+    return http_get(srv, "/health")

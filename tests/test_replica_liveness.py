@@ -3,13 +3,9 @@ that stops answering, mid-step or while idle, is noticed within `step_deadline_s
 its sessions get `processing_failed` and a 1012 close (reconnect), it gets no new sessions, it is
 killed, and `/health` says degraded, or down when no engine is left."""
 
-import json
-import multiprocessing
 import os
 import signal
 import time
-import urllib.error
-import urllib.request
 from contextlib import contextmanager
 
 import pytest
@@ -17,21 +13,11 @@ from websockets.exceptions import ConnectionClosed
 
 from alignatt.serve.config import ReplicaConfig
 from alignatt.serve.server import ServerThread
-from tests.replica_fakes import process_of, recording_factory
-from tests.server_client import Client, fake_config
+from tests.replica_fakes import no_leaked_processes, process_of, recording_factory  # noqa: F401 - autouse
+from tests.server_client import Client, fake_config, health
 
 DEADLINE_S, HEARTBEAT_S = 1.0, 0.2
 NOTICE_BOUND_S = DEADLINE_S + HEARTBEAT_S + 1.5  # the stated bound, plus room for a loaded CPU
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_processes():
-    before = {p.pid for p in multiprocessing.active_children()}
-    yield
-    deadline = time.monotonic() + 10
-    while [p for p in multiprocessing.active_children() if p.pid not in before] and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not [p for p in multiprocessing.active_children() if p.pid not in before]
 
 
 @contextmanager
@@ -46,14 +32,6 @@ def watched_server(tmp_path, engines=2):
     with ServerThread(config, recording_factory) as srv:
         srv.record_dir = record_dir
         yield srv
-
-
-def health(srv) -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{srv.server.port}/health", timeout=5) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def engine_pids(srv) -> list[int]:

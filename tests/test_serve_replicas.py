@@ -4,14 +4,10 @@ while sessions stream over real WebSockets (only its sessions fail, they resume 
 and the per-engine stats."""
 
 import collections
-import json
-import multiprocessing
 import os
 import signal
 import threading
 import time
-import urllib.error
-import urllib.request
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -26,19 +22,8 @@ from alignatt.serve.replicas import replica_devices
 from alignatt.serve.scheduler import EngineDied, SchedulerConfig
 from alignatt.serve.server import ServerThread
 from tests.mt_fakes import target_word
-from tests.replica_fakes import drafts_by_process, process_of, recording_factory
-from tests.server_client import Client, fake_config
-
-
-@pytest.fixture(autouse=True)
-def no_leaked_processes():
-    before = {p.pid for p in multiprocessing.active_children()}
-    yield
-    deadline = time.monotonic() + 10
-    while [p for p in multiprocessing.active_children() if p.pid not in before] and time.monotonic() < deadline:
-        time.sleep(0.05)
-    left = [p for p in multiprocessing.active_children() if p.pid not in before]
-    assert not left, f"engine processes left running: {left}"
+from tests.replica_fakes import drafts_by_process, no_leaked_processes, process_of, recording_factory  # noqa: F401
+from tests.server_client import Client, fake_config, http_get
 
 
 @contextmanager
@@ -76,14 +61,6 @@ def retractions(replies: list[dict]) -> int:
             count += 1
         shown[r["utterance_id"]] = r["committed_text"]
     return count
-
-
-def http_get(srv, path: str) -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{srv.server.port}{path}", timeout=5) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 # ---- where engines run, and which one a session gets ----

@@ -2,21 +2,10 @@
 The engine's scheduler admits what the server admits, and `/health` reports that same count:
 it says ok exactly while a new session gets `init_ok`, and full when it would get `busy`."""
 
-import json
-import urllib.error
-import urllib.request
 
-from tests.server_client import Client, fake_server
+from tests.server_client import Client, fake_server, health
 
 TARGETS = ["de", "it", "fr", "es"]
-
-
-def health(srv) -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{srv.server.port}/health", timeout=5) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def test_four_target_sessions_take_one_place_each_and_health_agrees_with_admission(tmp_path):

@@ -8,10 +8,6 @@
 Each engine runs in its own process (tests/gpu/batching_worker.py). Skipped without CUDA or vLLM:
 `pytest -m gpu tests/gpu -x -q`."""
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,11 +15,11 @@ import pytest
 
 from alignatt.checks.cross_engine import FP32_ROW_MAX_ABS
 from alignatt.checks.messages import ALIGN_AGREEMENT_MIN
+from tests.gpu.worker_run import run_worker
 from tests.gpu_marks import GPU_MODULE
 
 pytestmark = GPU_MODULE
 
-ROOT = Path(__file__).resolve().parents[2]
 HEADS = [(0, 1), (1, 2), (2, 5), (3, 4), (5, 6), (8, 0), (10, 6), (11, 3)]  # sliding, full and KV-shared layers
 TOKENS = 12
 # fp32 rows: cached keys come from another request's prefill (other GEMM shapes, other rounding),
@@ -60,15 +56,7 @@ def run(workdir: Path, mode: str, dtype: str, prefix_caching: bool) -> dict:
     spec = {"checkpoint": str(workdir / "reduced-gemma4"), "dtype": dtype, "mode": mode,
             "prefix_caching": prefix_caching, "heads": HEADS, "tokens": TOKENS,
             "kv_cache_memory_gib": 0.5 if dtype == "float32" else 0.25}
-    (workdir / f"{name}.json").write_text(json.dumps(spec))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    if dtype == "float32":  # IEEE fp32 in vLLM's Triton attention too (fresh kernel cache)
-        env.update(TRITON_F32_DEFAULT="ieee", TRITON_CACHE_DIR=str(workdir / "triton-cache-ieee"))
-    out = workdir / f"{name}.npz"
-    done = subprocess.run([sys.executable, "-m", "tests.gpu.batching_worker", str(workdir / f"{name}.json"), str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    _RUNS[key] = dict(np.load(out))
+    _RUNS[key] = run_worker("tests.gpu.batching_worker", workdir, name, spec, fp32=dtype == "float32")
     return _RUNS[key]
 
 

@@ -5,10 +5,6 @@ process (tests/gpu/verify_worker.py) and its results serve every test of its mod
 tests run together in one child (`gpu_module`): three engine starts, not nine.
 `pytest -m gpu tests/gpu/test_vllm_verify.py -x -q`."""
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,11 +12,11 @@ import pytest
 
 from alignatt.checks.cross_engine import FP32_ROW_MAX_ABS
 from alignatt.checks.messages import ALIGN_AGREEMENT_MIN
+from tests.gpu.worker_run import run_worker
 from tests.gpu_marks import GPU_MODULE
 
 pytestmark = GPU_MODULE
 
-ROOT = Path(__file__).resolve().parents[2]
 HEADS = [(0, 1), (1, 2), (2, 5), (3, 4), (5, 6), (8, 0), (10, 6), (11, 3)]  # sliding, full and KV-shared layers
 TOKENS = 12
 # A verified token's rows come from a multi-token verifying step, the from-scratch one's from a
@@ -45,14 +41,7 @@ def run(workdir: Path, mode: str, verify: bool = True) -> dict:
     name = f"{mode}_{'verify' if verify else 'scratch'}"
     spec = {"checkpoint": str(workdir / "reduced-gemma4"), "dtype": "float32", "mode": mode, "heads": HEADS,
             "tokens": TOKENS, "kv_cache_memory_gib": 0.5, "verify": verify}
-    (workdir / f"{name}.json").write_text(json.dumps(spec))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-               TRITON_F32_DEFAULT="ieee", TRITON_CACHE_DIR=str(workdir / "triton-cache-ieee"))
-    out = workdir / f"{name}.npz"
-    done = subprocess.run([sys.executable, "-m", "tests.gpu.verify_worker", str(workdir / f"{name}.json"), str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    _RUNS[key] = dict(np.load(out))
+    _RUNS[key] = run_worker("tests.gpu.verify_worker", workdir, name, spec, fp32=True)
     return _RUNS[key]
 
 
