@@ -87,6 +87,9 @@ def test_a_local_directory_needs_a_config(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     spec = resolve_model(str(tmp_path))
     assert spec.load_format == "auto" and not spec.synthetic and spec.tmp_dir is None
+    for model_type, backend in (("gemma4_text", None), ("gemma3_text", "TRITON_ATTN")):  # vLLM picks it for Gemma-4
+        (tmp_path / "config.json").write_text(f'{{"model_type": "{model_type}"}}')
+        assert resolve_model(str(tmp_path)).attention_backend == backend
 
 
 def test_the_embedded_gemma3_runs_from_its_converted_checkpoint_on_triton_attention():

