@@ -125,5 +125,5 @@ def test_the_page_names_the_commit_and_date_whose_gpu_suite_passed(tmp_path):
 def test_the_h200_profile_runs_its_gpu_tests_in_lanes():
     from alignatt.pipeline.params import load_params, profile_of
 
-    assert profile_of(load_params("params.yaml"), "h200")[1].gpu_lanes == 3
+    assert profile_of(load_params("params.yaml"), "h200")[1].gpu_lanes == 4
     assert profile_of(load_params("params.yaml"), "cpu")[1].gpu_lanes == 1

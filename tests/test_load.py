@@ -342,3 +342,34 @@ def test_realtime_pacing_supersedes_stale_partials_and_still_delivers_every_fina
     assert lv.finals_delivered == lv.finals_expected == 6 and lv.finals_in_order
     assert lv.retractions == 0 and lv.error_frames == 0
     assert lv.updates < 3 * 2 * len(SHORT["text"].split())  # superseded updates got no reply
+
+
+def test_one_speaker_on_a_later_configuration_is_compared_with_the_first(tmp_path, short_stream, monkeypatch):
+    """Verification on against off in one run: the later configuration's N=1 level says how many of
+    the same updates differ from the first's; only configurations that change more than verification
+    get a capture cost of their own (its drafts carry no proposal)."""
+    costed: list[str] = []
+    monkeypatch.setattr("alignatt.measure.capacity.capture_cost_in_child",
+                        lambda payload: costed.append(payload["mode"]) or [])
+    options = LoadOptions(seam="vllm_capture", vllm_mode="fullgraph,fullgraph+verify", speakers="1,2",
+                          streams=[short_stream], speed=3.0, stagger_s=0.0, capture_cost="on")
+    artifact = run_load(options, None, seam_factory=lambda route, heads: StandInBatchSeam(max_batch=8))
+    first, later = ([lv for lv in artifact.levels if lv.vllm_mode == m and lv.speakers == 1]
+                    for m in ("fullgraph", "fullgraph+verify"))
+    assert first[0].updates_compared_with_first_configuration is None  # the reference itself
+    assert later[0].updates_compared_with_first_configuration == later[0].updates > 0
+    assert later[0].texts_differing_from_first_configuration == 0  # the same stand-in engine
+    assert all(lv.updates_compared_with_first_configuration is None for lv in artifact.levels if lv.speakers == 2)
+    assert costed == ["fullgraph"]
+    assert "not measured for fullgraph+verify" in artifact.capture_cost_note
+
+
+def test_the_configuration_difference_counts_texts_and_decisions_by_stream_and_seq():
+    from alignatt.measure.capacity import configuration_difference
+
+    reference = {"smoke": {"0": ["Das", "draft", "Das"], "1": ["Das Haus", "draft", " Haus"], "2": ["x", "fast_path", ""]}}
+    other = {"smoke": {"0": ["Das", "draft", "Das"], "1": ["Das Heim", "draft", " Heim"], "2": ["x", "draft", ""],
+                       "9": ["unmatched", "draft", ""]}}
+    assert configuration_difference(reference, other) == {
+        "updates_compared_with_first_configuration": 3, "texts_differing_from_first_configuration": 1,
+        "decisions_differing_from_first_configuration": 2}

@@ -323,7 +323,27 @@ def run_configuration(options: LoadOptions, mode: str | None, seam_factory=None)
                  "max_batch": engine.scheduler.max_batch, "scheduler": engine.stats(),
                  "per_engine": [e.stats() for e in engines]}
         heads = [[h.layer, h.head] for h in engine.heads]
-    return {"levels": levels, "engine": facts, "heads": heads, "seam_options": route.seam_options}
+    return {"levels": levels, "engine": facts, "heads": heads, "seam_options": route.seam_options,
+            "alone": {name: {str(seq): list(sig) for seq, sig in sigs.items()} for name, sigs in alone.items()}}
+
+
+def configuration_difference(reference: dict[str, dict[str, list]], other: dict[str, dict[str, list]]) -> dict:
+    """How one speaker alone is served by another configuration than the first (verification on
+    against off, say): updates whose committed text differs, and whose path or released text
+    differs, matched by stream and seq (a lockstep replay sends the same updates in the same order)."""
+    texts = decisions = compared = 0
+    for name, sigs in other.items():
+        ref = reference.get(name, {})
+        for seq, sig in sigs.items():
+            want = ref.get(seq)
+            if want is None:
+                continue
+            compared += 1
+            texts += sig[0] != want[0]
+            decisions += sig[1:] != want[1:]
+    return {"updates_compared_with_first_configuration": compared,
+            "texts_differing_from_first_configuration": texts,
+            "decisions_differing_from_first_configuration": decisions}
 
 
 def configuration_in_child(payload: dict) -> dict:
@@ -397,17 +417,28 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
         payload = {"options": options.model_dump(), "mode": mode}
         runs.append(run_in_child("alignatt.measure.capacity:configuration_in_child", payload, f"load ({mode})")
                     if isolate else run_configuration(options, mode, seam_factory))
+    for r in runs[1:]:  # one speaker alone on each later configuration against the first
+        difference = configuration_difference(runs[0]["alone"], r["alone"])
+        for lv in r["levels"]:
+            if lv["speakers"] == 1:
+                lv.update(difference)
     levels = [lv for r in runs for lv in r["levels"]]
     cost: list[dict] = []
     heads = runs[0]["heads"] or [[h.layer, h.head] for h in resolve_heads(_route(options, modes[0]), "en-de")]
+    # The capture cost drafts fixed-length tokens with no proposal, so a configuration that only adds
+    # verification measures what its mode without it does: it is measured once, on that mode.
+    cost_modes = [m for m in modes if m is None or set(parse_configuration(m)[1]) != {"verify"}]
     if want_cost:
-        for mode in modes:
+        for mode in cost_modes:
             payload = {"options": options.model_dump(), "mode": mode or "cudagraph", "heads": heads}
             rows = (run_in_child("alignatt.measure.capacity:capture_cost_in_child", payload, f"capture cost ({mode})")
                     if seam_factory is None else capture_cost_in_child(payload))
             cost += [{**row, "vllm_mode": mode or "cudagraph"} for row in rows]
+        skipped = [m for m in modes if m not in cost_modes]
         note = (f"draft_many of the bench prompts, {options.capture_cost_tokens} fixed-length tokens, "
-                f"median of {options.capture_cost_repeats} after a warm-up, capture on then off, one engine at a time")
+                f"median of {options.capture_cost_repeats} after a warm-up, capture on then off, one engine at a time"
+                + (f"; not measured for {', '.join(skipped)}: these drafts carry no proposal to verify"
+                   if skipped else ""))
     else:
         note = "not measured: needs vllm_capture on CUDA (capture_cost=on forces it)"
     engine_facts = {**runs[0]["engine"], **({"engines": {str(m): r["engine"] for m, r in zip(modes, runs)}}

@@ -258,6 +258,11 @@ class LoadLevel(_Strict):
     vllm_mode: str | None = None  # the configuration (vllm_capture's mode) this level ran on
     engines: list[LoadEngine] = Field(default_factory=list)  # per engine; empty in artifacts that predate the field (they still validate)
     verification: LoadVerification | None = None  # None: the seam does not count it (or artifacts from before)
+    # One speaker alone on a later configuration of the run (verification on, say) against the first
+    # (off): updates matched by seq, and how many differ in committed text, and in path or released text.
+    updates_compared_with_first_configuration: int | None = None
+    texts_differing_from_first_configuration: int | None = None
+    decisions_differing_from_first_configuration: int | None = None
 
 
 class CaptureCostRow(_Strict):
