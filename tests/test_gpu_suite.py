@@ -127,3 +127,22 @@ def test_the_h200_profile_runs_its_gpu_tests_in_lanes():
 
     assert profile_of(load_params("params.yaml"), "h200")[1].gpu_lanes == 4
     assert profile_of(load_params("params.yaml"), "cpu")[1].gpu_lanes == 1
+
+
+def test_the_page_says_which_gpu_figures_stand_on_the_passing_suite(tmp_path):
+    from alignatt.report.page import render_report
+
+    root = Path(__file__).resolve().parents[1]
+    for name in ("params.yaml", "reports"):
+        (shutil.copytree if (root / name).is_dir() else shutil.copy)(root / name, tmp_path / name)
+    (tmp_path / "outputs" / "published").mkdir(parents=True)
+    folder = tmp_path / "outputs" / "h200"
+    suite = _suite(tmp_path, "a" * 40, passed=True)
+    write_artifact(folder / "gpu_tests.json", suite)
+    measured = measurement_artifact("m", "a GPU measurement", {}, {})
+    write_artifact(folder / "same.json", measured.model_copy(update={"provenance": suite.provenance}))
+    older = suite.provenance.model_copy(update={"git_commit": "b" * 40})
+    write_artifact(folder / "old.json", measured.model_copy(update={"provenance": older}))
+    page = render_report(tmp_path)
+    assert "  - Stand on it (measured at `aaaaaaaaaaaa`): same.json." in page
+    assert f"they do not stand on this suite: old.json (bbbbbbb, {older.date})." in " ".join(page.split())

@@ -40,6 +40,18 @@ def render_site(site):
     return render_all(site)
 
 
+def capacity_table(text: str) -> list[str]:
+    """The rows of the page's capacity table (one per load level)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| Date | Machine | Configuration | Stream"))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("| "):
+            break
+        rows.append(line)
+    return rows
+
+
 def test_load_levels_through_the_server_with_a_batching_seam(tmp_path, short_stream):
     from alignatt.record.artifacts import LoadArtifact, load_artifact
 
@@ -212,15 +224,14 @@ def test_several_vllm_modes_are_configurations_of_one_run_each_with_its_own_leve
     assert [r.split(",")[1] for r in plot.read_text().splitlines()[1:]] == [
         "vllm_capture/fullgraph", "vllm_capture/fullgraph", "vllm_capture/cudagraph", "vllm_capture/cudagraph"]
     text, figures = render_site(site)
-    configurations = {line.split(" | ")[2].split(" (")[0] for line in text.splitlines() if "h200: vllm_capture" in line}
+    configurations = {line.split(" | ")[2].split(" (")[0] for line in capacity_table(text) if "h200: vllm_capture" in line}
     assert configurations == {"h200: vllm_capture fullgraph", "h200: vllm_capture cudagraph"}
     (capacity,) = [f for f in figures if f.name == "capacity_rtt_p95"]
     assert capacity.svg.count("vllm_capture fullgraph") == 1 and capacity.svg.count("vllm_capture cudagraph") == 1
     # a second run of the same mode, in a file of its own, is a configuration of its own
     shutil.copy(out, out.with_name("load_rerun.json"))
     text, figures = render_site(site)
-    configurations = {line.split(" | ")[2].split(", ")[0] for line in text.splitlines() if "vllm_capture" in line
-                      and line.startswith("| ")}
+    configurations = {line.split(" | ")[2].split(", ")[0] for line in capacity_table(text) if "vllm_capture" in line}
     assert {"h200: vllm_capture fullgraph", "h200 (load_rerun): vllm_capture fullgraph"} <= configurations
     (capacity,) = [f for f in figures if f.name == "capacity_rtt_p95"]
     assert capacity.svg.count("vllm_capture fullgraph") == 2
@@ -373,3 +384,40 @@ def test_the_configuration_difference_counts_texts_and_decisions_by_stream_and_s
     assert configuration_difference(reference, other) == {
         "updates_compared_with_first_configuration": 3, "texts_differing_from_first_configuration": 1,
         "decisions_differing_from_first_configuration": 2}
+
+
+def test_the_page_judges_the_capacity_targets_and_shows_verification_against_plain_drafts(tmp_path, short_stream):
+    """params.yaml's capacity targets judged on the load stage's run, per configuration (met,
+    missed, or not measured), and the verification table with its per-draft figures."""
+    import yaml
+
+    class CountingSeam(StandInBatchSeam):
+        """Counts every finished draft as 4 proposed tokens, 3 accepted, 2 decoded, 3 forwards."""
+
+        def acceptance_totals(self):
+            n = sum(1 for _ in self.submitted) - len(self.running)
+            return {"drafts": n, "tokens": 5 * n, "proposed": 4 * n, "accepted": 3 * n, "decoded": 2 * n,
+                    "forward_steps": 3 * n, "verify_ms": 1.5 * n, "extend_ms": 2.5 * n}
+
+    options = LoadOptions(seam="vllm_capture", vllm_mode="fullgraph,fullgraph+verify", speakers="1,2",
+                          streams=[short_stream], speed=3.0, stagger_s=0.0, capture_cost="off")
+    site = tmp_path / "site"
+    run_load(options, site / "outputs" / "h200" / "load.json",
+             seam_factory=lambda route, heads: CountingSeam(max_batch=8, step_s=0.002))
+    render_site(site)  # copies params.yaml in; then set targets the stand-in meets and misses
+    params = yaml.safe_load((site / "params.yaml").read_text())
+    params["report"]["capacity_targets"] = [{"speakers": 1, "rtt_p50_ms": 1e6}, {"speakers": 1, "rtt_p50_ms": 0.001},
+                                            {"speakers": 64, "rtt_p95_ms": 300}]
+    (site / "params.yaml").write_text(yaml.safe_dump(params))
+    from alignatt.report.page import render_all
+
+    lines = render_all(site)[0].splitlines()
+    verdicts = [line.split(" | ")[2:4] for line in lines if line.startswith("| ") and "**" in line]
+    assert verdicts == [["1", "**met**"], ["1", "**met**"], ["1", "**missed**"], ["1", "**missed**"],
+                        ["64", "**—**"], ["64", "**—**"]]
+    start = next(i for i, line in enumerate(lines) if line.startswith("| Date | Configuration | Speakers | Drafts"))
+    rows = [line.split(" | ") for line in lines[start + 2:start + 6]]
+    assert [r[2] for r in rows] == ["1", "2", "1", "2"]  # every level of both configurations
+    for r in rows:  # CountingSeam: 3 of 4 proposed kept, 2 decoded, 3 forwards, 1.5 + 2.5 ms per draft
+        assert r[4] == f"75% of {4 * int(r[3])}" and r[5:9] == ["2.0", "3.0", "1.5", "2.5"], r
+    assert rows[2][-1].startswith("0 texts, 0 decisions of ")  # one speaker on +verify against the first

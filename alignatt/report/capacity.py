@@ -52,6 +52,78 @@ def capacity_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
     return rows
 
 
+def _mean_of_engines(lv: Any, key: str) -> float | None:
+    values = [getattr(e, key) for e in lv.engines if getattr(e, key) is not None]
+    return sum(values) / len(values) if values else None
+
+
+def verification_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
+    """Verified re-drafts against plain ones, per level of every load run that counted them: what
+    the engine did per draft, what a step cost (and how much of it was the engine thread's CPU),
+    and, for one speaker alone, how many updates a later configuration served differently."""
+    rows = []
+    for rel, a in sorted(inputs.of_kind("load"), key=lambda t: t[0]):
+        for lv in a.levels:
+            v = lv.verification
+            if v is None:
+                continue
+            step, cpu = _mean_of_engines(lv, "step_ms_mean"), _mean_of_engines(lv, "step_cpu_ms_mean")
+            compared = lv.updates_compared_with_first_configuration
+            rows.append(dict(
+                date=a.provenance.date, configuration=configuration(rel, a, lv.vllm_mode),
+                synthetic=a.synthetic_weights, model=a.config.get("model"), speakers=lv.speakers, drafts=v.drafts,
+                acceptance="—" if v.acceptance_rate is None else f"{v.acceptance_rate:.0%} of {v.proposed}",
+                decoded=_fmt(v.decoded_tokens_per_update, 1), forwards=_fmt(v.forward_steps_per_draft, 1),
+                verify_ms=_fmt(v.verify_ms_mean, 1), extend_ms=_fmt(v.extend_ms_mean, 1),
+                steps=lv.engine_steps, step_ms=_fmt(step, 1),
+                cpu_share="—" if not step or cpu is None else f"{cpu / step:.0%}",
+                p50=_fmt(lv.partial_rtt_ms_p50), p95=_fmt(lv.partial_rtt_ms_p95),
+                differs="—" if compared is None else (f"{lv.texts_differing_from_first_configuration} texts, "
+                                                      f"{lv.decisions_differing_from_first_configuration} decisions "
+                                                      f"of {compared}"),
+            ))
+    return rows
+
+
+def _judge(lv: Any, target: dict[str, Any]) -> tuple[bool, list[str]]:
+    """Whether one level meets one target, and what was measured against each bound."""
+    said, ok = [], True
+    for key, field, unit in (("rtt_p50_ms", "partial_rtt_ms_p50", " ms"), ("rtt_p95_ms", "partial_rtt_ms_p95", " ms"),
+                             ("lag_max_s", "lag_s_max", " s")):
+        if key in target:
+            got = getattr(lv, field)
+            ok = ok and got is not None and got <= target[key]
+            said.append(f"{key.split('_')[0] if key != 'lag_max_s' else 'lag'} {_fmt(got, 2 if unit == ' s' else 0)}"
+                        f"{unit} (≤ {target[key]}{unit})")
+    if target.get("lag_steady"):
+        ok = ok and not lv.lag_grows
+        said.append("lag grows" if lv.lag_grows else "lag steady")
+    clean = lv.retractions == 0 and lv.finals_in_order and lv.finals_delivered == lv.finals_expected
+    ok = ok and clean
+    said.append(f"{lv.retractions} retractions, finals {lv.finals_delivered}/{lv.finals_expected}"
+                f"{'' if lv.finals_in_order else ' out of order'}")
+    return ok, said
+
+
+def capacity_targets(inputs: ReportInputs) -> list[dict[str, Any]]:
+    """params.yaml's `report.capacity_targets`, judged on each profile's `load` stage artifact
+    (`<profile>/load.json`), per configuration: met, missed, or not measured."""
+    targets = (inputs.params.get("report") or {}).get("capacity_targets") or []
+    rows = []
+    for rel, a in sorted(inputs.of_kind("load"), key=lambda t: t[0]):
+        if not rel.endswith("/load.json") or not a.config.get("seam", "").startswith("vllm"):
+            continue
+        modes = list(dict.fromkeys(lv.vllm_mode for lv in a.levels))
+        for target in targets:
+            for mode in modes:
+                level = next((lv for lv in a.levels if lv.vllm_mode == mode and lv.speakers == target["speakers"]), None)
+                ok, said = _judge(level, target) if level is not None else (None, ["not measured"])
+                rows.append(dict(date=a.provenance.date, configuration=configuration(rel, a, mode),
+                                 speakers=target["speakers"], verdict={True: "met", False: "missed", None: "—"}[ok],
+                                 measured="; ".join(said)))
+    return rows
+
+
 def capture_cost_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
     rows = []
     for rel, a in sorted(inputs.of_kind("load"), key=lambda t: t[0]):

@@ -19,7 +19,7 @@ from typing import Any
 from alignatt.core.errors import AlignattError
 from alignatt.record.artifacts import FingerprintArtifact, sha256_file
 from alignatt.report import capacity, figures as bench_figures
-from alignatt.report.capacity import capacity_rows, capture_cost_rows
+from alignatt.report.capacity import capacity_rows, capacity_targets, capture_cost_rows, verification_rows
 from alignatt.report.figures import FIGURES_DIR, Figure, FigureFunction, render_figures
 from alignatt.report.inputs import ReportInputs, collect_inputs, relative
 from alignatt.report.rows import ResultRow, load_note, machine_of
@@ -273,18 +273,41 @@ def figure_items(figures: list[Figure]) -> dict[str, list[dict[str, str]]]:
     return out
 
 
+def _gpu_figures_beside(inputs: ReportInputs, suite_rel: str, commit: str) -> tuple[list[str], list[str]]:
+    """The GPU artifacts in a suite's folder: those measured at the suite's commit (they stand on it)
+    and the others, each with the commit it was measured at (the audit flags those)."""
+    folder = suite_rel.rsplit("/", 1)[0]
+    standing, other = [], []
+    for kind, entries in sorted(inputs.by_kind.items()):
+        if kind in ("gpu_tests", "fingerprint"):
+            continue
+        for rel, a in entries:
+            if rel.rsplit("/", 1)[0] != folder or not getattr(a, "provenance", None) or a.provenance.gpu_count == 0:
+                continue
+            name = rel.rsplit("/", 1)[1]
+            at = a.provenance.git_commit or ""
+            if at == commit:
+                standing.append(name)
+            else:
+                other.append(f"{name} ({at[:7] or 'no commit'}, {a.provenance.date})")
+    return sorted(standing), sorted(other)
+
+
 def gpu_suites(inputs: ReportInputs) -> list[dict[str, Any]]:
-    """Each folder's GPU suite that ran: the commit it passed (or failed) at, its date, its skips."""
+    """Each folder's GPU suite that ran: the commit it passed (or failed) at, its date, its skips,
+    and which of the folder's GPU figures were measured at that commit."""
     items = []
     for rel, a in inputs.of_kind("gpu_tests"):
         if not a.ran:
             continue
+        standing, other = _gpu_figures_beside(inputs, rel, a.provenance.git_commit or "") if a.passed else ([], [])
         items.append(dict(
             path=rel, machine=machine_of(a), date=a.provenance.date, time=a.provenance.timestamp_utc,
             commit=(a.provenance.git_commit or "unknown")[:12], passed=a.passed, counts=a.counts,
             wall_s=round(a.wall_s), reason=a.reason, lanes=a.lanes,
             skipped=[(t.nodeid, t.message) for t in a.tests if t.outcome == "skipped"],
             failed=[(t.nodeid, t.message) for t in a.tests if t.outcome in ("failed", "error")],
+            standing=standing, other=other,
         ))
     return items
 
@@ -313,6 +336,8 @@ def build_context(inputs: ReportInputs, figures: list[Figure] | None = None) -> 
         artifacts=artifact_list(inputs),
         figures=figure_items(figures or []),
         capacity=capacity_rows(inputs),
+        verification=verification_rows(inputs),
+        capacity_targets=capacity_targets(inputs),
         capture_cost=capture_cost_rows(inputs),
         exactness=graph_exactness(inputs),
         independence=load_independence(inputs),
