@@ -421,3 +421,7 @@ def test_the_page_judges_the_capacity_targets_and_shows_verification_against_pla
     for r in rows:  # CountingSeam: 3 of 4 proposed kept, 2 decoded, 3 forwards, 1.5 + 2.5 ms per draft
         assert r[4] == f"75% of {4 * int(r[3])}" and r[5:9] == ["2.0", "3.0", "1.5", "2.5"], r
     assert rows[2][-1].startswith("0 texts, 0 decisions of ")  # one speaker on +verify against the first
+    params["report"]["capacity_targets"] = [{"speakers": 64, "rtt_p99_ms": 300}]  # not a bound the page knows
+    (site / "params.yaml").write_text(yaml.safe_dump(params))
+    with pytest.raises(AlignattError, match="known bounds are rtt_p50_ms, rtt_p95_ms, lag_max_s"):
+        render_all(site)

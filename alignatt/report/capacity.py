@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from alignatt.core.errors import AlignattError
 from alignatt.report.figures import Figure, new_figure, styled, svg_text
 from alignatt.report.inputs import ReportInputs
 
@@ -85,16 +86,20 @@ def verification_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
     return rows
 
 
+# A capacity target's bounds (params.yaml report.capacity_targets): the level's field, its label, unit, digits.
+TARGET_BOUNDS = {"rtt_p50_ms": ("partial_rtt_ms_p50", "RTT p50", "ms", 0),
+                 "rtt_p95_ms": ("partial_rtt_ms_p95", "RTT p95", "ms", 0),
+                 "lag_max_s": ("lag_s_max", "lag max", "s", 2)}
+
+
 def _judge(lv: Any, target: dict[str, Any]) -> tuple[bool, list[str]]:
     """Whether one level meets one target, and what was measured against each bound."""
     said, ok = [], True
-    for key, field, unit in (("rtt_p50_ms", "partial_rtt_ms_p50", " ms"), ("rtt_p95_ms", "partial_rtt_ms_p95", " ms"),
-                             ("lag_max_s", "lag_s_max", " s")):
+    for key, (field, label, unit, digits) in TARGET_BOUNDS.items():
         if key in target:
             got = getattr(lv, field)
             ok = ok and got is not None and got <= target[key]
-            said.append(f"{key.split('_')[0] if key != 'lag_max_s' else 'lag'} {_fmt(got, 2 if unit == ' s' else 0)}"
-                        f"{unit} (≤ {target[key]}{unit})")
+            said.append(f"{label} {_fmt(got, digits)} {unit} (≤ {target[key]} {unit})")
     if target.get("lag_steady"):
         ok = ok and not lv.lag_grows
         said.append("lag grows" if lv.lag_grows else "lag steady")
@@ -109,6 +114,11 @@ def capacity_targets(inputs: ReportInputs) -> list[dict[str, Any]]:
     """params.yaml's `report.capacity_targets`, judged on each profile's `load` stage artifact
     (`<profile>/load.json`), per configuration: met, missed, or not measured."""
     targets = (inputs.params.get("report") or {}).get("capacity_targets") or []
+    for target in targets:  # a misspelt bound would otherwise be judged met without being checked
+        unknown = set(target) - set(TARGET_BOUNDS) - {"speakers", "lag_steady"}
+        if unknown or "speakers" not in target:
+            raise AlignattError(f"report.capacity_targets entry {target}: needs speakers; known bounds are "
+                                f"{', '.join(TARGET_BOUNDS)} and lag_steady" + (f", not {sorted(unknown)}" if unknown else ""))
     rows = []
     for rel, a in sorted(inputs.of_kind("load"), key=lambda t: t[0]):
         if not rel.endswith("/load.json") or not a.config.get("seam", "").startswith("vllm"):
