@@ -1,4 +1,4 @@
-"""Helpers for server tests: a fake-engine server on loopback and a small sync protocol client."""
+"""Helpers for server tests: a fake-engine server on loopback and the protocol client with a test's defaults."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from websockets.sync.client import connect
 
 from alignatt.heads.sets import HeadSet, RankedHead, write_head_set
+from alignatt.replay.client import ProtocolClient
 from alignatt.serve.server import ServerThread
 from alignatt.serve.config import DirectionRoute, ServerConfig, ServerLimits
 from tests.mt_fakes import FakeSeam
@@ -53,57 +54,15 @@ def fake_server(tmp_path, directions=("en-de",), seam_options=None, **limits):
         yield handle
 
 
-class Client:
-    """A minimal protocol-v1 client over websockets' sync API (what WhisperLiveKit uses too)."""
+class Client(ProtocolClient):
+    """The protocol-v1 client with a test's defaults: a short reply timeout, frames sent unchecked
+    (tests send what the server must refuse), and every update stamped `clock_ms: 0`."""
 
     def __init__(self, url: str, timeout: float = 10.0) -> None:
-        self.ws = connect(url, open_timeout=5.0, legacy=True)
-        self.timeout = timeout
-        self.seq = 0
+        super().__init__(connect(url, open_timeout=5.0, legacy=True), timeout, check=False)
 
-    def send(self, frame) -> None:
-        self.ws.send(frame if isinstance(frame, (str, bytes)) else json.dumps(frame))
-
-    def recv(self, timeout: float | None = None) -> dict:
-        return json.loads(self.ws.recv(timeout=timeout or self.timeout))
-
-    def init(self, **fields) -> dict:
-        frame = {"type": "init", "protocol_version": 1, "source_lang": "en", "target_lang": "de"}
-        frame.update(fields)
-        self.send(frame)
-        return self.recv()
-
-    def update(self, words, tail=None, final=False, utterance_id=0, seq=None, **extra) -> int:
-        self.seq = self.seq + 1 if seq is None else seq
-        frame = {
-            "type": "update",
-            "seq": self.seq,
-            "utterance_id": utterance_id,
-            "words": [[w, None, None] for w in words],
-            "clock_ms": 0.0,
-            "is_final": final,
-            **extra,
-        }
-        if tail:
-            frame["tail"] = {"words": [[w, None, None] for w in tail]}
-        self.send(frame)
-        return self.seq
-
-    def ask(self, words, tail=None, final=False, utterance_id=0, **extra) -> dict:
-        seq = self.update(words, tail, final, utterance_id, **extra)
-        while True:
-            reply = self.recv()
-            if reply.get("seq") is not None and reply["seq"] >= seq or reply["type"] == "error":
-                return reply
-
-    def close(self) -> None:
-        self.ws.close()
-
-    def __enter__(self) -> "Client":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def update(self, words, tail=None, final=False, utterance_id=0, seq=None, clock_ms=0.0, **extra) -> int:
+        return super().update(words, tail or (), final, utterance_id, seq, clock_ms, **extra)
 
 
 class StalledClient:

@@ -9,7 +9,9 @@ import pytest
 
 from alignatt.core.errors import AlignattError
 from alignatt.measure.capacity import LoadOptions, resolve_streams, run_load, summarise_level
-from alignatt.replay.stream import RunRecord, SmokeStream
+from alignatt.record.events import ReplayEvent
+from alignatt.replay.events import RunRecord
+from alignatt.replay.stream import SmokeStream
 from tests.batch_fakes import StandInBatchSeam
 from tests.mt_fakes import FakeSeam
 
@@ -100,7 +102,7 @@ def _events(lags, finals=(0, 1), error=False):
                        "utterance_id": uid, "committed_text": f"text {k}"})
     if error:
         events.append({"seq": len(events) + 1, "lag_s": 0.0, "error": "processing_failed", "rtt_ms": 1.0})
-    return events
+    return [ReplayEvent(**e) for e in events]
 
 
 def test_the_level_summary_judges_lag_growth_finals_order_and_errors():
@@ -126,8 +128,8 @@ def test_the_level_summary_judges_lag_growth_finals_order_and_errors():
 def test_alone_comparison_counts_updates_that_differ():
     stream = SmokeStream(words_per_second=2.0, commit_lag_seconds=1.0, text="One two. Three four.")
     base = _events([0.1] * 3)
-    changed = [dict(e) for e in base]
-    changed[1]["committed_text"] = "different"
+    changed = list(base)
+    changed[1] = changed[1].model_copy(update={"committed_text": "different"})
     from alignatt.measure.capacity import _signature
 
     level = summarise_level(2, [RunRecord("native", base, 1, 0), RunRecord("native", changed, 1, 0)], [("s", stream)],

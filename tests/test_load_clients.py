@@ -42,4 +42,4 @@ def test_the_speakers_of_a_level_run_outside_the_calling_process(monkeypatch):
         plan = SpeakerPlan(handle.url, "balanced", 200.0, 0.0, "lockstep", tuple(s.model_dump() for _, s in streams))
         runs, _ = run_speakers(plan, 2, "processes", per_process=1)
     assert all(not isinstance(r, BaseException) for r in runs), runs
-    assert all(any(e.get("final") for e in r.events) for r in runs)
+    assert all(any(e.final for e in r.events) for r in runs)

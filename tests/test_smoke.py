@@ -8,7 +8,9 @@ from typer.testing import CliRunner
 from alignatt.record.artifacts import ServerSmokeArtifact, load_artifact
 from alignatt.cli import app
 from alignatt.core.errors import AlignattError
-from alignatt.replay.stream import asr_events, count_retractions, ends_sentence, load_stream
+from alignatt.record.events import ReplayEvent
+from alignatt.replay.events import count_retractions
+from alignatt.replay.stream import asr_events, ends_sentence, load_stream
 from alignatt.measure.smoke import SmokeOptions, percentile, run_smoke
 from alignatt.replay.wlk_client import wlk_available
 from tests.server_client import FakeFactory
@@ -48,7 +50,7 @@ def test_retractions_are_counted_per_session_and_utterance():
         {"connection": 7, "utterance_id": 0, "committed_text": "Wir"},  # a new session
         {"error": "processing_failed"},
     ]
-    assert count_retractions(events) == 1
+    assert count_retractions([ReplayEvent(**e) for e in events]) == 1
 
 
 def test_smoke_artifact_with_a_fake_engine(tmp_path):
@@ -63,7 +65,7 @@ def test_smoke_artifact_with_a_fake_engine(tmp_path):
     s = a.config["summaries"][0]
     assert s["engine_calls"] == factory.seams[0].calls and s["errors"] == 0
     assert a.config["heads"] == [[11, 3], [6, 5], [17, 3], [20, 0]] and a.config["replay_speed"] == 60.0
-    finals = [e["committed_text"] for e in a.events if e.get("final")]
+    finals = [e.committed_text for e in a.events if e.final]
     assert finals[0].endswith("W8:once.") and finals[-1].startswith("W0:This W1:design")
     assert a.provenance.alignatt and a.provenance.timestamp_utc
     json.loads(out.read_text())  # plain JSON on disk
@@ -91,8 +93,8 @@ def test_smoke_with_both_clients(tmp_path):
     native, wlk = a.config["summaries"]
     assert (native["client"], wlk["client"]) == ("native", "wlk")
     assert wlk["finals"] == 6 and wlk["retractions"] == 0 and wlk["errors"] == 0
-    wlk_finals = [e["committed_text"] for e in a.events if e["client"] == "wlk" and e.get("final")]
-    native_finals = [e["committed_text"] for e in a.events if e["client"] == "native" and e.get("final")]
+    wlk_finals = [e.committed_text for e in a.events if e.client == "wlk" and e.final]
+    native_finals = [e.committed_text for e in a.events if e.client == "native" and e.final]
     assert wlk_finals == native_finals
     assert a.config["whisperlivekit"] == "0.2.26"
 
@@ -156,4 +158,4 @@ def test_wlk_client_that_times_out_reconnects_and_the_smoke_goes_on(tmp_path, mo
     s = a.config["summaries"][0]
     assert s["client"] == "wlk" and s["disconnects"] == 1 and s["retractions"] == 0
     assert s["finals"] == 6  # the final is sent again after the reconnect
-    assert len({e["connection"] for e in a.events if "connection" in e}) == 2
+    assert len({e.connection for e in a.events if e.connection is not None}) == 2

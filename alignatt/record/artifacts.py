@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from alignatt.capture.names import SEAMS, VLLM_MODES
 from alignatt.core.errors import AlignattError
+from alignatt.record.events import ReplayEvent
 from alignatt.record.provenance import Fingerprint, Provenance
 
 ARTIFACT_SCHEMA_VERSION = 1
@@ -168,7 +169,7 @@ class ServerSmokeArtifact(_Artifact):
     rtt_ms_p50: float | None  # partial-draft round trip, client side
     rtt_ms_p95: float | None
     fast_path_events: list[FastPathEvent]
-    events: list[dict[str, Any]] = Field(default_factory=list)  # per-update trace, free-form
+    events: list[ReplayEvent] = Field(default_factory=list)  # per-update trace
 
 
 class Check(_Strict):
