@@ -258,7 +258,7 @@ class LoadLevel(_Strict):
     decisions_differing_from_alone: int | None = None  # updates whose path or released text differs
     vllm_mode: str | None = None  # the configuration (vllm_capture's mode) this level ran on
     engines: list[LoadEngine] = Field(default_factory=list)  # per engine; empty in artifacts that predate the field (they still validate)
-    verification: LoadVerification | None = None  # None: the seam does not count it (or artifacts from before)
+    verification: LoadVerification | None = None  # None: the seam does not count it, or the artifact predates the field
 
 
 class CaptureCostRow(_Strict):
