@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from alignatt.evaluate.replay import ReplayStep
-from alignatt.replay.stream import count_retractions
+from alignatt.record.events import ReplayEvent
+from alignatt.replay.events import count_retractions
 
 CHAR_LANGS = ("zh", "ja")
 
@@ -94,7 +95,7 @@ def stream_output(steps: list[ReplayStep], target_lang: str) -> StreamOutput:
     for s in steps:
         paths[s.reply.path] = paths.get(s.reply.path, 0) + 1
     utterances = [final_text[k] for k in sorted(final_text)]
-    events = [{"utterance_id": s.reply.utterance_id, "committed_text": s.reply.committed_text} for s in steps]
+    events = [ReplayEvent(utterance_id=s.reply.utterance_id, committed_text=s.reply.committed_text) for s in steps]
     return StreamOutput(
         hypothesis=join_units(utterances, target_lang),
         utterances=utterances,

@@ -3,9 +3,10 @@
 Word i arrives as unstable tail at i / words_per_second and is committed commit_lag_seconds later
 (`alignatt.replay.stream.asr_events`, the smoke stream's schedule). Every ASR event
 becomes one update carrying the open utterance's state (committed words + tail), in lockstep: the
-next update is sent after the reply. An utterance closes (`is_final`) at the commit of the stream's
-last word, or, with `close_on_punctuation` (long-form), at the commit of a word that ends a
-sentence, as WhisperLiveKit's client does; the session may also force a final on its own.
+next update is sent after the reply. The updates are `alignatt.replay.cursor.UpdateCursor`'s: an
+utterance closes (`is_final`) at the commit of the stream's last word, or, with
+`close_on_punctuation` (long-form), at the commit of a word that ends a sentence, as
+WhisperLiveKit's client does; the session may also force a final on its own.
 
 What the tail shows is the tail model's (`alignatt.evaluate.tails`: the gold words, a seeded noisy
 ASR hypothesis, or nothing); an update that would show exactly what the previous one did (an
@@ -20,7 +21,6 @@ Every driver answers the same `Reply`, so one loop (`replay`) drives any of them
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -28,7 +28,9 @@ from typing import Protocol
 from alignatt.core.draft import Seam
 from alignatt.core.errors import AlignattError
 from alignatt.evaluate.tails import TailModel
-from alignatt.replay.stream import SmokeStream, asr_events, ends_sentence
+from alignatt.replay.client import ProtocolClient
+from alignatt.replay.cursor import UpdateCursor
+from alignatt.replay.stream import SmokeStream, asr_events
 from alignatt.serve.config import ServerLimits, resolve_preset
 from alignatt.serve.session import Session, SessionConfig
 
@@ -130,46 +132,25 @@ class WebSocketDriver:
         self.url, self.preset = url, preset
         self.source_lang, self.target_lang = source_lang, target_lang
         self.timeout_s = timeout_s
-        self.ws = None
-        self.seq = 0
+        self.client: ProtocolClient | None = None
 
     def open(self) -> None:
-        from websockets.sync.client import connect
-
-        self.ws = connect(self.url, open_timeout=30, max_size=None)
-        self.ws.send(json.dumps({"type": "init", "protocol_version": 1, "source_lang": self.source_lang,
-                                 "target_lang": self.target_lang, "preset": self.preset}))
-        ok = json.loads(self.ws.recv(timeout=self.timeout_s))
-        if ok.get("type") != "init_ok":
-            raise AlignattError(f"server refused the session: {ok.get('code')}: {ok.get('message')}")
-        self.seq = 0
+        self.client = ProtocolClient.connect(self.url, timeout=self.timeout_s, open_timeout=30)
+        self.client.open(self.source_lang, self.target_lang, preset=self.preset)
 
     def update(self, committed, tail, is_final, utterance_id) -> Reply:
-        self.seq += 1
-        frame = {"type": "update", "seq": self.seq, "utterance_id": utterance_id,
-                 "words": [[w, None, None] for w in committed], "is_final": is_final}
-        if tail:
-            frame["tail"] = {"words": [[w, None, None] for w in tail]}
         started = time.perf_counter()
-        self.ws.send(json.dumps(frame))
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise AlignattError(f"no reply to update seq {self.seq} within {self.timeout_s:.0f}s")
-            reply = json.loads(self.ws.recv(timeout=remaining))
-            if reply.get("type") == "error" and reply.get("seq") in (None, self.seq):
-                raise AlignattError(f"server error on seq {self.seq}: {reply.get('code')}: {reply.get('message')}")
-            if reply.get("type") == "translation" and reply.get("seq", -1) >= self.seq:
-                break
+        reply = self.client.ask(committed, tail, is_final, utterance_id)
+        if reply.get("type") == "error":
+            raise AlignattError(f"server error on seq {self.client.seq}: {reply.get('code')}: {reply.get('message')}")
         rtt = (time.perf_counter() - started) * 1000.0
         return Reply(reply["utterance_id"], reply["final"], reply["committed_text"], reply["buffer_text"],
                      reply.get("path", ""), reply.get("engine_calls", 0), reply.get("compute_ms", 0.0), rtt)
 
     def close(self) -> None:
-        if self.ws is not None:
-            self.ws.close()
-            self.ws = None
+        if self.client is not None:
+            self.client.close()
+            self.client = None
 
 
 def replay(words: list[str], driver: Driver, schedule: Schedule, close_on_punctuation: bool = False,
@@ -177,33 +158,24 @@ def replay(words: list[str], driver: Driver, schedule: Schedule, close_on_punctu
     """Replay one stream (a sentence, or a talk) through the driver; one step per sent update.
     `stream_id` keys the tail noise, so every preset sees the same noisy ASR on one stream."""
     tails = tail_model or TailModel("gold")
+
+    def show(tail: list[str], n: int) -> tuple[list[str], int]:
+        shown = tails.show(tail, stream_id, n)
+        return shown.words, shown.covered
+
+    cursor = UpdateCursor(words, close_on_punctuation, show)
     steps: list[ReplayStep] = []
-    uid = utt_start = committed = arrived = 0
-    last = len(words) - 1
-    sent = None
     driver.open()
     try:
-        for n, ev in enumerate(schedule.events(words)):
-            final = False
-            if ev.kind == "arrive":
-                arrived = ev.index + 1
-            else:
-                committed = ev.index + 1
-                final = ev.index == last or (close_on_punctuation and ends_sentence(words[ev.index]))
-            open_words = words[utt_start:committed]
-            shown = tails.show([] if final else words[committed:arrived], stream_id, n)
-            if not open_words and not shown.words:
+        for ev in schedule.events(words):
+            step = cursor.step(ev)
+            if step is None:
                 continue
-            if (len(open_words), shown.words, final) == sent:
-                continue  # nothing new to show (no lookahead: an arrival)
-            sent = (len(open_words), shown.words, final)
-            reply = driver.update(open_words, shown.words, final, uid)
-            steps.append(ReplayStep(round(ev.t * 1000.0, 3), ev.kind, committed, arrived, final, reply,
-                                    committed + shown.covered))
-            if final or reply.final:  # the session may force a final on a long utterance
-                uid += 1
-                utt_start = committed
-                sent = None
+            reply = driver.update(step.words, step.tail, step.final, step.utterance_id)
+            steps.append(ReplayStep(round(ev.t * 1000.0, 3), ev.kind, step.committed, step.arrived, step.final,
+                                    reply, step.read))
+            if step.final or reply.final:  # the session may force a final on a long utterance
+                cursor.close_utterance()
     finally:
         driver.close()
     return steps

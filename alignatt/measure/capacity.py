@@ -33,7 +33,9 @@ from alignatt.core.errors import AlignattError
 from alignatt.models.presets import preset_for
 from alignatt.replay.speakers import SpeakerPlan, run_speakers
 from alignatt.measure.smoke import ServedModelOptions, percentile
-from alignatt.replay.stream import RunRecord, SmokeStream, count_retractions, ends_sentence, load_stream
+from alignatt.record.events import ReplayEvent
+from alignatt.replay.events import RunRecord, count_retractions
+from alignatt.replay.stream import SmokeStream, ends_sentence, load_stream
 
 BUNDLED_STREAMS = {"smoke": "mt_server_smoke_stream.json", "long": "mt_load_long_stream.json"}
 # Flags a configuration label may add to its vLLM mode (`fullgraph+batch_invariant`): engine options.
@@ -107,21 +109,21 @@ def resolve_streams(names: list[str]) -> list[tuple[str, SmokeStream]]:
 # ---- one level ----
 
 
-def _thirds(events: list[dict]) -> tuple[list[float], list[float]]:
-    lags = [e["lag_s"] for e in events]
+def _thirds(events: list[ReplayEvent]) -> tuple[list[float], list[float]]:
+    lags = [e.lag_s for e in events]
     k = max(len(lags) // 3, 1)
     return lags[:k], lags[-k:]
 
 
-def _finals_in_order(events: list[dict], expected: int) -> tuple[int, bool]:
-    finals = [e for e in events if e.get("final") and not e.get("error")]
-    ids = [e.get("utterance_id") for e in finals]
+def _finals_in_order(events: list[ReplayEvent], expected: int) -> tuple[int, bool]:
+    finals = [e for e in events if e.final and not e.error]
+    ids = [e.utterance_id for e in finals]
     ordered = all(isinstance(a, int) and isinstance(b, int) and b > a for a, b in zip(ids, ids[1:]))
     return len(finals), ordered and len(finals) == expected
 
 
-def _signature(events: list[dict]) -> dict[int, tuple]:
-    return {e["seq"]: (e.get("committed_text"), e.get("path"), e.get("committed_delta")) for e in events}
+def _signature(events: list[ReplayEvent]) -> dict[int, tuple]:
+    return {e.seq: (e.committed_text, e.path, e.committed_delta) for e in events}
 
 
 def summarise_level(n: int, runs: list[RunRecord | BaseException], streams: list[tuple[str, SmokeStream]],
@@ -145,7 +147,7 @@ def summarise_level(n: int, runs: list[RunRecord | BaseException], streams: list
             continue
         ev = run.events
         events += ev
-        errors += sum(1 for e in ev if e.get("error"))
+        errors += sum(1 for e in ev if e.error)
         retractions += count_retractions(ev)
         delivered, ordered = _finals_in_order(ev, expected)
         finals_delivered += delivered
@@ -162,8 +164,8 @@ def summarise_level(n: int, runs: list[RunRecord | BaseException], streams: list
                     continue
                 texts_diff += sig[0] != want[0]
                 decisions_diff += sig[1:] != want[1:]
-    partial = [e["rtt_ms"] for e in events if e.get("path") == "draft" and not e.get("final")]
-    finals = [e["rtt_ms"] for e in events if e.get("final")]
+    partial = [e.rtt_ms for e in events if e.path == "draft" and not e.final]
+    finals = [e.rtt_ms for e in events if e.final]
     lag_first = statistics.fmean(first) if first else 0.0
     lag_last = statistics.fmean(last) if last else 0.0
     engines = [engine_level(b, a) for b, a in zip(engines_before, engines_after)]
@@ -182,11 +184,11 @@ def summarise_level(n: int, runs: list[RunRecord | BaseException], streams: list
         partial_rtt_ms_p99=percentile(partial, 0.99),
         final_rtt_ms_p50=percentile(finals, 0.5),
         final_rtt_ms_p95=percentile(finals, 0.95),
-        lag_s_max=round(max((e["lag_s"] for e in events), default=0.0), 3),
+        lag_s_max=round(max((e.lag_s for e in events), default=0.0), 3),
         lag_s_first_third=round(lag_first, 3),
         lag_s_last_third=round(lag_last, 3),
         lag_grows=lag_last - lag_first > LAG_GROWTH_S,
-        fast_path_events=sum(1 for e in events if e.get("path") == "fast_path"),
+        fast_path_events=sum(1 for e in events if e.path == "fast_path"),
         engine_steps=sum(e["steps"] for e in engines),
         engine_batch_sizes=dict(sorted(sizes.items(), key=lambda kv: int(kv[0]))),
         engines=engines,

@@ -11,13 +11,14 @@ final text, so `alignatt failover` can check that nothing committed was lost.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from alignatt.replay.stream import SmokeStream, UpdateCursor, paced_events
+from alignatt.replay.client import ProtocolClient
+from alignatt.replay.cursor import UpdateCursor
+from alignatt.replay.stream import SmokeStream, paced_events
 
 RECONNECT_TRIES = 40  # 0.25 s apart: 10 s for a live engine to take the session
 DRAIN_S = 120.0  # after the last event, how long the finals may take
@@ -46,7 +47,7 @@ class Speaker:
         self.record = SpeakerRecord(index)
         self.lock = threading.Lock()
         self.broken = threading.Event()
-        self.ws: Any = None
+        self.ws: ProtocolClient | None = None
         self.reader: threading.Thread | None = None
         self.seq = 0
         self.final_frames: dict[int, dict] = {}  # utterance -> its final frame, kept until answered
@@ -57,24 +58,21 @@ class Speaker:
     # ---- one connection ----
 
     def _connect(self) -> bool:
-        from websockets.sync.client import connect
-
         with self.lock:
             pending = sorted(u for u in self.final_frames if u not in self.record.finals)
             prefix = self.record.shown.get(pending[0], "") if pending else self._open_prefix
         for _ in range(RECONNECT_TRIES):
             try:
-                ws = connect(self.url, open_timeout=10, max_size=None, legacy=True)
+                ws = ProtocolClient.connect(self.url, timeout=60)
             except OSError as e:
                 self.record.refused.append(f"connect: {e}")
                 time.sleep(0.25)
                 continue
-            ws.send(json.dumps({"type": "init", "protocol_version": 1, "source_lang": "en", "target_lang": "de",
-                                "preset": self.preset, "accepted_target_prefix": prefix}))
             try:
-                ok = json.loads(ws.recv(timeout=60))
+                ok = ws.init(preset=self.preset, accepted_target_prefix=prefix)
             except Exception as e:  # noqa: BLE001 - closed or silent: try again
                 ok = {"type": "error", "code": type(e).__name__}
+            ws.timeout = None  # the reader waits until the server speaks or closes
             if ok.get("type") == "init_ok":
                 self.ws = ws
                 self.record.connections += 1
@@ -94,7 +92,7 @@ class Speaker:
 
         while True:
             try:
-                reply = json.loads(ws.recv())
+                reply = ws.recv()
             except ConnectionClosed as e:
                 if not self.finished:
                     self._notice("closed", "", e.rcvd.code if e.rcvd else None)
@@ -148,7 +146,7 @@ class Speaker:
                 self.final_frames[uid] = frame
                 self.final_sent.setdefault(uid, time.time())
         try:
-            self.ws.send(json.dumps(frame))
+            self.ws.send(frame)
         except Exception:  # noqa: BLE001 - the reader tells why; the frame is resent if final
             self.broken.set()
 
@@ -187,16 +185,15 @@ class Speaker:
             raise RuntimeError(f"no session: {self.record.refused[-3:]}")
         cursor = UpdateCursor(self.stream.words)
         for ev, _ in paced_events(self.stream, self.speed):
-            step = cursor.frame(ev)
+            step = cursor.step(ev)
             if step is None:
                 continue
-            frame, _, _, final = step
             with self.lock:
-                self._open_prefix = self.record.shown.get(cursor.uid, "")
+                self._open_prefix = self.record.shown.get(step.utterance_id, "")
             if not self._resume_if_lost():
                 raise RuntimeError(f"could not reconnect: {self.record.refused[-3:]}")
-            self._send(frame, cursor.uid, final)
-            if final:
+            self._send(step.frame(), step.utterance_id, step.final)
+            if step.final:
                 cursor.close_utterance()
         self.record.utterances = cursor.uid
         deadline = time.monotonic() + DRAIN_S

@@ -16,8 +16,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from alignatt.core.errors import AlignattError
-from alignatt.replay.stream import RunRecord, count_retractions, ends_sentence, load_stream, replay_native, replay_wlk
-from alignatt.replay.wlk_client import load_wlk_client, wlk_available, wlk_version
+from alignatt.replay.events import RunRecord, count_retractions
+from alignatt.replay.lockstep import replay_native
+from alignatt.replay.stream import ends_sentence, load_stream
+from alignatt.replay.wlk_client import load_wlk_client, replay_wlk, wlk_available, wlk_version
 from alignatt.capture.names import DEFAULT_SEAM
 from alignatt.models.presets import DEFAULT_MODEL
 
@@ -56,28 +58,28 @@ class SmokeOptions(ServedModelOptions):
 
 
 def _summary(run: RunRecord) -> dict[str, Any]:
-    disconnects = sum(1 for e in run.events if e.get("event") == "disconnect")
-    ev = [e for e in run.events if "event" not in e]  # replies only
-    partial_drafts = [e for e in ev if e.get("path") == "draft" and not e.get("final")]
-    fast = [e for e in ev if e.get("path") == "fast_path"]
-    rtt_key = "rtt_ms" if run.client == "native" else "process_ms"
+    disconnects = sum(1 for e in run.events if e.event == "disconnect")
+    ev = [e for e in run.events if e.is_reply]
+    partial_drafts = [e for e in ev if e.path == "draft" and not e.final]
+    fast = [e for e in ev if e.path == "fast_path"]
+    rtt_key = "rtt_ms" if run.client == "native" else "process_ms"  # wlk: the client's process() call
     return {
         "client": run.client,
         "updates": len(ev),
-        "finals": sum(1 for e in ev if e.get("final")),
-        "errors": sum(1 for e in ev if e.get("error")),
+        "finals": sum(1 for e in ev if e.final),
+        "errors": sum(1 for e in ev if e.error),
         "disconnects": disconnects,
         "retractions": count_retractions(ev),
         "partial_drafts": len(partial_drafts),
-        "partial_draft_rtt_ms_p50": percentile([e[rtt_key] for e in partial_drafts], 0.5),
-        "partial_draft_rtt_ms_p95": percentile([e[rtt_key] for e in partial_drafts], 0.95),
+        "partial_draft_rtt_ms_p50": percentile([getattr(e, rtt_key) for e in partial_drafts], 0.5),
+        "partial_draft_rtt_ms_p95": percentile([getattr(e, rtt_key) for e in partial_drafts], 0.95),
         "fast_path_events": len(fast),
-        "fast_path_releases": sum(1 for e in fast if e.get("committed_delta")),
-        "fast_path_server_ms_p50": percentile([e["server_ms"] for e in fast], 0.5),
-        "fast_path_server_ms_p95": percentile([e["server_ms"] for e in fast], 0.95),
-        "fast_path_engine_calls": sum(e.get("engine_calls", 0) for e in fast),
-        "engine_calls": sum(e.get("engine_calls", 0) for e in ev),
-        "paths": {p: sum(1 for e in ev if e.get("path") == p) for p in sorted({e.get("path") for e in ev if e.get("path")})},
+        "fast_path_releases": sum(1 for e in fast if e.committed_delta),
+        "fast_path_server_ms_p50": percentile([e.server_ms for e in fast], 0.5),
+        "fast_path_server_ms_p95": percentile([e.server_ms for e in fast], 0.95),
+        "fast_path_engine_calls": sum(e.engine_calls or 0 for e in fast),
+        "engine_calls": sum(e.engine_calls or 0 for e in ev),
+        "paths": {p: sum(1 for e in ev if e.path == p) for p in sorted({e.path for e in ev if e.path})},
         "wall_s": round(run.wall_s, 2),
         "max_lag_s": round(run.max_lag_s, 2),
     }
@@ -147,9 +149,9 @@ def run_smoke(options: SmokeOptions, out: str | Path | None = "outputs/server_sm
         rtt_ms_p50=head["partial_draft_rtt_ms_p50"],
         rtt_ms_p95=head["partial_draft_rtt_ms_p95"],
         fast_path_events=[
-            FastPathEvent(seq=e["seq"], utterance_id=e.get("utterance_id"), latency_ms=e["server_ms"],
-                          engine_calls=e["engine_calls"], released_text=e.get("committed_delta") or "")
-            for e in primary.events if e.get("path") == "fast_path"
+            FastPathEvent(seq=e.seq, utterance_id=e.utterance_id, latency_ms=e.server_ms,
+                          engine_calls=e.engine_calls, released_text=e.committed_delta or "")
+            for e in primary.events if e.path == "fast_path"
         ],
         events=[e for r in runs for e in r.events],
     )

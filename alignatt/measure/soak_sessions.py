@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from alignatt.core.policy import POLICY_PRESETS
+from alignatt.replay.client import NoReply, ProtocolClient
 
 
 @dataclass(frozen=True)
@@ -57,20 +58,18 @@ class Silent(Exception):
     """A reply that did not come in time, on a connection that was not closed."""
 
 
-class _Client:
-    def __init__(self, url: str, tally: Tally, timeout: float) -> None:
-        from websockets.sync.client import connect
+class _Client(ProtocolClient):
+    """The protocol client that counts what it sees into the tally, and calls a late reply `Silent`."""
 
-        self.ws = connect(url, open_timeout=10.0, max_size=None, legacy=True)
-        self.tally, self.timeout, self.seq = tally, timeout, 0
+    def __init__(self, url: str, tally: Tally, timeout: float) -> None:
+        client = ProtocolClient.connect(url, timeout=timeout)
+        super().__init__(client.ws, timeout)
+        self.tally = tally
         self.shown: dict[int, str] = {}  # utterance id -> committed_text last seen
 
-    def send(self, frame) -> None:
-        self.ws.send(frame if isinstance(frame, (str, bytes)) else json.dumps(frame))
-
-    def recv(self) -> dict:
+    def recv(self, timeout: float | None = None) -> dict:
         try:
-            reply = json.loads(self.ws.recv(timeout=self.timeout))
+            reply = super().recv(timeout)
         except TimeoutError:
             raise Silent from None
         if reply.get("type") == "error":
@@ -83,27 +82,16 @@ class _Client:
             self.shown[uid] = text
         return reply
 
-    def init(self, **fields) -> dict:
-        self.send({"type": "init", "protocol_version": 1, "source_lang": "en", "target_lang": "de", **fields})
-        return self.recv()
-
     def ask(self, words, tail=(), final=False, utterance_id: int | None = 0, **extra) -> dict:
-        self.seq += 1
-        frame = {"type": "update", "seq": self.seq, "words": [[w, None, None] for w in words],
-                 "tail": {"words": [[w, None, None] for w in tail]}, "is_final": final, **extra}
-        if utterance_id is not None:
-            frame["utterance_id"] = utterance_id
-        self.send(frame)
+        seq = self.update(words, tail, final, utterance_id, **extra)
         self.tally.updates += 1
         self.tally.finals_sent += final
-        while True:
-            reply = self.recv()
-            if reply.get("type") == "error" or (reply.get("seq") or -1) >= self.seq:
-                self.tally.finals_answered += final
-                return reply
-
-    def close(self) -> None:
-        self.ws.close()
+        try:
+            reply = self.await_reply(seq)
+        except NoReply:
+            raise Silent from None
+        self.tally.finals_answered += final
+        return reply
 
 
 def sentences_of(words: list[str]) -> list[list[str]]:
@@ -218,9 +206,7 @@ def _final_flood(c: _Client) -> None:
     c.init()
     words = [f"word{i}" for i in range(39)] + ["end."]
     for uid in range(12):
-        c.seq += 1
-        c.send({"type": "update", "seq": c.seq, "utterance_id": uid, "words": [[w, None, None] for w in words],
-                "is_final": True})
+        c.update(words, final=True, utterance_id=uid)
         c.tally.updates += 1
         c.tally.finals_sent += 1
     answered = 0

@@ -4,7 +4,7 @@ vLLM's dummy loader (`initialize_dummy_weights`) fills *every* state-dict entry 
 ±1e-3. For Gemma-4 that includes the RMSNorm scales (plain `x * w` norms) and each decoder
 layer's `layer_scalar` (which multiplies the hidden state at the end of the layer), so the
 activations shrink by ~1e-3 per layer: deep layers attend with exactly-zero outputs, every
-logit ties and every greedy draft is `<pad>` (measured on the H200, 2026-11-30). A capture test
+logit ties and every greedy draft is `<pad>` (as it does on the H200). A capture test
 on such a model proves nothing. transformers initialises a fresh Gemma-4 instead with matrices
 and embeddings ~ normal(0, initializer_range), the padding row of each token embedding zero,
 norm scales and `layer_scalar` at one; `hf_like_init` rewrites the weights that way, in place

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from alignatt.capture.names import SEAMS, VLLM_MODES
 from alignatt.core.errors import AlignattError
+from alignatt.record.events import ReplayEvent
 from alignatt.record.provenance import Fingerprint, Provenance
 
 ARTIFACT_SCHEMA_VERSION = 1
@@ -168,7 +169,7 @@ class ServerSmokeArtifact(_Artifact):
     rtt_ms_p50: float | None  # partial-draft round trip, client side
     rtt_ms_p95: float | None
     fast_path_events: list[FastPathEvent]
-    events: list[dict[str, Any]] = Field(default_factory=list)  # per-update trace, free-form
+    events: list[ReplayEvent] = Field(default_factory=list)  # per-update trace
 
 
 class Check(_Strict):
@@ -257,7 +258,7 @@ class LoadLevel(_Strict):
     decisions_differing_from_alone: int | None = None  # updates whose path or released text differs
     vllm_mode: str | None = None  # the configuration (vllm_capture's mode) this level ran on
     engines: list[LoadEngine] = Field(default_factory=list)  # per engine; empty in artifacts that predate the field (they still validate)
-    verification: LoadVerification | None = None  # None: the seam does not count it (or artifacts from before)
+    verification: LoadVerification | None = None  # None: the seam does not count it, or the artifact predates the field
     # One speaker alone on a later configuration of the run (verification on, say) against the first
     # (off): updates matched by seq, and how many differ in committed text, and in path or released text.
     updates_compared_with_first_configuration: int | None = None

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from alignatt.capture.names import VLLM_MODES
 from alignatt.core.errors import AlignattError
 from alignatt.record.artifacts import load_json
+from alignatt.record.events import ReplayEvent
 
 # The published tool named its seams differently; ours are the same three measurements.
 PUBLISHED_SEAM_NAMES = {
@@ -69,7 +70,7 @@ class PublishedSmokeSummary(_Loose):
 
 class PublishedSmokeFile(_Loose):
     summary: PublishedSmokeSummary
-    events: list[dict[str, Any]]
+    events: list[ReplayEvent]
 
 
 @dataclass

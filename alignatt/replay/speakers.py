@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from alignatt.core.errors import AlignattError
-from alignatt.replay.stream import RunRecord, SmokeStream
+from alignatt.replay.events import RunRecord
+from alignatt.replay.stream import SmokeStream
 
 READY_TIMEOUT_S = 120.0  # a spawned process imports websockets and pydantic; a loaded CPU is slow
 
@@ -41,7 +42,7 @@ def _replay_one(plan: SpeakerPlan, stream: SmokeStream) -> RunRecord:
         from alignatt.replay.realtime import replay_realtime
 
         return replay_realtime(plan.url, stream, plan.speed, plan.preset)
-    from alignatt.replay.stream import replay_native
+    from alignatt.replay.lockstep import replay_native
 
     return replay_native(plan.url, stream, plan.speed, plan.preset)
 
@@ -72,7 +73,8 @@ def run_speaker_threads(plan: SpeakerPlan, indices: list[int], start_at: float |
 def _client_process(plan: SpeakerPlan, indices: list[int], ready: Any, start: Any, start_at: Any,
                     results: Any) -> None:
     """One client process: say it is ready, wait for the shared start, replay, send the records."""
-    import alignatt.replay.stream  # noqa: F401 - the imports are paid before the start
+    import alignatt.replay.lockstep  # noqa: F401 - the imports are paid before the start
+    import alignatt.replay.realtime  # noqa: F401
     import websockets.sync.client  # noqa: F401
 
     ready.put(indices[0])

@@ -47,12 +47,12 @@ def smoke_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
         if a.kind != "server_smoke" or a.smoke is None:
             continue
         s, events = a.smoke.summary, a.smoke.events
-        fastest = min(events, key=lambda e: e.get("rtt_ms", float("inf"))) if events else None
+        fastest = min(events, key=lambda e: float("inf") if e.rtt_ms is None else e.rtt_ms) if events else None
         note = f"{s.fast_path_events} fast-path events recorded"
         if fastest is not None and s.fast_path_events == 0:
             note = (f"fast_path_events: {s.fast_path_events}: its fastest update "
-                    f"({fastest.get('rtt_ms')} ms) is event {events.index(fastest)}, with "
-                    f"{fastest.get('committed_words')} committed and {fastest.get('tail_words')} tail "
+                    f"({fastest.rtt_ms} ms) is event {events.index(fastest)}, with "
+                    f"{fastest.committed_words} committed and {fastest.tail_words} tail "
                     "words, i.e. the first, empty-source update, not a measured commit release")
         note += "; RTT p50 is the published commit_rtt_ms_median"
         rows.append(dict(date=a.date or "unknown", machine=a.gpu or "not recorded", model="not recorded",

@@ -1,9 +1,9 @@
 """One WebSocket connection of the MT server: reader, session worker and writer, and their bounds.
 
-The reader validates frames and queues updates (partials coalesce, finals never); the worker
-plans each update on every target's `Session`, awaits the drafts it needs from the engine's
-scheduler (queued together, so a multi-target update is one batch; no thread waits), and applies
-them; the writer sends replies
+The reader validates frames, has `serve/admission.py` open the session an `init` asks for, and
+queues updates (partials coalesce, finals never); the worker plans each update on every target's
+`Session`, awaits the drafts it needs from the engine's scheduler (queued together, so a
+multi-target update is one batch; no thread waits), and applies them; the writer sends replies
 from a bounded outbox. Nothing that goes wrong inside ends a session silently: it becomes an
 error frame, or a close with a code and a reason (1008 a bound passed, 1011 an internal error,
 1012 its engine died: reconnect, 1013 busy), counted in `ServerStats.closes`.
@@ -18,29 +18,25 @@ import time
 from concurrent.futures import Future
 
 from alignatt.core.draft import Draft
-from alignatt.core.prompt import SOURCE_MARK, recent_history
-from alignatt.serve.config import DirectionRoute, head_set_name, resolve_heads, resolve_preset
+from alignatt.serve.admission import admit
 from alignatt.serve.host import ConnectionHost
 from alignatt.serve.multi_target import Targets
-from alignatt.serve.pool import Engine, route_key
+from alignatt.serve.pool import Engine
 from alignatt.serve.protocol import (
     BAD_PROTOCOL,
     BUSY,
     PROCESSING_FAILED,
-    UNSUPPORTED_DIRECTION,
     ErrorFrame,
     FrameTooLarge,
     InitFrame,
-    InitOk,
     ProtocolError,
     TranslationFrame,
     UpdateFrame,
-    override_policy_fields,
     parse_frame,
 )
-from alignatt.serve.scheduler import EngineDied, SchedulerBusy, Superseded
-from alignatt.serve.limits import BudgetExceeded, UpdateRejected
-from alignatt.serve.session import Session, SessionConfig, SourceUpdate, Step
+from alignatt.serve.limits import UpdateRejected
+from alignatt.serve.scheduler import EngineDied, Superseded
+from alignatt.serve.session import Session, SourceUpdate, Step
 
 log = logging.getLogger("alignatt.serve.server")
 
@@ -64,8 +60,6 @@ class Connection:
         self.targets: Targets | None = None  # the session of every target (one without `target_langs`)
         self.key_of: dict[str, object] = {}  # target -> its scheduler key
         self.multi = False  # `target_langs`: every frame names its target
-        self.described: list[dict] = []  # per target: direction, model, seam, head set, heads
-        self._primary: dict = {}  # the entry of `described` for init's target_lang
         self.server = server
         self.ws = ws
         self.limits = server.config.limits
@@ -259,154 +253,21 @@ class Connection:
 
     # ---- the session ----
 
-    def _routes(self, frame: InitFrame) -> dict[str, tuple[str, DirectionRoute]]:
-        """(direction, route) per target language; every one must be served, by one engine."""
-        server = self.server
-        targets = frame.targets
-        if frame.target_langs is not None and frame.target_lang.strip().lower() not in targets:
-            raise ProtocolError(BAD_PROTOCOL, f"target_lang {frame.target_lang!r} is not one of target_langs {targets}")
-        routes = {}
-        for target in targets:
-            direction = f"{frame.source_lang.strip().lower()}-{target}"
-            route = server.config.directions.get(direction)
-            if route is None:
-                supported = sorted(server.config.directions)
-                raise ProtocolError(
-                    UNSUPPORTED_DIRECTION,
-                    f"direction {direction} is not served here; supported: {', '.join(supported)}",
-                    supported=supported,
-                )
-            routes[target] = (direction, route)
-        if len({route_key(r) for _, r in routes.values()}) > 1:
-            raise ProtocolError(BAD_PROTOCOL, f"target_langs {targets} are served by different models; "
-                                              "a multi-target session needs one engine for all of them")
-        return routes
-
-    def _bounded_context(self, frame: InitFrame) -> tuple[str, list[tuple[str, str]], int]:
-        """The context text and the history turns kept (the newest), or bad_protocol past a bound."""
-        cfg = self.server.config.context
-        context = frame.context_text.strip()
-        if len(context) > cfg.max_context_chars:
-            raise ProtocolError(BAD_PROTOCOL, f"context_text of {len(context)} characters exceeds the "
-                                              f"{cfg.max_context_chars}-character bound")
-        for i, pair in enumerate(frame.history):
-            longest = max(len(x) for x in pair)
-            if longest > cfg.max_history_entry_chars:
-                raise ProtocolError(BAD_PROTOCOL, f"history[{i}] has a text of {longest} characters; the "
-                                                  f"bound is {cfg.max_history_entry_chars}")
-        # The prompt builder finds the source by this marker: one in the context or the history
-        # would make every draft of the session fail, so it is refused here, before the session.
-        if SOURCE_MARK in context or any(SOURCE_MARK in x for pair in frame.history for x in pair):
-            raise ProtocolError(BAD_PROTOCOL, f"context_text and history must not contain the prompt builder's "
-                                              f"source marker {SOURCE_MARK!r}")
-        kept = recent_history([tuple(p) for p in frame.history], cfg)
-        return context, kept, len(frame.history) - len(kept)
-
     async def _init(self, frame: InitFrame) -> None:
-        server = self.server
         if self.session is not None:
             raise ProtocolError(BAD_PROTOCOL, "this connection already has a session (one init per connection)")
-        routes = self._routes(frame)
-        direction, route = routes[frame.target_lang.strip().lower()]  # the primary target's
-        preset = resolve_preset(frame.preset or server.config.default_preset)
-        fields, unknown = override_policy_fields(frame.overrides)
-        policy = preset.policy.model_copy(update=fields)
-        if server.stats.sessions_active >= self.limits.max_sessions:
-            raise ProtocolError(BUSY, f"all {self.limits.max_sessions} sessions are in use; retry later")
-        server.stats.sessions_active += 1  # hold the slot while the engine is looked up
-        self.holds_slot = True
-        try:
-            self.session, self.engine = await self._open_session(frame, routes, direction, preset, policy)
-        except BaseException as e:
-            server.stats.sessions_active -= 1
-            self.holds_slot = False
-            if isinstance(e, ProtocolError):
-                raise
-            if isinstance(e, BudgetExceeded):
-                raise ProtocolError(BAD_PROTOCOL, str(e)) from None
-            if isinstance(e, SchedulerBusy):
-                raise ProtocolError(BUSY, f"{e}; retry later") from None
-            if not isinstance(e, Exception):
-                raise
-            log.exception("session for %s could not be opened", direction)
-            raise ProtocolError(PROCESSING_FAILED, f"cannot open a session for {direction}: {e}") from None
+        admitted = await admit(self.server, frame, self.id)
+        self.holds_slot = True  # admit took a session slot; the connection gives it back when it ends
+        self.session, self.engine, self.targets = admitted.session, admitted.engine, admitted.targets
+        self.keys, self.key_of, self.multi = admitted.keys, admitted.key_of, admitted.multi
+        loop = asyncio.get_running_loop()
+        self.engine.on_death(self.keys[0], lambda error: loop.call_soon_threadsafe(self._engine_died, error))
         self._leave_before_init()
-        server.stats.sessions_opened += 1
+        self.server.stats.sessions_opened += 1
         self.worker = asyncio.create_task(self._work())
         self.worker.add_done_callback(self._worker_done)
-        ok = InitOk(
-            direction=direction,
-            preset=preset.name,
-            model=route.model,
-            seam=route.seam,
-            heads=self._primary["heads"],
-            policy=policy.model_dump(),
-            unknown_overrides=unknown,
-            ignored_fields=frame.unknown_fields(),
-            source_lang=frame.source_lang.strip().lower(),
-            target_lang=self._primary["target_lang"],
-            head_set=self._primary["head_set"],
-            session=self.session.config.model_dump(),
-            context_chars=len(self.session.context_text),
-            history_received=len(frame.history),
-            history_used=len(self.session.history),
-            history_trimmed=len(frame.history) - len(self.session.history),
-            targets=self.described if self.multi else None,
-        )
-        self._send(ok.to_json())
-        self._record(server.session_log, {
-            "connection": self.id, **ok.model_dump(include={"direction", "preset", "policy", "unknown_overrides"}),
-            "accepted_target_prefix": frame.accepted_target_prefix, "history": len(frame.history),
-            "history_trimmed": len(frame.history) - len(self.session.history),
-            "context_chars": len(self.session.context_text), "targets": list(routes),
-        })
-
-    async def _open_session(self, frame: InitFrame, routes: dict[str, tuple[str, DirectionRoute]], direction: str,
-                            preset, policy) -> tuple[Session, Engine]:
-        """The engine (loaded on first use, the least loaded of the route's), the init's bounds
-        checked, and a session per target."""
-        loop = asyncio.get_running_loop()
-        primary = frame.target_lang.strip().lower()  # one of `routes` (`_routes` checked it)
-        route = routes[primary][1]
-        multi = frame.target_langs is not None
-        keys = [(self.id, t) for t in routes] if multi else [self.id]
-        source_lang = frame.source_lang.strip().lower()
-        # SchedulerBusy past the engine's capacity; every target on the one engine placed
-        engine = await loop.run_in_executor(None, self.server.registry.place, route, direction, keys)
-        try:
-            budget = await self.server.budget_for(engine)
-            received = [tuple(p) for p in frame.history]
-            if budget is not None:  # tokenizing runs where the engine's tokenizer lives
-                await loop.run_in_executor(engine.counting, budget.check_context, received, frame.context_text)
-            context, history, _ = self._bounded_context(frame)
-            if budget is not None:  # the whole prompt these will make, with a one-word source
-                await loop.run_in_executor(engine.counting, budget.check_init, frame.accepted_target_prefix,
-                                           history, context, source_lang, primary)
-            config = SessionConfig(policy=policy, max_new_tokens=preset.max_new_tokens, limits=self.limits,
-                                   context=self.server.config.context)
-            sessions: dict[str, Session] = {}
-            described = []
-            for key, (target, (d, r)) in zip(keys, routes.items()):
-                view = engine.open_view(key, resolve_heads(r, d))
-                # The client's prefix and history are in its target_lang: they seed that target only.
-                seeded = target == primary
-                sessions[target] = Session(
-                    view, config, source_lang=source_lang, target_lang=target,
-                    accepted_target_prefix=frame.accepted_target_prefix if seeded else "",
-                    history=history if seeded else [], context_text=context, budget=budget,
-                )
-                described.append({"target_lang": target, "direction": d, "model": r.model, "seam": r.seam,
-                                  "head_set": head_set_name(r, d), "heads": [(h.layer, h.head) for h in view.heads]})
-        except BaseException:
-            for key in keys:
-                engine.close_session(key)
-            raise
-        self.keys, self.described = keys, described
-        self._primary = described[list(routes).index(primary)]
-        self.targets, self.multi = Targets(sessions), multi
-        self.key_of = dict(zip(sessions, keys))
-        engine.on_death(keys[0], lambda error: loop.call_soon_threadsafe(self._engine_died, error))
-        return sessions[primary], engine
+        self._send(admitted.ok.to_json())
+        self._record(self.server.session_log, admitted.log_entry)
 
     def _enqueue(self, update: UpdateFrame, received: float) -> None:
         if self.session is None:

@@ -316,7 +316,6 @@ def _describe(err: ValidationError) -> str:
 
 
 def parse_frame(raw: bytes | str, max_bytes: int) -> InitFrame | UpdateFrame:
-    """Validate one incoming frame; raise `ProtocolError(bad_protocol, ...)` on anything wrong."""
     """Validate one incoming frame; raise `ProtocolError(bad_protocol, ...)` on anything wrong.
 
     Its cost is linear in the frame and small: the byte bound, then the count of JSON values (a

@@ -52,7 +52,7 @@ def visible_cuda_devices() -> list[str]:
 def replica_devices(route: DirectionRoute, engines: EngineCount, per_gpu: int = 1) -> list[str | None]:
     """One entry per engine of `route`: the CUDA device its process is pinned to (None: CPU).
 
-    `[None]` is today's single in-process engine. "auto" is `per_gpu` engines per visible GPU for
+    `[None]` is one engine in the server's own process. "auto" is `per_gpu` engines per visible GPU for
     a `cuda` route (one engine when that makes one), one engine otherwise. Engines are dealt over
     the GPUs in turn, at most `per_gpu` on one."""
     if engines == "auto":

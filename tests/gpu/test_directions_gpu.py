@@ -22,7 +22,7 @@ def test_four_directions_run_on_one_engine_with_their_own_heads(seam):
     from alignatt.heads.sets import load_head_set
     from alignatt.serve.config import DirectionRoute, ServerConfig
     from alignatt.serve.server import ServerThread
-    from tests.server_client import Client
+    from tests.support.server_client import Client
 
     route = DirectionRoute(model="gemma4-e4b-synthetic", seam=seam, device="cuda", top_k=4,
                            seam_options={"vllm_mode": "cudagraph"} if seam == "vllm_capture" else {})

@@ -1,0 +1,42 @@
+"""The lockstep replay: every ASR event is one update, and the next waits for its reply.
+
+When the engine is slower than the stream the replay runs behind schedule, and records by how much
+(`lag_s`); per update it records the round trip and what the reply said.
+"""
+
+from __future__ import annotations
+
+import time
+
+from alignatt.replay.client import ProtocolClient
+from alignatt.replay.cursor import UpdateCursor
+from alignatt.record.events import ReplayEvent
+from alignatt.replay.events import RunRecord
+from alignatt.replay.stream import SmokeStream, paced_events
+
+
+def replay_native(url: str, stream: SmokeStream, speed: float, preset: str) -> RunRecord:
+    events: list[ReplayEvent] = []
+    with ProtocolClient.connect(url) as client:
+        client.open(preset=preset)
+        cursor = UpdateCursor(stream.words)
+        max_lag = 0.0
+        start = time.perf_counter()
+        for ev, due in paced_events(stream, speed):
+            lag = max(time.perf_counter() - due, 0.0)
+            max_lag = max(max_lag, lag)
+            step = cursor.step(ev)
+            if step is None:
+                continue
+            sent = time.perf_counter()
+            client.send(step.frame())
+            reply = client.await_reply(step.seq)
+            rtt = (time.perf_counter() - sent) * 1000.0
+            event = ReplayEvent(
+                client="native", seq=step.seq, trigger=ev.kind, stream_s=round(ev.t, 3), lag_s=round(lag, 3),
+                committed_words=len(step.words), tail_words=len(step.tail), is_final=step.final,
+                rtt_ms=round(rtt, 3)).answered(reply)
+            events.append(event)
+            if step.final or reply.get("final"):  # the server may force a final on a long utterance
+                cursor.close_utterance()
+        return RunRecord("native", events, time.perf_counter() - start, max_lag)

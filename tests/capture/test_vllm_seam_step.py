@@ -1,0 +1,99 @@
+"""`VllmCaptureSeam.step` on CPU, around a scripted stand-in of vLLM's engine core and the stand-in
+caches of tests/capture/test_vllm_fetch.py: a request that finishes while others still run has its rows
+queued at once and its draft delivered at the next step; the last ones are delivered at once; a
+request aborted after it finished is dropped; every delivered draft has its own rows."""
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from alignatt.capture.vllm.fetch import DraftState
+from alignatt.capture.vllm.seam import VllmCaptureSeam
+from alignatt.core.draft import DraftRequest
+from alignatt.core.prompt import PromptLayout
+from tests.capture.test_vllm_fetch import HEADS, StandInEngine
+
+# (request id, block ids per group, prompt length, drafted tokens, source positions, prefix start)
+REQUESTS = {
+    "a": (([3, 0], [5, 1]), 14, 5, [3, 4, 5, 7, 9, 10], 12),
+    "b": (([1, 6], [2, 7, 9]), 20, 9, [2, 3, 4, 5, 6, 8, 11, 12, 13], 17),
+    "c": (([4], [0, 3]), 9, 1, [1, 2, 3], 8),
+}
+
+
+class ScriptedCore:
+    """vLLM's engine core as the seam sees it: each `step` returns the next scripted outputs."""
+
+    def __init__(self, script):
+        self.script = list(script)
+        self.aborted = []
+
+    def step(self):
+        outputs = self.script.pop(0) if self.script else []
+        return [SimpleNamespace(request_id=rid, finished=True, num_cached_tokens=0,
+                                outputs=[SimpleNamespace(token_ids=list(range(7, 7 + REQUESTS[rid][2])),
+                                                         finish_reason="length")])
+                for rid in outputs]
+
+    def has_unfinished_requests(self):
+        return bool(self.script)
+
+    def abort_request(self, ids):
+        self.aborted += ids
+
+
+class Tokens:
+    def decode(self, ids):
+        return "".join(f"<{i}>" for i in ids)
+
+
+def scripted_seam(script):
+    engine = StandInEngine()
+    items = {rid: engine.add(rid, *args) for rid, args in REQUESTS.items()}
+    seam = VllmCaptureSeam.__new__(VllmCaptureSeam)  # everything but the vLLM engine
+    seam.engine = SimpleNamespace(core=ScriptedCore(script), hooks=SimpleNamespace(block_ids=engine.block_ids))
+    seam.fetcher, seam.plans, seam.heads, seam.tokenizer = engine.fetcher, engine.plans, HEADS, Tokens()
+    seam.config = SimpleNamespace(capture=True)
+    seam.fixed_length, seam.reconstruct, seam.keep_raw = True, "batched", False
+    seam.stop_ids, seam._newline_ids = set(), set()
+    seam.raw, seam.last_raw_id = {}, None
+    seam._states, seam._pending, seam._aborted, seam._warned = {}, [], set(), set()
+    seam.prompt_tokens = seam.cached_prompt_tokens = 0
+    for rid, (_, n_prompt, n, source, prefix_start) in REQUESTS.items():
+        prompt = PromptLayout("", list(range(n_prompt)), source, [0] * len(source), prefix_start, "chat", False)
+        request = DraftRequest(source_words=["w"], committed_words=1, max_new_tokens=n)
+        seam._states[rid] = DraftState(rid, rid, request, prompt, 0.0)
+    return seam, items
+
+
+def reference_rows(rid):
+    engine = StandInEngine()
+    item = engine.add(rid, *REQUESTS[rid])
+    return engine.fetcher.fetch_one(item)[0].rows
+
+
+def test_drafts_finishing_while_others_run_arrive_one_step_later_and_the_last_at_once():
+    seam, _ = scripted_seam([["a"], ["b"], ["c"]])
+    assert seam.step() == []  # a finished; b and c still run: its rows are on their way
+    assert seam.has_unfinished()
+    (handle, draft), = seam.step()  # b finished: a is delivered, b waits
+    assert handle == "a"
+    seam.abort("b")  # superseded after it finished: dropped, not delivered
+    (handle, last), = seam.step()  # c was the last running request: delivered at once
+    assert handle == "c" and not seam.has_unfinished()
+    assert seam.engine.core.aborted == []  # b had left the engine already
+    for rid, got in (("a", draft), ("c", last)):
+        rows = np.stack([t.rows for t in got.tokens])
+        np.testing.assert_allclose(rows, reference_rows(rid), atol=1e-6)
+        assert got.timings.capture_ms > 0 and got.timings.reconstruct_ms > 0
+    assert not seam.engine.hooks.block_ids  # every finished request's block ids consumed
+
+
+def test_requests_finishing_in_one_step_are_all_delivered_with_their_own_rows():
+    seam, _ = scripted_seam([[], ["a", "c"], ["b"]])
+    done = {}
+    while seam.has_unfinished():
+        done.update(seam.step())
+    assert set(done) == {"a", "b", "c"}
+    for rid, got in done.items():
+        np.testing.assert_allclose(np.stack([t.rows for t in got.tokens]), reference_rows(rid), atol=1e-6)

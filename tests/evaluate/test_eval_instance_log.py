@@ -1,0 +1,115 @@
+"""The SimulEval instance logs beside the eval artifact, re-scored without our code: SimulEval's
+`--score-only` (when simuleval is importable: `pip install --no-deps simuleval==1.1.4` plus pandas,
+textgrid, tornado, soundfile; it cannot be a dependency, it pins tqdm==4.64.1 and alignatt needs
+tqdm>=4.66) and OmniSTEval's loader and scorers (always)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("omnisteval")
+
+from alignatt.evaluate.instance_log import INDEX  # noqa: E402
+from alignatt.evaluate.run import EvalOptions, run_eval  # noqa: E402
+from tests.fakes.mt_fakes import FakeSeam  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def evaluated(tmp_path_factory):
+    out = tmp_path_factory.mktemp("eval") / "eval.json"
+    options = EvalOptions(limit=3, max_source_words=10, presets=["low_latency", "balanced"], longform_talks=1,
+                          pairs_per_talk=2, bootstrap=100)
+    artifact = run_eval(options, out, seam_factory=lambda route, heads: FakeSeam(look_ahead=1),
+                        progress=lambda m: None)
+    folder = out.with_name("eval_instances")
+    index = [json.loads(line) for line in (folder / INDEX).read_text().splitlines()]
+    return artifact, folder, index
+
+
+def test_every_row_has_its_logs(evaluated):
+    artifact, folder, index = evaluated
+    sentence = [r for r in artifact.rows if r.form == "sentence"]
+    # three logs per sentence row (words read, words committed, ms), one per long-form row
+    assert len(index) == 3 * len(sentence) + sum(r.form == "longform" for r in artifact.rows)
+    for entry in index:
+        log = folder / entry["path"] / "instances.log"
+        lines = [json.loads(x) for x in log.read_text().splitlines()]
+        assert lines and all({"index", "prediction", "delays", "elapsed", "source_length"} <= set(x) for x in lines)
+        if entry["row"]["form"] == "sentence":
+            assert all({"reference", "prediction_length", "source"} <= set(x) for x in lines)
+
+
+def test_omnistevals_loader_and_scorers_give_our_figures(evaluated):
+    from omnisteval.io import load_shortform_instances
+    from omnisteval.scoring import ALScorer, LAALScorer
+
+    _, folder, index = evaluated
+    checked = 0
+    for entry in index:
+        if entry["row"]["form"] != "sentence":
+            continue
+        d = folder / entry["path"]
+        instances = load_shortform_instances(str(d / "instances.log"), str(d / "references.txt"), "delays", "elapsed")
+        assert "--word_level" in entry["omnisteval"] and entry["simuleval"].startswith("simuleval --score-only")
+        figures = entry["figures"]
+        assert ALScorer()(instances) == pytest.approx(figures["AL"], abs=1e-3), entry["path"]
+        assert LAALScorer()(instances) == pytest.approx(figures["LAAL"], abs=1e-3), entry["path"]
+        if entry["delays"] == "ms":
+            assert LAALScorer(computation_aware=True)(instances) == pytest.approx(figures["LAAL_CA"], abs=1e-3)
+        checked += 1
+    assert checked >= 9
+
+
+def test_omnistevals_longform_cli_gives_our_long_yaal(evaluated, tmp_path):
+    artifact, folder, index = evaluated
+    entry = next(e for e in index if e["row"]["form"] == "longform")
+    d = folder / entry["path"]
+    out = tmp_path / "omni"
+    cmd = [sys.executable, "-c", "from omnisteval.cli import main; main()", "longform",
+           "--speech_segmentation", str(d / "segmentation.yaml"), "--ref_sentences_file", str(d / "references.txt"),
+           "--hypothesis_file", str(d / "instances.log"), "--word_level", "--lang", "de", "--output_folder", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    scores = dict(line.split("\t") for line in (out / "scores.tsv").read_text().splitlines()[1:])
+    yaal = next(v for k, v in scores.items() if "YAAL" in k and "CA" not in k)
+    assert float(yaal) == pytest.approx(entry["figures"]["LongYAAL"], abs=1e-2)
+
+
+def _simuleval_score(folder: Path, *extra: str) -> dict[str, float]:
+    cmd = [sys.executable, "-c", "from simuleval.cli import main; main()", "--score-only", "--output", str(folder),
+           "--latency-metrics", "AL", "LAAL", "--quality-metrics", "BLEU", "--sacrebleu-tokenizer", "13a", *extra]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    header, values = [line.split() for line in r.stdout.strip().splitlines()[-2:]]
+    return dict(zip(header, map(float, values[-len(header):])))  # the printed DataFrame leads with its index
+
+
+def test_simuleval_score_only_gives_our_figures(evaluated, tmp_path):
+    pytest.importorskip("simuleval", reason="pip install --no-deps simuleval==1.1.4 (and pandas, textgrid, "
+                                            "tornado, soundfile)")
+    import shutil
+
+    artifact, folder, index = evaluated
+    copy = tmp_path / "logs"
+    shutil.copytree(folder, copy)  # SimulEval rewrites config.yaml in the folder it scores
+    checked = 0
+    for entry in index:
+        if entry["row"]["form"] != "sentence" or entry["row"]["preset"] not in ("balanced", "offline"):
+            continue
+        got = _simuleval_score(copy / entry["path"])
+        f = entry["figures"]
+        # SimulEval prints 3 decimals
+        assert got["AL"] == pytest.approx(f["AL"], abs=1e-3) and got["LAAL"] == pytest.approx(f["LAAL"], abs=1e-3)
+        assert got["BLEU"] == pytest.approx(f["BLEU"], abs=1e-3)
+        if entry["delays"] == "ms":  # with the flag, SimulEval scores every column on `elapsed`
+            ca = _simuleval_score(copy / entry["path"], "--computation-aware")
+            assert ca["AL_CA"] == pytest.approx(f["AL_CA"], abs=1e-3)
+            assert ca["LAAL_CA"] == pytest.approx(f["LAAL_CA"], abs=1e-3)
+        checked += 1
+    assert checked >= 6

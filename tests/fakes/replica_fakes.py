@@ -1,0 +1,71 @@
+"""Stand-in seams for engines in their own processes: a picklable factory, and a record of which
+process drafted what (one file per process, one line per draft: the request's first source word).
+
+The route's `seam_options` configure it: `record_dir` (none: nothing is recorded), FakeSeam's `delay_s`, and
+`fail_word` (a draft whose source holds that word raises ValueError), `hang_word` (a draft whose
+source holds that word stops its process with SIGSTOP: an engine that answers nothing), or
+`fail_build` (the seam cannot be built).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from alignatt.core.draft import Draft, DraftRequest, Head
+from tests.fakes.mt_fakes import FakeSeam
+
+
+class RecordingSeam(FakeSeam):
+    def __init__(self, heads: list[Head], record_dir: str | None = None, fail_word: str = "", hang_word: str = "",
+                 **options) -> None:
+        super().__init__(heads=heads, **options)
+        self.record = Path(record_dir) / f"{os.getpid()}.log" if record_dir else None
+        self.fail_word = fail_word
+        self.hang_word = hang_word
+
+    def draft(self, request: DraftRequest) -> Draft:
+        if self.fail_word and self.fail_word in request.source_words:
+            raise ValueError(f"stand-in refuses {self.fail_word!r}")
+        if self.hang_word and self.hang_word in request.source_words:
+            os.kill(os.getpid(), signal.SIGSTOP)  # mid-step: the server's call gets no answer
+        draft = super().draft(request)
+        if self.record is not None:
+            with self.record.open("a") as f:
+                f.write(request.source_words[0] + "\n")
+        return replace(draft, seam=f"{self.name}@{os.getpid()}")
+
+
+def recording_factory(route, heads: list[Head]) -> RecordingSeam:
+    options = dict(route.seam_options)
+    if options.pop("fail_build", False):
+        raise RuntimeError("stand-in engine cannot load")
+    return RecordingSeam(heads, **options)
+
+
+def drafts_by_process(record_dir) -> dict[int, list[str]]:
+    """pid -> the first source word of every draft that process made, in order."""
+    return {int(p.stem): p.read_text().split() for p in Path(record_dir).glob("*.log")}
+
+
+def process_of(record_dir, tag: str) -> set[int]:
+    """The processes that drafted for words starting with `tag` (one session's words)."""
+    return {pid for pid, words in drafts_by_process(record_dir).items() if any(w.startswith(tag) for w in words)}
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes():
+    """Autouse where imported: every engine process a test started has ended within 10 s of it."""
+    before = {p.pid for p in multiprocessing.active_children()}
+    yield
+    deadline = time.monotonic() + 10
+    while [p for p in multiprocessing.active_children() if p.pid not in before] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [p for p in multiprocessing.active_children() if p.pid not in before]
+    assert not left, f"engine processes left running: {left}"

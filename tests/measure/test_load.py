@@ -1,0 +1,429 @@
+"""`alignatt load` on CPU: load levels through the real server with stand-in seams (fast), the
+level summary's judgements (lag growth, finals order, errors), and a 4-speaker loopback run on the
+embedded model with 0 retractions (slow)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from alignatt.core.errors import AlignattError
+from alignatt.measure.capacity import LoadOptions, resolve_streams, run_load, summarise_level
+from alignatt.record.events import ReplayEvent
+from alignatt.replay.events import RunRecord
+from alignatt.replay.stream import SmokeStream
+from tests.fakes.batch_fakes import StandInBatchSeam
+from tests.fakes.mt_fakes import FakeSeam
+
+SHORT = {"description": "two short sentences", "words_per_second": 6.0, "commit_lag_seconds": 0.5,
+         "replay_speed": 1.0, "text": "The tram leaves at noon. Please buy a ticket first."}
+
+
+@pytest.fixture
+def short_stream(tmp_path):
+    path = tmp_path / "short.json"
+    path.write_text(json.dumps(SHORT))
+    return str(path)
+
+
+def render_site(site):
+    """Render the Benchmarks page of a site folder holding load artifacts under outputs/ (the
+    project's template and params copied in): its text and figures."""
+    import shutil
+    from pathlib import Path
+
+    from alignatt.report.page import render_all
+
+    root = Path(__file__).resolve().parents[2]
+    (site / "reports").mkdir(parents=True, exist_ok=True)
+    (site / "outputs" / "published").mkdir(parents=True, exist_ok=True)
+    shutil.copy(root / "reports" / "BENCHMARKS.md.j2", site / "reports")
+    shutil.copy(root / "params.yaml", site / "params.yaml")
+    return render_all(site)
+
+
+def capacity_table(text: str) -> list[str]:
+    """The rows of the page's capacity table (one per load level)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| Date | Machine | Configuration | Stream"))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("| "):
+            break
+        rows.append(line)
+    return rows
+
+
+def test_load_levels_through_the_server_with_a_batching_seam(tmp_path, short_stream):
+    from alignatt.record.artifacts import LoadArtifact, load_artifact
+
+    seam = StandInBatchSeam(max_batch=8, steps_for=lambda r: 2, step_s=0.002)
+    options = LoadOptions(model="gemma3-270m", speakers="1,3", streams=[short_stream], speed=2.0, stagger_s=0.01,
+                          capture_cost="off")
+    out, metrics, plot = tmp_path / "load.json", tmp_path / "m.json", tmp_path / "p.csv"
+    artifact = run_load(options, out, metrics, plot, seam_factory=lambda route, heads: seam)
+    assert isinstance(load_artifact(out), LoadArtifact)
+    one, three = artifact.levels
+    assert (one.speakers, three.speakers) == (1, 3)
+    for lv in artifact.levels:
+        assert lv.retractions == 0 and lv.error_frames == 0
+        assert lv.finals_expected == 2 * lv.speakers and lv.finals_delivered == lv.finals_expected
+        assert lv.finals_in_order
+        assert lv.partial_rtt_ms_p50 is not None and lv.partial_rtt_ms_p99 >= lv.partial_rtt_ms_p50
+        assert lv.engine_steps > 0 and sum(lv.engine_batch_sizes.values()) == lv.engine_steps
+        assert lv.peak_gpu_memory_mib is None  # no GPU here
+        (engine,) = lv.engines  # the stand-in's step sleeps 2 ms: wall, not CPU
+        assert engine.step_ms_mean >= 2.0 and engine.step_cpu_ms_mean < engine.step_ms_mean
+    assert one.texts_differing_from_alone is None  # nothing to compare the alone run with
+    assert three.texts_differing_from_alone == 0 and three.decisions_differing_from_alone == 0  # deterministic seam
+    assert artifact.capture_cost == [] and "not measured" in artifact.capture_cost_note
+    m = json.loads(metrics.read_text())
+    assert m["speakers_3"]["retractions"] == 0
+    rows = plot.read_text().splitlines()
+    assert rows[0].startswith("speakers,") and len(rows) == 3
+
+
+def test_a_one_at_a_time_seam_reports_batches_of_one(tmp_path, short_stream):
+    options = LoadOptions(speakers=[2], streams=[short_stream], speed=3.0, stagger_s=0.0, capture_cost="off")
+    artifact = run_load(options, None, seam_factory=lambda route, heads: FakeSeam(heads=heads, delay_s=0.002))
+    (lv,) = artifact.levels
+    assert set(lv.engine_batch_sizes) == {"1"} and lv.retractions == 0 and lv.finals_in_order
+
+
+def test_a_load_run_on_two_engine_processes_records_each_engine(tmp_path, short_stream):
+    from alignatt.record.artifacts import load_artifact
+    from tests.fakes.replica_fakes import recording_factory
+
+    options = LoadOptions(speakers=[2], streams=[short_stream], speed=3.0, stagger_s=0.0, capture_cost="off",
+                          clients="threads", engines=2)
+    artifact = run_load(options, tmp_path / "load.json", seam_factory=recording_factory)
+    (lv,) = load_artifact(tmp_path / "load.json").levels
+    assert lv.retractions == 0 and lv.finals_in_order and lv.error_frames == 0
+    assert [e.engine for e in lv.engines] == ["0", "1"]
+    assert all(e.sessions == 1 and e.steps > 0 and e.alive and e.failed == 0 for e in lv.engines)  # one speaker each
+    assert lv.engine_steps == sum(e.steps for e in lv.engines) == sum(lv.engine_batch_sizes.values())
+    engines = artifact.config["per_engine"]
+    assert len({e["pid"] for e in engines}) == 2 and artifact.config["scheduler"]["engine"] == "0"
+
+
+def _events(lags, finals=(0, 1), error=False):
+    events = [{"seq": i + 1, "lag_s": lag, "path": "draft", "rtt_ms": 10.0 + i, "committed_text": "",
+               "utterance_id": 0} for i, lag in enumerate(lags)]
+    for k, uid in enumerate(finals):
+        events.append({"seq": len(events) + 1, "lag_s": lags[-1], "final": True, "path": "final", "rtt_ms": 50.0,
+                       "utterance_id": uid, "committed_text": f"text {k}"})
+    if error:
+        events.append({"seq": len(events) + 1, "lag_s": 0.0, "error": "processing_failed", "rtt_ms": 1.0})
+    return [ReplayEvent(**e) for e in events]
+
+
+def test_the_level_summary_judges_lag_growth_finals_order_and_errors():
+    stream = SmokeStream(words_per_second=2.0, commit_lag_seconds=1.0, text="One two. Three four.")
+    streams = [("s", stream)]
+    steady = RunRecord("native", _events([0.1] * 9), 1.0, 0.1)
+    growing = RunRecord("native", _events([0.0, 0.0, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0]), 1.0, 3.0)
+    swapped = RunRecord("native", _events([0.1] * 9, finals=(1, 0)), 1.0, 0.1)
+    failed = RuntimeError("connection refused")
+    args = (1.0, [{"steps": 0, "batch_sizes": {}}], [{"engine": "0", "steps": 4, "batch_sizes": {"1": 1, "2": 3}}],
+            {"coalesced": 2}, (None, None), {})
+    ok = summarise_level(1, [steady], streams, *args)
+    assert not ok["lag_grows"] and ok["finals_in_order"] and ok["finals_delivered"] == 2 and ok["error_frames"] == 0
+    assert ok["engine_batch_sizes"] == {"1": 1, "2": 3} and ok["superseded"] == 2
+    assert summarise_level(1, [growing], streams, *args)["lag_grows"]
+    assert not summarise_level(1, [swapped], streams, *args)["finals_in_order"]
+    bad = summarise_level(2, [steady, failed], streams, *args)
+    assert bad["error_frames"] == 1 and not bad["finals_in_order"] and bad["finals_expected"] == 4
+    err = summarise_level(1, [RunRecord("native", _events([0.1] * 3, error=True), 1.0, 0.1)], streams, *args)
+    assert err["error_frames"] == 1
+
+
+def test_alone_comparison_counts_updates_that_differ():
+    stream = SmokeStream(words_per_second=2.0, commit_lag_seconds=1.0, text="One two. Three four.")
+    base = _events([0.1] * 3)
+    changed = list(base)
+    changed[1] = changed[1].model_copy(update={"committed_text": "different"})
+    from alignatt.measure.capacity import _signature
+
+    level = summarise_level(2, [RunRecord("native", base, 1, 0), RunRecord("native", changed, 1, 0)], [("s", stream)],
+                            1.0, [], [], {}, (None, None), {"s": _signature(base)})
+    assert level["texts_differing_from_alone"] == 1 and level["decisions_differing_from_alone"] == 0
+
+
+def test_bundled_streams_and_bad_options():
+    names = dict(resolve_streams(["smoke", "long"]))
+    assert len(names["long"].words) / names["long"].words_per_second > 120  # multi-minute
+    with pytest.raises(AlignattError, match="cannot read stream"):
+        resolve_streams(["/nonexistent/stream.json"])
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
+        LoadOptions(speakers="1,x")
+    with pytest.raises(ValidationError):
+        LoadOptions(speakers="0")
+
+
+def test_the_cli_refuses_bad_speaker_lists_with_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from alignatt.cli import app
+
+    result = CliRunner().invoke(app, ["load", "--speakers", "1,two", "--out", str(tmp_path / "x.json")])
+    assert result.exit_code == 2 and "speakers" in result.output
+    assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.slow
+def test_four_speakers_on_the_embedded_model_with_no_retractions(tmp_path):
+    # One short sentence each: on a loaded 2-core runner a draft of the embedded model takes
+    # seconds, and the replays are lockstep (every update waits for its reply).
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps({**SHORT, "text": "The tram leaves at noon."}))
+    options = LoadOptions(speakers=[4], streams=[str(path)], speed=1.0, stagger_s=0.14, capture_cost="off")
+    artifact = run_load(options, tmp_path / "load.json")
+    (lv,) = artifact.levels
+    assert lv.retractions == 0 and lv.error_frames == 0
+    assert lv.finals_delivered == lv.finals_expected == 4 and lv.finals_in_order
+    assert lv.partial_drafts > 0
+
+
+def test_the_report_shows_a_capacity_table_and_the_rtt_figure(tmp_path, short_stream):
+    site = tmp_path / "site"
+    seam = StandInBatchSeam(max_batch=8, steps_for=lambda r: 2, step_s=0.002)
+    options = LoadOptions(speakers="1,2", streams=[short_stream], speed=3.0, stagger_s=0.0, capture_cost="off")
+    run_load(options, site / "outputs" / "cpu" / "load.json", seam_factory=lambda route, heads: seam)
+    text, figures = render_site(site)
+    assert "## Capacity (many speakers on one engine)" in text
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "fake_batch" not in line
+            and "cpu: hf_qk_fast" in line]
+    assert [r.split(" | ")[4] for r in rows] == ["1", "2"]  # one row per load level
+    assert {r.split(" | ")[3] for r in rows} == {Path(short_stream).stem}  # the stream replayed
+    assert any(f.name == "capacity_rtt_p95" and f.kind == "load" for f in figures)
+    assert "outputs/cpu/load.json" in text  # listed with the artifacts
+
+
+def test_several_vllm_modes_are_configurations_of_one_run_each_with_its_own_levels_and_line(tmp_path, short_stream):
+    import shutil
+
+    built: list[dict] = []
+
+    def factory(route, heads):
+        built.append(dict(route.seam_options))
+        return StandInBatchSeam(max_batch=8, steps_for=lambda r: 2, step_s=0.002)
+
+    options = LoadOptions(seam="vllm_capture", vllm_mode="fullgraph,cudagraph", speakers="1,2", streams=[short_stream],
+                          speed=3.0, stagger_s=0.0, capture_cost="off")
+    site = tmp_path / "site"
+    out, metrics, plot = site / "outputs" / "h200" / "load.json", tmp_path / "m.json", tmp_path / "p.csv"
+    artifact = run_load(options, out, metrics, plot, seam_factory=factory)
+    assert [b["vllm_mode"] for b in built] == ["fullgraph", "cudagraph"]  # one server per mode, in order
+    assert [(lv.vllm_mode, lv.speakers) for lv in artifact.levels] == [
+        ("fullgraph", 1), ("fullgraph", 2), ("cudagraph", 1), ("cudagraph", 2)]
+    # Each mode's N=2 is compared with its own N=1.
+    assert all(lv.texts_differing_from_alone == 0 for lv in artifact.levels if lv.speakers == 2)
+    assert set(artifact.config["engines"]) == {"fullgraph", "cudagraph"}
+    m = json.loads(metrics.read_text())
+    assert set(m) == {"fullgraph", "cudagraph"} and m["cudagraph"]["speakers_2"]["retractions"] == 0
+    assert [r.split(",")[1] for r in plot.read_text().splitlines()[1:]] == [
+        "vllm_capture/fullgraph", "vllm_capture/fullgraph", "vllm_capture/cudagraph", "vllm_capture/cudagraph"]
+    text, figures = render_site(site)
+    configurations = {line.split(" | ")[2].split(" (")[0] for line in capacity_table(text) if "h200: vllm_capture" in line}
+    assert configurations == {"h200: vllm_capture fullgraph", "h200: vllm_capture cudagraph"}
+    (capacity,) = [f for f in figures if f.name == "capacity_rtt_p95"]
+    assert capacity.svg.count("vllm_capture fullgraph") == 1 and capacity.svg.count("vllm_capture cudagraph") == 1
+    # a second run of the same mode, in a file of its own, is a configuration of its own
+    shutil.copy(out, out.with_name("load_rerun.json"))
+    text, figures = render_site(site)
+    configurations = {line.split(" | ")[2].split(", ")[0] for line in capacity_table(text) if "vllm_capture" in line}
+    assert {"h200: vllm_capture fullgraph", "h200 (load_rerun): vllm_capture fullgraph"} <= configurations
+    (capacity,) = [f for f in figures if f.name == "capacity_rtt_p95"]
+    assert capacity.svg.count("vllm_capture fullgraph") == 2
+
+
+def test_a_configuration_flag_sets_its_engine_option_and_names_the_levels(tmp_path, short_stream):
+    """`fullgraph+batch_invariant` is a configuration of its own: the engine gets the option, the
+    levels carry the label, and its N=2 is compared with its own N=1."""
+    built: list[dict] = []
+
+    def factory(route, heads):
+        built.append(dict(route.seam_options))
+        return StandInBatchSeam(max_batch=8, steps_for=lambda r: 2, step_s=0.002)
+
+    options = LoadOptions(seam="vllm_capture", vllm_mode="fullgraph,fullgraph+batch_invariant", speakers="1,2",
+                          streams=[short_stream], speed=3.0, stagger_s=0.0, capture_cost="off")
+    site = tmp_path / "site"
+    artifact = run_load(options, site / "outputs" / "h200" / "load_batch_invariant.json", seam_factory=factory)
+    assert [b["vllm_mode"] for b in built] == ["fullgraph", "fullgraph"]
+    assert [b.get("batch_invariant") for b in built] == [None, True]
+    assert [lv.vllm_mode for lv in artifact.levels] == ["fullgraph", "fullgraph", "fullgraph+batch_invariant",
+                                                       "fullgraph+batch_invariant"]
+    assert all(lv.texts_differing_from_alone == 0 for lv in artifact.levels if lv.speakers == 2)
+    # the page's configuration note reports the comparison, from the artifact's own figures
+    text, _ = render_site(site)
+    p50 = {lv.vllm_mode: round(lv.partial_rtt_ms_p50) for lv in artifact.levels if lv.speakers == 1}
+    note = " ".join(text.split("Load independence:")[1].split("\n\n")[0].split())
+    assert note.startswith("with vLLM's batch-invariant kernels (`fullgraph+batch_invariant`")
+    assert "0 of the 2 speakers' updates had a committed text that differed" in note
+    assert "against 0 with plain `fullgraph`" in note
+    assert (f"p50 was {p50['fullgraph+batch_invariant']} ms against {p50['fullgraph']} ms") in note
+
+
+def test_the_capture_cost_of_a_flagged_configuration_builds_its_engines_with_the_flag(monkeypatch):
+    from alignatt.measure.capacity import capture_cost_in_child
+
+    made: list[dict] = []
+
+    class Quick:
+        def draft_many(self, requests):
+            return []
+
+        def close(self):
+            pass
+
+    def make(name, **kw):
+        made.append(kw)
+        return Quick()
+
+    monkeypatch.setattr("alignatt.capture.registry.make_seam", make)
+    profiled: list[str] = []
+    monkeypatch.setattr("alignatt.measure.capture_cost.profile_drafts",
+                        lambda seam, requests, folder, label: profiled.append(f"{folder.name}/{label}"))
+    options = LoadOptions(seam="vllm_capture", device="cuda", capture_cost_batches="1", capture_cost_repeats=1,
+                          profile_dir="prof")
+    rows = capture_cost_in_child({"options": options.model_dump(), "mode": "fullgraph+batch_invariant",
+                                  "heads": [[0, 1]]})
+    # each configuration profiles into a folder of its own (two would overwrite each other's files)
+    assert profiled == ["fullgraph_batch_invariant/captured_b1", "fullgraph_batch_invariant/uncaptured_b1"]
+    assert [r["batch"] for r in rows] == [1]
+    assert [(m["vllm_mode"], m["batch_invariant"], m["capture"]) for m in made] == [
+        ("fullgraph", True, True), ("fullgraph", True, False)]
+
+
+@pytest.mark.parametrize("label, message", [("cudagraph,warp", "unknown vllm_mode 'warp'"),
+                                            ("fullgraph+fast", "unknown configuration flag 'fast'")])
+def test_an_unknown_mode_or_flag_fails_before_any_server_starts(label, message):
+    options = LoadOptions(seam="vllm_capture", vllm_mode=label, speakers="1", capture_cost="off")
+    with pytest.raises(AlignattError, match=message):
+        run_load(options, None, seam_factory=lambda route, heads: pytest.fail("a server started"))
+
+
+def test_the_capture_cost_compares_captured_and_uncaptured_on_the_same_prompts(tmp_path):
+    """With a stand-in for make_seam: both engines get the same prompts at every batch size, one
+    engine at a time, each closed; the profiler writes a trace and an operator table."""
+    from alignatt.measure.capture_cost import capture_cost
+
+    built = []
+
+    class Timed:
+        def __init__(self, capture):
+            self.capture, self.batches, self.closed = capture, [], False
+
+        def draft_many(self, requests):
+            assert not any(not s.closed for s in built if s is not self)  # one engine at a time
+            self.batches.append([r.source_words for r in requests])
+            return []
+
+        def close(self):
+            self.closed = True
+
+    def make(name, capture, **kw):
+        assert name == "vllm_capture" and kw["fixed_length"]
+        built.append(Timed(capture))
+        return built[-1]
+
+    options = LoadOptions(seam="vllm_capture", device="cuda", capture_cost_batches="1,3", capture_cost_repeats=2,
+                          profile_dir=str(tmp_path / "prof"))
+    rows = capture_cost(options, [], make=make)
+    assert [r["batch"] for r in rows] == [1, 3] and all(r["ratio"] > 0 for r in rows)
+    captured, plain = built
+    assert captured.capture and not plain.capture and captured.closed and plain.closed
+    assert captured.batches == plain.batches  # same prompts, same order
+    assert sorted(p.name for p in (tmp_path / "prof").iterdir()) == [
+        f"{kind}_b{b}_{what}" for kind in ("captured", "uncaptured") for b in (1, 3)
+        for what in ("top_ops.txt", "trace.json")]
+
+
+def test_realtime_pacing_supersedes_stale_partials_and_still_delivers_every_final(tmp_path, short_stream):
+    """Speakers that never wait, on an engine slower than their updates: stale partials are
+    superseded (aborted in the engine), every final arrives in order, nothing is retracted."""
+    seam = StandInBatchSeam(max_batch=4, steps_for=lambda r: 20, step_s=0.005)  # ~100 ms a draft
+    options = LoadOptions(speakers=[3], streams=[short_stream], speed=1.0, stagger_s=0.02, pacing="realtime",
+                          capture_cost="off")
+    artifact = run_load(options, tmp_path / "load.json", seam_factory=lambda route, heads: seam)
+    (lv,) = artifact.levels
+    assert artifact.config["pacing"] == "realtime"
+    assert lv.superseded > 0 and seam.aborted  # running partials were aborted, not finished
+    assert lv.finals_delivered == lv.finals_expected == 6 and lv.finals_in_order
+    assert lv.retractions == 0 and lv.error_frames == 0
+    assert lv.updates < 3 * 2 * len(SHORT["text"].split())  # superseded updates got no reply
+
+
+def test_one_speaker_on_a_later_configuration_is_compared_with_the_first(tmp_path, short_stream, monkeypatch):
+    """Verification on against off in one run: the later configuration's N=1 level says how many of
+    the same updates differ from the first's; only configurations that change more than verification
+    get a capture cost of their own (its drafts carry no proposal)."""
+    costed: list[str] = []
+    monkeypatch.setattr("alignatt.measure.capacity.capture_cost_in_child",
+                        lambda payload: costed.append(payload["mode"]) or [])
+    options = LoadOptions(seam="vllm_capture", vllm_mode="fullgraph,fullgraph+verify", speakers="1,2",
+                          streams=[short_stream], speed=3.0, stagger_s=0.0, capture_cost="on")
+    artifact = run_load(options, None, seam_factory=lambda route, heads: StandInBatchSeam(max_batch=8))
+    first, later = ([lv for lv in artifact.levels if lv.vllm_mode == m and lv.speakers == 1]
+                    for m in ("fullgraph", "fullgraph+verify"))
+    assert first[0].updates_compared_with_first_configuration is None  # the reference itself
+    assert later[0].updates_compared_with_first_configuration == later[0].updates > 0
+    assert later[0].texts_differing_from_first_configuration == 0  # the same stand-in engine
+    assert all(lv.updates_compared_with_first_configuration is None for lv in artifact.levels if lv.speakers == 2)
+    assert costed == ["fullgraph"]
+    assert "not measured for fullgraph+verify" in artifact.capture_cost_note
+
+
+def test_the_configuration_difference_counts_texts_and_decisions_by_stream_and_seq():
+    from alignatt.measure.capacity import configuration_difference
+
+    reference = {"smoke": {"0": ["Das", "draft", "Das"], "1": ["Das Haus", "draft", " Haus"], "2": ["x", "fast_path", ""]}}
+    other = {"smoke": {"0": ["Das", "draft", "Das"], "1": ["Das Heim", "draft", " Heim"], "2": ["x", "draft", ""],
+                       "9": ["unmatched", "draft", ""]}}
+    assert configuration_difference(reference, other) == {
+        "updates_compared_with_first_configuration": 3, "texts_differing_from_first_configuration": 1,
+        "decisions_differing_from_first_configuration": 2}
+
+
+def test_the_page_judges_the_capacity_targets_and_shows_verification_against_plain_drafts(tmp_path, short_stream):
+    """params.yaml's capacity targets judged on the load stage's run, per configuration (met,
+    missed, or not measured), and the verification table with its per-draft figures."""
+    import yaml
+
+    class CountingSeam(StandInBatchSeam):
+        """Counts every finished draft as 4 proposed tokens, 3 accepted, 2 decoded, 3 forwards."""
+
+        def acceptance_totals(self):
+            n = sum(1 for _ in self.submitted) - len(self.running)
+            return {"drafts": n, "tokens": 5 * n, "proposed": 4 * n, "accepted": 3 * n, "decoded": 2 * n,
+                    "forward_steps": 3 * n, "verify_ms": 1.5 * n, "extend_ms": 2.5 * n}
+
+    options = LoadOptions(seam="vllm_capture", vllm_mode="fullgraph,fullgraph+verify", speakers="1,2",
+                          streams=[short_stream], speed=3.0, stagger_s=0.0, capture_cost="off")
+    site = tmp_path / "site"
+    run_load(options, site / "outputs" / "h200" / "load.json",
+             seam_factory=lambda route, heads: CountingSeam(max_batch=8, step_s=0.002))
+    render_site(site)  # copies params.yaml in; then set targets the stand-in meets and misses
+    params = yaml.safe_load((site / "params.yaml").read_text())
+    params["report"]["capacity_targets"] = [{"speakers": 1, "rtt_p50_ms": 1e6}, {"speakers": 1, "rtt_p50_ms": 0.001},
+                                            {"speakers": 64, "rtt_p95_ms": 300}]
+    (site / "params.yaml").write_text(yaml.safe_dump(params))
+    from alignatt.report.page import render_all
+
+    lines = render_all(site)[0].splitlines()
+    verdicts = [line.split(" | ")[2:4] for line in lines if line.startswith("| ") and "**" in line]
+    assert verdicts == [["1", "**met**"], ["1", "**met**"], ["1", "**missed**"], ["1", "**missed**"],
+                        ["64", "**—**"], ["64", "**—**"]]
+    start = next(i for i, line in enumerate(lines) if line.startswith("| Date | Configuration | Speakers | Drafts"))
+    rows = [line.split(" | ") for line in lines[start + 2:start + 6]]
+    assert [r[2] for r in rows] == ["1", "2", "1", "2"]  # every level of both configurations
+    for r in rows:  # CountingSeam: 3 of 4 proposed kept, 2 decoded, 3 forwards, 1.5 + 2.5 ms per draft
+        assert r[4] == f"75% of {4 * int(r[3])}" and r[5:9] == ["2.0", "3.0", "1.5", "2.5"], r
+    assert rows[2][-1].startswith("0 texts, 0 decisions of ")  # one speaker on +verify against the first
+    params["report"]["capacity_targets"] = [{"speakers": 64, "rtt_p99_ms": 300}]  # not a bound the page knows
+    (site / "params.yaml").write_text(yaml.safe_dump(params))
+    with pytest.raises(AlignattError, match="known bounds are rtt_p50_ms, rtt_p95_ms, lag_max_s"):
+        render_all(site)

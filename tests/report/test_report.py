@@ -1,0 +1,288 @@
+"""The Benchmarks document: golden render of a fixed tree, computed notes, staleness check."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import jinja2
+import pytest
+from typer.testing import CliRunner
+
+from alignatt.report import page as report
+from alignatt.record.artifacts import load_artifact, write_artifact
+from alignatt.cli import app
+from tests.support.report_fixtures import bench_artifact, build_tree, write_run
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "BENCHMARKS.fixture.md"
+
+
+@pytest.fixture
+def tree(tmp_path) -> Path:
+    return build_tree(tmp_path / "project")
+
+
+def test_golden_render(tree):
+    text = report.render_report(tree)
+    if os.environ.get("UPDATE_GOLDEN"):
+        GOLDEN.write_text(text, encoding="utf-8")
+    assert text == GOLDEN.read_text(encoding="utf-8"), (
+        "the rendered document changed: review it, then UPDATE_GOLDEN=1 pytest tests/report/test_report.py")
+
+
+def test_render_is_byte_stable(tree):
+    assert report.render_report(tree) == report.render_report(tree)
+
+
+def _row(rows, date, mode, historical=True):
+    return next(r for r in rows if r.date == date and r.mode == mode and r.historical == historical)
+
+
+def test_historical_rows_and_the_corrupt_graphed_run(tree):
+    inputs = report.collect_inputs(tree, json.loads(json.dumps(report_params(tree))))
+    rows = inputs.rows()
+    eager = _row(rows, "2026-07-02", "eager")
+    graphed = _row(rows, "2026-07-02", "cudagraph")
+    raw_eager = json.loads((tree / "outputs/published/mt_capture_speed_benchmark_eager_20260702.json").read_text())
+    raw_graph = json.loads((tree / "outputs/published/mt_capture_speed_benchmark_cudagraph_20260702.json").read_text())
+    hf = raw_eager["seams"]["transformers_eager"]["median_per_generated_token_ms"]
+    vllm_graph = raw_graph["seams"]["vllm_qk_fast"]["median_per_generated_token_ms"]
+    # the graphed artifact has no HF seams: they come from the same day's eager run
+    assert graphed.hf_eager == hf and graphed.vllm == vllm_graph
+    assert graphed.speedup == pytest.approx(hf / vllm_graph)
+    assert len(graphed.sources) == 2 and graphed.conflicts == []
+    # corrupt payload, computed from the rows: acceptance texts that differ from the eager run
+    expected = sum(
+        a["acceptance_text"] != b["acceptance_text"]
+        for a, b in zip(
+            sorted(raw_graph["seams"]["vllm_qk_fast"]["rows"], key=lambda r: (r["id"], r["repeat_index"])),
+            sorted(raw_eager["seams"]["vllm_qk_fast"]["rows"], key=lambda r: (r["id"], r["repeat_index"])),
+        )
+    )
+    assert expected == 19  # the published finding
+    assert graphed.corrupt and any(f"{expected} of 48" in n for n in graphed.notes)
+    assert not eager.corrupt and eager.speedup == pytest.approx(
+        hf / raw_eager["seams"]["vllm_qk_fast"]["median_per_generated_token_ms"])
+    undated = _row(rows, "2026-04-20", "not recorded")
+    assert undated.machine == "not recorded" and "without a config" in undated.notes[0]
+
+
+def report_params(tree):
+    from alignatt.pipeline.params import load_params
+
+    return load_params(tree / "params.yaml")
+
+
+def test_our_rows_cpu_skips_and_gpu_graph_agreement(tree):
+    rows = report.collect_inputs(tree, report_params(tree)).rows()
+    cpu = _row(rows, "2026-12-01", "eager", historical=False)
+    assert cpu.machine.startswith("CPU:") and cpu.vllm_status == "skipped" and cpu.speedup is None
+    assert cpu.qk_fast_speedup == pytest.approx(cpu.hf_eager / cpu.hf_qk_fast)
+    assert any("vllm_capture skipped" in n for n in cpu.notes)
+    cpu_graph = _row(rows, "2026-12-01", "cudagraph", historical=False)
+    assert (cpu_graph.vllm_status, cpu_graph.hf_eager, len(cpu_graph.sources)) == ("skipped", None, 1)
+    gpu = next(r for r in rows if r.machine == "NVIDIA H200" and r.mode == "cudagraph")
+    assert gpu.synthetic and "synthetic weights" in gpu.model
+    assert not gpu.corrupt and any("0 of 48 emitted texts differ" in n for n in gpu.notes)
+    assert gpu.speedup == pytest.approx(gpu.hf_eager / gpu.vllm)
+
+
+def test_a_combined_row_from_different_sessions_gets_no_speedup(tree):
+    later = bench_artifact("h200", "cudagraph", {"vllm_capture": 0.25}, True, True, date="2026-12-05")
+    write_run(tree, "h200", {"cudagraph": later})
+    rows = report.collect_inputs(tree, report_params(tree)).rows()
+    row = next(r for r in rows if r.machine == "NVIDIA H200" and r.mode == "cudagraph")
+    assert row.speedup is None and any("date" in c for c in row.conflicts)
+    assert "[" in report.render_report(tree)  # the conflict is footnoted in the page
+
+
+def test_graphed_run_that_diverges_is_marked_corrupt(tree):
+    bad = bench_artifact("h200", "cudagraph", {"vllm_capture": 0.25}, True, True, diverge="vllm_capture")
+    write_run(tree, "h200", {"cudagraph": bad})
+    rows = report.collect_inputs(tree, report_params(tree)).rows()
+    row = next(r for r in rows if r.machine == "NVIDIA H200" and r.mode == "cudagraph")
+    assert row.corrupt and any("3 of 48" in n for n in row.notes)  # 1 prompt x 3 repeats
+    assert "No `cudagraph` row with a measured vLLM figure yet" in report.render_report(tree)
+
+
+def test_a_busy_machine_is_noted(tree):
+    path = tree / "outputs" / "cpu" / "bench_eager.json"
+    art = load_artifact(path)
+    art.provenance.load_average = (7.4, 6.6, 6.4)  # 5-min 6.6 > 2 cores
+    write_artifact(path, art)
+    row = _row(report.collect_inputs(tree, report_params(tree)).rows(), "2026-12-01", "eager", historical=False)
+    assert any("machine busy" in n and "6.4" in n for n in row.notes)
+
+
+def test_smoke_section_reads_published_and_ours(tree):
+    text = report.render_report(tree)
+    assert "fast_path_events: 0" in text and "empty-source update" in text
+    assert "| 2026-12-01 | CPU: Test CPU (2 cores) | gemma3-270m | hf_qk_fast | 42 | 6 | 0 | 180.50 | 420.25 | 3 (3) | 0.40 | 0 |" in text
+
+
+def test_check_detects_a_stale_document(tree):
+    runner = CliRunner()
+    assert runner.invoke(app, ["report", "--root", str(tree)]).exit_code == 0
+    ok = runner.invoke(app, ["report", "--check", "--root", str(tree)])
+    assert ok.exit_code == 0, ok.output
+    smoke = tree / "outputs" / "cpu" / "server_smoke.json"
+    art = load_artifact(smoke)
+    write_artifact(smoke, art.model_copy(update={"retractions": 1}))
+    stale = runner.invoke(app, ["report", "--check", "--root", str(tree)])
+    assert stale.exit_code == 1 and "is stale" in stale.output
+
+
+def test_templates_are_strict(tree):
+    template = tree / "reports" / "BENCHMARKS.md.j2"
+    template.write_text(template.read_text() + "{{ not_a_variable }}\n")
+    with pytest.raises(jinja2.UndefinedError):
+        report.render_report(tree)
+
+
+def test_the_committed_document_is_up_to_date():
+    assert report.stale_report(ROOT) is None
+
+
+# ---- figures ---------------------------------------------------------------------------------
+
+
+def test_figures_are_byte_stable_undated_and_on_the_page(tree):
+    text, figures = report.render_all(tree)
+    again = report.render_all(tree)[1]
+    assert [f.name for f in figures] == ["latency_by_prompt_length_cpu", "latency_by_prompt_length_h200",
+                                         "headline_ratio_history"]
+    assert [f.svg for f in figures] == [f.svg for f in again]
+    for f in figures:
+        assert f.svg.startswith("<?xml") and "<dc:date>" not in f.svg and "Matplotlib v" not in f.svg
+        assert f"![{f.title}]({f.path})" in text
+    # the fixture's h200 run: three seams in eager and one in cudagraph, one line each
+    h200 = figures[1].svg
+    for label in ("hf_eager (eager)", "hf_qk_fast (eager)", "vllm_capture (eager)", "vllm_capture (cudagraph)"):
+        assert label in h200
+    assert "hf_eager (eager)" in figures[0].svg and "vllm_capture" not in figures[0].svg  # skipped on CPU
+    # the history: the published ratios and ours, each labelled with its value
+    history = figures[2].svg
+    rows = [r for r in report.collect_inputs(tree, report_params(tree)).rows() if r.speedup is not None]
+    assert {r.historical for r in rows} == {True, False} and len(rows) == 5
+    for r in rows:
+        assert f">{r.speedup:.2f}×" in history, r
+    assert ">5.35× cudagraph<" in history  # the published headline, marked corrupt
+
+
+def test_check_finds_stale_missing_and_orphan_figures(tree):
+    report.write_report(tree)
+    assert report.stale_report(tree) is None
+    folder = tree / "reports" / "figures"
+    svg = folder / "headline_ratio_history.svg"
+    svg.write_text(svg.read_text().replace("5.35×", "5.36×"))
+    assert "headline_ratio_history.svg is stale" in report.stale_report(tree)
+    svg.unlink()
+    assert "headline_ratio_history.svg does not exist" in report.stale_report(tree)
+    report.write_report(tree)
+    (folder / "old_figure.svg").write_text("<svg/>")
+    assert "old_figure.svg" in report.stale_report(tree)
+    report.write_report(tree)  # removes what no function draws any more
+    assert not (folder / "old_figure.svg").exists() and report.stale_report(tree) is None
+    # new data is a new figure: re-measuring makes the committed figure stale
+    write_run(tree, "h200", {"cudagraph": bench_artifact("h200", "cudagraph", {"vllm_capture": 0.5}, True, True)})
+    assert "stale" in report.stale_report(tree)
+
+
+def test_another_stage_adds_its_figures_to_the_page_list(tree, monkeypatch):
+    """How the load and eval stages add theirs: a function in `page.FIGURES`, keyed by their artifact kind."""
+    from alignatt.report import figures
+
+    def rtt(inputs):
+        smokes = inputs.of_kind("server_smoke")
+        fig, ax = figures.new_figure()
+        ax.bar([rel for rel, _ in smokes], [a.rtt_ms_p95 for _, a in smokes])
+        return [figures.Figure("smoke_rtt", "server_smoke", "Smoke RTT p95", "p95 by artifact",
+                               figures.svg_text(fig))]
+
+    monkeypatch.setattr(report, "FIGURES", report.FIGURES + (rtt,))  # undone after the test
+    text, made = report.render_all(tree)
+    assert "smoke_rtt" in [f.name for f in made]
+    assert "## Figures: server_smoke" in text and "![Smoke RTT p95](figures/smoke_rtt.svg)" in text
+    report.write_report(tree)
+    assert (tree / "reports" / "figures" / "smoke_rtt.svg").exists()
+
+
+def test_the_configuration_note_reports_each_graphed_modes_bit_for_bit_check(tree):
+    """`check-vllm exact` and `exact_fullgraph` artifacts become one line per mode in the note,
+    with the counts they recorded; a failed fullgraph check says why it is served, not scored."""
+    from alignatt.record.artifacts import Check, MeasurementArtifact, write_artifact
+    from tests.support.report_fixtures import provenance
+
+    def checks_artifact(name: str, mode: str, identical: int) -> MeasurementArtifact:
+        cmp = {"rows": 48, "identical_drafts": identical, "identical_decisions": identical,
+               "bit_identical_rows": identical}
+        return MeasurementArtifact(
+            kind="measurement", schema_version=1,
+            provenance=provenance(True, "alignatt:data/models/gemma-4-E4B-it/config.json", "random weights"),
+            name="vllm_checks", description=name, config={},
+            results={"checks": {name: {f"{mode}_vs_eager": cmp, "passed": identical == 48}}},
+            checks=[Check(name=name, passed=identical == 48, detail="passed" if identical == 48 else "failed")],
+            synthetic_weights=True)
+
+    text = report.render_report(tree)
+    assert "`fullgraph` has not had the bit-for-bit check yet" in text
+    write_artifact(tree / "outputs" / "h200" / "vllm_checks_exact.json", checks_artifact("exact", "cudagraph", 48))
+    write_artifact(tree / "outputs" / "h200" / "vllm_checks_exact_fullgraph.json",
+                   checks_artifact("exact_fullgraph", "fullgraph", 42))
+    text = report.render_report(tree)
+    assert "- `cudagraph` (" in text and "`outputs/h200/vllm_checks_exact.json`): 48 of 48 drafts bit-identical, passed" in text
+    assert "`outputs/h200/vllm_checks_exact_fullgraph.json`): 42 of 48 drafts bit-identical, failed" in text
+    assert "served for its capacity, not scored" in text and "has not had the bit-for-bit check" not in text
+    assert "✗ exact_fullgraph: failed; fullgraph vs eager: 42/48 bit-identical" in text  # Other measurements
+
+
+# ---- one page section per artifact kind ------------------------------------------------------
+
+# kind -> (a committed artifact of that kind, the page section that must show it). env and
+# fingerprint have no section of their own: they are listed under Artifacts.
+KIND_SECTIONS = {
+    "env": ("outputs/h200/env.json", "## Artifacts"),
+    "fingerprint": ("outputs/cpu/fingerprint.json", "## Artifacts"),
+    "bench": ("outputs/cpu/bench_eager.json", "## Results"),
+    "server_smoke": ("outputs/cpu/server_smoke.json", "## Server smoke"),
+    "measurement": ("outputs/h200/vllm_checks_exact.json", "## Other measurements"),
+    "load": ("outputs/cpu/load.json", "## Capacity"),
+    "eval": ("outputs/cpu/eval.json", "## Translation quality"),
+    "soak": ("outputs/cpu/soak.json", "## Other measurements"),
+    "gpu_tests": ("tests/golden/gpu_tests.json",  # a CPU run of `alignatt test-gpu -- -k budget`: every test skips
+                  "## The GPU suite these figures stand on"),
+    "failover": ("outputs/cpu/failover.json", "## Other measurements"),
+}
+UNIQUE_DATE = "2031-07-19"  # no fixture artifact is of this day: where it appears, the added one is shown
+
+
+def test_every_artifact_kind_has_a_page_test():
+    from typing import get_args
+
+    from alignatt.record.artifacts import AnyArtifact
+
+    kinds = {get_args(m.model_fields["kind"].annotation)[0] for m in get_args(AnyArtifact)}
+    assert kinds == set(KIND_SECTIONS), "a new artifact kind needs its page section (and a line in KIND_SECTIONS)"
+
+
+def _section(text: str, heading: str) -> str:
+    start = text.index(heading + "\n") if heading + "\n" in text else text.index(heading)
+    following = text.find("\n## ", start + len(heading))
+    return text[start:following if following != -1 else len(text)]
+
+
+@pytest.mark.parametrize("kind", sorted(KIND_SECTIONS))
+def test_each_artifact_kind_reaches_its_page_section(tree, kind):
+    """One committed artifact of the kind, redated and put in a folder of its own, shows in its section."""
+    source, heading = KIND_SECTIONS[kind]
+    artifact = load_artifact(ROOT / source)
+    assert artifact.kind == kind
+    if kind != "fingerprint":  # undated by design
+        artifact = artifact.model_copy(update={"provenance": artifact.provenance.model_copy(update={"timestamp_utc": UNIQUE_DATE + "T12:00:00Z"})})
+    rel = f"outputs/kindcheck/{Path(source).name}"
+    write_artifact(tree / rel, artifact)
+    section = _section(report.render_report(tree), heading)
+    assert (rel if kind in ("env", "fingerprint") else UNIQUE_DATE) in section, (
+        f"the {kind} artifact does not reach {heading!r}")
