@@ -99,6 +99,14 @@ def test_a_concurrency_below_one_is_refused_in_one_line(tmp_path, value):
     assert len(r.output.strip().splitlines()) == 1 and not out.exists()
 
 
+def test_a_profile_sets_the_concurrency_through_its_eval_options():
+    from alignatt.pipeline.container import expand_placeholders
+
+    args = expand_placeholders(["{eval}"], "h200", {"eval": {"limit": 4, "concurrency": 64}})
+    assert args == ["--limit", "4", "--concurrency", "64"]
+    assert "--concurrency" in CliRunner().invoke(app, ["eval", "--help"], terminal_width=200).output
+
+
 def test_vllm_batch_limit_covers_the_streams_unless_set():
     assert batch_limit_options("vllm_capture", {"vllm_mode": "eager"}, 64) == {"max_num_seqs": 64, "vllm_mode": "eager"}
     assert batch_limit_options("vllm_capture", {"max_num_seqs": 8}, 64) == {"max_num_seqs": 8}

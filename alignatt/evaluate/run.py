@@ -389,7 +389,9 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
                 checks.append(Check(name=f"{name}: {variant} gives the same hypotheses as {first}",
                                     passed=not diff,
                                     detail=f"{len(a) - len(diff)}/{len(a)} identical"
-                                    + (f"; differ at {diff[:10]}" if diff else "")))
+                                    + (f"; differ at {diff[:10]}" if diff else "")
+                                    + (f"; {options.concurrency} streams at once: batches form by timing, and "
+                                       "bf16 batching can change drafts" if options.concurrency > 1 else "")))
     comet = scoring.comet(options.comet_model, [p.source for p in pairs],
                           next((r.hypotheses for r in rows if r.preset == OFFLINE), rows[0].hypotheses),
                           [p.reference for p in pairs])
