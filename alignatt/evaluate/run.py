@@ -26,7 +26,8 @@ from alignatt.evaluate import scoring, uncertainty
 from alignatt.evaluate.instance_log import logs_dir, write_instance_logs
 from alignatt.evaluate.outputs import OFFLINE
 from alignatt.evaluate.emissions import Emission, StreamOutput, join_units, stream_output, units
-from alignatt.evaluate.replay import InProcessDriver, Schedule, WebSocketDriver, replay
+from alignatt.evaluate.replay import Driver, InProcessDriver, Schedule, WebSocketDriver, replay
+from alignatt.evaluate.shared_engine import batch_limit_options, stream_runner
 from alignatt.evaluate.tails import TailKind, TailModel, TailNoise, vocabulary
 from alignatt.evaluate.testsets import TestPair, TestSet, load_test_set, select
 from alignatt.evaluate.wlk_driver import CLIENT_LATENCY, WlkDriver
@@ -72,6 +73,8 @@ class EvalOptions(BaseModel):
     purpose: Literal["quality", "scorer_smoke"] = Field(
         "quality", description="scorer_smoke: a few sentences that exercise the scorer (CPU CI), not a quality result")
     isolate_variants: bool | None = Field(None, description="each variant in its own process (None: when vLLM runs several)")
+    concurrency: int = Field(1, ge=1, description="in-process streams replayed at once through one engine's "
+                                                   "draft scheduler (1: one after another)")
 
 
 def parse_variant(variant: str) -> tuple[str, dict[str, Any]]:
@@ -105,7 +108,8 @@ def _talks(pairs: list[TestPair], count: int, per_talk: int) -> list[list[TestPa
 
 
 def _row(preset, variant, driver, form, label, outputs: list[StreamOutput], hypotheses, references,
-         target_lang, latency, tail: str, negative=(), bootstrap: int = uncertainty.DEFAULT_BOOTSTRAP):
+         target_lang, latency, tail: str, negative=(), bootstrap: int = uncertainty.DEFAULT_BOOTSTRAP,
+         concurrency: int = 1):
     from alignatt.record.artifacts import EvalRow
 
     shown = sum(o.buffer_units_shown for o in outputs)
@@ -115,7 +119,7 @@ def _row(preset, variant, driver, form, label, outputs: list[StreamOutput], hypo
         for k, v in o.paths.items():
             paths[k] = paths.get(k, 0) + v
     return EvalRow(
-        preset=preset, variant=variant, driver=driver, form=form, label=label, tail=tail,
+        preset=preset, variant=variant, driver=driver, form=form, label=label, tail=tail, concurrency=concurrency,
         instances=len(references), **scoring.quality(hypotheses, references, target_lang),
         quality_intervals=uncertainty.intervals(hypotheses, references, target_lang, bootstrap),
         latency=latency, negative_latency=list(negative), retractions=sum(o.retractions for o in outputs),
@@ -131,16 +135,16 @@ def _row(preset, variant, driver, form, label, outputs: list[StreamOutput], hypo
 
 
 def _sentence_row(pairs, outputs, preset, variant, driver, label, ts: TestSet, schedule: Schedule, tail: str,
-                  bootstrap: int):
+                  bootstrap: int, concurrency: int = 1):
     items = [scoring.SentenceLatencyInput(p.reference, len(p.source_words), schedule.source_ms(len(p.source_words)),
                                           o.emissions) for p, o in zip(pairs, outputs)]
     latency, negative = scoring.sentence_latency(items, ts.target_lang)
     return _row(preset, variant, driver, "sentence", label, outputs, [o.hypothesis for o in outputs],
-                [p.reference for p in pairs], ts.target_lang, latency, tail, negative, bootstrap)
+                [p.reference for p in pairs], ts.target_lang, latency, tail, negative, bootstrap, concurrency)
 
 
 def _longform_row(talks, outputs, preset, variant, driver, label, ts: TestSet, schedule: Schedule, tail: str,
-                  bootstrap: int):
+                  bootstrap: int, concurrency: int = 1):
     inputs = []
     for talk, out in zip(talks, outputs):
         spans, start = [], 0
@@ -156,7 +160,7 @@ def _longform_row(talks, outputs, preset, variant, driver, label, ts: TestSet, s
     omni_quality = {"omnisteval_bleu": latency.pop("bleu"), "omnisteval_chrf": latency.pop("chrf")}
     latency.update(omni_quality, talks=len(talks), closed_utterances=sum(len(o.utterances) for o in outputs))
     return _row(preset, variant, driver, "longform", label, outputs, resegmented, references,
-                ts.target_lang, latency, tail, negative, bootstrap)
+                ts.target_lang, latency, tail, negative, bootstrap, concurrency)
 
 
 def _offline_output(driver: InProcessDriver, words: list[str], target_lang: str,
@@ -199,20 +203,43 @@ def _driver_check(variant: str, preset: str, driver_name: str, pairs: list[TestP
                  passed=all(same), detail=detail)
 
 
+def _sentence_output(driver: Driver, pair: TestPair, schedule: Schedule, tails: TailModel,
+                     target_lang: str) -> StreamOutput:
+    return stream_output(replay(pair.source_words, driver, schedule, tail_model=tails, stream_id=pair.id),
+                         target_lang)
+
+
+def _talk_output(driver: Driver, talk: list[TestPair], schedule: Schedule, tails: TailModel,
+                 target_lang: str) -> StreamOutput:
+    words = [w for p in talk for w in p.source_words]
+    return stream_output(replay(words, driver, schedule, close_on_punctuation=True, tail_model=tails,
+                                stream_id=_talk_id(talk)), target_lang)
+
+
+def _talk_id(talk: list[TestPair]) -> str:
+    return "+".join(p.id for p in talk)
+
+
 def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_options: dict[str, Any], ts: TestSet,
                  pairs: list[TestPair], talks: list[list[TestPair]], presets: list[str], schedule: Schedule,
                  label: str, factory, progress, tail_models: dict[str, TailModel]):
-    """Every preset and driver (and the offline baseline) on one seam variant: (rows, checks)."""
+    """Every preset and driver (and the offline baseline) on one seam variant: (rows, checks).
+    The in-process streams of a row run `options.concurrency` at once (`shared_engine`)."""
     from alignatt.serve.config import DirectionRoute, ServerConfig, resolve_heads
 
     direction = f"{ts.source_lang}-{ts.target_lang}"
+    src, tgt, concurrency = ts.source_lang, ts.target_lang, options.concurrency
     rows, checks = [], []
     route = DirectionRoute(model=options.model, seam=seam_name, heads=options.heads, top_k=options.top_k,
-                           device=options.device, dtype=options.dtype, seam_options=seam_options)
+                           device=options.device, dtype=options.dtype,
+                           seam_options=batch_limit_options(seam_name, seam_options, concurrency))
     heads = resolve_heads(route, direction)
     progress(f"[{variant}] loading the seam")
     seam = factory(route, heads)
+    streams = None
     try:
+        streams = stream_runner(seam, concurrency)
+        pair_ids = [p.id for p in pairs]
         server = None
         if {"websocket", "wlk"} & set(options.drivers):
             from alignatt.serve.server import ServerThread
@@ -227,17 +254,16 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
                     sentence_outputs: dict[str, list[StreamOutput]] = {}
                     for driver_name in options.drivers:
                         if driver_name == "inprocess":
-                            driver = InProcessDriver(seam, preset, ts.source_lang, ts.target_lang)
-                        elif driver_name == "websocket":
-                            driver = WebSocketDriver(server.url, preset, ts.source_lang, ts.target_lang)
-                        else:
-                            driver = WlkDriver(server, preset, ts.source_lang, ts.target_lang,
-                                               schedule.words_per_second)
-                        outs = [stream_output(replay(p.source_words, driver, schedule, tail_model=tails,
-                                                     stream_id=p.id), ts.target_lang) for p in pairs]
+                            outs = streams.map(lambda s, p: _sentence_output(InProcessDriver(s, preset, src, tgt), p,
+                                                                             schedule, tails, tgt), pairs, pair_ids)
+                        else:  # through the server, one stream at a time
+                            driver = (WebSocketDriver(server.url, preset, src, tgt) if driver_name == "websocket"
+                                      else WlkDriver(server, preset, src, tgt, schedule.words_per_second))
+                            outs = [_sentence_output(driver, p, schedule, tails, tgt) for p in pairs]
                         sentence_outputs[driver_name] = outs
                         rows.append(_sentence_row(pairs, outs, preset, variant, driver_name, label, ts, schedule,
-                                                  tail, options.bootstrap))
+                                                  tail, options.bootstrap,
+                                                  concurrency if driver_name == "inprocess" else 1))
                         progress(f"[{variant}] {preset} {driver_name} tail={tail}: BLEU {rows[-1].bleu:.2f} "
                                  f"(N={len(pairs)}), LAAL {rows[-1].latency.get('laal_words_read')} words read")
                     for driver_name in ("websocket", "wlk"):
@@ -245,29 +271,31 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
                             checks.append(_driver_check(f"{variant} tail={tail}", preset, driver_name, pairs,
                                                         sentence_outputs["inprocess"], sentence_outputs[driver_name]))
                 for tail in options.longform_tails if talks else []:
-                    driver = InProcessDriver(seam, preset, ts.source_lang, ts.target_lang)
-                    outs = []
-                    for talk in talks:
-                        words = [w for p in talk for w in p.source_words]
-                        outs.append(stream_output(replay(words, driver, schedule, close_on_punctuation=True,
-                                                         tail_model=tail_models[tail],
-                                                         stream_id="+".join(p.id for p in talk)), ts.target_lang))
+                    tails = tail_models[tail]
+                    outs = streams.map(lambda s, t: _talk_output(InProcessDriver(s, preset, src, tgt), t, schedule,
+                                                                 tails, tgt), talks, [_talk_id(t) for t in talks])
                     rows.append(_longform_row(talks, outs, preset, variant, "inprocess", label, ts, schedule, tail,
-                                              options.bootstrap))
+                                              options.bootstrap, concurrency))
                     progress(f"[{variant}] {preset} long form tail={tail}: LongYAAL "
                              f"{rows[-1].latency.get('long_yaal')} ms")
         finally:
             if server is not None:
                 server.stop()
         if options.offline_baseline:
-            driver = InProcessDriver(seam, DEFAULT_PRESET, ts.source_lang, ts.target_lang)
-            outs = [_offline_output(driver, p.source_words, ts.target_lang, schedule) for p in pairs]
+            outs = streams.map(lambda s, p: _offline_output(InProcessDriver(s, DEFAULT_PRESET, src, tgt),
+                                                            p.source_words, tgt, schedule), pairs, pair_ids)
             row = _sentence_row(pairs, outs, OFFLINE, variant, OFFLINE, label, ts, schedule, "none",
-                                options.bootstrap)
+                                options.bootstrap, concurrency)
             rows.append(row)
             progress(f"[{variant}] offline baseline: BLEU {row.bleu:.2f}")
+        if concurrency > 1:
+            progress(f"[{variant}] in-process streams: {streams.describe()}")
     finally:
-        seam.close()
+        try:
+            if streams is not None:
+                streams.close()
+        finally:
+            seam.close()
     return rows, checks
 
 
@@ -361,7 +389,9 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
                 checks.append(Check(name=f"{name}: {variant} gives the same hypotheses as {first}",
                                     passed=not diff,
                                     detail=f"{len(a) - len(diff)}/{len(a)} identical"
-                                    + (f"; differ at {diff[:10]}" if diff else "")))
+                                    + (f"; differ at {diff[:10]}" if diff else "")
+                                    + (f"; {options.concurrency} streams at once: batches form by timing, and "
+                                       "bf16 batching can change drafts" if options.concurrency > 1 else "")))
     comet = scoring.comet(options.comet_model, [p.source for p in pairs],
                           next((r.hypotheses for r in rows if r.preset == OFFLINE), rows[0].hypotheses),
                           [p.reference for p in pairs])
@@ -378,6 +408,11 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
                                  "ready (CA)",
                 "tails": {k: m.describe() for k, m in tail_models.items()},
                 "offline_tail": "the offline baseline is sent the whole sentence, committed, with no tail",
+                **({"concurrent_streams": f"{options.concurrency} in-process streams at once, their drafts batched "
+                                          "by one draft scheduler on the variant's engine (vllm_capture: max_num_seqs "
+                                          f"{options.concurrency} unless set); a round trip includes the wait for the "
+                                          "batch; protocol drivers replay one stream at a time"}
+                   if options.concurrency > 1 else {}),
                 "uncertainty": {"intervals": f"sacrebleu bootstrap, {options.bootstrap} resamples, 95 %",
                                 "significance": f"{uncertainty.TEST_NAMES[options.significance]} of each preset "
                                                 "row against the offline row of its variant, same sentences",

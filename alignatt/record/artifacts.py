@@ -344,6 +344,9 @@ class EvalRow(_Strict):
     # gold: the gold source as tail; noisy: a seeded noisy ASR tail (config.tail_noise); none: no
     # lookahead (the offline baseline is shown no tail either)
     tail: Literal["gold", "noisy", "none"] = "gold"
+    # streams replayed at once through one engine (`alignatt eval --concurrency`): batching can
+    # change bf16 drafts; None in artifacts written before it was recorded (one at a time)
+    concurrency: int | None = Field(None, ge=1)
     latency: dict[str, float | int | None] = Field(default_factory=dict)  # OmniSTEval's scores
     quality_intervals: dict[str, EvalInterval] = Field(default_factory=dict)  # bleu, chrf
     significance: EvalPairedTest | None = None  # against offline (preset rows of the sentence form)

@@ -1,0 +1,137 @@
+"""Many in-process streams at once through one engine: `alignatt eval --concurrency N`.
+
+At concurrency 1 a row's streams (sentences, talks, offline sentences) are replayed one after
+another on the calling thread, each drafting through the variant's seam itself: the eval as it
+always was. At N > 1, N streams run at once, a thread each, and every stream's `Session` drafts
+through one `DraftScheduler` over the variant's seam, as `alignatt serve` drafts for its sessions:
+a seam with a batch interface (vllm_capture) takes the streams' drafts into one running batch, one
+without runs them one at a time (`OneAtATime`). Each stream stays lockstep (its next update after
+its reply), and the outputs come back in the streams' order, whichever finishes first.
+
+bf16 batching can change a draft (a batch runs other kernels than a lone request), so the rows
+record the concurrency they ran at.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Sequence, TypeVar
+
+from alignatt.core.draft import DraftRequest, Seam
+from alignatt.core.errors import AlignattError
+from alignatt.serve.scheduler import DraftScheduler, SchedulerConfig, SessionSeam, as_batch_seam
+
+Item = TypeVar("Item")
+Output = TypeVar("Output")
+ReplayOne = Callable[[Seam, Item], Output]  # replays one stream, drafting through the seam it is given
+
+
+def batch_limit_options(seam_name: str, seam_options: dict[str, Any], concurrency: int) -> dict[str, Any]:
+    """The variant's seam options, with vllm_capture's batch limit raised to the streams at once
+    (its default, 16, would hold 64 streams to 16 drafts a step); an explicit limit wins."""
+    if concurrency > 1 and seam_name == "vllm_capture":
+        return {"max_num_seqs": concurrency, **seam_options}
+    return seam_options
+
+
+class LentBatchSeam:
+    """The variant's seam as a scheduler's engine (batched when the seam batches, else a batch of
+    one). Closing the scheduler leaves the seam open: the variant closes it after its last row."""
+
+    def __init__(self, seam: Seam) -> None:
+        self._engine = as_batch_seam(seam)
+        self.name = getattr(seam, "name", "seam")
+
+    @property
+    def max_batch(self) -> int:
+        return getattr(self._engine, "max_batch", 1)
+
+    def submit(self, request: DraftRequest):
+        return self._engine.submit(request)
+
+    def abort(self, handle) -> None:
+        self._engine.abort(handle)
+
+    def step(self):
+        return self._engine.step()
+
+    def has_unfinished(self) -> bool:
+        return self._engine.has_unfinished()
+
+    def close(self) -> None:
+        pass
+
+
+class SequentialStreams:
+    """Concurrency 1: each stream in turn on this thread, drafting through the seam itself."""
+
+    concurrency = 1
+
+    def __init__(self, seam: Seam) -> None:
+        self.seam = seam
+
+    def map(self, replay_one: ReplayOne, items: Sequence[Item], names: Sequence[str]) -> list[Output]:
+        return [replay_one(self.seam, item) for item in items]
+
+    def close(self) -> None:
+        pass
+
+
+class ConcurrentStreams:
+    """Concurrency N > 1: N streams at once, their drafts batched by one scheduler on the seam."""
+
+    def __init__(self, seam: Seam, concurrency: int) -> None:
+        self.concurrency = concurrency
+        self.scheduler = DraftScheduler(lambda: LentBatchSeam(seam), SchedulerConfig(capacity=concurrency),
+                                        name="eval")
+        self._calls = itertools.count()
+
+    def map(self, replay_one: ReplayOne, items: Sequence[Item], names: Sequence[str]) -> list[Output]:
+        """Every item replayed, up to N at once; the outputs in the items' order. The first stream
+        to fail fails the whole map (AlignattError naming it) once the running ones have ended;
+        no stream starts after a failure."""
+        call = next(self._calls)
+        outputs: list[Any] = [None] * len(items)
+        failures: list[tuple[str, BaseException]] = []
+        lock = threading.Lock()
+
+        def run(i: int) -> None:
+            if failures:
+                return
+            key = (call, i)  # a scheduler session per stream, closed when the stream ends
+            self.scheduler.open_session(key)
+            try:
+                outputs[i] = replay_one(SessionSeam(self.scheduler, key), items[i])
+            except BaseException as e:  # noqa: BLE001 - reported below, for the whole eval
+                with lock:
+                    failures.append((names[i], e))
+            finally:
+                self.scheduler.close_session(key)
+
+        workers = max(min(self.concurrency, len(items)), 1)
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="eval-stream") as pool:
+            list(pool.map(run, range(len(items))))
+        if failures:
+            name, error = failures[0]
+            detail = (str(error).splitlines() or [""])[0]
+            raise AlignattError(f"stream {name} failed ({len(failures)} of {len(items)} streams failed, "
+                                f"{self.concurrency} at once): {type(error).__name__}: {detail}") from error
+        return outputs
+
+    def describe(self) -> str:
+        sizes = self.scheduler.stats.batch_sizes
+        steps = sum(sizes.values())
+        if not steps:
+            return f"{self.concurrency} streams at once: no engine steps"
+        mean = sum(k * v for k, v in sizes.items()) / steps
+        return (f"{self.concurrency} streams at once: {steps} engine steps, "
+                f"batch mean {mean:.1f}, max {max(sizes)} (engine limit {self.scheduler.max_batch})")
+
+    def close(self) -> None:
+        self.scheduler.close()
+
+
+def stream_runner(seam: Seam, concurrency: int) -> SequentialStreams | ConcurrentStreams:
+    return SequentialStreams(seam) if concurrency == 1 else ConcurrentStreams(seam, concurrency)
