@@ -132,7 +132,7 @@ def test_the_h200_profile_runs_its_gpu_tests_in_lanes():
 def test_the_page_says_which_gpu_figures_stand_on_the_passing_suite(tmp_path):
     from alignatt.report.page import render_report
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     for name in ("params.yaml", "reports"):
         (shutil.copytree if (root / name).is_dir() else shutil.copy)(root / name, tmp_path / name)
     (tmp_path / "outputs" / "published").mkdir(parents=True)
