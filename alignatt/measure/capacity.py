@@ -10,8 +10,8 @@ len(streams) (the bundled smoke stream and a composed multi-minute stream by def
 the `load` artifact records partial and final RTT, schedule lag (max, and whether it grows),
 fast-path events, the engines' batch-size histogram (summed, and per engine in `engines`), peak
 GPU memory, retractions, finals delivered in order, error frames, and how many updates differ
-from the same stream served alone (the N=1 level, which replays the first stream; lockstep
-replays send the same updates in the same order at any load, so updates match by seq). On a GPU
+from the same stream served alone, or served by the run's first configuration (the summaries are
+`alignatt.measure.capacity_levels`). On a GPU
 with `vllm_capture` it also measures the capture cost: captured vs uncaptured `draft_many` wall at
 each batch size, same prompts, same run (after the server has stopped, one engine at a time).
 """
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import csv
 import json
-import statistics
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -32,10 +31,10 @@ from alignatt.core.draft import acceptance_level
 from alignatt.core.errors import AlignattError
 from alignatt.models.presets import preset_for
 from alignatt.replay.speakers import SpeakerPlan, run_speakers
-from alignatt.measure.smoke import ServedModelOptions, percentile
-from alignatt.record.events import ReplayEvent
-from alignatt.replay.events import RunRecord, count_retractions
-from alignatt.replay.stream import SmokeStream, ends_sentence, load_stream
+from alignatt.measure.smoke import ServedModelOptions
+from alignatt.measure.capacity_levels import (LAG_GROWTH_S, configuration_difference, level_line, signature,
+                                              summarise_level)
+from alignatt.replay.stream import SmokeStream, load_stream
 
 BUNDLED_STREAMS = {"smoke": "mt_server_smoke_stream.json", "long": "mt_load_long_stream.json"}
 # Flags a configuration label may add to its vLLM mode (`fullgraph+batch_invariant`): engine options.
@@ -43,7 +42,6 @@ BUNDLED_STREAMS = {"smoke": "mt_server_smoke_stream.json", "long": "mt_load_long
 # `--vllm-mode fullgraph,fullgraph+verify` runs verification off and on in one run.
 CONFIGURATION_FLAGS: dict[str, dict[str, Any]] = {"batch_invariant": {"batch_invariant": True},
                                                   "verify": {"verify": True}}
-LAG_GROWTH_S = 0.25  # last third's mean lag over the first third's beyond this: the lag grows
 
 
 def _int_list(value: Any) -> list[int]:
@@ -104,129 +102,6 @@ def resolve_streams(names: list[str]) -> list[tuple[str, SmokeStream]]:
     if not out:
         raise AlignattError("no streams to replay")
     return out
-
-
-# ---- one level ----
-
-
-def _thirds(events: list[ReplayEvent]) -> tuple[list[float], list[float]]:
-    lags = [e.lag_s for e in events]
-    k = max(len(lags) // 3, 1)
-    return lags[:k], lags[-k:]
-
-
-def _finals_in_order(events: list[ReplayEvent], expected: int) -> tuple[int, bool]:
-    finals = [e for e in events if e.final and not e.error]
-    ids = [e.utterance_id for e in finals]
-    ordered = all(isinstance(a, int) and isinstance(b, int) and b > a for a, b in zip(ids, ids[1:]))
-    return len(finals), ordered and len(finals) == expected
-
-
-def _signature(events: list[ReplayEvent]) -> dict[int, tuple]:
-    return {e.seq: (e.committed_text, e.path, e.committed_delta) for e in events}
-
-
-def summarise_level(n: int, runs: list[RunRecord | BaseException], streams: list[tuple[str, SmokeStream]],
-                    wall_s: float, engines_before: list[dict], engines_after: list[dict], server_delta: dict,
-                    memory: tuple[float | None, float | None], alone: dict[str, dict[int, tuple]]) -> dict:
-    """The `LoadLevel` fields of one level (a dict), from its speakers' records and every engine's
-    `Engine.stats()` before and after it."""
-    events, errors = [], 0
-    retractions = finals_expected = finals_delivered = 0
-    in_order = True
-    first, last = [], []
-    texts_diff = decisions_diff = 0
-    compared = False
-    for i, run in enumerate(runs):
-        name, stream = streams[i % len(streams)]
-        expected = sum(1 for w in stream.words if ends_sentence(w))
-        finals_expected += expected
-        if isinstance(run, BaseException):
-            errors += 1
-            in_order = False
-            continue
-        ev = run.events
-        events += ev
-        errors += sum(1 for e in ev if e.error)
-        retractions += count_retractions(ev)
-        delivered, ordered = _finals_in_order(ev, expected)
-        finals_delivered += delivered
-        in_order = in_order and ordered
-        a, b = _thirds(ev)
-        first += a
-        last += b
-        if name in alone and n > 1:
-            compared = True
-            ref = alone[name]
-            for seq, sig in _signature(ev).items():
-                want = ref.get(seq)
-                if want is None:
-                    continue
-                texts_diff += sig[0] != want[0]
-                decisions_diff += sig[1:] != want[1:]
-    partial = [e.rtt_ms for e in events if e.path == "draft" and not e.final]
-    finals = [e.rtt_ms for e in events if e.final]
-    lag_first = statistics.fmean(first) if first else 0.0
-    lag_last = statistics.fmean(last) if last else 0.0
-    engines = [engine_level(b, a) for b, a in zip(engines_before, engines_after)]
-    sizes: dict[str, int] = {}
-    for e in engines:
-        for k, v in e["batch_sizes"].items():
-            sizes[k] = sizes.get(k, 0) + v
-    return dict(
-        speakers=n,
-        streams=[streams[i % len(streams)][0] for i in range(n)],
-        wall_s=round(wall_s, 2),
-        updates=len(events),
-        partial_drafts=len(partial),
-        partial_rtt_ms_p50=percentile(partial, 0.5),
-        partial_rtt_ms_p95=percentile(partial, 0.95),
-        partial_rtt_ms_p99=percentile(partial, 0.99),
-        final_rtt_ms_p50=percentile(finals, 0.5),
-        final_rtt_ms_p95=percentile(finals, 0.95),
-        lag_s_max=round(max((e.lag_s for e in events), default=0.0), 3),
-        lag_s_first_third=round(lag_first, 3),
-        lag_s_last_third=round(lag_last, 3),
-        lag_grows=lag_last - lag_first > LAG_GROWTH_S,
-        fast_path_events=sum(1 for e in events if e.path == "fast_path"),
-        engine_steps=sum(e["steps"] for e in engines),
-        engine_batch_sizes=dict(sorted(sizes.items(), key=lambda kv: int(kv[0]))),
-        engines=engines,
-        superseded=server_delta.get("coalesced", 0),
-        peak_gpu_memory_mib=memory[0],
-        gpu_memory_used_mib=memory[1],
-        retractions=retractions,
-        finals_expected=finals_expected,
-        finals_delivered=finals_delivered,
-        finals_in_order=in_order,
-        error_frames=errors,
-        texts_differing_from_alone=texts_diff if compared else None,
-        decisions_differing_from_alone=decisions_diff if compared else None,
-    )
-
-
-def engine_level(before: dict, after: dict) -> dict:
-    """One engine's `LoadEngine` fields over a level: what `Engine.stats()` counted in between."""
-    sizes_before = before.get("batch_sizes", {})
-    sizes = {k: v - sizes_before.get(k, 0) for k, v in after.get("batch_sizes", {}).items()}
-    steps = after.get("steps", 0) - before.get("steps", 0)
-
-    def per_step_ms(key: str) -> float | None:
-        if not steps or key not in after:
-            return None
-        return round((after[key] - before.get(key, 0.0)) / steps * 1e3, 3)
-
-    return dict(
-        engine=str(after.get("engine")),
-        gpu=after.get("gpu"),
-        alive=bool(after.get("alive", True)),
-        sessions=after.get("admitted", 0) - before.get("admitted", 0),
-        steps=steps,
-        batch_sizes={k: v for k, v in sorted(sizes.items(), key=lambda kv: int(kv[0])) if v},
-        step_ms_mean=per_step_ms("step_s"),
-        step_cpu_ms_mean=per_step_ms("step_cpu_s"),
-        failed=after.get("failed", 0) - before.get("failed", 0),
-    )
 
 
 def _wait_for_sessions_to_close(handle: Any, timeout_s: float = 60.0) -> None:
@@ -316,7 +191,7 @@ def run_configuration(options: LoadOptions, mode: str | None, seam_factory=None)
             if n == 1:
                 for i, run in enumerate(runs):
                     if not isinstance(run, BaseException):
-                        alone[streams[i % len(streams)][0]] = _signature(run.events)
+                        alone[streams[i % len(streams)][0]] = signature(run.events)
             levels.append(level)
             print(level_line(level), flush=True)
         # After the levels: the seam's counters (prefix-cache hits) cover the whole run. `scheduler` is
@@ -327,25 +202,6 @@ def run_configuration(options: LoadOptions, mode: str | None, seam_factory=None)
         heads = [[h.layer, h.head] for h in engine.heads]
     return {"levels": levels, "engine": facts, "heads": heads, "seam_options": route.seam_options,
             "alone": {name: {str(seq): list(sig) for seq, sig in sigs.items()} for name, sigs in alone.items()}}
-
-
-def configuration_difference(reference: dict[str, dict[str, list]], other: dict[str, dict[str, list]]) -> dict:
-    """How one speaker alone is served by another configuration than the first (verification on
-    against off, say): updates whose committed text differs, and whose path or released text
-    differs, matched by stream and seq (a lockstep replay sends the same updates in the same order)."""
-    texts = decisions = compared = 0
-    for name, sigs in other.items():
-        ref = reference.get(name, {})
-        for seq, sig in sigs.items():
-            want = ref.get(seq)
-            if want is None:
-                continue
-            compared += 1
-            texts += sig[0] != want[0]
-            decisions += sig[1:] != want[1:]
-    return {"updates_compared_with_first_configuration": compared,
-            "texts_differing_from_first_configuration": texts,
-            "decisions_differing_from_first_configuration": decisions}
 
 
 def configuration_in_child(payload: dict) -> dict:
@@ -478,16 +334,6 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
     if plot is not None:
         write_plot(plot, artifact)
     return artifact
-
-
-def level_line(level: dict) -> str:
-    mode = f"[{level['vllm_mode']}] " if level.get("vllm_mode") else ""
-    return (f"{mode}N={level['speakers']}: partial RTT p50 {level['partial_rtt_ms_p50']} / p95 {level['partial_rtt_ms_p95']}"
-            f" / p99 {level['partial_rtt_ms_p99']} ms, final p95 {level['final_rtt_ms_p95']} ms, lag max "
-            f"{level['lag_s_max']} s ({'growing' if level['lag_grows'] else 'not growing'}), retractions "
-            f"{level['retractions']}, finals {level['finals_delivered']}/{level['finals_expected']}"
-            f"{' in order' if level['finals_in_order'] else ' NOT all in order'}, errors {level['error_frames']}, "
-            f"batch sizes {level['engine_batch_sizes']}")
 
 
 def write_metrics(path: str | Path, artifact) -> None:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from alignatt.core.errors import AlignattError
-from alignatt.measure.capacity import LoadOptions, resolve_streams, run_load, summarise_level
+from alignatt.measure.capacity import LoadOptions, resolve_streams, run_load
+from alignatt.measure.capacity_levels import summarise_level
 from alignatt.record.events import ReplayEvent
 from alignatt.replay.events import RunRecord
 from alignatt.replay.stream import SmokeStream
@@ -142,10 +143,10 @@ def test_alone_comparison_counts_updates_that_differ():
     base = _events([0.1] * 3)
     changed = list(base)
     changed[1] = changed[1].model_copy(update={"committed_text": "different"})
-    from alignatt.measure.capacity import _signature
+    from alignatt.measure.capacity_levels import signature
 
     level = summarise_level(2, [RunRecord("native", base, 1, 0), RunRecord("native", changed, 1, 0)], [("s", stream)],
-                            1.0, [], [], {}, (None, None), {"s": _signature(base)})
+                            1.0, [], [], {}, (None, None), {"s": signature(base)})
     assert level["texts_differing_from_alone"] == 1 and level["decisions_differing_from_alone"] == 0
 
 
@@ -378,7 +379,7 @@ def test_one_speaker_on_a_later_configuration_is_compared_with_the_first(tmp_pat
 
 
 def test_the_configuration_difference_counts_texts_and_decisions_by_stream_and_seq():
-    from alignatt.measure.capacity import configuration_difference
+    from alignatt.measure.capacity_levels import configuration_difference
 
     reference = {"smoke": {"0": ["Das", "draft", "Das"], "1": ["Das Haus", "draft", " Haus"], "2": ["x", "fast_path", ""]}}
     other = {"smoke": {"0": ["Das", "draft", "Das"], "1": ["Das Heim", "draft", " Heim"], "2": ["x", "draft", ""],
