@@ -28,8 +28,9 @@ def replay_native(url: str, stream: SmokeStream, speed: float, preset: str) -> R
             step = cursor.step(ev)
             if step is None:
                 continue
+            frame = step.frame()  # built and checked before the clock starts: the round trip is the server's
             sent = time.perf_counter()
-            client.send(step.frame())
+            client.send(frame)
             reply = client.await_reply(step.seq)
             rtt = (time.perf_counter() - sent) * 1000.0
             event = ReplayEvent(

@@ -59,9 +59,10 @@ def replay_realtime(url: str, stream: SmokeStream, speed: float, preset: str, dr
             seq = step.seq
             event = ReplayEvent(client="realtime", seq=seq, trigger=ev.kind, stream_s=round(ev.t, 3),
                                 committed_words=len(step.words), tail_words=len(step.tail), is_final=step.final)
+            frame = step.frame()  # built and checked before the clock starts: the round trip is the server's
             with lock:
                 sent[seq] = {"due": due, "sent": time.perf_counter(), "event": event}
-            client.send(step.frame())
+            client.send(frame)
             if step.final:
                 finals_sent.append(seq)
                 cursor.close_utterance()
