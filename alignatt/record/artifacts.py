@@ -432,6 +432,12 @@ class GpuTestsArtifact(_Artifact):
     lanes: int = 1  # test children run side by side (tests/gpu_isolation.py)
 
 
+def measured_on_gpu(artifact: BaseModel) -> bool:
+    """A measurement made on a GPU, which must stand on its folder's passing GPU suite (the suite
+    itself and the fingerprint measure nothing). The audit and the page both ask this."""
+    return not isinstance(artifact, (GpuTestsArtifact, FingerprintArtifact)) and artifact.provenance.gpu_count > 0
+
+
 class FailoverSession(_Strict):
     """One speaker of `alignatt failover`: what it saw across its engine's loss."""
 

@@ -41,6 +41,7 @@ from alignatt.record.artifacts import (
     LoadArtifact,
     ServerSmokeArtifact,
     load_json,
+    measured_on_gpu,
     parse_artifact,
     sha256_file,
 )
@@ -213,8 +214,7 @@ def audit_gpu_suites(artifacts: list[tuple[Path, object]], result: AuditResult) 
         by_folder.setdefault(f.parent, []).append((f, artifact))
     for folder, entries in sorted(by_folder.items()):
         suites = [(f, a) for f, a in entries if isinstance(a, GpuTestsArtifact)]
-        on_gpu = [(f, a) for f, a in entries if not isinstance(a, (GpuTestsArtifact, FingerprintArtifact))
-                  and a.provenance.gpu_count > 0]
+        on_gpu = [(f, a) for f, a in entries if measured_on_gpu(a)]
         for f, suite in suites:
             if suite.ran and not suite.passed:
                 c = suite.counts

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from alignatt.core.errors import AlignattError
-from alignatt.record.artifacts import FingerprintArtifact, sha256_file
+from alignatt.record.artifacts import FingerprintArtifact, measured_on_gpu, sha256_file
 from alignatt.report import capacity, figures as bench_figures
 from alignatt.report.capacity import capacity_rows, capacity_targets, capture_cost_rows, verification_rows
 from alignatt.report.figures import FIGURES_DIR, Figure, FigureFunction, render_figures
@@ -278,11 +278,9 @@ def _gpu_figures_beside(inputs: ReportInputs, suite_rel: str, commit: str) -> tu
     and the others, each with the commit it was measured at (the audit flags those)."""
     folder = suite_rel.rsplit("/", 1)[0]
     standing, other = [], []
-    for kind, entries in sorted(inputs.by_kind.items()):
-        if kind in ("gpu_tests", "fingerprint"):
-            continue
+    for _, entries in sorted(inputs.by_kind.items()):
         for rel, a in entries:
-            if rel.rsplit("/", 1)[0] != folder or not getattr(a, "provenance", None) or a.provenance.gpu_count == 0:
+            if rel.rsplit("/", 1)[0] != folder or not measured_on_gpu(a):
                 continue
             name = rel.rsplit("/", 1)[1]
             at = a.provenance.git_commit or ""
