@@ -13,6 +13,7 @@ from alignatt.serve.session import (
     FAST_PATH, FINAL_CACHED, UNCHANGED, Session, SessionConfig, SessionLimits, SourceUpdate,
 )
 from tests.fakes.mt_fakes import FakeSeam
+from tests.support.source_ops import SourceOps
 
 UNION = [Head(0, 0), Head(0, 1), Head(3, 2)]
 HEADS = {"de": [Head(0, 0), Head(0, 1)], "fr": [Head(3, 2), Head(0, 0)]}
@@ -109,37 +110,16 @@ def test_two_target_session_never_retracts_on_either_target(ops, border, hold_ba
                         max_new_tokens=max_new, limits=SessionLimits(max_utterance_words=12))
     seam, engine, m = multi(cfg, fail_when=lambda r: fail["now"], look_ahead=look_ahead,
                             leak="Mehr. Text" if leak else "")
-    committed: list[str] = []
-    tail: list[str] = []
-    uid, counter = 0, 0
+    source = SourceOps()
     shown = {t: "" for t in m.targets}
     for op, n in ops:
-        is_final = False
-        if op == "arrive":
-            tail += [f"w{counter + i}" for i in range(n)]
-            counter += n
-        elif op == "commit":
-            committed, tail = committed + tail[:n], tail[n:]
-        elif op == "commit_all":
-            committed, tail = committed + tail, []
-        elif op == "final":
-            is_final = True
-        elif op == "rewrite" and committed:
-            committed = committed[:-1] + [f"x{counter}"]
-            counter += 1
-        elif op == "skip":
-            uid, committed, tail = uid + n, [], []
+        is_final = source.apply(op, n)
+        if op in ("skip", "skip_with_words"):
             shown = {t: "" for t in m.targets}
-        elif op == "skip_with_words":  # the next utterance's first update already has words
-            uid, committed, tail = uid + n, [f"n{counter}"], [f"t{counter}"]
-            counter += 1
-            shown = {t: "" for t in m.targets}
-        elif op == "drop_tail":
-            tail = []
         calls, batches = seam.calls, len(engine.batches)
         fail["now"] = op == "fail"
         try:
-            steps = m.update(committed, tail, is_final, uid)
+            steps = m.update(source.committed, source.tail, is_final, source.uid)
         except RuntimeError:
             assert op == "fail" and all(m.sessions[t].committed_text == shown[t] for t in m.targets)
             continue
@@ -154,7 +134,7 @@ def test_two_target_session_never_retracts_on_either_target(ops, border, hold_ba
             assert step.committed_text == shown[t] + step.committed_delta
             assert "W" not in step.committed_text and (not step.committed_text or t.upper() in step.committed_text)
         if steps[0][1].final:
-            uid, committed, tail = steps[0][1].utterance_id + 1, [], []
+            source.new_utterance(steps[0][1].utterance_id + 1)
             shown = {t: "" for t in m.targets}
         else:
             shown = {t: s.committed_text for t, s in steps}

@@ -19,6 +19,7 @@ from alignatt.serve.session import (
     count_sentence_ends,
 )
 from tests.fakes.mt_fakes import FakeSeam
+from tests.support.source_ops import SourceOps
 
 WORDS = "the causal encoder processes each block once.".split()  # 7 words
 
@@ -205,31 +206,16 @@ def test_committed_text_only_ever_grows(ops, border, hold_back, look_ahead, max_
         limits=SessionLimits(max_utterance_words=12),
     )
     s = Session(seam, cfg)
-    committed: list[str] = []
-    tail: list[str] = []
-    uid, shown, counter, failed = 0, "", 0, 0
+    source = SourceOps()
+    shown, failed = "", 0
     for op, n in ops:
-        is_final = False
-        if op == "arrive":
-            tail += [f"w{counter + i}" for i in range(n)]
-            counter += n
-        elif op == "commit":
-            committed, tail = committed + tail[:n], tail[n:]
-        elif op == "commit_all":
-            committed, tail = committed + tail, []
-        elif op == "final":
-            is_final = True
-        elif op == "rewrite" and committed:
-            committed = committed[:-1] + [f"x{counter}"]
-            counter += 1
-        elif op == "skip":
-            uid, committed, tail, shown = uid + n, [], [], ""
-        elif op == "drop_tail":
-            tail = []
+        is_final = source.apply(op, n)
+        if op == "skip":
+            shown = ""
         calls = seam.calls
         fail["now"] = op == "fail"
         try:
-            step = s.update(committed, tail, is_final, uid)
+            step = s.update(source.committed, source.tail, is_final, source.uid)
         except RuntimeError:
             assert op == "fail" and s.committed_text == shown
             failed += seam.calls - calls
@@ -239,7 +225,8 @@ def test_committed_text_only_ever_grows(ops, border, hold_back, look_ahead, max_
         assert step.committed_text.startswith(shown), (shown, step.committed_text)
         assert step.committed_text == shown + step.committed_delta
         if step.final:
-            uid, committed, tail, shown = step.utterance_id + 1, [], [], ""
+            source.new_utterance(step.utterance_id + 1)
+            shown = ""
         else:
             shown = step.committed_text
     assert s.engine_calls == seam.calls - failed  # every draft applied; a failed one is not
