@@ -45,7 +45,8 @@ def logs_dir(artifact_path: Path) -> Path:
 
 
 def row_key(row) -> str:
-    return ".".join((row.variant.replace(":", "-"), row.driver, row.preset, row.tail))
+    key = ".".join((row.variant.replace(":", "-"), row.driver, row.preset, row.tail))
+    return key + (f".under_load_{row.concurrency}" if row.role == "under_load" else "")
 
 
 def _lines(records: list[dict]) -> str:
@@ -117,7 +118,8 @@ def write_instance_logs(artifact, artifact_path: Path, pairs, talks, schedule, t
     for row in artifact.rows:
         key = row_key(row)
         what = {"variant": row.variant, "driver": row.driver, "preset": row.preset, "tail": row.tail,
-                "form": row.form, "n": row.instances}
+                "form": row.form, "n": row.instances,
+                **({"under_load": row.concurrency} if row.role == "under_load" else {})}
         if row.form == "sentence":
             refs = [p.reference for p in pairs]
             for sub, read, ms in (("words_read", True, False), ("words_committed", False, False), ("ms", None, True)):

@@ -35,6 +35,9 @@ def eval_metrics(artifact) -> dict[str, Any]:
         if r.significance is not None:
             figures.update({"bleu_p_vs_offline": r.significance.bleu_p, "chrf_p_vs_offline": r.significance.chrf_p})
         figures.update({k: r.latency[k] for k in METRIC_KEYS if k in r.latency})
+        if r.role == "under_load":
+            out.setdefault(r.variant, {}).setdefault("under_load", {})[str(r.concurrency)] = figures
+            continue
         out.setdefault(r.variant, {}).setdefault(r.driver, {}).setdefault(r.form, {}).setdefault(r.tail, {})[r.preset] = figures
     return out
 
@@ -44,7 +47,7 @@ def quality_latency_points(artifact) -> list[dict[str, Any]]:
     order = {name: i for i, name in enumerate(ROW_PRESETS)}
     points = []
     for r in artifact.rows:
-        if r.form != "sentence":
+        if r.form != "sentence" or r.role != "quality":
             continue
         ci = r.quality_intervals.get("bleu")
         points.append({"variant": r.variant, "driver": r.driver, "preset": r.preset, "tail": r.tail,
@@ -84,7 +87,9 @@ def metrics_path(artifact_path: Path) -> Path:
 
 
 def plot_path(artifact_path: Path) -> Path:
-    return artifact_path.with_name("quality_latency.csv")
+    """eval.json -> quality_latency.csv; eval_<name>.json -> quality_latency_<name>.csv."""
+    suffix = artifact_path.stem.removeprefix("eval")
+    return artifact_path.with_name(f"quality_latency{suffix}.csv")
 
 
 def _atomic(path: Path, text: str) -> None:
@@ -132,6 +137,8 @@ def report_section(root: Path, paths: list[tuple[str, Any]]) -> list[dict[str, A
         p = a.provenance
         presets: dict[str, list[dict[str, str]]] = {}
         for r in a.rows:
+            if r.role != "quality":
+                continue
             lat = r.latency
             neg = {n.metric: n for n in r.negative_latency}
 
@@ -178,8 +185,28 @@ def report_section(root: Path, paths: list[tuple[str, Any]]) -> list[dict[str, A
             "presets": [(name, presets[name]) for name in ROW_PRESETS if name in presets],
             "points": [{k: (_fmt(v, 2) if isinstance(v, float) or v is None else v) for k, v in pt.items()}
                        for pt in quality_latency_points(a)],
+            "under_load": under_load_rows(a), "under_load_note": cfg.get("under_load"),
             "checks": [("✓" if c.passed else "✗", c.name, c.detail) for c in a.checks],
             "comet": a.comet.get("system_score") if a.comet.get("status") == "ok" else
                      f"skipped: {a.comet.get('reason')}",
         })
     return sections
+
+
+def under_load_rows(artifact) -> list[dict[str, str]]:
+    """The quality-under-load rows of an artifact, each with how many of its texts differ from
+    the lowest level's (the same sentences, preset and tail)."""
+    rows = [r for r in artifact.rows if r.role == "under_load"]
+    out = []
+    for r in rows:
+        first = next(x for x in rows if x.variant == r.variant)
+        differ = sum(a != b for a, b in zip(r.hypotheses, first.hypotheses))
+        ci = r.quality_intervals.get("bleu")
+        lat = r.latency
+        out.append({"variant": r.variant, "level": str(r.concurrency), "preset": r.preset, "tail": r.tail,
+                    "n": str(r.instances), "bleu": _fmt(r.bleu), "bleu_ci": "—" if ci is None else f"[{ci.low:.1f}, {ci.high:.1f}]",
+                    "chrf": _fmt(r.chrf), "laal_read": _fmt(lat.get("laal_words_read"), 2),
+                    "laal_ms": _fmt(lat.get("laal_ms"), 0), "ca_laal_ms": _fmt(lat.get("ca_laal_ms"), 0),
+                    "retractions": str(r.retractions),
+                    "differ": "—" if r is first else f"{differ}/{r.instances} (vs {first.concurrency} at once)"})
+    return out

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from alignatt.capture.names import HF_QK_FAST
 from alignatt.core.errors import AlignattError
@@ -27,7 +27,7 @@ from alignatt.evaluate.instance_log import logs_dir, write_instance_logs
 from alignatt.evaluate.outputs import OFFLINE
 from alignatt.evaluate.emissions import Emission, StreamOutput, join_units, stream_output, units
 from alignatt.evaluate.replay import Driver, InProcessDriver, Schedule, WebSocketDriver, replay
-from alignatt.evaluate.shared_engine import batch_limit_options, stream_runner
+from alignatt.evaluate.shared_engine import ConcurrentStreams, batch_limit_options, stream_runner
 from alignatt.evaluate.tails import TailKind, TailModel, TailNoise, vocabulary
 from alignatt.evaluate.testsets import TestPair, TestSet, load_test_set, select
 from alignatt.evaluate.wlk_driver import CLIENT_LATENCY, WlkDriver
@@ -75,6 +75,16 @@ class EvalOptions(BaseModel):
     isolate_variants: bool | None = Field(None, description="each variant in its own process (None: when vLLM runs several)")
     concurrency: int = Field(1, ge=1, description="in-process streams replayed at once through one engine's "
                                                    "draft scheduler (1: one after another)")
+    load_levels: list[int] = Field(default_factory=list, description="quality under load: the default preset, "
+                                   "gold tail, on the first load_sentences sentences, at each of these concurrencies")
+    load_sentences: int = Field(100, ge=1, description="sentences of each quality-under-load row")
+
+    @field_validator("load_levels")
+    @classmethod
+    def _levels(cls, levels: list[int]) -> list[int]:
+        if any(n < 1 for n in levels) or len(set(levels)) != len(levels):
+            raise ValueError(f"load levels must be distinct positive concurrencies, not {levels}")
+        return sorted(levels)
 
 
 def parse_variant(variant: str) -> tuple[str, dict[str, Any]]:
@@ -109,7 +119,7 @@ def _talks(pairs: list[TestPair], count: int, per_talk: int) -> list[list[TestPa
 
 def _row(preset, variant, driver, form, label, outputs: list[StreamOutput], hypotheses, references,
          target_lang, latency, tail: str, negative=(), bootstrap: int = uncertainty.DEFAULT_BOOTSTRAP,
-         concurrency: int = 1):
+         concurrency: int = 1, role: str = "quality"):
     from alignatt.record.artifacts import EvalRow
 
     shown = sum(o.buffer_units_shown for o in outputs)
@@ -120,6 +130,7 @@ def _row(preset, variant, driver, form, label, outputs: list[StreamOutput], hypo
             paths[k] = paths.get(k, 0) + v
     return EvalRow(
         preset=preset, variant=variant, driver=driver, form=form, label=label, tail=tail, concurrency=concurrency,
+        role=role,
         instances=len(references), **scoring.quality(hypotheses, references, target_lang),
         quality_intervals=uncertainty.intervals(hypotheses, references, target_lang, bootstrap),
         latency=latency, negative_latency=list(negative), retractions=sum(o.retractions for o in outputs),
@@ -135,12 +146,12 @@ def _row(preset, variant, driver, form, label, outputs: list[StreamOutput], hypo
 
 
 def _sentence_row(pairs, outputs, preset, variant, driver, label, ts: TestSet, schedule: Schedule, tail: str,
-                  bootstrap: int, concurrency: int = 1):
+                  bootstrap: int, concurrency: int = 1, role: str = "quality"):
     items = [scoring.SentenceLatencyInput(p.reference, len(p.source_words), schedule.source_ms(len(p.source_words)),
                                           o.emissions) for p, o in zip(pairs, outputs)]
     latency, negative = scoring.sentence_latency(items, ts.target_lang)
     return _row(preset, variant, driver, "sentence", label, outputs, [o.hypothesis for o in outputs],
-                [p.reference for p in pairs], ts.target_lang, latency, tail, negative, bootstrap, concurrency)
+                [p.reference for p in pairs], ts.target_lang, latency, tail, negative, bootstrap, concurrency, role)
 
 
 def _longform_row(talks, outputs, preset, variant, driver, label, ts: TestSet, schedule: Schedule, tail: str,
@@ -232,7 +243,8 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
     rows, checks = [], []
     route = DirectionRoute(model=options.model, seam=seam_name, heads=options.heads, top_k=options.top_k,
                            device=options.device, dtype=options.dtype,
-                           seam_options=batch_limit_options(seam_name, seam_options, concurrency))
+                           seam_options=batch_limit_options(seam_name, seam_options,
+                                                            max([concurrency, *options.load_levels])))
     heads = resolve_heads(route, direction)
     progress(f"[{variant}] loading the seam")
     seam = factory(route, heads)
@@ -290,6 +302,8 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
             progress(f"[{variant}] offline baseline: BLEU {row.bleu:.2f}")
         if concurrency > 1:
             progress(f"[{variant}] in-process streams: {streams.describe()}")
+        rows += _under_load_rows(options, seam, pairs[:options.load_sentences], variant, label, ts, schedule,
+                                 tail_models[LOAD_TAIL], progress)
     finally:
         try:
             if streams is not None:
@@ -297,6 +311,32 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
         finally:
             seam.close()
     return rows, checks
+
+
+LOAD_TAIL = "gold"
+
+
+def _under_load_rows(options: EvalOptions, seam, pairs: list[TestPair], variant: str, label: str, ts: TestSet,
+                     schedule: Schedule, tails: TailModel, progress) -> list:
+    """Quality under load: the default preset's gold-tail replay of the same first sentences at each
+    of `options.load_levels` streams at once, on the variant's one engine (its batch limit was
+    raised to the highest level). Each level, 1 included, drafts through a draft scheduler of its
+    own, as a server drafts for its speakers."""
+    rows = []
+    src, tgt = ts.source_lang, ts.target_lang
+    for level in options.load_levels:
+        runner = ConcurrentStreams(seam, level)
+        try:
+            outs = runner.map(lambda s, p: _sentence_output(InProcessDriver(s, DEFAULT_PRESET, src, tgt), p,
+                                                            schedule, tails, tgt), pairs, [p.id for p in pairs])
+            described = runner.describe()
+        finally:
+            runner.close()
+        rows.append(_sentence_row(pairs, outs, DEFAULT_PRESET, variant, "inprocess", label, ts, schedule, LOAD_TAIL,
+                                  options.bootstrap, level, role="under_load"))
+        progress(f"[{variant}] under load, {level} at once (N={len(pairs)}): BLEU {rows[-1].bleu:.2f}, "
+                 f"LAAL CA {rows[-1].latency.get('ca_laal_ms')} ms; {described}")
+    return rows
 
 
 def _variant_in_child(options: EvalOptions, variant: str):
@@ -371,7 +411,7 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
         checks += got_checks
     _paired_tests(rows, ts.target_lang, options, [p.reference for p in pairs])
     by_variant = {(r.variant, r.preset, r.tail): r.hypotheses for r in rows
-                  if r.form == "sentence" and r.driver in ("inprocess", OFFLINE)}
+                  if r.form == "sentence" and r.driver in ("inprocess", OFFLINE) and r.role == "quality"}
 
     checks.append(Check(name=RETRACTION_CHECK, passed=all(r.retractions == 0 for r in rows),
                         detail=", ".join(f"{r.preset}/{r.variant}/{r.driver}/{r.form}: {r.retractions}"
@@ -413,6 +453,10 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
                                           f"{options.concurrency} unless set); a round trip includes the wait for the "
                                           "batch; protocol drivers replay one stream at a time"}
                    if options.concurrency > 1 else {}),
+                **({"under_load": f"the {DEFAULT_PRESET} preset, {LOAD_TAIL} tail, the first "
+                                  f"{min(options.load_sentences, len(pairs))} sentences, replayed at each of "
+                                  f"{options.load_levels} in-process streams at once on the variant's one engine"}
+                   if options.load_levels else {}),
                 "uncertainty": {"intervals": f"sacrebleu bootstrap, {options.bootstrap} resamples, 95 %",
                                 "significance": f"{uncertainty.TEST_NAMES[options.significance]} of each preset "
                                                 "row against the offline row of its variant, same sentences",
@@ -443,7 +487,8 @@ def _paired_tests(rows, target_lang: str, options: EvalOptions, references: list
 
     for base in [r for r in rows if r.driver == OFFLINE]:
         systems = {i: r.hypotheses for i, r in enumerate(rows)
-                   if r.variant == base.variant and r.form == "sentence" and r.driver != OFFLINE}
+                   if r.variant == base.variant and r.form == "sentence" and r.driver != OFFLINE
+                   and r.role == "quality"}
         got = uncertainty.paired_tests(base.hypotheses, systems, references, target_lang,
                                        options.significance, options.significance_samples)
         for i, result in got.items():

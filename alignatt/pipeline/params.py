@@ -29,6 +29,8 @@ class Profile(BaseModel):
     smoke: dict[str, Any] = Field(default_factory=dict)  # options of the smoke stage
     load: dict[str, Any] = Field(default_factory=dict)  # options of the load stage (`alignatt load`)
     eval: dict[str, Any] = Field(default_factory=dict)  # options of the eval stage (`alignatt eval` flags)
+    # options of the eval-direction stages (en-it, en-zh, cs-en: `alignatt eval --test-set <direction>`)
+    eval_directions: dict[str, Any] = Field(default_factory=dict)
     note: str = ""  # why the profile deviates from the protocol, shown in the methodology
     # seams that cannot run on this profile's machine by design (vllm_capture on a CPU): their
     # skip is expected; a bench stage where every *other* seam was skipped fails

@@ -347,6 +347,9 @@ class EvalRow(_Strict):
     # streams replayed at once through one engine (`alignatt eval --concurrency`): batching can
     # change bf16 drafts; None in artifacts written before it was recorded (one at a time)
     concurrency: int | None = Field(None, ge=1)
+    # quality: a row of the whole selection; under_load: the same preset, tail and first sentences
+    # replayed at one of `config.load_levels` (how much concurrent streams cost in quality)
+    role: Literal["quality", "under_load"] = "quality"
     latency: dict[str, float | int | None] = Field(default_factory=dict)  # OmniSTEval's scores
     quality_intervals: dict[str, EvalInterval] = Field(default_factory=dict)  # bleu, chrf
     significance: EvalPairedTest | None = None  # against offline (preset rows of the sentence form)

@@ -73,7 +73,7 @@ def test_rows_and_config_record_the_concurrency(runs, tmp_path):
     assert {r.concurrency for r in concurrent.rows} == {CONCURRENCY} and concurrent.config["concurrency"] == CONCURRENCY
     assert "4 in-process streams at once" in concurrent.config["concurrent_streams"]
     # artifacts written before the field was recorded still load (it is optional)
-    data = json.loads((Path(__file__).resolve().parents[2] / "outputs" / "h200" / "eval.json").read_text())
+    data = json.loads((Path(__file__).resolve().parents[2] / "outputs" / "h200" / "eval_e4b_synthetic.json").read_text())
     for row in data["rows"]:
         row.pop("concurrency", None)
     (tmp_path / "old_eval.json").write_text(json.dumps(data))
@@ -116,3 +116,62 @@ def test_vllm_batch_limit_covers_the_streams_unless_set():
     assert batch_limit_options("vllm_capture", {"max_num_seqs": 8}, 64) == {"max_num_seqs": 8}
     assert batch_limit_options("vllm_capture", {}, 1) == {}
     assert batch_limit_options("hf_qk_fast", {}, 64) == {}
+
+
+@pytest.fixture(scope="module")
+def under_load(tmp_path_factory):
+    """An eval with quality-under-load levels 1 and 4 on the first 3 of its 6 sentences."""
+    out = tmp_path_factory.mktemp("under_load") / "eval_x.json"
+    options = EvalOptions(**{**OPTIONS, "longform_talks": 0}, concurrency=CONCURRENCY, load_levels=[4, 1],
+                          load_sentences=3)
+    seam = _batching_seam()
+    artifact = run_eval(options, out, seam_factory=lambda route, heads: seam, progress=lambda m: None)
+    return artifact, out, seam
+
+
+def test_quality_under_load_is_a_row_per_level_on_the_first_sentences(under_load):
+    artifact, _, seam = under_load
+    rows = [r for r in artifact.rows if r.role == "under_load"]
+    assert [(r.concurrency, r.preset, r.tail, r.instances) for r in rows] == [(1, "balanced", "gold", 3),
+                                                                              (4, "balanced", "gold", 3)]
+    quality = next(r for r in artifact.rows if r.role == "quality" and r.tail == "gold" and r.driver == "inprocess")
+    # the stand-in is batch-invariant: each level replays the first sentences as the whole run did
+    assert [r.hypotheses for r in rows] == [quality.hypotheses[:3]] * 2
+    assert "first 3 sentences" in artifact.config["under_load"] and "[1, 4]" in artifact.config["under_load"]
+    # under-load rows are no preset rows: no paired test, no point on the quality-latency curve
+    assert all(r.significance is None for r in rows)
+    assert quality.significance is not None and quality.significance.n == 6
+
+
+def test_under_load_rows_have_their_own_metrics_logs_and_page_rows(under_load):
+    from alignatt.evaluate.outputs import eval_metrics, plot_path, quality_latency_points, under_load_rows
+
+    artifact, out, _ = under_load
+    assert set(eval_metrics(artifact)["hf_qk_fast"]["under_load"]) == {"1", "4"}
+    assert eval_metrics(artifact)["hf_qk_fast"]["inprocess"]["sentence"]["gold"]["balanced"]["n"] == 6
+    assert {p["n"] for p in quality_latency_points(artifact)} == {6}
+    logs = {json.loads(line)["path"].split("/")[0] for line in (out.parent / "eval_x_instances" / "index.jsonl").open()}
+    assert {"hf_qk_fast.inprocess.balanced.gold.under_load_1", "hf_qk_fast.inprocess.balanced.gold.under_load_4",
+            "hf_qk_fast.inprocess.balanced.gold"} <= logs
+    page = under_load_rows(artifact)
+    assert [(r["level"], r["n"], r["differ"]) for r in page] == [("1", "3", "—"), ("4", "3", "0/3 (vs 1 at once)")]
+    assert plot_path(out).name == "quality_latency_x.csv" and plot_path(out.with_name("eval.json")).name == "quality_latency.csv"
+
+
+def test_the_engine_batch_limit_covers_the_highest_load_level():
+    seen = {}
+
+    def factory(route, heads):
+        seen.update(route.seam_options)
+        return FakeSeam()
+
+    options = EvalOptions(**{**OPTIONS, "limit": 1, "tails": ["gold"], "longform_talks": 0}, variants=["vllm_capture"],
+                          offline_baseline=False, concurrency=2, load_levels=[1, 8], load_sentences=1)
+    run_eval(options, None, seam_factory=factory, progress=lambda m: None)
+    assert seen["max_num_seqs"] == 8
+
+
+@pytest.mark.parametrize("levels", [[0], [4, 4]])
+def test_load_levels_must_be_distinct_positive_concurrencies(levels):
+    with pytest.raises(ValueError, match="distinct positive"):
+        EvalOptions(load_levels=levels)

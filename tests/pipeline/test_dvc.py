@@ -40,7 +40,8 @@ def test_dvc_is_initialised_without_analytics():
 def test_stage_graph_and_outputs():
     spec = yaml.safe_load((ROOT / "dvc.yaml").read_text())
     stages = dvc(ROOT, "stage", "list", "--names-only").split()
-    assert stages == ["env", "gpu-tests", "bench@eager", "bench@cudagraph", "smoke", "load", "eval", "report"]
+    assert stages == ["env", "gpu-tests", "bench@eager", "bench@cudagraph", "smoke", "load", "eval",
+                      "eval-direction@cs-en", "eval-direction@en-zh", "eval-direction@en-it", "report"]
     for name, stage in spec["stages"].items():
         body = stage.get("do", stage)
         cmds = body["cmd"] if isinstance(body["cmd"], list) else [body["cmd"]]
@@ -57,7 +58,8 @@ def test_stage_graph_and_outputs():
     # env -> every measuring stage -> report (report depends on the whole outputs folder)
     edges = {line.strip().rstrip(";") for line in dvc(ROOT, "dag", "--dot", "report").splitlines()
              if "->" in line}
-    for stage in ("bench@eager", "bench@cudagraph", "smoke", "load", "eval"):
+    for stage in ("bench@eager", "bench@cudagraph", "smoke", "load", "eval", *(f"eval-direction@{d}" for d in
+                                                                          ("en-it", "en-zh", "cs-en"))):
         assert f'"env" -> "{stage}"' in edges
         assert f'"gpu-tests" -> "{stage}"' in edges  # no measurement before the GPU suite's verdict
         assert f'"{stage}" -> "report"' in edges
@@ -72,6 +74,7 @@ STAGE_ENTRY_MODULES = {
     "bench": ["alignatt.measure.bench", "alignatt.pipeline.params"],
     "smoke": ["alignatt.measure.smoke"],
     "eval": ["alignatt.evaluate.run", "alignatt.evaluate.outputs"],
+    "eval-direction": ["alignatt.evaluate.run", "alignatt.evaluate.outputs"],
     "load": ["alignatt.measure.capacity"],
     "report": ["alignatt.report.page", "alignatt.report.figures"],
 }
@@ -184,7 +187,7 @@ FAKE_ENV = {
 }
 
 
-SERVER_STAGES = ("smoke", "load", "eval")
+SERVER_STAGES = ("smoke", "load", "eval", "eval-direction")
 
 
 def _bench_and_report_only(project: Path) -> None:

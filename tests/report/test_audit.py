@@ -179,3 +179,20 @@ def test_an_artifact_measured_on_another_stack_than_its_fingerprint_is_found(tre
 def test_a_fingerprint_with_a_timestamp_is_a_schema_finding(tree):
     _edit_json(tree / "outputs/cpu/fingerprint.json", lambda d: d["fingerprint"].update(timestamp_utc="x"))
     assert ("fingerprint.json", "schema") in _checks(_audit(tree))
+
+
+def _eval_beside_the_fingerprint(tree: Path, **provenance) -> None:
+    """The CPU eval artifact, measured (by its provenance) on the tree's fingerprint, with changes."""
+    fingerprint = json.loads((tree / "outputs/cpu/fingerprint.json").read_text())["fingerprint"]
+    data = json.loads((ROOT / "outputs/cpu/eval.json").read_text())
+    data["provenance"].update({k: fingerprint[k] for k in fingerprint if k in data["provenance"]}, **provenance)
+    data["instance_logs"] = None
+    (tree / "outputs/cpu/eval.json").write_text(json.dumps(data, indent=1) + "\n")
+
+
+def test_an_eval_may_score_another_model_than_the_fingerprint_but_not_on_another_stack(tree):
+    # the h200 eval scores real Gemma-3 weights beside the profile's synthetic E4B
+    _eval_beside_the_fingerprint(tree, model_id="google/gemma-3-270m", model_revision="r")
+    assert [c for c in _checks(_audit(tree)) if c[1] == "fingerprint"] == []
+    _eval_beside_the_fingerprint(tree, model_id="google/gemma-3-270m", model_revision="r", torch="9.9.9")
+    assert [c for c in _checks(_audit(tree)) if c[1] == "fingerprint"] == [("eval.json", "fingerprint")]
