@@ -186,6 +186,11 @@ def report_section(root: Path, paths: list[tuple[str, Any]]) -> list[dict[str, A
             "points": [{k: (_fmt(v, 2) if isinstance(v, float) or v is None else v) for k, v in pt.items()}
                        for pt in quality_latency_points(a)],
             "under_load": under_load_rows(a), "under_load_note": cfg.get("under_load"),
+            "ran": {"variants": ", ".join(cfg.get("variants") or []), "presets": ", ".join(cfg.get("presets") or []),
+                    "tails": ", ".join(cfg.get("tails") or ["gold"]),
+                    "streams": (f"{cfg['concurrency']} streams at once through one draft scheduler"
+                                if (cfg.get("concurrency") or 1) > 1 else "one stream at a time"),
+                    "limit": cfg.get("limit"), "max_source_words": cfg.get("max_source_words")},
             "checks": [("✓" if c.passed else "✗", c.name, c.detail) for c in a.checks],
             "comet": a.comet.get("system_score") if a.comet.get("status") == "ok" else
                      f"skipped: {a.comet.get('reason')}",
@@ -208,5 +213,6 @@ def under_load_rows(artifact) -> list[dict[str, str]]:
                     "chrf": _fmt(r.chrf), "laal_read": _fmt(lat.get("laal_words_read"), 2),
                     "laal_ms": _fmt(lat.get("laal_ms"), 0), "ca_laal_ms": _fmt(lat.get("ca_laal_ms"), 0),
                     "retractions": str(r.retractions),
+                    "rtt_ms": _fmt(r.wall_ms / r.updates if r.updates else None, 0),
                     "differ": "—" if r is first else f"{differ}/{r.instances} (vs {first.concurrency} at once)"})
     return out
