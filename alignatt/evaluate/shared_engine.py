@@ -43,13 +43,15 @@ class LentBatchSeam:
     def __init__(self, seam: Seam) -> None:
         self._engine = as_batch_seam(seam)
         self.name = getattr(seam, "name", "seam")
+        if hasattr(self._engine, "prepare"):  # the scheduler prepares drafts on the streams' threads
+            self.prepare = self._engine.prepare
 
     @property
     def max_batch(self) -> int:
         return getattr(self._engine, "max_batch", 1)
 
-    def submit(self, request: DraftRequest):
-        return self._engine.submit(request)
+    def submit(self, request: DraftRequest, prepared=None):
+        return self._engine.submit(request) if prepared is None else self._engine.submit(request, prepared)
 
     def abort(self, handle) -> None:
         self._engine.abort(handle)

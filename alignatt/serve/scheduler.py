@@ -68,6 +68,10 @@ class BatchSeam(Protocol):
 
     def submit(self, request: DraftRequest) -> Hashable: ...
 
+    # Optional: `prepare(request) -> prepared` does a draft's host work that needs no engine state
+    # (prompt building, tokenising); the scheduler calls it on the submitting thread and hands the
+    # result to `submit(request, prepared)`, so the engine thread, the GPU's critical path, skips it.
+
     def abort(self, handle: Hashable) -> None: ...
 
     def step(self) -> list[tuple[Hashable, Draft]]: ...
@@ -137,6 +141,7 @@ class _Job:
     future: Future
     order: int
     submitted_at: float
+    prepared: Any = None  # the engine's `prepare(request)`, done on the submitting thread
     handle: Any = None
     started_at: Optional[float] = None
 
@@ -258,6 +263,10 @@ class DraftScheduler:
         `Draft` (or `Superseded`, or the error)."""
         final = request.final
         future: Future = Future()
+        # The draft's own host work, here on the caller's thread: a bad request fails its caller
+        # at once, and the engine thread only hands the prepared prompt to the engine.
+        prepare = getattr(self._engine, "prepare", None)
+        prepared = prepare(request) if prepare is not None else None
         with self._cond:
             if self._stopping:
                 raise RuntimeError(f"engine {self.name} is shutting down")
@@ -265,7 +274,7 @@ class DraftScheduler:
                 raise EngineDied(str(self.dead))
             if session not in self._slot_of:
                 raise SchedulerBusy(f"session {session!r} was not admitted to engine {self.name}")
-            job = _Job(session, request, final, future, next(self._order), time.perf_counter())
+            job = _Job(session, request, final, future, next(self._order), time.perf_counter(), prepared)
             if final:
                 queued = sum(1 for j in self._finals if j.session == session)
                 if queued >= self.config.max_queued_finals:
@@ -370,7 +379,8 @@ class DraftScheduler:
                 return
             for job in jobs:
                 try:
-                    job.handle = engine.submit(job.request)
+                    job.handle = (engine.submit(job.request) if job.prepared is None
+                                  else engine.submit(job.request, job.prepared))
                 except EngineDied as e:
                     self.engine_died(e, [j for j in jobs if j.handle is None])
                     return

@@ -70,3 +70,24 @@ class StandInBatchSeam:
 
     def close(self) -> None:
         self.closed_on = threading.current_thread().name
+
+
+class PreparingBatchSeam(StandInBatchSeam):
+    """A stand-in with vllm_capture's `prepare`: the prompt (here the request's words, upper-cased)
+    is built by `prepare` and must reach `submit`; where each ran is recorded."""
+
+    def __init__(self, fail_prepare_when=None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.prepared_on: list[str] = []
+        self.submitted_prompts: list[object] = []
+        self.fail_prepare_when = fail_prepare_when
+
+    def prepare(self, request: DraftRequest):
+        self.prepared_on.append(threading.current_thread().name)
+        if self.fail_prepare_when is not None and self.fail_prepare_when(request):
+            raise ValueError("prompt too long for the engine")
+        return tuple(w.upper() for w in request.source_words)
+
+    def submit(self, request: DraftRequest, prompt=None) -> int:
+        self.submitted_prompts.append(prompt)
+        return super().submit(request)

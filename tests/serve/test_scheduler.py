@@ -18,7 +18,7 @@ from alignatt.serve.scheduler import (
     Superseded,
     as_batch_seam,
 )
-from tests.fakes.batch_fakes import StandInBatchSeam
+from tests.fakes.batch_fakes import PreparingBatchSeam, StandInBatchSeam
 from tests.fakes.mt_fakes import FakeSeam
 
 
@@ -476,3 +476,37 @@ def test_through_the_server_pipelined_finals_of_two_sessions_let_a_third_session
         finally:
             for client in (a, b, c):
                 client.close()
+
+
+def test_a_drafts_prompt_is_prepared_on_the_submitting_thread_not_the_engine_thread(make):
+    # prompt building and tokenising were ~39 % of the engine thread's busy samples on the H200
+    seam = PreparingBatchSeam(max_batch=8, steps_for=lambda r: 2)
+    sched = make(seam)
+    futures = []
+
+    def speaker(i):
+        sched.open_session(i)
+        futures.append(sched.submit(i, req(f"w{i}", "b")))
+
+    threads = [threading.Thread(target=speaker, args=(i,), name=f"speaker-{i}") for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for f in futures:
+        f.result(5)
+    assert sorted(seam.prepared_on) == ["speaker-0", "speaker-1", "speaker-2"]
+    assert sorted(seam.submitted_prompts) == [(f"W{i}", "B") for i in range(3)]  # prepared once, handed on
+    assert seam.threads == {"engine-0"}
+
+
+def test_a_request_that_cannot_be_prepared_fails_its_caller_at_once_and_nothing_else(make):
+    seam = PreparingBatchSeam(max_batch=8, steps_for=lambda r: 1, fail_prepare_when=lambda r: "huge" in r.source_words)
+    sched = make(seam)
+    sched.open_session("a")
+    sched.open_session("b")
+    with pytest.raises(ValueError, match="too long"):
+        sched.submit("a", req("huge"))
+    assert sched.submit("b", req("fine")).result(5).request.source_words == ["fine"]
+    assert sched.submit("a", req("small")).result(5).request.source_words == ["small"]
+    assert [r.source_words for _, r in seam.submitted] == [["fine"], ["small"]]  # the bad one never queued
