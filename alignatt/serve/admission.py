@@ -173,10 +173,10 @@ async def _open(host: ConnectionHost, frame: InitFrame, routes: Routes, directio
         budget = await host.budget_for(engine)
         received = [tuple(p) for p in frame.history]
         if budget is not None:  # tokenizing runs where the engine's tokenizer lives
-            await loop.run_in_executor(engine.counting, budget.check_context, received, frame.context_text)
+            await loop.run_in_executor(engine.tokenizing, budget.check_context, received, frame.context_text)
         context, history, _ = bounded_context(host.config.context, frame)
         if budget is not None:  # the whole prompt these will make, with a one-word source
-            await loop.run_in_executor(engine.counting, budget.check_init, frame.accepted_target_prefix,
+            await loop.run_in_executor(engine.tokenizing, budget.check_init, frame.accepted_target_prefix,
                                        history, context, source_lang, primary)
         config = SessionConfig(policy=policy, max_new_tokens=preset.max_new_tokens, limits=host.config.limits,
                                context=host.config.context)

@@ -337,8 +337,12 @@ class Connection:
             # Planned on the event loop: a cached path (the commit fast path) costs no thread and
             # no engine call; a refused update raises here, before any target's draft is queued.
             wanted = self.targets.plan(source)
-            # Queued together, so the scheduler batches them.
-            futures = [(t, self.engine.submit(self.key_of[t], request)) for t, request in wanted]
+            # Queued together, so the scheduler batches them; on the engine's tokenizing threads,
+            # since queueing builds and tokenises each prompt (the seam's `prepare`), which must
+            # block neither the event loop nor the engine thread.
+            futures = (await asyncio.get_running_loop().run_in_executor(
+                self.engine.tokenizing, lambda: [(t, self.engine.submit(self.key_of[t], request))
+                                                 for t, request in wanted])) if wanted else []
             drafts = {t: await _draft_of(f) for t, f in futures}
             steps = self.targets.apply(source, drafts)
             frames = []

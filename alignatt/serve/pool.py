@@ -84,8 +84,9 @@ class Engine:
             build = lambda: ProcessBatchSeam(spec, name)  # noqa: E731
         self.scheduler = DraftScheduler(build, config, name=name)
         self.seam: Seam = self.scheduler.seam
-        # Token counting off the event loop, where the engine's tokenizer lives (an init's bounds).
-        self.counting = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"engine-{name}-count")
+        # The engine's tokenizer work, off the event loop and off the engine thread: an init's
+        # bounds, and every draft's prompt (the seam's `prepare`, run inside `submit`).
+        self.tokenizing = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"engine-{name}-tokenize")
         self._on_death: dict[Hashable, Callable[[EngineDied], None]] = {}
         self._lock = threading.Lock()
         self._closing = False
@@ -195,13 +196,13 @@ class Engine:
                 **self.scheduler.stats.as_dict()}
 
     def close(self) -> None:
-        """Stop the scheduler (it closes the seam on its own thread), then the counting threads."""
+        """Stop the scheduler (it closes the seam on its own thread), then the tokenizing threads."""
         self._closing = True
         try:
             self.scheduler.close()
         except Exception as e:  # noqa: BLE001 - shutdown goes on; the failure is logged
             log.warning("engine %s: closing its scheduler failed: %s", self.name, e)
-        self.counting.shutdown(wait=False, cancel_futures=True)
+        self.tokenizing.shutdown(wait=False, cancel_futures=True)
 
 
 class HeadRows:

@@ -94,7 +94,7 @@ class MTServer:
         if engine.name not in self._budgets:
             draft_tokens = SessionConfig().final_max_new_tokens
             budget = await asyncio.get_running_loop().run_in_executor(
-                engine.counting, engine.budget, self.config.limits, draft_tokens
+                engine.tokenizing, engine.budget, self.config.limits, draft_tokens
             )
             self._budgets[engine.name] = budget
             log.info("engine %s: token bounds %s", engine.name, budget.describe() if budget else "none (no tokenizer)")

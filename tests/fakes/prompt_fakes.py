@@ -48,8 +48,8 @@ def stand_in_vllm_class():
             self._queue: list[tuple[int, DraftRequest]] = []
             self._counter = 0
 
-        def submit(self, request: DraftRequest) -> int:
-            n = len(build_prompt(self.tokenizer, request).input_ids)
+        def submit(self, request: DraftRequest, prompt=None) -> int:  # prompt: the inherited `prepare`'s
+            n = len((prompt if prompt is not None else build_prompt(self.tokenizer, request)).input_ids)
             self.received.append(n)
             if n + request.max_new_tokens > self.config.max_model_len:
                 raise AssertionError(f"the engine got a prompt of {n} tokens past max_model_len")
