@@ -302,6 +302,9 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
             progress(f"[{variant}] offline baseline: BLEU {row.bleu:.2f}")
         if concurrency > 1:
             progress(f"[{variant}] in-process streams: {streams.describe()}")
+        # The rows' scheduler ends before the levels' start: two engine threads must never share the seam.
+        streams.close()
+        streams = None
         rows += _under_load_rows(options, seam, pairs[:options.load_sentences], variant, label, ts, schedule,
                                  tail_models[LOAD_TAIL], progress)
     finally:
@@ -390,8 +393,8 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
     factory = seam_factory or default_seam_factory
     vocab = vocabulary([p.source for p in ts.pairs])
     try:
-        tail_models = {k: TailModel(k, options.tail_noise, vocab)
-                       for k in dict.fromkeys([*options.tails, *options.longform_tails])}
+        tail_models = {k: TailModel(k, options.tail_noise, vocab) for k in dict.fromkeys(
+            [*options.tails, *options.longform_tails, *([LOAD_TAIL] if options.load_levels else [])])}
     except ValueError as e:
         raise AlignattError(f"tail: {e}") from None
 

@@ -175,3 +175,13 @@ def test_the_engine_batch_limit_covers_the_highest_load_level():
 def test_load_levels_must_be_distinct_positive_concurrencies(levels):
     with pytest.raises(ValueError, match="distinct positive"):
         EvalOptions(load_levels=levels)
+
+
+def test_under_load_rows_need_no_gold_row_of_their_own():
+    seam = _batching_seam()
+    options = EvalOptions(**{**OPTIONS, "limit": 2, "tails": ["none"], "longform_talks": 0}, concurrency=2,
+                          load_levels=[2], load_sentences=2)
+    artifact = run_eval(options, None, seam_factory=lambda route, heads: seam, progress=lambda m: None)
+    assert [(r.role, r.tail) for r in artifact.rows] == [("quality", "none"), ("quality", "none"),
+                                                         ("under_load", "gold")]
+    assert not any(t.name == "engine-eval" for t in threading.enumerate())  # every scheduler ended
