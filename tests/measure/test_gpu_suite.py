@@ -145,4 +145,4 @@ def test_the_page_says_which_gpu_figures_stand_on_the_passing_suite(tmp_path):
     write_artifact(folder / "old.json", measured.model_copy(update={"provenance": older}))
     page = render_report(tmp_path)
     assert "  - Stand on it (measured at `aaaaaaaaaaaa`): same.json." in page
-    assert f"they do not stand on this suite: old.json (bbbbbbb, {older.date})." in " ".join(page.split())
+    assert f"its commit): old.json (bbbbbbb, {older.date})." in " ".join(page.split())
