@@ -130,6 +130,11 @@ def _fmt(x, digits=1) -> str:
     return "—" if x is None else f"{x:.{digits}f}"
 
 
+def _interval(row, name: str) -> str:
+    c = row.quality_intervals.get(name)
+    return "—" if c is None else f"[{c.low:.1f}, {c.high:.1f}]"
+
+
 def report_section(root: Path, paths: list[tuple[str, Any]]) -> list[dict[str, Any]]:
     """One entry per eval artifact: its tables (one per preset) and its quality-vs-latency points."""
     sections = []
@@ -147,13 +152,9 @@ def report_section(root: Path, paths: list[tuple[str, Any]]) -> list[dict[str, A
                 mark = "†" if key in neg else ""
                 return _fmt(value, digits) + mark
 
-            def ci(name):
-                c = r.quality_intervals.get(name)
-                return "—" if c is None else f"[{c.low:.1f}, {c.high:.1f}]"
-
             sig = r.significance
             presets.setdefault(r.preset, []).append({
-                "tail": r.tail, "bleu_ci": ci("bleu"), "chrf_ci": ci("chrf"),
+                "tail": r.tail, "bleu_ci": _interval(r, "bleu"), "chrf_ci": _interval(r, "chrf"),
                 "p_offline": "—" if sig is None else f"{sig.bleu_p:.3g} / {sig.chrf_p:.3g} ({sig.method}, N={sig.n}"
                              + ("" if sig.resolvable else ": too few sentences to resolve p < 0.05") + ")",
                 "al_read": fig("al_words_read", 2), "laal_read": fig("laal_words_read", 2),
@@ -206,10 +207,9 @@ def under_load_rows(artifact) -> list[dict[str, str]]:
     for r in rows:
         first = next(x for x in rows if x.variant == r.variant)
         differ = sum(a != b for a, b in zip(r.hypotheses, first.hypotheses))
-        ci = r.quality_intervals.get("bleu")
         lat = r.latency
         out.append({"variant": r.variant, "level": str(r.concurrency), "preset": r.preset, "tail": r.tail,
-                    "n": str(r.instances), "bleu": _fmt(r.bleu), "bleu_ci": "—" if ci is None else f"[{ci.low:.1f}, {ci.high:.1f}]",
+                    "n": str(r.instances), "bleu": _fmt(r.bleu), "bleu_ci": _interval(r, "bleu"),
                     "chrf": _fmt(r.chrf), "laal_read": _fmt(lat.get("laal_words_read"), 2),
                     "laal_ms": _fmt(lat.get("laal_ms"), 0), "ca_laal_ms": _fmt(lat.get("ca_laal_ms"), 0),
                     "retractions": str(r.retractions),

@@ -245,11 +245,13 @@ def _check_fingerprint(path: Path, artifact, rel: str, result: AuditResult) -> N
         return  # reported as a schema finding of that file
     if not isinstance(recorded, FingerprintArtifact):
         return
-    differ = fingerprint_differences(fingerprint_of(artifact.provenance), recorded.fingerprint)
-    if isinstance(artifact, EvalArtifact) and artifact.provenance.model_id != recorded.fingerprint.model_id:
+    measured_on = fingerprint_of(artifact.provenance)
+    if isinstance(artifact, EvalArtifact):
         # an eval may score a model of its own (the h200 eval's `model:` option: real weights beside
         # a synthetic profile model); the machine and the stack must still be the fingerprint's
-        differ = [d for d in differ if not d.startswith(("model_id:", "model_revision:"))]
+        measured_on = measured_on.model_copy(update={"model_id": recorded.fingerprint.model_id,
+                                                     "model_revision": recorded.fingerprint.model_revision})
+    differ = fingerprint_differences(measured_on, recorded.fingerprint)
     if differ:
         result.add(rel, "fingerprint", f"measured on another machine or stack than {beside.name} records "
                    f"({'; '.join(differ[:4])}): re-run the stage (`dvc repro`)")
