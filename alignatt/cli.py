@@ -255,7 +255,8 @@ def load_cmd(
     top_k: int = TOP_K,
     heads: str = HEADS,
     vllm_mode: str = typer.Option(None, help="vllm_capture: configurations, comma-separated, each a mode with "
-                                             "optional +flags (e.g. fullgraph,fullgraph+batch_invariant)"),
+                                             "optional +flags: verify, batch_invariant, engines<N> (N engine processes "
+                                             "on the GPU), e.g. fullgraph,fullgraph+verify,fullgraph+engines4"),
     speakers: str = typer.Option("1,2,4", help="load levels: concurrent speakers, comma-separated"),
     streams: str = typer.Option("smoke,long", help="streams speakers replay in turn: smoke, long or paths"),
     speed: float = typer.Option(1.0, help="replay speed (1.0: real time)"),

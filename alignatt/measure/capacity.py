@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -42,6 +43,10 @@ BUNDLED_STREAMS = {"smoke": "mt_server_smoke_stream.json", "long": "mt_load_long
 # `--vllm-mode fullgraph,fullgraph+verify` runs verification off and on in one run.
 CONFIGURATION_FLAGS: dict[str, dict[str, Any]] = {"batch_invariant": {"batch_invariant": True},
                                                   "verify": {"verify": True}}
+# A server flag: `fullgraph+engines4` serves the route from 4 engine processes sharing the GPU
+# (ServerConfig.engines, ReplicaConfig.engines_per_gpu). The engine step is host-bound (docs/batching.md),
+# so engines in processes of their own step in parallel where one engine's thread cannot.
+ENGINES_FLAG = re.compile(r"engines([1-9][0-9]*)")
 
 
 def _int_list(value: Any) -> list[int]:
@@ -156,14 +161,17 @@ def _route(options: LoadOptions, configuration: str | None):
 def run_configuration(options: LoadOptions, mode: str | None, seam_factory=None) -> dict:
     """Every load level on one server configuration (a vLLM mode, with its flags): its levels,
     engine facts and heads."""
-    from alignatt.serve.config import ServerConfig, ServerLimits, resolve_preset
+    from alignatt.serve.config import ReplicaConfig, ServerConfig, ServerLimits, resolve_preset
     from alignatt.serve.server import ServerThread
 
     preset = resolve_preset(options.preset).name
     streams = resolve_streams(options.streams)
     route = _route(options, mode)
+    shared_gpu = configuration_engines(mode)
     config = ServerConfig(host="127.0.0.1", port=0, default_preset=preset, directions={"en-de": route},
-                          limits=ServerLimits(max_sessions=max(options.speakers)), engines=options.engines)
+                          limits=ServerLimits(max_sessions=max(options.speakers)),
+                          engines=shared_gpu or options.engines,
+                          replicas=ReplicaConfig(engines_per_gpu=shared_gpu or 1))
     levels: list[dict] = []
     alone: dict[str, dict[int, tuple]] = {}
     with ServerThread(config, seam_factory) as handle:
@@ -181,6 +189,8 @@ def run_configuration(options: LoadOptions, mode: str | None, seam_factory=None)
             _reset_gpu_peak()
             runs, wall = run_speakers(plan, n, options.clients, options.speakers_per_process)
             memory = _gpu_memory()
+            if len(engines) > 1:  # engines in processes of their own: this process allocated nothing of theirs
+                memory = (None, memory[1])
             after = [e.stats() for e in engines]
             server_after = handle.call(lambda: {"coalesced": handle.server.stats.coalesced})
             delta = {k: server_after[k] - server_before[k] for k in server_after}
@@ -232,11 +242,29 @@ def parse_configuration(label: str | None) -> tuple[str | None, dict[str, Any]]:
     mode, *flags = [part.strip() for part in label.split("+")]
     if mode not in VLLM_MODES:
         raise AlignattError(f"unknown vllm_mode {mode!r}: use one of {', '.join(VLLM_MODES)}")
+    flags = [f for f in flags if not ENGINES_FLAG.fullmatch(f)]  # a server flag (configuration_engines)
     unknown = [f for f in flags if f not in CONFIGURATION_FLAGS]
     if unknown:
         raise AlignattError(f"unknown configuration flag {unknown[0]!r} in {label!r}: use "
-                            f"{', '.join(CONFIGURATION_FLAGS)}")
+                            f"{', '.join(CONFIGURATION_FLAGS)} or engines<N>")
     return mode, {k: v for f in flags for k, v in CONFIGURATION_FLAGS[f].items()}
+
+
+def _one_plain_engine(label: str | None) -> str | None:
+    """The label without its verify and engines<N> flags."""
+    if label is None:
+        return None
+    return "+".join(p for p in (x.strip() for x in label.split("+"))
+                    if p != "verify" and not ENGINES_FLAG.fullmatch(p))
+
+
+def configuration_engines(label: str | None) -> int | None:
+    """The engine processes a configuration label's `engines<N>` flag asks for on the GPU (None: the
+    run's `engines` option, one engine in the server's process by default)."""
+    counts = [int(m.group(1)) for part in (label or "").split("+") if (m := ENGINES_FLAG.fullmatch(part.strip()))]
+    if len(counts) > 1:
+        raise AlignattError(f"configuration {label!r} names more than one engines<N> flag")
+    return counts[0] if counts else None
 
 
 def vllm_modes(options: LoadOptions) -> list[str | None]:
@@ -244,6 +272,7 @@ def vllm_modes(options: LoadOptions) -> list[str | None]:
     modes = [m.strip() for m in (options.vllm_mode or "").split(",") if m.strip()] or [None]
     for label in modes:
         parse_configuration(label)
+        configuration_engines(label)
     if len(modes) > 1 and options.seam != VLLM_CAPTURE:
         raise AlignattError("several vllm modes need the vllm_capture seam")
     return modes
@@ -283,9 +312,9 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
     levels = [lv for r in runs for lv in r["levels"]]
     cost: list[dict] = []
     heads = runs[0]["heads"] or [[h.layer, h.head] for h in resolve_heads(_route(options, modes[0]), "en-de")]
-    # The capture cost drafts fixed-length tokens with no proposal, so a configuration that only adds
-    # verification measures what its mode without it does: it is measured once, on that mode.
-    cost_modes = [m for m in modes if m is None or set(parse_configuration(m)[1]) != {"verify"}]
+    # The capture cost drafts fixed-length tokens with no proposal, on one engine: verification and
+    # engine processes change nothing it measures, so each configuration is measured without them, once.
+    cost_modes = list(dict.fromkeys(_one_plain_engine(m) for m in modes))
     if want_cost:
         for mode in cost_modes:
             payload = {"options": options.model_dump(), "mode": mode or "cudagraph", "heads": heads}
@@ -295,7 +324,8 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
         skipped = [m for m in modes if m not in cost_modes]
         note = (f"draft_many of the bench prompts, {options.capture_cost_tokens} fixed-length tokens, "
                 f"median of {options.capture_cost_repeats} after a warm-up, capture on then off, one engine at a time"
-                + (f"; not measured for {', '.join(skipped)}: these drafts carry no proposal to verify"
+                + (f"; not measured for {', '.join(skipped)}: these drafts carry no proposal to verify and run "
+                   f"on one engine, as {', '.join(dict.fromkeys(str(_one_plain_engine(m)) for m in skipped))} does"
                    if skipped else ""))
     else:
         note = "not measured: needs vllm_capture on CUDA (capture_cost=on forces it)"

@@ -69,3 +69,13 @@ def no_leaked_processes():
         time.sleep(0.05)
     left = [p for p in multiprocessing.active_children() if p.pid not in before]
     assert not left, f"engine processes left running: {left}"
+
+
+def vllm_route_factory(route, heads: list[Head]) -> RecordingSeam:
+    """recording_factory for a vllm_capture route: the stand-in drafts as it always does, whatever
+    engine options (mode, prefix caching, batch limit, memory share) the server gave the route."""
+    from alignatt.capture.vllm.engine import VllmEngineConfig
+
+    engine_options = set(VllmEngineConfig.model_fields)
+    return recording_factory(route.model_copy(update={"seam_options": {
+        k: v for k, v in route.seam_options.items() if k not in engine_options}}), heads)

@@ -378,6 +378,40 @@ def test_one_speaker_on_a_later_configuration_is_compared_with_the_first(tmp_pat
     assert "not measured for fullgraph+verify" in artifact.capture_cost_note
 
 
+def test_an_engines_flag_serves_its_configuration_from_that_many_engine_processes(short_stream, monkeypatch):
+    """`fullgraph+engines2`: the same route from two engine processes (the server's replicas), one
+    speaker alone compared with the first configuration's; its capture cost is its mode's (one engine)."""
+    from tests.fakes.replica_fakes import vllm_route_factory
+
+    costed: list[str] = []
+    monkeypatch.setattr("alignatt.measure.capacity.capture_cost_in_child",
+                        lambda payload: costed.append(payload["mode"]) or [])
+    options = LoadOptions(seam="vllm_capture", vllm_mode="fullgraph,fullgraph+engines2", speakers="1,2",
+                          streams=[short_stream], speed=3.0, stagger_s=0.0, capture_cost="on", clients="threads")
+    artifact = run_load(options, None, seam_factory=vllm_route_factory)
+    levels = {(lv.vllm_mode, lv.speakers): lv for lv in artifact.levels}
+    assert [len(levels["fullgraph", n].engines) for n in (1, 2)] == [1, 1]
+    assert [len(levels["fullgraph+engines2", n].engines) for n in (1, 2)] == [2, 2]
+    assert [e.sessions for e in levels["fullgraph+engines2", 2].engines] == [1, 1]  # one speaker on each
+    assert all(lv.retractions == 0 and lv.finals_in_order and lv.error_frames == 0 for lv in levels.values())
+    alone = levels["fullgraph+engines2", 1]
+    assert alone.updates_compared_with_first_configuration == alone.updates > 0
+    assert alone.texts_differing_from_first_configuration == 0 and alone.peak_gpu_memory_mib is None
+    assert costed == ["fullgraph"] and "not measured for fullgraph+engines2" in artifact.capture_cost_note
+
+
+def test_a_configuration_label_names_at_most_one_engine_count():
+    from alignatt.measure.capacity import configuration_engines, parse_configuration
+
+    assert parse_configuration("fullgraph+engines4+verify") == ("fullgraph", {"verify": True})
+    assert configuration_engines("fullgraph+engines4+verify") == 4 and configuration_engines("fullgraph") is None
+    for label in ("fullgraph+engines0", "fullgraph+engines"):
+        with pytest.raises(AlignattError, match="unknown configuration flag"):
+            parse_configuration(label)
+    with pytest.raises(AlignattError, match="more than one engines"):
+        configuration_engines("fullgraph+engines2+engines3")
+
+
 def test_the_configuration_difference_counts_texts_and_decisions_by_stream_and_seq():
     from alignatt.measure.capacity_levels import configuration_difference
 
