@@ -374,7 +374,8 @@ def eval_cmd(
     significance: str = typer.Option("bs", help="paired test against offline: bs (bootstrap) or ar (approximate randomization)"),
     significance_samples: int = typer.Option(0, help="resamples/trials of the paired test (0: sacrebleu's default)"),
     purpose: str = typer.Option("quality", help="quality, or scorer_smoke: too few sentences for a result (labelled so)"),
-    concurrency: int = typer.Option(1, help="in-process streams replayed at once, their drafts batched by one engine (1: one at a time)"),
+    concurrency: int = typer.Option(1, help="in-process streams replayed at once, their drafts batched by the engine (--engines: spread over several) (1: one at a time)"),
+    engines: int = typer.Option(1, help="engine processes sharing the device, each batching its share of the --concurrency streams (1: the engine in this process)"),
     load_levels: str = typer.Option("", help="quality under load: comma-separated concurrencies, each a row of the default preset on the first --load-sentences"),
     load_sentences: int = typer.Option(100, help="sentences of each quality-under-load row"),
     out: str = typer.Option("outputs/eval.json", help="the eval artifact (SimulEval instance logs go beside it)"),
@@ -395,7 +396,7 @@ def eval_cmd(
         comet_model=comet_model, offline_baseline=offline, tails=split(tails), longform_tails=split(longform_tails),
         tail_noise={"seed": tail_noise_seed, "p_wrong": tail_p_wrong, "p_drop": tail_p_drop, "p_split": tail_p_split},
         bootstrap=bootstrap, significance=significance, significance_samples=significance_samples, purpose=purpose,
-        concurrency=concurrency, load_levels=split(load_levels), load_sentences=load_sentences,
+        concurrency=concurrency, engines=engines, load_levels=split(load_levels), load_sentences=load_sentences,
     )
     artifact = run_eval(options, out, progress=lambda m: typer.echo(m, err=True))
     write_derived(artifact, metrics, plot)

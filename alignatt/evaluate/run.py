@@ -18,16 +18,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from alignatt.capture.names import HF_QK_FAST
 from alignatt.core.errors import AlignattError
-from alignatt.evaluate import scoring, uncertainty
+from alignatt.evaluate import engines as eval_engines, scoring, uncertainty
 from alignatt.evaluate.instance_log import logs_dir, write_instance_logs
 from alignatt.evaluate.outputs import OFFLINE
 from alignatt.evaluate.emissions import Emission, StreamOutput, join_units, stream_output, units
 from alignatt.evaluate.replay import Driver, InProcessDriver, Schedule, WebSocketDriver, replay
-from alignatt.evaluate.shared_engine import ConcurrentStreams, batch_limit_options, stream_runner
+from alignatt.evaluate.shared_engine import ConcurrentStreams, batch_limit_options, stream_runner, streams_note
 from alignatt.evaluate.tails import TailKind, TailModel, TailNoise, vocabulary
 from alignatt.evaluate.testsets import TestPair, TestSet, load_test_set, select
 from alignatt.evaluate.wlk_driver import CLIENT_LATENCY, WlkDriver
@@ -73,8 +73,10 @@ class EvalOptions(BaseModel):
     purpose: Literal["quality", "scorer_smoke"] = Field(
         "quality", description="scorer_smoke: a few sentences that exercise the scorer (CPU CI), not a quality result")
     isolate_variants: bool | None = Field(None, description="each variant in its own process (None: when vLLM runs several)")
-    concurrency: int = Field(1, ge=1, description="in-process streams replayed at once through one engine's "
-                                                   "draft scheduler (1: one after another)")
+    concurrency: int = Field(1, ge=1, description="in-process streams replayed at once through the engines' "
+                                                   "draft schedulers (1: one after another)")
+    engines: int = Field(1, ge=1, description="engine processes sharing the device, a draft scheduler each, the "
+                                              "in-process streams spread over them (1: the seam in this process)")
     load_levels: list[int] = Field(default_factory=list, description="quality under load: the default preset, "
                                    "gold tail, on the first load_sentences sentences, at each of these concurrencies")
     load_sentences: int = Field(100, ge=1, description="sentences of each quality-under-load row")
@@ -85,6 +87,11 @@ class EvalOptions(BaseModel):
         if any(n < 1 for n in levels) or len(set(levels)) != len(levels):
             raise ValueError(f"load levels must be distinct positive concurrencies, not {levels}")
         return sorted(levels)
+
+    @field_validator("engines")
+    @classmethod
+    def _engines(cls, engines: int, info: ValidationInfo) -> int:
+        return eval_engines.check_engines(engines, info.data.get("concurrency", 1), info.data.get("drivers", []))
 
 
 def parse_variant(variant: str) -> tuple[str, dict[str, Any]]:
@@ -235,7 +242,8 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
                  pairs: list[TestPair], talks: list[list[TestPair]], presets: list[str], schedule: Schedule,
                  label: str, factory, progress, tail_models: dict[str, TailModel]):
     """Every preset and driver (and the offline baseline) on one seam variant: (rows, checks).
-    The in-process streams of a row run `options.concurrency` at once (`shared_engine`)."""
+    The in-process streams of a row run `options.concurrency` at once (`shared_engine`), spread over
+    `options.engines` engines (`engines`)."""
     from alignatt.serve.config import DirectionRoute, ServerConfig, resolve_heads
 
     direction = f"{ts.source_lang}-{ts.target_lang}"
@@ -246,11 +254,13 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
                            seam_options=batch_limit_options(seam_name, seam_options,
                                                             max([concurrency, *options.load_levels])))
     heads = resolve_heads(route, direction)
-    progress(f"[{variant}] loading the seam")
-    seam = factory(route, heads)
+    progress(f"[{variant}] loading the seam"
+             + (f" in {options.engines} engine processes" if options.engines > 1 else ""))
+    engines = eval_engines.load_engines(factory, route, heads, options.engines)
+    seam = engines.seams[0]  # the server's and the under-load rows' engine
     streams = None
     try:
-        streams = stream_runner(seam, concurrency)
+        streams = stream_runner(engines.seams, concurrency)
         pair_ids = [p.id for p in pairs]
         server = None
         if {"websocket", "wlk"} & set(options.drivers):
@@ -302,7 +312,8 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
             progress(f"[{variant}] offline baseline: BLEU {row.bleu:.2f}")
         if concurrency > 1:
             progress(f"[{variant}] in-process streams: {streams.describe()}")
-        # The rows' scheduler ends before the levels' start: two engine threads must never share the seam.
+        # The rows' schedulers end before the levels' start: two engine threads must never share a seam,
+        # and the levels measure what one engine sees, undisturbed by the others.
         streams.close()
         streams = None
         rows += _under_load_rows(options, seam, pairs[:options.load_sentences], variant, label, ts, schedule,
@@ -312,7 +323,7 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
             if streams is not None:
                 streams.close()
         finally:
-            seam.close()
+            engines.close()
     return rows, checks
 
 
@@ -322,13 +333,13 @@ LOAD_TAIL = "gold"
 def _under_load_rows(options: EvalOptions, seam, pairs: list[TestPair], variant: str, label: str, ts: TestSet,
                      schedule: Schedule, tails: TailModel, progress) -> list:
     """Quality under load: the default preset's gold-tail replay of the same first sentences at each
-    of `options.load_levels` streams at once, on the variant's one engine (its batch limit was
-    raised to the highest level). Each level, 1 included, drafts through a draft scheduler of its
-    own, as a server drafts for its speakers."""
+    of `options.load_levels` streams at once, on the variant's first engine alone (its batch limit
+    was raised to the highest level). Each level, 1 included, drafts through a draft scheduler of
+    its own, as a server drafts for its speakers."""
     rows = []
     src, tgt = ts.source_lang, ts.target_lang
     for level in options.load_levels:
-        runner = ConcurrentStreams(seam, level)
+        runner = ConcurrentStreams([seam], level)
         try:
             outs = runner.map(lambda s, p: _sentence_output(InProcessDriver(s, DEFAULT_PRESET, src, tgt), p,
                                                             schedule, tails, tgt), pairs, [p.id for p in pairs])
@@ -451,14 +462,13 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
                                  "ready (CA)",
                 "tails": {k: m.describe() for k, m in tail_models.items()},
                 "offline_tail": "the offline baseline is sent the whole sentence, committed, with no tail",
-                **({"concurrent_streams": f"{options.concurrency} in-process streams at once, their drafts batched "
-                                          "by one draft scheduler on the variant's engine (vllm_capture: max_num_seqs "
-                                          f"{options.concurrency} unless set); a round trip includes the wait for the "
-                                          "batch; protocol drivers replay one stream at a time"}
+                **({"concurrent_streams": streams_note(options.concurrency, options.engines)}
                    if options.concurrency > 1 else {}),
+                **eval_engines.config_notes(options.engines),
                 **({"under_load": f"the {DEFAULT_PRESET} preset, {LOAD_TAIL} tail, the first "
                                   f"{min(options.load_sentences, len(pairs))} sentences, replayed at each of "
-                                  f"{options.load_levels} in-process streams at once on the variant's one engine"}
+                                  f"{options.load_levels} in-process streams at once on the variant's "
+                                  + ("one engine" if options.engines == 1 else "first engine alone")}
                    if options.load_levels else {}),
                 "uncertainty": {"intervals": f"sacrebleu bootstrap, {options.bootstrap} resamples, 95 %",
                                 "significance": f"{uncertainty.TEST_NAMES[options.significance]} of each preset "

@@ -1,4 +1,4 @@
-"""Many in-process streams at once through one engine: `alignatt eval --concurrency N`.
+"""Many in-process streams at once through the variant's engines: `alignatt eval --concurrency N`.
 
 At concurrency 1 a row's streams (sentences, talks, offline sentences) are replayed one after
 another on the calling thread, each drafting through the variant's seam itself: the eval as it
@@ -6,7 +6,9 @@ always was. At N > 1, N streams run at once, a thread each, and every stream's `
 through one `DraftScheduler` over the variant's seam, as `alignatt serve` drafts for its sessions:
 a seam with a batch interface (vllm_capture) takes the streams' drafts into one running batch, one
 without runs them one at a time (`OneAtATime`). Each stream stays lockstep (its next update after
-its reply), and the outputs come back in the streams' order, whichever finishes first.
+its reply), and the outputs come back in the streams' order, whichever finishes first. With several
+engines E (`--engines`, `alignatt.evaluate.engines`) each has a scheduler of its own, and stream i
+of a row drafts through engine i mod E (still N streams at once in all), the same way every run.
 
 bf16 batching can change a draft (a batch runs other kernels than a lone request), so the rows
 record the concurrency they ran at.
@@ -14,6 +16,7 @@ record the concurrency they ran at.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -82,12 +85,21 @@ class SequentialStreams:
 
 
 class ConcurrentStreams:
-    """Concurrency N > 1: N streams at once, their drafts batched by one scheduler on the seam."""
+    """Concurrency N > 1: N streams at once, their drafts batched by a scheduler per engine (`seams`:
+    the variant's engines, each a seam or a batch seam; the schedulers leave them open)."""
 
-    def __init__(self, seam: Seam, concurrency: int) -> None:
+    def __init__(self, seams: Sequence[Seam], concurrency: int) -> None:
         self.concurrency = concurrency
-        self.scheduler = DraftScheduler(lambda: LentBatchSeam(seam), SchedulerConfig(capacity=concurrency),
-                                        name="eval")
+        self.schedulers: list[DraftScheduler] = []
+        try:
+            for i, seam in enumerate(seams):
+                # Every stream may land on one engine (streams end out of order): each admits them all.
+                self.schedulers.append(DraftScheduler(lambda s=seam: LentBatchSeam(s),
+                                                      SchedulerConfig(capacity=concurrency),
+                                                      name="eval" if len(seams) == 1 else f"eval-{i}"))
+        except BaseException:
+            self.close()
+            raise
         self._calls = itertools.count()
 
     def map(self, replay_one: ReplayOne, items: Sequence[Item], names: Sequence[str]) -> list[Output]:
@@ -103,14 +115,15 @@ class ConcurrentStreams:
             if failures:
                 return
             key = (call, i)  # a scheduler session per stream, closed when the stream ends
-            self.scheduler.open_session(key)
+            scheduler = self.schedulers[i % len(self.schedulers)]
+            scheduler.open_session(key)
             try:
-                outputs[i] = replay_one(SessionSeam(self.scheduler, key), items[i])
+                outputs[i] = replay_one(SessionSeam(scheduler, key), items[i])
             except BaseException as e:  # noqa: BLE001 - reported below, for the whole eval
                 with lock:
                     failures.append((names[i], e))
             finally:
-                self.scheduler.close_session(key)
+                scheduler.close_session(key)
 
         workers = max(min(self.concurrency, len(items)), 1)
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="eval-stream") as pool:
@@ -123,17 +136,40 @@ class ConcurrentStreams:
         return outputs
 
     def describe(self) -> str:
-        sizes = self.scheduler.stats.batch_sizes
+        """Engine steps and batch sizes, summed over the engines (and the steps of each)."""
+        sizes = sum((s.stats.batch_sizes for s in self.schedulers), collections.Counter())
         steps = sum(sizes.values())
+        engines = len(self.schedulers)
+        at_once = f"{self.concurrency} streams at once" + (f" on {engines} engines" if engines > 1 else "")
         if not steps:
-            return f"{self.concurrency} streams at once: no engine steps"
+            return f"{at_once}: no engine steps"
         mean = sum(k * v for k, v in sizes.items()) / steps
-        return (f"{self.concurrency} streams at once: {steps} engine steps, "
-                f"batch mean {mean:.1f}, max {max(sizes)} (engine limit {self.scheduler.max_batch})")
+        each = (f" ({'/'.join(str(sum(s.stats.batch_sizes.values())) for s in self.schedulers)} per engine)"
+                if engines > 1 else "")
+        return (f"{at_once}: {steps} engine steps{each}, batch mean {mean:.1f}, max {max(sizes)} "
+                f"(engine limit {self.schedulers[0].max_batch})")
 
     def close(self) -> None:
-        self.scheduler.close()
+        """Stop every scheduler (the engines stay open); the first failure is raised at the end."""
+        errors = []
+        for scheduler in self.schedulers:
+            try:
+                scheduler.close()
+            except Exception as e:  # noqa: BLE001 - the others still close
+                errors.append(e)
+        if errors:
+            raise errors[0]
 
 
-def stream_runner(seam: Seam, concurrency: int) -> SequentialStreams | ConcurrentStreams:
-    return SequentialStreams(seam) if concurrency == 1 else ConcurrentStreams(seam, concurrency)
+def stream_runner(seams: Sequence[Seam], concurrency: int) -> SequentialStreams | ConcurrentStreams:
+    """The variant's engines as a row's stream runner (one engine when the streams run one at a time)."""
+    return SequentialStreams(seams[0]) if concurrency == 1 else ConcurrentStreams(seams, concurrency)
+
+
+def streams_note(concurrency: int, engines: int) -> str:
+    """The artifact config's note on the in-process streams at once."""
+    where = ("one draft scheduler on the variant's engine" if engines == 1
+             else f"a draft scheduler on each of the variant's {engines} engines")
+    return (f"{concurrency} in-process streams at once, their drafts batched by {where} (vllm_capture: "
+            f"max_num_seqs {concurrency} unless set); a round trip includes the wait for the batch; protocol "
+            "drivers replay one stream at a time")

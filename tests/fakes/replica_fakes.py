@@ -79,3 +79,24 @@ def vllm_route_factory(route, heads: list[Head]) -> RecordingSeam:
     engine_options = set(VllmEngineConfig.model_fields)
     return recording_factory(route.model_copy(update={"seam_options": {
         k: v for k, v in route.seam_options.items() if k not in engine_options}}), heads)
+
+
+class WithOptions:
+    """A picklable factory: `factory` (a module-level one) on the route with `options` added to its
+    seam options (the eval's routes carry only the variant's own), e.g. a `record_dir` or `fail_word`.
+    `fail_first_build=DIR`: the first process to build in DIR cannot (the others can)."""
+
+    def __init__(self, factory=recording_factory, **options) -> None:
+        self.factory = factory
+        self.options = options
+
+    def __call__(self, route, heads: list[Head]):
+        options = dict(self.options)
+        first = options.pop("fail_first_build", None)
+        if first is not None:
+            try:
+                os.close(os.open(Path(first) / "built", os.O_CREAT | os.O_EXCL))
+                raise RuntimeError("stand-in engine cannot load (the first to build)")
+            except FileExistsError:
+                pass
+        return self.factory(route.model_copy(update={"seam_options": {**route.seam_options, **options}}), heads)

@@ -1,0 +1,92 @@
+"""`alignatt eval --engines N`: a variant's in-process streams drafting through N engine processes.
+
+On a GPU the eval is bound by one engine thread's host work (vLLM's step, the capture's fetch,
+prompt building) and by the GIL that thread shares with the streams' threads. As
+`alignatt serve --engines N` does, N engines then share the device, each in a process of its own
+(`alignatt.serve.replicas.ProcessBatchSeam`, pinned as `replica_devices` deals them, each asking
+vLLM for its share of the GPU's memory) and each drafting through a `DraftScheduler` of its own in
+this process (`shared_engine.ConcurrentStreams`). At 1 the seam is built in this process, as always.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Sequence
+
+from alignatt.core.draft import Head, Seam
+from alignatt.serve.config import DirectionRoute, SeamFactory
+from alignatt.serve.pool import gpu_memory_share
+from alignatt.serve.replicas import EngineSpec, ProcessBatchSeam, replica_devices
+
+
+def check_engines(engines: int, concurrency: int, drivers: Sequence[str]) -> int:
+    """`EvalOptions.engines`: several engines only spread in-process streams that run at once."""
+    if engines == 1:
+        return engines
+    if concurrency < 2:
+        raise ValueError(f"{engines} engines need concurrency > 1 (streams at once to spread over them), "
+                         f"not {concurrency}")
+    if list(drivers) != ["inprocess"]:
+        raise ValueError(f"{engines} engines run the inprocess driver only, not {', '.join(drivers)}")
+    return engines
+
+
+def engine_route(route: DirectionRoute, engines_on_gpu: int) -> DirectionRoute:
+    """The route one engine builds: vllm_capture on a GPU shared by several asks for its share."""
+    if route.seam != "vllm_capture" or engines_on_gpu == 1:
+        return route
+    return route.model_copy(update={"seam_options": gpu_memory_share(route.seam_options, engines_on_gpu)})
+
+
+def engine_specs(factory: SeamFactory, route: DirectionRoute, heads: list[Head], count: int) -> list[EngineSpec]:
+    """What each of `count` engine processes builds: all may share one GPU (cuda route), or run
+    unpinned (cpu route). Raises AlignattError for a device that cannot be dealt (cuda:0)."""
+    devices = replica_devices(route, count, per_gpu=count)
+    return [EngineSpec(factory, engine_route(route, devices.count(d) if d is not None else 1), heads, d)
+            for d in devices]
+
+
+class VariantEngines:
+    """A variant's loaded engines: its seam in this process, or one `ProcessBatchSeam` per engine."""
+
+    def __init__(self, seams: list[Seam]) -> None:
+        self.seams = seams
+
+    def close(self) -> None:
+        """Close every engine, all at once (each waits for its process); the first failure is raised
+        once every one was closed."""
+        if len(self.seams) == 1:
+            self.seams[0].close()
+            return
+        with ThreadPoolExecutor(max_workers=len(self.seams)) as pool:
+            futures = [pool.submit(s.close) for s in self.seams]
+        errors = [f.exception() for f in futures if f.exception() is not None]
+        if errors:
+            raise errors[0]
+
+
+def load_engines(factory: SeamFactory, route: DirectionRoute, heads: list[Head], count: int) -> VariantEngines:
+    """`count` engines of the route: 1 in this process, more in a process each, started at once.
+    If one fails to start, the others are closed and its error raised."""
+    if count == 1:
+        return VariantEngines([factory(route, heads)])
+    specs = engine_specs(factory, route, heads, count)
+    with ThreadPoolExecutor(max_workers=count) as pool:
+        futures = [pool.submit(ProcessBatchSeam, spec, f"eval-{i}") for i, spec in enumerate(specs)]
+    started = [f.result() for f in futures if f.exception() is None]
+    errors = [f.exception() for f in futures if f.exception() is not None]
+    if errors:
+        for seam in started:
+            seam.close()
+        raise errors[0]
+    return VariantEngines(started)
+
+
+def config_notes(engines: int) -> dict[str, str]:
+    """The artifact config's note on the engines (none at 1: the seam in the eval's process)."""
+    if engines == 1:
+        return {}
+    return {"engine_processes": f"{engines} engine processes of the variant's seam share its device (vllm_capture "
+                                "on a GPU: each asks for its share of the memory), each with a draft scheduler of "
+                                f"its own; stream i of a row drafts through engine i mod {engines}; the under-load "
+                                "rows run on engine 0 alone"}
