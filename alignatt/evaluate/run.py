@@ -25,14 +25,15 @@ from alignatt.core.errors import AlignattError
 from alignatt.evaluate import engines as eval_engines, scoring, uncertainty
 from alignatt.evaluate.instance_log import logs_dir, write_instance_logs
 from alignatt.evaluate.outputs import OFFLINE
-from alignatt.evaluate.emissions import Emission, StreamOutput, join_units, stream_output, units
-from alignatt.evaluate.replay import Driver, InProcessDriver, Schedule, WebSocketDriver, replay
+from alignatt.evaluate.emissions import StreamOutput
+from alignatt.evaluate.replay import InProcessDriver, Schedule, WebSocketDriver
+from alignatt.evaluate.rows import (driver_check, longform_row, offline_output, sentence_output, sentence_row,
+                                   talk_id, talk_output, talks_of)
 from alignatt.evaluate.shared_engine import ConcurrentStreams, batch_limit_options, stream_runner, streams_note
 from alignatt.evaluate.tails import TailKind, TailModel, TailNoise, vocabulary
 from alignatt.evaluate.testsets import TestPair, TestSet, load_test_set, select
 from alignatt.evaluate.wlk_driver import CLIENT_LATENCY, WlkDriver
 from alignatt.models.presets import SYNTHETIC_REVISION
-from alignatt.replay.stream import ends_sentence
 from alignatt.core.policy import DEFAULT_PRESET, PRESET_NAMES
 from alignatt.replay.wlk_client import load_wlk_client, wlk_version
 
@@ -119,125 +120,6 @@ class _Borrowed:
         pass
 
 
-def _talks(pairs: list[TestPair], count: int, per_talk: int) -> list[list[TestPair]]:
-    talks = [pairs[i:i + per_talk] for i in range(0, len(pairs), per_talk)][:count]
-    return [t for t in talks if t]
-
-
-def _row(preset, variant, driver, form, label, outputs: list[StreamOutput], hypotheses, references,
-         target_lang, latency, tail: str, negative=(), bootstrap: int = uncertainty.DEFAULT_BOOTSTRAP,
-         concurrency: int = 1, role: str = "quality"):
-    from alignatt.record.artifacts import EvalRow
-
-    shown = sum(o.buffer_units_shown for o in outputs)
-    replaced = sum(o.buffer_units_replaced for o in outputs)
-    paths: dict[str, int] = {}
-    for o in outputs:
-        for k, v in o.paths.items():
-            paths[k] = paths.get(k, 0) + v
-    return EvalRow(
-        preset=preset, variant=variant, driver=driver, form=form, label=label, tail=tail, concurrency=concurrency,
-        role=role,
-        instances=len(references), **scoring.quality(hypotheses, references, target_lang),
-        quality_intervals=uncertainty.intervals(hypotheses, references, target_lang, bootstrap),
-        latency=latency, negative_latency=list(negative), retractions=sum(o.retractions for o in outputs),
-        buffer_units_shown=shown, buffer_units_replaced=replaced,
-        buffer_replaced_share=round(replaced / shown, 4) if shown else None,
-        updates=sum(o.updates for o in outputs), engine_calls=sum(o.engine_calls for o in outputs),
-        wall_ms=round(sum(o.wall_ms for o in outputs), 3), paths=dict(sorted(paths.items())),
-        hypotheses=hypotheses,
-        emissions=[[(e.committed_words, e.arrived_words, e.cu_ms, e.ca_ms) for e in o.emissions] for o in outputs],
-        read_words=[[e.read_words for e in o.emissions] for o in outputs],
-        streams=[join_units([e.text for e in o.emissions], target_lang) for o in outputs] if form == "longform" else [],
-    )
-
-
-def _sentence_row(pairs, outputs, preset, variant, driver, label, ts: TestSet, schedule: Schedule, tail: str,
-                  bootstrap: int, concurrency: int = 1, role: str = "quality"):
-    items = [scoring.SentenceLatencyInput(p.reference, len(p.source_words), schedule.source_ms(len(p.source_words)),
-                                          o.emissions) for p, o in zip(pairs, outputs)]
-    latency, negative = scoring.sentence_latency(items, ts.target_lang)
-    return _row(preset, variant, driver, "sentence", label, outputs, [o.hypothesis for o in outputs],
-                [p.reference for p in pairs], ts.target_lang, latency, tail, negative, bootstrap, concurrency, role)
-
-
-def _longform_row(talks, outputs, preset, variant, driver, label, ts: TestSet, schedule: Schedule, tail: str,
-                  bootstrap: int, concurrency: int = 1):
-    inputs = []
-    for talk, out in zip(talks, outputs):
-        spans, start = [], 0
-        for p in talk:
-            n = len(p.source_words)
-            spans.append((schedule.source_ms(start), schedule.source_ms(n)))
-            start += n
-        inputs.append(scoring.TalkInput([p.reference for p in talk], spans, out.emissions))
-    latency, resegmented, negative = scoring.longform(inputs, ts.target_lang)
-    references = [p.reference for t in talks for p in t]
-    # Quality of the long form is OmniSTEval's (sacrebleu on the resegmented output); the row's
-    # own corpus scores of the same segments must agree with it.
-    omni_quality = {"omnisteval_bleu": latency.pop("bleu"), "omnisteval_chrf": latency.pop("chrf")}
-    latency.update(omni_quality, talks=len(talks), closed_utterances=sum(len(o.utterances) for o in outputs))
-    return _row(preset, variant, driver, "longform", label, outputs, resegmented, references,
-                ts.target_lang, latency, tail, negative, bootstrap, concurrency)
-
-
-def _offline_output(driver: InProcessDriver, words: list[str], target_lang: str,
-                    schedule: Schedule) -> StreamOutput:
-    """The whole sentence in one final update, sent when the ASR commits its last word: every
-    target unit is emitted then (the wait-for-the-sentence latency through the same schedule)."""
-    driver.open()
-    reply = driver.update(words, [], True, 0)
-    driver.close()
-    last_commit_ms = round(schedule.events(words)[-1].t * 1000.0, 3)
-    n = len(words)
-    emissions = [Emission(u, n, n, last_commit_ms, round(last_commit_ms + reply.round_trip_ms, 3))
-                 for u in units(reply.committed_text, target_lang)]
-    return StreamOutput(hypothesis=reply.committed_text, utterances=[reply.committed_text], emissions=emissions,
-                        retractions=0, buffer_units_shown=0, buffer_units_replaced=0, updates=1,
-                        engine_calls=reply.engine_calls, paths={reply.path: 1}, wall_ms=reply.round_trip_ms)
-
-
-def _same_emissions(a: StreamOutput, b: StreamOutput) -> bool:
-    key = lambda o: [(e.text, e.committed_words, e.arrived_words, e.cu_ms) for e in o.emissions]  # noqa: E731
-    return a.hypothesis == b.hypothesis and key(a) == key(b)
-
-
-DRIVER_NAMES = {"websocket": "WebSocket", "wlk": "WhisperLiveKit-client"}
-
-
-def _driver_check(variant: str, preset: str, driver_name: str, pairs: list[TestPair],
-                  inprocess: list[StreamOutput], other: list[StreamOutput]):
-    """Whether a protocol driver emitted what the in-process one did, sentence by sentence."""
-    from alignatt.record.artifacts import Check
-
-    # WhisperLiveKit's client closes an utterance at any committed sentence mark, the replay a
-    # sentence at its last word only: with such a mark inside, the two are not expected to agree.
-    split = [driver_name == "wlk" and any(ends_sentence(w) for w in p.source_words[:-1]) for p in pairs]
-    same = [_same_emissions(x, y) for x, y, s in zip(inprocess, other, split) if not s]
-    detail = f"{sum(same)}/{len(same)} sentences with identical text, ASR states and stream times"
-    if any(split):
-        detail += f"; {sum(split)} with a sentence mark before the last word not compared (the client splits them)"
-    return Check(name=f"{variant} {preset}: in-process and {DRIVER_NAMES[driver_name]} replays emit the same",
-                 passed=all(same), detail=detail)
-
-
-def _sentence_output(driver: Driver, pair: TestPair, schedule: Schedule, tails: TailModel,
-                     target_lang: str) -> StreamOutput:
-    return stream_output(replay(pair.source_words, driver, schedule, tail_model=tails, stream_id=pair.id),
-                         target_lang)
-
-
-def _talk_output(driver: Driver, talk: list[TestPair], schedule: Schedule, tails: TailModel,
-                 target_lang: str) -> StreamOutput:
-    words = [w for p in talk for w in p.source_words]
-    return stream_output(replay(words, driver, schedule, close_on_punctuation=True, tail_model=tails,
-                                stream_id=_talk_id(talk)), target_lang)
-
-
-def _talk_id(talk: list[TestPair]) -> str:
-    return "+".join(p.id for p in talk)
-
-
 def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_options: dict[str, Any], ts: TestSet,
                  pairs: list[TestPair], talks: list[list[TestPair]], presets: list[str], schedule: Schedule,
                  label: str, factory, progress, tail_models: dict[str, TailModel]):
@@ -276,27 +158,27 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
                     sentence_outputs: dict[str, list[StreamOutput]] = {}
                     for driver_name in options.drivers:
                         if driver_name == "inprocess":
-                            outs = streams.map(lambda s, p: _sentence_output(InProcessDriver(s, preset, src, tgt), p,
+                            outs = streams.map(lambda s, p: sentence_output(InProcessDriver(s, preset, src, tgt), p,
                                                                              schedule, tails, tgt), pairs, pair_ids)
                         else:  # through the server, one stream at a time
                             driver = (WebSocketDriver(server.url, preset, src, tgt) if driver_name == "websocket"
                                       else WlkDriver(server, preset, src, tgt, schedule.words_per_second))
-                            outs = [_sentence_output(driver, p, schedule, tails, tgt) for p in pairs]
+                            outs = [sentence_output(driver, p, schedule, tails, tgt) for p in pairs]
                         sentence_outputs[driver_name] = outs
-                        rows.append(_sentence_row(pairs, outs, preset, variant, driver_name, label, ts, schedule,
+                        rows.append(sentence_row(pairs, outs, preset, variant, driver_name, label, ts, schedule,
                                                   tail, options.bootstrap,
                                                   concurrency if driver_name == "inprocess" else 1))
                         progress(f"[{variant}] {preset} {driver_name} tail={tail}: BLEU {rows[-1].bleu:.2f} "
                                  f"(N={len(pairs)}), LAAL {rows[-1].latency.get('laal_words_read')} words read")
                     for driver_name in ("websocket", "wlk"):
                         if "inprocess" in sentence_outputs and driver_name in sentence_outputs:
-                            checks.append(_driver_check(f"{variant} tail={tail}", preset, driver_name, pairs,
+                            checks.append(driver_check(f"{variant} tail={tail}", preset, driver_name, pairs,
                                                         sentence_outputs["inprocess"], sentence_outputs[driver_name]))
                 for tail in options.longform_tails if talks else []:
                     tails = tail_models[tail]
-                    outs = streams.map(lambda s, t: _talk_output(InProcessDriver(s, preset, src, tgt), t, schedule,
-                                                                 tails, tgt), talks, [_talk_id(t) for t in talks])
-                    rows.append(_longform_row(talks, outs, preset, variant, "inprocess", label, ts, schedule, tail,
+                    outs = streams.map(lambda s, t: talk_output(InProcessDriver(s, preset, src, tgt), t, schedule,
+                                                                 tails, tgt), talks, [talk_id(t) for t in talks])
+                    rows.append(longform_row(talks, outs, preset, variant, "inprocess", label, ts, schedule, tail,
                                               options.bootstrap, concurrency))
                     progress(f"[{variant}] {preset} long form tail={tail}: LongYAAL "
                              f"{rows[-1].latency.get('long_yaal')} ms")
@@ -304,9 +186,9 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
             if server is not None:
                 server.stop()
         if options.offline_baseline:
-            outs = streams.map(lambda s, p: _offline_output(InProcessDriver(s, DEFAULT_PRESET, src, tgt),
+            outs = streams.map(lambda s, p: offline_output(InProcessDriver(s, DEFAULT_PRESET, src, tgt),
                                                             p.source_words, tgt, schedule), pairs, pair_ids)
-            row = _sentence_row(pairs, outs, OFFLINE, variant, OFFLINE, label, ts, schedule, "none",
+            row = sentence_row(pairs, outs, OFFLINE, variant, OFFLINE, label, ts, schedule, "none",
                                 options.bootstrap, concurrency)
             rows.append(row)
             progress(f"[{variant}] offline baseline: BLEU {row.bleu:.2f}")
@@ -341,12 +223,12 @@ def _under_load_rows(options: EvalOptions, seam, pairs: list[TestPair], variant:
     for level in options.load_levels:
         runner = ConcurrentStreams([seam], level)
         try:
-            outs = runner.map(lambda s, p: _sentence_output(InProcessDriver(s, DEFAULT_PRESET, src, tgt), p,
+            outs = runner.map(lambda s, p: sentence_output(InProcessDriver(s, DEFAULT_PRESET, src, tgt), p,
                                                             schedule, tails, tgt), pairs, [p.id for p in pairs])
             described = runner.describe()
         finally:
             runner.close()
-        rows.append(_sentence_row(pairs, outs, DEFAULT_PRESET, variant, "inprocess", label, ts, schedule, LOAD_TAIL,
+        rows.append(sentence_row(pairs, outs, DEFAULT_PRESET, variant, "inprocess", label, ts, schedule, LOAD_TAIL,
                                   options.bootstrap, level, role="under_load"))
         progress(f"[{variant}] under load, {level} at once (N={len(pairs)}): BLEU {rows[-1].bleu:.2f}, "
                  f"LAAL CA {rows[-1].latency.get('ca_laal_ms')} ms; {described}")
@@ -384,7 +266,7 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
     # Everything that can be wrong with the input fails here, before a model loads.
     ts = load_test_set(options.test_set, options.direction)
     pairs = select(ts, options.limit, options.max_source_words)
-    talks = _talks(ts.pairs, options.longform_talks, options.pairs_per_talk)
+    talks = talks_of(ts.pairs, options.longform_talks, options.pairs_per_talk)
     try:
         presets = [resolve_preset(p).name for p in options.presets]
     except ProtocolError as e:
