@@ -43,10 +43,12 @@ BUNDLED_STREAMS = {"smoke": "mt_server_smoke_stream.json", "long": "mt_load_long
 # `--vllm-mode fullgraph,fullgraph+verify` runs verification off and on in one run.
 CONFIGURATION_FLAGS: dict[str, dict[str, Any]] = {"batch_invariant": {"batch_invariant": True},
                                                   "verify": {"verify": True}}
-# A server flag: `fullgraph+engines4` serves the route from 4 engine processes sharing the GPU
-# (ServerConfig.engines, ReplicaConfig.engines_per_gpu). The engine step is host-bound (docs/batching.md),
-# so engines in processes of their own step in parallel where one engine's thread cannot.
+# Server flags: `fullgraph+engines4` serves the route from 4 engine processes sharing the GPU
+# (ServerConfig.engines, ReplicaConfig.engines_per_gpu); `fullgraph+process` runs its one engine in a
+# process of its own (ReplicaConfig.own_process), where the engine thread never waits for the
+# interpreter lock of the event loop and the sessions' policy (docs/batching.md).
 ENGINES_FLAG = re.compile(r"engines([1-9][0-9]*)")
+OWN_PROCESS_FLAG = "process"
 
 
 def _int_list(value: Any) -> list[int]:
@@ -168,10 +170,11 @@ def run_configuration(options: LoadOptions, mode: str | None, seam_factory=None)
     streams = resolve_streams(options.streams)
     route = _route(options, mode)
     shared_gpu = configuration_engines(mode)
+    own_process = OWN_PROCESS_FLAG in [f.strip() for f in (mode or "").split("+")[1:]]
     config = ServerConfig(host="127.0.0.1", port=0, default_preset=preset, directions={"en-de": route},
                           limits=ServerLimits(max_sessions=max(options.speakers)),
                           engines=shared_gpu or options.engines,
-                          replicas=ReplicaConfig(engines_per_gpu=shared_gpu or 1))
+                          replicas=ReplicaConfig(engines_per_gpu=shared_gpu or 1, own_process=own_process))
     levels: list[dict] = []
     alone: dict[str, dict[int, tuple]] = {}
     with ServerThread(config, seam_factory) as handle:
@@ -189,7 +192,7 @@ def run_configuration(options: LoadOptions, mode: str | None, seam_factory=None)
             _reset_gpu_peak()
             runs, wall = run_speakers(plan, n, options.clients, options.speakers_per_process)
             memory = _gpu_memory()
-            if len(engines) > 1:  # engines in processes of their own: this process allocated nothing of theirs
+            if len(engines) > 1 or own_process:  # engines in processes of their own: none of their memory is ours
                 memory = (None, memory[1])
             after = [e.stats() for e in engines]
             server_after = handle.call(lambda: {"coalesced": handle.server.stats.coalesced})
@@ -242,20 +245,23 @@ def parse_configuration(label: str | None) -> tuple[str | None, dict[str, Any]]:
     mode, *flags = [part.strip() for part in label.split("+")]
     if mode not in VLLM_MODES:
         raise AlignattError(f"unknown vllm_mode {mode!r}: use one of {', '.join(VLLM_MODES)}")
-    flags = [f for f in flags if not ENGINES_FLAG.fullmatch(f)]  # a server flag (configuration_engines)
+    flags = [f for f in flags if not _server_flag(f)]  # configuration_engines reads them
     unknown = [f for f in flags if f not in CONFIGURATION_FLAGS]
     if unknown:
         raise AlignattError(f"unknown configuration flag {unknown[0]!r} in {label!r}: use "
-                            f"{', '.join(CONFIGURATION_FLAGS)} or engines<N>")
+                            f"{', '.join(CONFIGURATION_FLAGS)}, {OWN_PROCESS_FLAG} or engines<N>")
     return mode, {k: v for f in flags for k, v in CONFIGURATION_FLAGS[f].items()}
 
 
+def _server_flag(flag: str) -> bool:
+    return flag == OWN_PROCESS_FLAG or ENGINES_FLAG.fullmatch(flag) is not None
+
+
 def _one_plain_engine(label: str | None) -> str | None:
-    """The label without its verify and engines<N> flags."""
+    """The label without its verify and server flags: the engine the capture cost measures."""
     if label is None:
         return None
-    return "+".join(p for p in (x.strip() for x in label.split("+"))
-                    if p != "verify" and not ENGINES_FLAG.fullmatch(p))
+    return "+".join(p for p in (x.strip() for x in label.split("+")) if p != "verify" and not _server_flag(p))
 
 
 def configuration_engines(label: str | None) -> int | None:

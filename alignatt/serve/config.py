@@ -141,6 +141,10 @@ class ReplicaConfig(BaseModel):
     engines_per_gpu: int = Field(1, ge=1, description="engine processes sharing one GPU; a vllm_capture route's "
                                                       "gpu_memory_utilization is split between them unless its "
                                                       "engine_kwargs set it")
+    own_process: bool = Field(False, description="a route served by one engine runs it in a process of its own "
+                                                 "too (as several always do): its engine thread then never waits "
+                                                 "for the interpreter lock that the event loop and the sessions' "
+                                                 "policy hold")
 
 
 class ServerConfig(BaseModel):

@@ -294,7 +294,7 @@ class EngineRegistry:
         names = [str(self._count + i) for i in range(len(devices))]
         self._count += len(devices)
         started = time.perf_counter()
-        if devices == [None]:
+        if devices == [None] and not self.replicas.own_process:
             engines = [Engine(names[0], route, heads, self.factory, self.scheduler)]
         else:
             with ThreadPoolExecutor(max_workers=len(devices)) as pool:

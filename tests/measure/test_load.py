@@ -400,10 +400,24 @@ def test_an_engines_flag_serves_its_configuration_from_that_many_engine_processe
     assert costed == ["fullgraph"] and "not measured for fullgraph+engines2" in artifact.capture_cost_note
 
 
+def test_a_process_flag_serves_its_one_engine_from_a_process_of_its_own(short_stream):
+    import os
+
+    from tests.fakes.replica_fakes import vllm_route_factory
+
+    options = LoadOptions(seam="vllm_capture", vllm_mode="fullgraph+process", speakers="1", streams=[short_stream],
+                          speed=3.0, stagger_s=0.0, capture_cost="off", clients="threads")
+    artifact = run_load(options, None, seam_factory=vllm_route_factory)
+    (lv,) = artifact.levels
+    assert len(lv.engines) == 1 and lv.retractions == 0 and lv.finals_in_order and lv.peak_gpu_memory_mib is None
+    assert artifact.config["per_engine"][0]["pid"] != os.getpid()
+
+
 def test_a_configuration_label_names_at_most_one_engine_count():
     from alignatt.measure.capacity import configuration_engines, parse_configuration
 
     assert parse_configuration("fullgraph+engines4+verify") == ("fullgraph", {"verify": True})
+    assert parse_configuration("fullgraph+process") == ("fullgraph", {})
     assert configuration_engines("fullgraph+engines4+verify") == 4 and configuration_engines("fullgraph") is None
     for label in ("fullgraph+engines0", "fullgraph+engines"):
         with pytest.raises(AlignattError, match="unknown configuration flag"):

@@ -153,6 +153,29 @@ def test_an_engine_that_cannot_load_raises_in_the_server(tmp_path):
 # ---- the server with several engines ----
 
 
+def test_one_engine_in_a_process_of_its_own_when_the_replicas_ask(tmp_path):
+    """`ReplicaConfig.own_process`: the route's one engine drafts in a child, not in the server."""
+    record_dir = tmp_path / "drafts"
+    record_dir.mkdir()
+    config = fake_config(tmp_path, max_sessions=2)
+    config.directions = {d: r.model_copy(update={"seam_options": {"record_dir": str(record_dir)}})
+                         for d, r in config.directions.items()}
+    config.engines = 1
+    config.replicas.own_process = True
+    with ServerThread(config, recording_factory) as srv:
+        (stats,) = engine_stats(srv)
+        assert stats["pid"] != os.getpid() and stats["alive"]
+        client = Client(srv.url)
+        try:
+            assert client.init()["type"] == "init_ok"
+            words = words_of(0, 0)
+            reply = client.ask(words, final=True, utterance_id=0)
+            assert reply["committed_text"] == translated(words)
+        finally:
+            client.close()
+    assert set(drafts_by_process(record_dir)) == {stats["pid"]}
+
+
 def test_sessions_spread_least_loaded_stick_to_their_engine_and_stats_add_up(tmp_path):
     n, utterances = 6, 2
     with replica_server(tmp_path, engines=3, max_sessions=n, delay_s=0.002) as srv:
