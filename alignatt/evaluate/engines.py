@@ -10,13 +10,13 @@ this process (`shared_engine.ConcurrentStreams`). At 1 the seam is built in this
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Sequence
 
 from alignatt.core.draft import Head, Seam
 from alignatt.serve.config import DirectionRoute, SeamFactory
 from alignatt.serve.pool import gpu_memory_share
-from alignatt.serve.replicas import EngineSpec, ProcessBatchSeam, replica_devices
+from alignatt.serve.replicas import EngineSpec, ProcessBatchSeam, close_together, replica_devices, start_together
 
 
 def check_engines(engines: int, concurrency: int, drivers: Sequence[str]) -> int:
@@ -33,7 +33,7 @@ def check_engines(engines: int, concurrency: int, drivers: Sequence[str]) -> int
 
 def engine_route(route: DirectionRoute, engines_on_gpu: int) -> DirectionRoute:
     """The route one engine builds: vllm_capture on a GPU shared by several asks for its share."""
-    if route.seam != "vllm_capture" or engines_on_gpu == 1:
+    if route.seam != "vllm_capture":
         return route
     return route.model_copy(update={"seam_options": gpu_memory_share(route.seam_options, engines_on_gpu)})
 
@@ -53,16 +53,8 @@ class VariantEngines:
         self.seams = seams
 
     def close(self) -> None:
-        """Close every engine, all at once (each waits for its process); the first failure is raised
-        once every one was closed."""
-        if len(self.seams) == 1:
-            self.seams[0].close()
-            return
-        with ThreadPoolExecutor(max_workers=len(self.seams)) as pool:
-            futures = [pool.submit(s.close) for s in self.seams]
-        errors = [f.exception() for f in futures if f.exception() is not None]
-        if errors:
-            raise errors[0]
+        """Close every engine, all at once; the first failure is raised once every one was closed."""
+        close_together(self.seams)
 
 
 def load_engines(factory: SeamFactory, route: DirectionRoute, heads: list[Head], count: int) -> VariantEngines:
@@ -71,15 +63,8 @@ def load_engines(factory: SeamFactory, route: DirectionRoute, heads: list[Head],
     if count == 1:
         return VariantEngines([factory(route, heads)])
     specs = engine_specs(factory, route, heads, count)
-    with ThreadPoolExecutor(max_workers=count) as pool:
-        futures = [pool.submit(ProcessBatchSeam, spec, f"eval-{i}") for i, spec in enumerate(specs)]
-    started = [f.result() for f in futures if f.exception() is None]
-    errors = [f.exception() for f in futures if f.exception() is not None]
-    if errors:
-        for seam in started:
-            seam.close()
-        raise errors[0]
-    return VariantEngines(started)
+    return VariantEngines(start_together([partial(ProcessBatchSeam, spec, f"eval-{i}")
+                                          for i, spec in enumerate(specs)]))
 
 
 def config_notes(engines: int) -> dict[str, str]:

@@ -164,13 +164,14 @@ def run_configuration(options: LoadOptions, mode: str | None, seam_factory=None)
     """Every load level on one server configuration (a vLLM mode, with its flags): its levels,
     engine facts and heads."""
     from alignatt.serve.config import ReplicaConfig, ServerConfig, ServerLimits, resolve_preset
+    from alignatt.serve.replicas import ProcessBatchSeam
     from alignatt.serve.server import ServerThread
 
     preset = resolve_preset(options.preset).name
     streams = resolve_streams(options.streams)
     route = _route(options, mode)
     shared_gpu = configuration_engines(mode)
-    own_process = OWN_PROCESS_FLAG in [f.strip() for f in (mode or "").split("+")[1:]]
+    own_process = OWN_PROCESS_FLAG in _flags(mode)
     config = ServerConfig(host="127.0.0.1", port=0, default_preset=preset, directions={"en-de": route},
                           limits=ServerLimits(max_sessions=max(options.speakers)),
                           engines=shared_gpu or options.engines,
@@ -182,6 +183,7 @@ def run_configuration(options: LoadOptions, mode: str | None, seam_factory=None)
                            tuple(s.model_dump() for _, s in streams))
         engines = handle.server.registry.engines
         engine = engines[0]
+        in_children = any(isinstance(e.seam, ProcessBatchSeam) for e in engines)
         describe = getattr(engine.seam, "describe", None)
         totals = getattr(engine.seam, "acceptance_totals", None)  # in-process seams count verification
         for n in sorted(set(options.speakers)):
@@ -192,7 +194,7 @@ def run_configuration(options: LoadOptions, mode: str | None, seam_factory=None)
             _reset_gpu_peak()
             runs, wall = run_speakers(plan, n, options.clients, options.speakers_per_process)
             memory = _gpu_memory()
-            if len(engines) > 1 or own_process:  # engines in processes of their own: none of their memory is ours
+            if in_children:  # engines in processes of their own: none of their memory is this process's
                 memory = (None, memory[1])
             after = [e.stats() for e in engines]
             server_after = handle.call(lambda: {"coalesced": handle.server.stats.coalesced})
@@ -242,7 +244,7 @@ def parse_configuration(label: str | None) -> tuple[str | None, dict[str, Any]]:
 
     if label is None:
         return None, {}
-    mode, *flags = [part.strip() for part in label.split("+")]
+    mode, flags = label.split("+")[0].strip(), _flags(label)
     if mode not in VLLM_MODES:
         raise AlignattError(f"unknown vllm_mode {mode!r}: use one of {', '.join(VLLM_MODES)}")
     flags = [f for f in flags if not _server_flag(f)]  # configuration_engines reads them
@@ -253,6 +255,11 @@ def parse_configuration(label: str | None) -> tuple[str | None, dict[str, Any]]:
     return mode, {k: v for f in flags for k, v in CONFIGURATION_FLAGS[f].items()}
 
 
+def _flags(label: str | None) -> list[str]:
+    """A configuration label's flags: what follows its mode, `+`-separated."""
+    return [part.strip() for part in (label or "").split("+")[1:]]
+
+
 def _server_flag(flag: str) -> bool:
     return flag == OWN_PROCESS_FLAG or ENGINES_FLAG.fullmatch(flag) is not None
 
@@ -261,13 +268,13 @@ def _one_plain_engine(label: str | None) -> str | None:
     """The label without its verify and server flags: the engine the capture cost measures."""
     if label is None:
         return None
-    return "+".join(p for p in (x.strip() for x in label.split("+")) if p != "verify" and not _server_flag(p))
+    return "+".join([label.split("+")[0].strip(), *(f for f in _flags(label) if f != "verify" and not _server_flag(f))])
 
 
 def configuration_engines(label: str | None) -> int | None:
     """The engine processes a configuration label's `engines<N>` flag asks for on the GPU (None: the
     run's `engines` option, one engine in the server's process by default)."""
-    counts = [int(m.group(1)) for part in (label or "").split("+") if (m := ENGINES_FLAG.fullmatch(part.strip()))]
+    counts = [int(m.group(1)) for flag in _flags(label) if (m := ENGINES_FLAG.fullmatch(flag))]
     if len(counts) > 1:
         raise AlignattError(f"configuration {label!r} names more than one engines<N> flag")
     return counts[0] if counts else None

@@ -20,12 +20,13 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
+from functools import partial
 from typing import Callable, Hashable, Sequence
 
 from alignatt.core.draft import Draft, DraftRequest, Head, Seam
 from alignatt.serve.budget import PromptBudget
 from alignatt.serve.config import DirectionRoute, EngineCount, ReplicaConfig, SeamFactory, resolve_heads
-from alignatt.serve.replicas import EngineSpec, ProcessBatchSeam, replica_devices
+from alignatt.serve.replicas import EngineSpec, ProcessBatchSeam, close_together, replica_devices, start_together
 from alignatt.serve.scheduler import DraftScheduler, EngineDied, EngineHung, SchedulerConfig, SessionSeam
 from alignatt.serve.session import SessionLimits
 
@@ -297,17 +298,9 @@ class EngineRegistry:
         if devices == [None] and not self.replicas.own_process:
             engines = [Engine(names[0], route, heads, self.factory, self.scheduler)]
         else:
-            with ThreadPoolExecutor(max_workers=len(devices)) as pool:
-                futures = [pool.submit(Engine, n, route, heads, self.factory, self.scheduler, False, d,
-                                       self.replicas, devices.count(d) if d is not None else 1)
-                           for n, d in zip(names, devices)]
-            failed = [f.exception() for f in futures if f.exception() is not None]
-            if failed:
-                for f in futures:
-                    if f.exception() is None:
-                        f.result().close()
-                raise failed[0]
-            engines = [f.result() for f in futures]
+            engines = start_together([partial(Engine, n, route, heads, self.factory, self.scheduler, False, d,
+                                              self.replicas, devices.count(d) if d is not None else 1)
+                                      for n, d in zip(names, devices)])
         for e in engines:
             log.info("engine %s: %s/%s heads=%s on %s loaded in %.1fs (batch %d)", e.name, route.model, route.seam,
                      [(h.layer, h.head) for h in heads], f"GPU {e.cuda_device}" if e.cuda_device else
@@ -345,11 +338,7 @@ class EngineRegistry:
         """Close every engine, all at once (each one waits for its seam, or its process, to stop)."""
         with self._lock:
             engines, self._engines = self.engines, {}
-        if len(engines) == 1:
-            engines[0].close()
-        elif engines:
-            with ThreadPoolExecutor(max_workers=len(engines)) as pool:
-                list(pool.map(Engine.close, engines))
+        close_together(engines)
 
 
 def least_loaded(engines: Sequence[Engine], route: DirectionRoute) -> Engine:

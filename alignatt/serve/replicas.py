@@ -22,8 +22,9 @@ import pickle
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Hashable
+from typing import Any, Callable, Hashable, Sequence, TypeVar
 
 from alignatt.core.draft import Draft, DraftRequest, Head
 from alignatt.core.errors import AlignattError
@@ -69,6 +70,33 @@ def replica_devices(route: DirectionRoute, engines: EngineCount, per_gpu: int = 
         raise AlignattError(f"{engines} engines asked for, but {len(visible)} CUDA GPUs are visible "
                             f"({per_gpu} engine{'s' if per_gpu > 1 else ''} per GPU)")
     return [visible[i % len(visible)] for i in range(engines)]
+
+
+Started = TypeVar("Started")
+
+
+def start_together(starts: Sequence[Callable[[], Started]]) -> list[Started]:
+    """Run every start at once (each engine process loads its model in parallel). If one fails,
+    close the ones that started and raise its error: no engine process outlives a failed start."""
+    with ThreadPoolExecutor(max_workers=max(len(starts), 1)) as pool:
+        futures = [pool.submit(start) for start in starts]
+    errors = [f.exception() for f in futures if f.exception() is not None]
+    if errors:
+        for f in futures:
+            if f.exception() is None:
+                f.result().close()
+        raise errors[0]
+    return [f.result() for f in futures]
+
+
+def close_together(engines: Sequence[Any]) -> None:
+    """Close every engine at once (each waits for its seam, or its process, to stop); the first
+    failure is raised once all of them were closed."""
+    if len(engines) == 1:
+        engines[0].close()
+    elif engines:
+        with ThreadPoolExecutor(max_workers=len(engines)) as pool:
+            list(pool.map(lambda e: e.close(), engines))
 
 
 @dataclass(frozen=True)
