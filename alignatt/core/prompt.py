@@ -251,3 +251,20 @@ def _few_shot(src_code: str, tgt_code: str, src: str, tgt: str, context: str,
         lines.append("")
     lines += [f"{src}: {source}", f"{tgt}:"]
     return "\n".join(lines), examples_end
+
+
+@dataclass(frozen=True)
+class PromptPreparer:
+    """A draft's prompt, built and tokenised, within an engine's positions: the host work of a
+    draft that needs no engine state. It pickles (the tokenizer with it), so an engine in a child
+    process hands it to its parent once, and the parent's threads prepare every draft."""
+
+    tokenizer: Any
+    max_positions: int
+
+    def __call__(self, request: DraftRequest) -> PromptLayout:
+        prompt = build_prompt(self.tokenizer, request)
+        if len(prompt.input_ids) + request.max_new_tokens > self.max_positions:
+            raise AlignattError(f"prompt of {len(prompt.input_ids)} tokens + {request.max_new_tokens} new tokens "
+                                f"exceeds max_model_len={self.max_positions}")
+        return prompt

@@ -193,3 +193,20 @@ def test_embedded_few_shot_spans_with_context_and_history(gemma3_270m, direction
     assert layout.style == "few_shot"
     check_blocks(tok, request, layout)
     assert layout.text.endswith(f"\n{language_name(tgt)}:")
+
+
+def test_a_preparer_travels_between_processes_and_bounds_the_engine_positions():
+    """`PromptPreparer` is `prepare` as an object: pickled (tokenizer and all) it builds the same
+    prompt, and a prompt plus its draft beyond the engine's positions is refused."""
+    import pickle
+
+    from alignatt.core.prompt import PromptPreparer
+
+    request = DraftRequest(source_words="the cat sat".split(), committed_words=2, target_prefix="Die")
+    built = build_prompt(TOKENIZER, request)
+    travelled = pickle.loads(pickle.dumps(PromptPreparer(TOKENIZER, 4096)))
+    assert travelled(request) == built
+    exact = PromptPreparer(TOKENIZER, len(built.input_ids) + request.max_new_tokens)
+    assert exact(request) == built
+    with pytest.raises(AlignattError, match="exceeds max_model_len"):
+        PromptPreparer(TOKENIZER, len(built.input_ids) + request.max_new_tokens - 1)(request)

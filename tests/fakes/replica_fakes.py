@@ -12,6 +12,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from alignatt.core.draft import Draft, DraftRequest, Head
+from tests.fakes.batch_fakes import StandInBatchSeam
 from tests.fakes.mt_fakes import FakeSeam
 
 
@@ -100,3 +102,39 @@ class WithOptions:
             except FileExistsError:
                 pass
         return self.factory(route.model_copy(update={"seam_options": {**route.seam_options, **options}}), heads)
+
+
+class PreparedWhere:
+    """A stand-in `preparer`: the prompt is the request's words, tagged with the process that built
+    it. `unpicklable`: it holds a lock, so it cannot leave the process that made it."""
+
+    def __init__(self, unpicklable: bool = False) -> None:
+        self.lock = threading.Lock() if unpicklable else None
+
+    def __call__(self, request: DraftRequest) -> tuple[int, tuple[str, ...]]:
+        return os.getpid(), tuple(request.source_words)
+
+
+class PreparingProcessSeam(StandInBatchSeam):
+    """A batch stand-in with vllm_capture's `prepare` and `preparer`; each draft's `seam` names the
+    process that prepared its prompt (`prepared@<pid>`)."""
+
+    def __init__(self, unpicklable: bool = False) -> None:
+        super().__init__(max_batch=8, steps_for=lambda r: 1)
+        self.preparer = PreparedWhere(unpicklable)
+        self.prompts: dict[int, tuple] = {}
+
+    def prepare(self, request: DraftRequest):
+        return self.preparer(request)
+
+    def submit(self, request: DraftRequest, prompt=None) -> int:
+        handle = super().submit(request)
+        self.prompts[handle] = prompt if prompt is not None else self.prepare(request)
+        return handle
+
+    def step(self):
+        return [(h, replace(d, seam=f"prepared@{self.prompts.pop(h)[0]}")) for h, d in super().step()]
+
+
+def preparing_factory(route, heads: list[Head]) -> PreparingProcessSeam:
+    return PreparingProcessSeam(**route.seam_options)

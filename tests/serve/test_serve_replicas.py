@@ -22,7 +22,8 @@ from alignatt.serve.replicas import replica_devices
 from alignatt.serve.scheduler import EngineDied, SchedulerConfig
 from alignatt.serve.server import ServerThread
 from tests.fakes.mt_fakes import target_word
-from tests.fakes.replica_fakes import drafts_by_process, no_leaked_processes, process_of, recording_factory  # noqa: F401
+from tests.fakes.replica_fakes import (drafts_by_process, no_leaked_processes, preparing_factory,  # noqa: F401
+                                      process_of, recording_factory)
 from tests.support.server_client import Client, fake_config, http_get
 
 
@@ -138,6 +139,23 @@ def test_a_process_engine_drafts_in_its_child_and_reports_errors_and_its_death_t
             engine.scheduler.submit("a", request)
         with pytest.raises(EngineDied):
             engine.open_session("b")
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("unpicklable", [False, True], ids=["preparer-travels", "preparer-stays"])
+def test_a_process_engine_has_its_drafts_prepared_by_the_server_when_its_preparer_travels(unpicklable):
+    """The child hands over its seam's `preparer`: prompts are built in the server's process and the
+    child only steps. A preparer that cannot be pickled stays in the child, which prepares, as before."""
+    route = DirectionRoute(model="fake", seam="fake", heads=None, seam_options={"unpicklable": unpicklable})
+    engine = Engine("p", route, [], preparing_factory, SchedulerConfig(capacity=2), in_process=False)
+    try:
+        child = engine.stats()["pid"]
+        assert hasattr(engine.seam, "prepare") is not unpicklable
+        engine.open_session("a")
+        draft = engine.submit("a", DraftRequest(source_words=["hello", "world"], committed_words=2)).result(60)
+        assert draft.seam == f"prepared@{child if unpicklable else os.getpid()}"
+        assert draft.text == " ".join(target_word(j, w) for j, w in enumerate(["hello", "world"]))
     finally:
         engine.close()
 

@@ -58,6 +58,7 @@ from alignatt.capture.vllm import verify as vllm_verify
 from alignatt.core.draft import Draft, DraftRequest, Head, Timings, TokenCapture, add_acceptance
 from alignatt.core.errors import AlignattError
 from alignatt.core.layout import AttentionLayout
+from alignatt.core.prompt import PromptLayout, PromptPreparer
 
 CAPTURED_FAMILIES = ("gemma4_text", "gemma3_text")  # vLLM's Gemma4Attention and Gemma3Attention
 from alignatt.models.synthetic_init import HFLikeInit
@@ -96,6 +97,8 @@ class VllmCaptureSeam:
         self.fixed_length, self.reconstruct, self.keep_raw = fixed_length, reconstruct, keep_raw
         self.spec = resolve_model(model)
         self.tokenizer = load_tokenizer(self.spec, tokenizer)
+        # `prepare` as a picklable object: an engine in a child process hands it to its parent.
+        self.preparer = PromptPreparer(self.tokenizer, self.config.max_model_len)
         hf_config = AutoConfig.from_pretrained(self.spec.config_dir, local_files_only=True)
         self.layout = AttentionLayout.from_config(hf_config)
         if self.layout.family not in CAPTURED_FAMILIES:
@@ -164,17 +167,11 @@ class VllmCaptureSeam:
 
     # ---- the batch interface ----
 
-    def prepare(self, request: DraftRequest):
+    def prepare(self, request: DraftRequest) -> PromptLayout:
         """The draft's prompt, built and tokenised: no engine state is touched, so a scheduler
         calls this on the submitting thread (a profile of 128 streams on the H200 found prompt
         building and tokenising at ~39 % of the engine thread's busy samples)."""
-        from alignatt.core.prompt import build_prompt
-
-        prompt = build_prompt(self.tokenizer, request)
-        if len(prompt.input_ids) + request.max_new_tokens > self.config.max_model_len:
-            raise AlignattError(f"prompt of {len(prompt.input_ids)} tokens + {request.max_new_tokens} new tokens "
-                                f"exceeds max_model_len={self.config.max_model_len}")
-        return prompt
+        return self.preparer(request)
 
     def submit(self, request: DraftRequest, prompt=None) -> str:
         """Queue one draft in the engine (its `prepare`d prompt, else prepared here); it joins the
