@@ -37,12 +37,14 @@ def stand_in_vllm_class():
     at a time from `FakeSeam`, refusing as the real `submit` does past `max_model_len`."""
     from alignatt.capture.vllm.engine import VllmEngineConfig
     from alignatt.capture.vllm.seam import VllmCaptureSeam
+    from alignatt.core.prompt import PromptPreparer
 
     class StandInVllmSeam(VllmCaptureSeam):
         def __init__(self, tokenizer, heads: list[Head], max_model_len: int) -> None:  # noqa: D107 - no engine
             self.config = VllmEngineConfig(model="gemma4-e4b-synthetic", max_model_len=max_model_len)
             self.tokenizer = tokenizer
             self.heads = heads
+            self.preparer = PromptPreparer(tokenizer, max_model_len)
             self._drafts = FakeSeam(heads=heads)
             self.received: list[int] = []
             self._queue: list[tuple[int, DraftRequest]] = []
