@@ -159,8 +159,8 @@ def report_section(root: Path, paths: list[tuple[str, Any]]) -> list[dict[str, A
                              + ("" if sig.resolvable else ": too few sentences to resolve p < 0.05") + ")",
                 "al_read": fig("al_words_read", 2), "laal_read": fig("laal_words_read", 2),
                 "laal_committed": fig("laal_words_committed", 2, "laal_words"),
-                "negatives": [f"{n.metric}: {n.instances}/{n.scored} instances below 0 (min {n.min:.2f}); {n.why}"
-                              for n in r.negative_latency],
+                "negatives": ", ".join(f"{n.metric} {n.instances}/{n.scored} (min {n.min:.2f})"
+                                       for n in r.negative_latency),
                 "variant": r.variant, "driver": r.driver, "form": r.form, "label": r.label,
                 "instances": str(r.instances), "bleu": _fmt(r.bleu), "chrf": _fmt(r.chrf),
                 "laal_words": _fmt(lat.get("laal_words"), 2), "al_words": _fmt(lat.get("al_words"), 2),
@@ -189,14 +189,23 @@ def report_section(root: Path, paths: list[tuple[str, Any]]) -> list[dict[str, A
             "under_load": under_load_rows(a), "under_load_note": cfg.get("under_load"),
             "ran": {"variants": ", ".join(cfg.get("variants") or []), "presets": ", ".join(cfg.get("presets") or []),
                     "tails": ", ".join(cfg.get("tails") or ["gold"]),
-                    "streams": (f"{cfg['concurrency']} streams at once through one draft scheduler"
-                                if (cfg.get("concurrency") or 1) > 1 else "one stream at a time"),
+                    "streams": cfg.get("concurrent_streams") or (
+                        f"{cfg['concurrency']} streams at once through one draft scheduler"
+                        if (cfg.get("concurrency") or 1) > 1 else "one stream at a time"),
                     "limit": cfg.get("limit"), "max_source_words": cfg.get("max_source_words")},
+            "negative_whys": negative_whys(a),
             "checks": [("✓" if c.passed else "✗", c.name, c.detail) for c in a.checks],
             "comet": a.comet.get("system_score") if a.comet.get("status") == "ok" else
                      f"skipped: {a.comet.get('reason')}",
         })
     return sections
+
+
+def negative_whys(artifact) -> list[str]:
+    """Why a lag falls below 0, said once per artifact rather than once per figure; a reason that
+    another one extends (the long form's adds a clause) is left out."""
+    whys = {n.why for r in artifact.rows if r.role == "quality" for n in r.negative_latency}
+    return sorted(w for w in whys if not any(o != w and o.startswith(w) for o in whys))
 
 
 def under_load_rows(artifact) -> list[dict[str, str]]:
