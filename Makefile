@@ -8,14 +8,18 @@ EXTRAS ?= embedded,pipeline,dev,eval
 
 .PHONY: install pipeline test test-gpu
 
-# Last step: the unmodified WhisperLiveKit client, for the protocol tests and the smoke (its own
-# heavy ASR dependencies are not needed for the client module).
+# Last steps: the unmodified WhisperLiveKit client, for the protocol tests and the smoke (its own
+# heavy ASR dependencies are not needed for the client module); SimulEval 1.1.4, whose own
+# `--score-only` re-scores the eval's instance logs in a test: it pins tqdm==4.64.1 (alignatt needs
+# >=4.66), so it goes in without its pins, with what its scoring imports beside it.
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q '$(TORCH_SPEC)'
 	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
 	$(PY) -m pip install -q --no-deps whisperlivekit==0.2.26
+	$(PY) -m pip install -q pandas textgrid tornado soundfile
+	$(PY) -m pip install -q --no-deps simuleval==1.1.4
 	touch $@
 
 install: $(VENV)/.installed

@@ -1,7 +1,6 @@
 """The SimulEval instance logs beside the eval artifact, re-scored without our code: SimulEval's
-`--score-only` (when simuleval is importable: `pip install --no-deps simuleval==1.1.4` plus pandas,
-textgrid, tornado, soundfile; it cannot be a dependency, it pins tqdm==4.64.1 and alignatt needs
-tqdm>=4.66) and OmniSTEval's loader and scorers (always)."""
+`--score-only` (`make install` puts simuleval 1.1.4 in without its pins: it pins tqdm==4.64.1 and
+alignatt needs tqdm>=4.66) and OmniSTEval's loader and scorers."""
 
 from __future__ import annotations
 
