@@ -182,6 +182,7 @@ def report_section(root: Path, paths: list[tuple[str, Any]]) -> list[dict[str, A
                       for k, v in (cfg.get("tails") or {"gold": {"description": "tail = the gold source words"}}).items()},
             "uncertainty": cfg.get("uncertainty"),
             "talks": len(a.test_set.get("longform_ids", [])),
+            "target_units": target_units(a.test_set.get("direction") or ""),
             "wps": cfg.get("words_per_second"), "lag": cfg.get("commit_lag_seconds"),
             "presets": [(name, presets[name]) for name in ROW_PRESETS if name in presets],
             "points": [{k: (_fmt(v, 2) if isinstance(v, float) or v is None else v) for k, v in pt.items()}
@@ -199,6 +200,17 @@ def report_section(root: Path, paths: list[tuple[str, Any]]) -> list[dict[str, A
                      f"skipped: {a.comet.get('reason')}",
         })
     return sections
+
+
+def target_units(direction: str) -> str:
+    """How the target side is counted, as the scorers count it (`scoring.bleu_tokenizer`,
+    `emissions.CHAR_LANGS`)."""
+    from alignatt.evaluate.emissions import CHAR_LANGS
+    from alignatt.evaluate.scoring import bleu_tokenizer
+
+    lang = direction.rpartition("-")[2]
+    unit = "characters" if lang in CHAR_LANGS else "words"
+    return f"delays count target {unit}; BLEU tokenised by sacrebleu's {bleu_tokenizer(lang)}"
 
 
 def negative_whys(artifact) -> list[str]:

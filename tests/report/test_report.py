@@ -310,3 +310,11 @@ def test_an_eval_section_says_once_why_a_lag_falls_below_zero_and_counts_each_fi
     assert section["negative_whys"] == [long]  # the long-form reason extends the sentence one
     marked = [r["negatives"] for table in dict(section["presets"]).values() for r in table if r["negatives"]]
     assert sorted(marked) == ["al_words_read 3/7 (min -1.50), al_ms 1/7 (min -20.00)", "long_yaal 2/5 (min -4.00)"]
+
+
+@pytest.mark.parametrize("direction, unit, tokenizer", [("en-zh", "characters", "zh"), ("en-de", "words", "13a"),
+                                                        ("cs-en", "words", "13a")])
+def test_an_eval_section_says_how_its_target_side_is_counted(direction, unit, tokenizer):
+    from alignatt.evaluate.outputs import target_units
+
+    assert target_units(direction) == f"delays count target {unit}; BLEU tokenised by sacrebleu's {tokenizer}"
