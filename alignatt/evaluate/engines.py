@@ -15,7 +15,7 @@ from typing import Sequence
 
 from alignatt.core.draft import Head, Seam
 from alignatt.serve.config import DirectionRoute, SeamFactory
-from alignatt.serve.pool import gpu_memory_share
+from alignatt.serve.pool import shared_gpu_route
 from alignatt.serve.replicas import EngineSpec, ProcessBatchSeam, close_together, replica_devices, start_together
 
 
@@ -31,18 +31,11 @@ def check_engines(engines: int, concurrency: int, drivers: Sequence[str]) -> int
     return engines
 
 
-def engine_route(route: DirectionRoute, engines_on_gpu: int) -> DirectionRoute:
-    """The route one engine builds: vllm_capture on a GPU shared by several asks for its share."""
-    if route.seam != "vllm_capture":
-        return route
-    return route.model_copy(update={"seam_options": gpu_memory_share(route.seam_options, engines_on_gpu)})
-
-
 def engine_specs(factory: SeamFactory, route: DirectionRoute, heads: list[Head], count: int) -> list[EngineSpec]:
     """What each of `count` engine processes builds: all may share one GPU (cuda route), or run
     unpinned (cpu route). Raises AlignattError for a device that cannot be dealt (cuda:0)."""
     devices = replica_devices(route, count, per_gpu=count)
-    return [EngineSpec(factory, engine_route(route, devices.count(d) if d is not None else 1), heads, d)
+    return [EngineSpec(factory, shared_gpu_route(route, devices.count(d) if d is not None else 1), heads, d)
             for d in devices]
 
 

@@ -46,14 +46,14 @@ SERVED_VLLM_OPTIONS = {"enable_prefix_caching": True, "max_num_seqs": 128, "vllm
 GPU_MEMORY_SHARED = 0.9
 
 
-def gpu_memory_share(seam_options: dict, engines_on_gpu: int) -> dict:
-    """vllm_capture's seam options for one of `engines_on_gpu` engines on a GPU: it asks for its
-    share of the memory, unless the options say how much."""
-    if engines_on_gpu <= 1:
-        return seam_options
-    kwargs = dict(seam_options.get("engine_kwargs") or {})
+def shared_gpu_route(route: DirectionRoute, engines_on_gpu: int) -> DirectionRoute:
+    """The route one of `engines_on_gpu` engines on one GPU builds: vllm_capture asks for its share
+    of the memory, unless the route's engine options say how much."""
+    if route.seam != "vllm_capture" or engines_on_gpu <= 1:
+        return route
+    kwargs = dict(route.seam_options.get("engine_kwargs") or {})
     kwargs.setdefault("gpu_memory_utilization", round(GPU_MEMORY_SHARED / engines_on_gpu, 3))
-    return {**seam_options, "engine_kwargs": kwargs}
+    return route.model_copy(update={"seam_options": {**route.seam_options, "engine_kwargs": kwargs}})
 
 
 def served_route(route: DirectionRoute, engines_on_gpu: int = 1) -> DirectionRoute:
@@ -61,8 +61,8 @@ def served_route(route: DirectionRoute, engines_on_gpu: int = 1) -> DirectionRou
     with several engines on one GPU, each asks for its share of the memory unless the route says)."""
     if route.seam != "vllm_capture":
         return route
-    options = gpu_memory_share({**SERVED_VLLM_OPTIONS, **route.seam_options}, engines_on_gpu)
-    return route.model_copy(update={"seam_options": options})
+    served = route.model_copy(update={"seam_options": {**SERVED_VLLM_OPTIONS, **route.seam_options}})
+    return shared_gpu_route(served, engines_on_gpu)
 
 
 class Engine:
