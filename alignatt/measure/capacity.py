@@ -22,6 +22,7 @@ import csv
 import json
 import re
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,6 +33,7 @@ from alignatt.core.draft import acceptance_level
 from alignatt.core.errors import AlignattError
 from alignatt.models.presets import preset_for
 from alignatt.replay.speakers import SpeakerPlan, run_speakers
+from alignatt.measure.gpu_busy import GpuBusy, route_gpu
 from alignatt.measure.smoke import ServedModelOptions
 from alignatt.measure.capacity_levels import (LAG_GROWTH_S, configuration_difference, level_line, signature,
                                               summarise_level)
@@ -192,7 +194,8 @@ def run_configuration(options: LoadOptions, mode: str | None, seam_factory=None)
             accepted_before = totals() if callable(totals) else None
             server_before = handle.call(lambda: {"coalesced": handle.server.stats.coalesced})
             _reset_gpu_peak()
-            runs, wall = run_speakers(plan, n, options.clients, options.speakers_per_process)
+            with GpuBusy(route_gpu(route.device)) if route.device.startswith("cuda") else nullcontext() as busy:
+                runs, wall = run_speakers(plan, n, options.clients, options.speakers_per_process)
             memory = _gpu_memory()
             if in_children:  # engines in processes of their own: none of their memory is this process's
                 memory = (None, memory[1])
@@ -201,6 +204,7 @@ def run_configuration(options: LoadOptions, mode: str | None, seam_factory=None)
             delta = {k: server_after[k] - server_before[k] for k in server_after}
             level = summarise_level(n, runs, streams, wall, before, after, delta, memory, alone)
             level["vllm_mode"] = mode
+            level["gpu_busy_share"] = busy.share() if busy is not None else None
             if accepted_before is not None:
                 level["verification"] = acceptance_level(accepted_before, totals())
             if n == 1:

@@ -164,4 +164,5 @@ def level_line(level: dict) -> str:
             f"{level['lag_s_max']} s ({'growing' if level['lag_grows'] else 'not growing'}), retractions "
             f"{level['retractions']}, finals {level['finals_delivered']}/{level['finals_expected']}"
             f"{' in order' if level['finals_in_order'] else ' NOT all in order'}, errors {level['error_frames']}, "
-            f"batch sizes {level['engine_batch_sizes']}")
+            f"batch sizes {level['engine_batch_sizes']}"
+            + (f", GPU busy {level['gpu_busy_share']:.0%}" if level.get("gpu_busy_share") is not None else ""))

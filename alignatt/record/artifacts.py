@@ -258,6 +258,7 @@ class LoadLevel(_Strict):
     decisions_differing_from_alone: int | None = None  # updates whose path or released text differs
     vllm_mode: str | None = None  # the configuration (vllm_capture's mode) this level ran on
     engines: list[LoadEngine] = Field(default_factory=list)  # per engine; empty in artifacts that predate the field (they still validate)
+    gpu_busy_share: float | None = None  # the GPU's mean utilization over the level (a kernel running); None: not sampled
     verification: LoadVerification | None = None  # None: the seam does not count it, or the artifact predates the field
     # One speaker alone on a later configuration of the run (verification on, say) against the first
     # (off): updates matched by seq, and how many differ in committed text, and in path or released text.

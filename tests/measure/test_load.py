@@ -72,7 +72,7 @@ def test_load_levels_through_the_server_with_a_batching_seam(tmp_path, short_str
         assert lv.finals_in_order
         assert lv.partial_rtt_ms_p50 is not None and lv.partial_rtt_ms_p99 >= lv.partial_rtt_ms_p50
         assert lv.engine_steps > 0 and sum(lv.engine_batch_sizes.values()) == lv.engine_steps
-        assert lv.peak_gpu_memory_mib is None  # no GPU here
+        assert lv.peak_gpu_memory_mib is None and lv.gpu_busy_share is None  # no GPU here: nothing sampled
         (engine,) = lv.engines  # the stand-in's step sleeps 2 ms: wall, not CPU
         assert engine.step_ms_mean >= 2.0 and engine.step_cpu_ms_mean < engine.step_ms_mean
     assert one.texts_differing_from_alone is None  # nothing to compare the alone run with

@@ -318,3 +318,16 @@ def test_an_eval_section_says_how_its_target_side_is_counted(direction, unit, to
     from alignatt.evaluate.outputs import target_units
 
     assert target_units(direction) == f"delays count target {unit}; BLEU tokenised by sacrebleu's {tokenizer}"
+
+
+def test_the_capacity_table_shows_how_busy_the_gpu_was_where_it_was_sampled():
+    from alignatt.report.capacity import capacity_rows
+    from alignatt.report.inputs import ReportInputs
+
+    load = load_artifact(ROOT / "outputs" / "h200" / "load.json")
+    first, *rest = load.levels
+    sampled = load.model_copy(update={"levels": [first.model_copy(update={"gpu_busy_share": 0.634}), *rest]})
+    inputs = ReportInputs(root=ROOT, params={}, published=[], runs={}, smokes=[], envs=[], measurements=[],
+                          by_kind={"load": [("outputs/h200/load.json", sampled)]})
+    rows = capacity_rows(inputs)
+    assert [r["gpu_busy"] for r in rows] == ["63%"] + ["—"] * len(rest)
