@@ -14,10 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from alignatt.evaluate.replay import ReplayStep
+from alignatt.evaluate.units import CHAR_LANGS
 from alignatt.record.events import ReplayEvent
 from alignatt.replay.events import count_retractions
-
-CHAR_LANGS = ("zh", "ja")
 
 
 def units(text: str, target_lang: str) -> list[str]:

@@ -34,8 +34,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from alignatt.evaluate.emissions import CHAR_LANGS, join_units
-from alignatt.evaluate.scoring import bleu_tokenizer
+from alignatt.evaluate.emissions import join_units
+from alignatt.evaluate.units import CHAR_LANGS, bleu_tokenizer
 
 INDEX = "index.jsonl"  # not .json: the audit reads every *.json under outputs/ as an artifact
 

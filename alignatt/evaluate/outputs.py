@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from alignatt.core.policy import PRESET_NAMES
+from alignatt.evaluate.units import target_units
 
 OFFLINE = "offline"  # the baseline row: the whole source at once, as its preset and its driver
 ROW_PRESETS = (*PRESET_NAMES, OFFLINE)
@@ -200,17 +201,6 @@ def report_section(root: Path, paths: list[tuple[str, Any]]) -> list[dict[str, A
                      f"skipped: {a.comet.get('reason')}",
         })
     return sections
-
-
-def target_units(direction: str) -> str:
-    """How the target side is counted, as the scorers count it (`scoring.bleu_tokenizer`,
-    `emissions.CHAR_LANGS`)."""
-    from alignatt.evaluate.emissions import CHAR_LANGS
-    from alignatt.evaluate.scoring import bleu_tokenizer
-
-    lang = direction.rpartition("-")[2]
-    unit = "characters" if lang in CHAR_LANGS else "words"
-    return f"delays count target {unit}; BLEU tokenised by sacrebleu's {bleu_tokenizer(lang)}"
 
 
 def negative_whys(artifact) -> list[str]:

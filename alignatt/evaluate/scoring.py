@@ -12,13 +12,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from alignatt.evaluate.emissions import CHAR_LANGS, Emission
+from alignatt.evaluate.emissions import Emission
+from alignatt.evaluate.units import CHAR_LANGS, bleu_tokenizer
 
 log = logging.getLogger(__name__)
-
-
-def bleu_tokenizer(target_lang: str) -> str:
-    return {"zh": "zh", "ja": "ja-mecab"}.get(target_lang, "13a")
 
 
 def quality(hypotheses: list[str], references: list[str], target_lang: str) -> dict[str, float]:

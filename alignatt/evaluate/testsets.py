@@ -20,7 +20,7 @@ the first N pairs of `word_alignments_<dir>.json`, none skipped), so file positi
 calibrate and N..end test: en-it 0-99 / 100-906 (807 pairs), en-zh 0-149 / 150-879 (730),
 cs-en 0-99 / 100-511 (412). The splits ship as `alignatt/data/eval/<dir>.test.jsonl` (each line
 keeps its file `position`). zh targets are scored in characters (BLEU tokenize zh, latency
-units = characters: `alignatt.evaluate.emissions.CHAR_LANGS`).
+units = characters: `alignatt.evaluate.units.CHAR_LANGS`).
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ TEST_NAMES = {"ar": "paired approximate randomization (sacrebleu)", "bs": "paire
 def _metrics(target_lang: str):
     from sacrebleu.metrics import BLEU, CHRF
 
-    from alignatt.evaluate.scoring import bleu_tokenizer
+    from alignatt.evaluate.units import bleu_tokenizer
 
     return {"bleu": _python_float_scores(BLEU(tokenize=bleu_tokenizer(target_lang))),
             "chrf": _python_float_scores(CHRF())}
