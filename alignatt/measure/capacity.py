@@ -194,7 +194,8 @@ def run_configuration(options: LoadOptions, mode: str | None, seam_factory=None)
             accepted_before = totals() if callable(totals) else None
             server_before = handle.call(lambda: {"coalesced": handle.server.stats.coalesced})
             _reset_gpu_peak()
-            with GpuBusy(route_gpu(route.device)) if route.device.startswith("cuda") else nullcontext() as busy:
+            gpu = route_gpu(route.device)
+            with GpuBusy(gpu) if gpu is not None else nullcontext() as busy:
                 runs, wall = run_speakers(plan, n, options.clients, options.speakers_per_process)
             memory = _gpu_memory()
             if in_children:  # engines in processes of their own: none of their memory is this process's

@@ -8,7 +8,6 @@ One long-lived reader rather than a query per sample: the engine it watches is h
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import threading
 from typing import Optional, Sequence
@@ -35,13 +34,11 @@ class GpuBusy:
         self._reader: Optional[threading.Thread] = None
 
     def __enter__(self) -> "GpuBusy":
-        if shutil.which(self.command[0]) is None:
-            return self
         try:
             self._process = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                              text=True)
         except OSError:
-            return self  # not runnable here (permissions, no driver): nothing sampled
+            return self  # no such reader here (a CPU host), or not runnable: nothing sampled
         self._reader = threading.Thread(target=self._read, name="gpu-busy", daemon=True)
         self._reader.start()
         return self
@@ -76,7 +73,9 @@ class GpuBusy:
         return round(sum(self.samples) / len(self.samples) / 100.0, 4)
 
 
-def route_gpu(device: str) -> int:
-    """The GPU index a route's device names (`cuda` is the first one); CPU routes have none."""
-    _, _, index = device.partition(":")
+def route_gpu(device: str) -> Optional[int]:
+    """The GPU index a route's device names (`cuda` is the first one); None for a CPU route."""
+    kind, _, index = device.partition(":")
+    if kind != "cuda":
+        return None
     return int(index) if index else 0

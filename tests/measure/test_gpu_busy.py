@@ -52,7 +52,7 @@ def test_a_reader_that_exits_at_once_gives_no_share():
 
 
 def test_the_default_reader_streams_the_routes_gpu():
-    assert route_gpu("cuda") == 0 and route_gpu("cuda:3") == 3
+    assert route_gpu("cuda") == 0 and route_gpu("cuda:3") == 3 and route_gpu("cpu") is None
     command = nvidia_smi_command(route_gpu("cuda:1"))
     assert command[0] == "nvidia-smi" and "--id=1" in command and "--query-gpu=utilization.gpu" in command
     assert GpuBusy(gpu=2).command == nvidia_smi_command(2)
