@@ -176,7 +176,7 @@ def heads_calibrate(
 def _server_config(
     config: str | None, host: str, port: int, model: str, seam: str, preset: str, direction: str,
     heads: str | None, top_k: int, device: str, dtype: str | None, max_sessions: int,
-    max_utterance_words: int, vllm_mode: str | None, engines: str,
+    max_utterance_words: int, vllm_mode: str | None, engines: str, settle_buffer_tokens: int | None = None,
 ):
     from alignatt.serve.config import server_config
 
@@ -184,7 +184,7 @@ def _server_config(
         config_path=config, host=host, port=port, model=model, seam=seam, preset=preset,
         direction=direction, heads=heads, top_k=top_k, device=device, dtype=dtype,
         max_sessions=max_sessions, max_utterance_words=max_utterance_words, vllm_mode=vllm_mode,
-        engines=engines,
+        engines=engines, settle_buffer_tokens=settle_buffer_tokens,
     )
 
 
@@ -205,6 +205,9 @@ def serve_cmd(
     vllm_mode: str = VLLM_MODE,
     engines: str = typer.Option("auto", help="engines per route: auto (one process per visible GPU with "
                                              "--device cuda, else 1) or a number (more than 1: a process each)"),
+    settle_buffer_tokens: int = typer.Option(
+        None, min=0, help="stop a partial draft once the policy's answer is known, N tokens past its first held "
+                          "token (the shown buffer); unset: draft the whole 16 tokens (docs/batching.md)"),
     config: str = typer.Option(None, help="ServerConfig JSON (several directions); replaces the options above"),
 ) -> None:
     """Run the MT server (WhisperLiveKit `alignatt` protocol v1) until interrupted."""
@@ -214,7 +217,7 @@ def serve_cmd(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cfg = _server_config(config, host, port, model, seam, preset, direction, heads, top_k,
-                         device, dtype, max_sessions, max_utterance_words, vllm_mode, engines)
+                         device, dtype, max_sessions, max_utterance_words, vllm_mode, engines, settle_buffer_tokens)
     typer.echo(f"loading {', '.join(f'{d}: {r.model}/{r.seam}' for d, r in cfg.directions.items())} ...")
     serve(cfg, on_ready=lambda s: typer.echo(
         f"alignatt-mt-server listening on ws://{cfg.host}:{s.port} (preset {cfg.default_preset})"))

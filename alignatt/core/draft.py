@@ -48,6 +48,24 @@ class DraftProposal:
             raise ValueError("an empty proposal: give no proposal instead")
 
 
+@dataclass(frozen=True)
+class SettleRule:
+    """Stop drafting once the policy's answer is known (`alignatt.core.settle`).
+
+    The attention scan's settings (`PolicyConfig.border_words`, `max_context_share`) at the
+    request's frontier, and how many tokens past the first held one to draft for the client's
+    buffer. A seam may stop as soon as its draft holds them; whoever applies the draft cuts it
+    to the same length, so every seam shows the same text."""
+
+    border_words: int
+    max_context_share: float
+    buffer_tokens: int
+
+    def __post_init__(self) -> None:
+        if self.buffer_tokens < 0:
+            raise ValueError("buffer_tokens must be >= 0")
+
+
 @dataclass
 class DraftRequest:
     """One draft: the whole known source (committed words first, then the unstable tail)."""
@@ -65,6 +83,7 @@ class DraftRequest:
     proposal: DraftProposal | None = None  # the previous draft's tokens to verify (None: from scratch)
     # An utterance's closing draft: a scheduler runs it in order and never supersedes it. Seams ignore it.
     final: bool = False
+    settle: SettleRule | None = None  # stop once the policy's answer is known (None: max_new_tokens)
 
     def __post_init__(self) -> None:
         if not self.source_words or not any(w.strip() for w in self.source_words):
@@ -75,6 +94,8 @@ class DraftRequest:
             )
         if self.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
+        if self.settle is not None and self.final:
+            raise ValueError("a final is never settled early: it runs to its end")
         if self.proposal is not None and self.proposal.target_prefix != self.target_prefix:
             raise ValueError("the proposal continues another target prefix than this request's")
 
@@ -208,7 +229,7 @@ class Draft:
     source_token_positions: list[int]  # absolute prompt positions of the source tokens, ascending
     source_word_of_token: list[int]  # for each source token, the index of its source word
     tokens: list[TokenCapture]
-    stop_reason: str  # "eos" | "max_new_tokens"
+    stop_reason: str  # "eos" | "max_new_tokens" | "settled" (cut once the policy's answer was known)
     timings: Timings = field(default_factory=Timings)
     seam: str = ""
     acceptance: Acceptance = field(default_factory=Acceptance)

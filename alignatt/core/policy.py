@@ -142,6 +142,32 @@ def target_units(text: str, target_lang: str = "") -> int:
     return units
 
 
+def scan_stop(aligned: list[int], context_share: np.ndarray, committed_words: int,
+              config: PolicyConfig) -> tuple[int, str] | None:
+    """The attention scan: the first token aligned to the unstable tail or the border, or leaking
+    context, and why (None: every token passed). A token's verdict depends on that token alone,
+    so the scan of a draft's first k tokens is the scan of the whole draft wherever it stops
+    within them (what lets a seam stop drafting once the answer is known: `core/settle.py`)."""
+    trusted = committed_words - config.border_words  # words [0, trusted) are safe to follow
+    for i, w in enumerate(aligned):
+        if context_share[i] > config.max_context_share:
+            return i, CONTEXT_LEAK
+        if w >= committed_words:
+            return i, UNSTABLE_TAIL
+        if w >= trusted:
+            return i, SOURCE_FRONTIER
+    return None
+
+
+def context_share(draft: Draft, committed_words: int) -> np.ndarray:
+    """[T] each token's context mass / (source + context mass): the `max_context_share` test."""
+    n = len(draft.tokens)
+    masses = draft.mass_split(committed_words)
+    context = draft.block_mass("context")
+    source_mass = masses[:, 0] + masses[:, 1] if n else np.zeros(0)
+    return np.divide(context, source_mass + context, out=np.zeros(n), where=(source_mass + context) > 0)
+
+
 def decide(
     draft: Draft, committed_words: int, config: PolicyConfig | None = None, final: bool = False
 ) -> PolicyResult:
@@ -154,8 +180,7 @@ def decide(
     aligned = [int(w) for w in draft.aligned_words()]
     masses = draft.mass_split(committed_words)
     context, history = draft.block_mass("context"), draft.block_mass("history")
-    source_mass = masses[:, 0] + masses[:, 1] if n else np.zeros(0)
-    share = np.divide(context, source_mass + context, out=np.zeros(n), where=(source_mass + context) > 0)
+    share = context_share(draft, committed_words)
     lang = draft.request.target_lang
 
     # 1. Attention scan: first token looking at the tail or the border stops emission.
@@ -164,19 +189,11 @@ def decide(
     if final:
         reasons = [FINAL] * n
     else:
-        trusted = committed_words - config.border_words  # words [0, trusted) are safe to follow
-        for i, w in enumerate(aligned):
-            if share[i] > config.max_context_share:
-                reasons[i] = CONTEXT_LEAK
-            elif w >= committed_words:
-                reasons[i] = UNSTABLE_TAIL
-            elif w >= trusted:
-                reasons[i] = SOURCE_FRONTIER
-            else:
-                continue
-            passed = i
-            reasons[i + 1 :] = [AFTER_STOP] * (n - i - 1)
-            break
+        stop = scan_stop(aligned, share, committed_words, config)
+        if stop is not None:
+            passed, why = stop
+            reasons[passed] = why
+            reasons[passed + 1 :] = [AFTER_STOP] * (n - passed - 1)
 
     cut = passed
     if not final:

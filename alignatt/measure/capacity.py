@@ -51,6 +51,9 @@ CONFIGURATION_FLAGS: dict[str, dict[str, Any]] = {"batch_invariant": {"batch_inv
 # interpreter lock of the event loop and the sessions' policy (docs/batching.md).
 ENGINES_FLAG = re.compile(r"engines([1-9][0-9]*)")
 OWN_PROCESS_FLAG = "process"
+# `fullgraph+settle4`: every session stops a partial draft once the policy's answer is known, 4 tokens
+# past its first held token (ServerConfig.settle_buffer_tokens, core/settle.py).
+SETTLE_FLAG = re.compile(r"settle([0-9]+)")
 
 
 def _int_list(value: Any) -> list[int]:
@@ -177,7 +180,8 @@ def run_configuration(options: LoadOptions, mode: str | None, seam_factory=None)
     config = ServerConfig(host="127.0.0.1", port=0, default_preset=preset, directions={"en-de": route},
                           limits=ServerLimits(max_sessions=max(options.speakers)),
                           engines=shared_gpu or options.engines,
-                          replicas=ReplicaConfig(engines_per_gpu=shared_gpu or 1, own_process=own_process))
+                          replicas=ReplicaConfig(engines_per_gpu=shared_gpu or 1, own_process=own_process),
+                          settle_buffer_tokens=configuration_settle(mode))
     levels: list[dict] = []
     alone: dict[str, dict[int, tuple]] = {}
     with ServerThread(config, seam_factory) as handle:
@@ -256,7 +260,7 @@ def parse_configuration(label: str | None) -> tuple[str | None, dict[str, Any]]:
     unknown = [f for f in flags if f not in CONFIGURATION_FLAGS]
     if unknown:
         raise AlignattError(f"unknown configuration flag {unknown[0]!r} in {label!r}: use "
-                            f"{', '.join(CONFIGURATION_FLAGS)}, {OWN_PROCESS_FLAG} or engines<N>")
+                            f"{', '.join(CONFIGURATION_FLAGS)}, {OWN_PROCESS_FLAG}, engines<N> or settle<N>")
     return mode, {k: v for f in flags for k, v in CONFIGURATION_FLAGS[f].items()}
 
 
@@ -266,7 +270,7 @@ def _flags(label: str | None) -> list[str]:
 
 
 def _server_flag(flag: str) -> bool:
-    return flag == OWN_PROCESS_FLAG or ENGINES_FLAG.fullmatch(flag) is not None
+    return flag == OWN_PROCESS_FLAG or any(f.fullmatch(flag) for f in (ENGINES_FLAG, SETTLE_FLAG))
 
 
 def _one_plain_engine(label: str | None) -> str | None:
@@ -285,12 +289,21 @@ def configuration_engines(label: str | None) -> int | None:
     return counts[0] if counts else None
 
 
+def configuration_settle(label: str | None) -> int | None:
+    """The buffer tokens of a configuration label's `settle<N>` flag (None: drafts run to max_new_tokens)."""
+    counts = [int(m.group(1)) for flag in _flags(label) if (m := SETTLE_FLAG.fullmatch(flag))]
+    if len(counts) > 1:
+        raise AlignattError(f"configuration {label!r} names more than one settle<N> flag")
+    return counts[0] if counts else None
+
+
 def vllm_modes(options: LoadOptions) -> list[str | None]:
     """The configurations of the run: each comma-separated label (None: the seam's default)."""
     modes = [m.strip() for m in (options.vllm_mode or "").split(",") if m.strip()] or [None]
     for label in modes:
         parse_configuration(label)
         configuration_engines(label)
+        configuration_settle(label)
     if len(modes) > 1 and options.seam != VLLM_CAPTURE:
         raise AlignattError("several vllm modes need the vllm_capture seam")
     return modes

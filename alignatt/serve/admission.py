@@ -179,7 +179,7 @@ async def _open(host: ConnectionHost, frame: InitFrame, routes: Routes, directio
             await loop.run_in_executor(engine.tokenizing, budget.check_init, frame.accepted_target_prefix,
                                        history, context, source_lang, primary)
         config = SessionConfig(policy=policy, max_new_tokens=preset.max_new_tokens, limits=host.config.limits,
-                               context=host.config.context)
+                               context=host.config.context, settle_buffer_tokens=host.config.settle_buffer_tokens)
         sessions: dict[str, Session] = {}
         described = []
         for key, (target, (d, r)) in zip(keys, routes.items()):

@@ -162,6 +162,9 @@ class ServerConfig(BaseModel):
                                                    "cuda route, else 1")
     replicas: ReplicaConfig = Field(default_factory=ReplicaConfig, description="engine processes: hung-engine "
                                                                           "deadline, engines per GPU")
+    settle_buffer_tokens: int | None = Field(
+        None, ge=0, description="every session's SessionConfig.settle_buffer_tokens: stop a partial draft once "
+                                "the policy's answer is known, N tokens past its first held token (None: never)")
 
     @field_validator("engines")
     @classmethod
@@ -187,6 +190,7 @@ def server_config(
     max_utterance_words: int = 80,
     vllm_mode: str | None = None,
     engines: EngineCount | str = "auto",
+    settle_buffer_tokens: int | None = None,
 ) -> ServerConfig:
     """A ServerConfig from a JSON file, or from one direction's options (the CLI's)."""
     from pathlib import Path
@@ -211,6 +215,7 @@ def server_config(
                 directions={direction.strip().lower(): route},
                 limits=ServerLimits(max_sessions=max_sessions, max_utterance_words=max_utterance_words),
                 engines=engines,
+                settle_buffer_tokens=settle_buffer_tokens,
             )
     except ValidationError as e:
         first = e.errors()[0]

@@ -36,6 +36,7 @@ from alignatt.core.policy import (
     AFTER_STOP, CONTEXT_LEAK, SOURCE_FRONTIER, UNSTABLE_TAIL, PolicyConfig, PolicyResult, decide,
 )
 from alignatt.core.prompt import ContextConfig, recent_history
+from alignatt.core.settle import cut, passes_end, rule_for
 from alignatt.serve.budget import PromptBudget
 from alignatt.serve.limits import BudgetExceeded, SessionLimits, UpdateRejected  # noqa: F401 - their home is limits
 
@@ -65,6 +66,9 @@ class SessionConfig(BaseModel):
     verify_drafts: bool = Field(
         True, description="propose the last draft's unaccepted tokens for the seam to verify (verify, then extend)"
     )
+    settle_buffer_tokens: int | None = Field(
+        None, ge=0, description="stop a partial draft once the policy's answer is known, this many tokens past its "
+                                "first held token (the client's buffer); None: draft max_new_tokens (core/settle.py)")
 
 
 # Characters never emitted: C0/C1 controls (category Cc) other than newline, and the bidi
@@ -242,8 +246,8 @@ class Session:
         frontier = u.result.committed_words if u.result else d.request.committed_words
         if len(words) == frontier:
             return UNCHANGED
-        if len(words) > frontier:
-            return FAST_PATH
+        if len(words) > frontier and not passes_end(d, len(words)):
+            return FAST_PATH  # (a settled draft re-judged past its end would release less: draft again)
         return None
 
     def plan(self, update: SourceUpdate) -> DraftRequest | None:
@@ -333,6 +337,7 @@ class Session:
             if delta:
                 self.fast_path_releases += 1
         else:
+            draft = cut(draft)  # a seam that drafted past the settled answer: the same draft as one that stopped
             result = decide(draft, len(words), self.config.policy)
             u.draft, u.draft_emitted, u.draft_stale = draft, 0, False
             delta = self._release(u, result)
@@ -418,6 +423,7 @@ class Session:
             history=recent_history(history, self.config.context),
             proposal=proposal,
             final=final,
+            settle=None if final else rule_for(self.config.policy, self.config.settle_buffer_tokens),
         )
         return request if self.budget is None else self.budget.fit(request)
 

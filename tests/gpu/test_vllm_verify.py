@@ -79,3 +79,23 @@ def test_verification_off_drafts_from_scratch(workdir):
     for i, t_s, r_s, t_v, r_v, acc, acc_s in pairs(result, "whole"):
         assert np.array_equal(t_s, t_v) and np.array_equal(r_s, r_v)  # the proposal is ignored: same engine path
         assert int(acc[0]) == 0 and int(acc[3]) == int(acc_s[3])  # nothing proposed to the engine
+
+
+@pytest.mark.parametrize("mode,verify", [("eager", True), ("fullgraph", True), ("fullgraph", False)])
+def test_a_settled_draft_is_the_whole_draft_cut_at_its_answer(workdir, mode, verify):
+    """Stopped in the engine at the first held token plus the buffer: the same tokens as the whole
+    draft cut there, rows within the fp32 bound, and fewer forward steps than the whole draft."""
+    result = run(workdir, mode, verify)
+    n = sum(1 for k in result if k.startswith("settled_") and k.endswith("_tokens"))
+    stopped = 0
+    for i in range(n):
+        expected, settled = result[f"expected_{i}_tokens"], result[f"settled_{i}_tokens"]
+        assert np.array_equal(settled, expected), i
+        assert str(result[f"settled_{i}_stop"]) == str(result[f"expected_{i}_stop"]), i
+        rows_e, rows_s = result[f"expected_{i}_rows"], result[f"settled_{i}_rows"]
+        assert float(np.abs(rows_e - rows_s).max()) <= ROW_TOL, i
+        if str(result[f"settled_{i}_stop"]) == "settled":
+            assert len(settled) == 3
+            assert int(result[f"settled_{i}_acceptance"][3]) < int(result[f"whole_{i}_acceptance"][3])
+            stopped += 1
+    assert n >= 3 and stopped >= 1

@@ -2,8 +2,10 @@
 
 Drafts a growing utterance one update at a time from scratch, then again with proposals: the
 from-scratch draft itself (whole acceptance), it with a wrong first token (rejection at once), with
-a wrong third token (partial), and the previous update's draft (what a session proposes). Writes
-every draft's tokens, rows and acceptance figures to an .npz.
+a wrong third token (partial), and the previous update's draft (what a session proposes). Then
+each update whole and settled (stopped in the engine once the policy's answer is known), with the
+whole draft cut by `core.settle.cut` as the reference. Writes every draft's tokens, rows and
+acceptance figures to an .npz.
 
 `python -m tests.gpu.verify_worker SPEC.json OUT.npz`; SPEC: checkpoint, dtype, mode, heads,
 tokens, kv_cache_memory_gib, verify.
@@ -22,7 +24,8 @@ from tests.gpu.batching_worker import open_seam, requests
 
 
 def main(spec_path: str, out_path: str) -> int:
-    from alignatt.core.draft import DraftProposal
+    from alignatt.core.draft import DraftProposal, SettleRule
+    from alignatt.core.settle import cut
 
     spec = json.loads(Path(spec_path).read_text())
     seam = open_seam(spec, verify=spec["verify"])
@@ -30,7 +33,7 @@ def main(spec_path: str, out_path: str) -> int:
 
     def keep(name: str, d) -> None:
         out[f"{name}_tokens"] = np.asarray([t.token_id for t in d.tokens])
-        out[f"{name}_rows"] = np.stack([t.rows for t in d.tokens])
+        out[f"{name}_rows"] = np.stack([t.rows for t in d.tokens]) if d.tokens else np.zeros((0, 0, 0))
         a = d.acceptance
         out[f"{name}_acceptance"] = np.asarray([a.proposed, a.accepted, a.decoded, a.forward_steps])
 
@@ -49,6 +52,20 @@ def main(spec_path: str, out_path: str) -> int:
                 keep(f"{kind}_{i}", seam.draft(replace(r, proposal=DraftProposal(tuple(p), r.target_prefix))))
             previous = ids
         out["totals"] = np.asarray(json.dumps(seam.acceptance_totals()))
+        # Settled drafts (request.settle): stop at the first held token plus 2 of buffer. A border as
+        # wide as the committed source holds every token, so each draft settles at 3 tokens; drafts
+        # end at EOS here as served ones do (not fixed-length), and the whole draft is the reference.
+        seam.fixed_length = False
+        for i, r in enumerate(requests(spec["tokens"])):
+            rule = SettleRule(border_words=r.committed_words, max_context_share=1.0, buffer_tokens=2)
+            whole = seam.draft(r)
+            expected = cut(replace(whole, request=replace(whole.request, settle=rule)))
+            settled = seam.draft(replace(r, settle=rule))
+            keep(f"whole_{i}", whole)
+            keep(f"expected_{i}", expected)
+            keep(f"settled_{i}", settled)
+            out[f"settled_{i}_stop"] = np.asarray(settled.stop_reason)
+            out[f"expected_{i}_stop"] = np.asarray(expected.stop_reason)
     finally:
         seam.close()
     np.savez(out_path, **out)

@@ -426,6 +426,22 @@ def test_a_configuration_label_names_at_most_one_engine_count():
         configuration_engines("fullgraph+engines2+engines3")
 
 
+def test_a_settle_flag_gives_every_session_of_its_configuration_the_buffer(short_stream):
+    from alignatt.measure.capacity import configuration_settle, parse_configuration
+
+    assert parse_configuration("fullgraph+settle4+process") == ("fullgraph", {})
+    assert configuration_settle("fullgraph+settle4") == 4 and configuration_settle("fullgraph+verify") is None
+    with pytest.raises(AlignattError, match="more than one settle"):
+        configuration_settle("fullgraph+settle1+settle2")
+    seam = StandInBatchSeam(max_batch=8)
+    options = LoadOptions(seam="vllm_capture", vllm_mode="fullgraph+settle2", speakers="1", streams=[short_stream],
+                          speed=3.0, stagger_s=0.0, capture_cost="off")
+    run_load(options, None, seam_factory=lambda route, heads: seam)
+    partials = [r for _, r in seam.submitted if not r.final]
+    assert partials and all(r.settle is not None and r.settle.buffer_tokens == 2 for r in partials)
+    assert all(r.settle is None for _, r in seam.submitted if r.final)
+
+
 def test_the_configuration_difference_counts_texts_and_decisions_by_stream_and_seq():
     from alignatt.measure.capacity_levels import configuration_difference
 

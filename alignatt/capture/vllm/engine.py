@@ -73,6 +73,8 @@ class VllmEngineConfig(BaseModel):
     verify: bool = Field(False, description="verify each request's proposal (the session's previous draft) with "
                                             "vLLM's speculative decoding; off: no speculative config at all")
     verify_tokens: int = Field(15, ge=1, description="draft tokens one verifying step scores per request")
+    settle_every: int = Field(3, ge=1, description="tokens between two reads of a settling draft's rows so far "
+                                                   "(request.settle: stop once the policy's answer is known)")
     capture: bool = True
     capture_output: bool = False
     device: str = "cuda"

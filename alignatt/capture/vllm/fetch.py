@@ -62,6 +62,11 @@ class DraftState:
     cached_tokens: Optional[int] = None  # prompt tokens vLLM's prefix cache served (None: not reported)
     proposal: tuple[int, ...] = ()  # the tokens the engine was asked to verify (verify on)
     step_tokens: list[int] = field(default_factory=list)  # new tokens each of its steps delivered
+    # Settling (request.settle): the token count of the next check of its rows so far, and the length
+    # that holds the policy's answer once a check found its first held token (None: not yet).
+    check_at: Optional[int] = None
+    settle_length: Optional[int] = None
+    settled: bool = False  # stopped in the engine at settle_length
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,13 @@ class EngineView:
             layers[layer] = LayerSource(hooks.caches[layer], hooks.attn[layer].kv_cache, table.block_size,
                                         table.blocks_per_kv_block, group)
         return cls(layers, hooks.block_ids)
+
+    def peek_blocks(self, request_id: str) -> Any:
+        """A running request's block ids, left in place (its rows so far, for a settle check)."""
+        blocks = self.block_ids.get(request_id)
+        if blocks is None:
+            raise RuntimeError(f"alignatt: no block table was recorded for request {request_id}")
+        return blocks
 
     def take_blocks(self, request_id: str) -> Any:
         blocks = self.block_ids.pop(request_id, None)
@@ -223,14 +235,16 @@ class BatchFetcher:
             return [], FetchTimings(0.0, 0.0)
         return self.enqueue(items).result()
 
-    def enqueue(self, items: Sequence[FetchItem]) -> PendingFetch:
+    def enqueue(self, items: Sequence[FetchItem], running: bool = False) -> PendingFetch:
         """Queue the fetch of every request in `items` on the current stream; nothing waits.
 
         Must run before the next engine step (that step may reuse the requests' blocks; being
-        queued first, the gathers read them before it writes). The result can be read later."""
+        queued first, the gathers read them before it writes). The result can be read later.
+        `running`: the requests are still drafting (their rows so far): their block ids stay."""
         t0 = time.perf_counter()
         device = self.view.device()
-        blocks = [self.view.take_blocks(it.request_id) for it in items]
+        take = self.view.peek_blocks if running else self.view.take_blocks
+        blocks = [take(it.request_id) for it in items]
         T = max(it.n_tokens for it in items)
         S = max(max(len(it.source_positions) for it in items), 1)
         packer, spans = pack_batch(items, blocks, self.plans, self.view.layers, self.groups, T, S)

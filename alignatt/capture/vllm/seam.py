@@ -59,6 +59,7 @@ from alignatt.core.draft import Draft, DraftRequest, Head, Timings, TokenCapture
 from alignatt.core.errors import AlignattError
 from alignatt.core.layout import AttentionLayout
 from alignatt.core.prompt import PromptLayout, PromptPreparer
+from alignatt.core.settle import SETTLED, first_held
 
 CAPTURED_FAMILIES = ("gemma4_text", "gemma3_text")  # vLLM's Gemma4Attention and Gemma3Attention
 from alignatt.models.synthetic_init import HFLikeInit
@@ -125,6 +126,7 @@ class VllmCaptureSeam:
         self._states: dict[str, DraftState] = {}
         # Fetches queued in the last step, read after the next step is queued behind them.
         self._pending: list[_FinishedStep] = []
+        self._checks: list[_SettleCheck] = []  # settling drafts' rows so far, read likewise
         self._aborted: set[str] = set()
         self._counter = 0
         self._warned: set[str] = set()
@@ -199,6 +201,7 @@ class VllmCaptureSeam:
         if self.book is not None:
             state.proposal = tuple(request.proposed_tokens())
             self.book.add(state.internal, len(prompt.input_ids), state.proposal)
+        state.check_at = self._first_check(request)
         self._states[handle] = state
         return handle
 
@@ -249,6 +252,7 @@ class VllmCaptureSeam:
                     self.book.drop(state.internal)
         if len(self._aborted) > 10_000:
             self._aborted.clear()  # late outputs of aborted requests arrive within a step or two
+        finished += self._settle(now)
         ready, self._pending = self._pending, []
         if finished:
             queued = self._start_finish(finished)
@@ -257,6 +261,54 @@ class VllmCaptureSeam:
             else:
                 ready.append(queued)
         return [pair for done in ready for pair in self._complete(done)]
+
+    # ---- settling: stop a draft once the policy's answer is known (core/settle.py) ----
+
+    def _first_check(self, request: DraftRequest) -> Optional[int]:
+        """When a request's rows are first read for its answer: at the shortest draft that can hold
+        it (None: no rule, no capture to read, or a fixed-length benchmark draft)."""
+        if request.settle is None or self.fetcher is None or self.fixed_length:
+            return None
+        return request.settle.buffer_tokens + 1
+
+    def _settle(self, now: float) -> list[DraftState]:
+        """Read the checks queued last step, stop the running drafts that hold their answer, and
+        queue checks of the drafts that are due.
+
+        A check fetches a running request's rows so far (its block ids stay; queued before the next
+        step like a finish, read after it). Once a check finds the first held token p, the draft
+        needs p + 1 + buffer tokens; when it has them the request leaves the engine (aborted) and
+        is finished like any other, its rows fetched through the normal finish path."""
+        checks, self._checks = self._checks, []
+        for check in checks:
+            rows, _ = check.fetch.result()
+            for st, n, got in zip(check.states, check.n_tokens, rows):
+                if self._states.get(st.handle) is not st:
+                    continue  # finished, superseded or aborted since
+                partial = self._draft_of(st, st.tokens[:n], "partial", got, Timings(), pieces=False)
+                held = first_held(partial)
+                if held is not None:
+                    st.settle_length = held + 1 + st.request.settle.buffer_tokens
+        stopped = []
+        for st in list(self._states.values()):
+            if st.settle_length is None or len(st.tokens) < st.settle_length:
+                continue
+            self.engine.core.abort_request([st.handle])
+            self._aborted.add(st.handle)  # its in-flight step's output arrives late
+            if self.book is not None:
+                self.book.drop(st.internal)
+            del st.tokens[st.settle_length:]
+            st.settled, st.finished_at, st.finish_reason = True, now, SETTLED
+            stopped.append(self._states.pop(st.handle))
+        due = [st for st in self._states.values()
+               if st.check_at is not None and st.settle_length is None and len(st.tokens) >= st.check_at]
+        if due:
+            n_tokens = [len(st.tokens) for st in due]
+            fetch = self.fetcher.enqueue([self._item(st, n) for st, n in zip(due, n_tokens)], running=True)
+            self._checks.append(_SettleCheck(due, n_tokens, fetch))
+            for st, n in zip(due, n_tokens):
+                st.check_at = n + self.config.settle_every
+        return stopped
 
     # ---- run to completion ----
 
@@ -297,7 +349,7 @@ class VllmCaptureSeam:
         """Trim the finished drafts and queue one batched fetch for all of them."""
         done = _FinishedStep(states)
         for st in states:
-            tokens, stop_reason = list(st.tokens), "max_new_tokens"
+            tokens, stop_reason = list(st.tokens), SETTLED if st.settled else "max_new_tokens"
             if not self.fixed_length:
                 for i, tok in enumerate(tokens):
                     if tok in self.stop_ids or (st.prompt.stop_at_newline and tok in self._newline_ids):
@@ -328,8 +380,6 @@ class VllmCaptureSeam:
 
     def _complete(self, done: "_FinishedStep") -> list[tuple[str, Draft]]:
         """The drafts of one finished step, once its rows are on the host."""
-        from alignatt.capture.hf.base import _pieces
-
         fetched: dict[int, Any] = {}
         if done.fetch is not None:
             rows, ft = done.fetch.result()
@@ -344,36 +394,46 @@ class VllmCaptureSeam:
             acceptance = vllm_verify.acceptance_of(tokens, st.proposal, st.step_tokens, timings.prefill_ms,
                                                    timings.decode_ms)
             add_acceptance(self.__dict__.setdefault("totals", {}), acceptance, len(tokens))
-            pieces = _pieces(self.tokenizer, tokens)
-            captures = []
+            got = None
             if i in fetched:
                 got, ft = fetched[i]
                 timings.capture_ms, timings.reconstruct_ms = ft.capture_ms, ft.reconstruct_ms
                 if got.raw is not None:
                     self.raw[st.internal] = got.raw
                     self.last_raw_id = st.internal
-                captures = [TokenCapture(tok, pieces[j], np.ascontiguousarray(got.rows[j]), got.other_prompt[j],
-                                         got.generated[j],
-                                         context_mass=None if got.context is None else got.context[j],
-                                         history_mass=None if got.history is None else got.history[j])
-                            for j, tok in enumerate(tokens)]
-            elif tokens:  # no capture: empty rows
-                n_src = len(st.prompt.source_token_positions)
-                empty, z = np.zeros((0, n_src), dtype=np.float32), np.zeros(0, dtype=np.float32)
-                captures = [TokenCapture(t, pieces[j], empty, z, z) for j, t in enumerate(tokens)]
-            out.append((st.handle, Draft(
-                request=st.request,
-                heads=list(self.heads) if self.capture else [],
-                prompt_token_count=len(st.prompt.input_ids),
-                source_token_positions=list(st.prompt.source_token_positions),
-                source_word_of_token=list(st.prompt.source_word_of_token),
-                tokens=captures,
-                stop_reason=stop_reason,
-                timings=timings,
-                seam=self.name,
-                acceptance=acceptance,
-            )))
+            out.append((st.handle, self._draft_of(st, tokens, stop_reason, got, timings, acceptance)))
         return out
+
+    def _draft_of(self, st: DraftState, tokens: list[int], stop_reason: str, got: Any, timings: Timings,
+                  acceptance: Any = None, pieces: bool = True) -> Draft:
+        """A request's `Draft` from its tokens and fetched rows (None: no capture, empty rows).
+        `pieces=False` leaves the text out (a settle check reads attention only: no detokenising)."""
+        from alignatt.capture.hf.base import _pieces
+
+        pieces = _pieces(self.tokenizer, tokens) if pieces else [""] * len(tokens)
+        if got is not None:
+            captures = [TokenCapture(tok, pieces[j], np.ascontiguousarray(got.rows[j]), got.other_prompt[j],
+                                     got.generated[j],
+                                     context_mass=None if got.context is None else got.context[j],
+                                     history_mass=None if got.history is None else got.history[j])
+                        for j, tok in enumerate(tokens)]
+        else:
+            n_src = len(st.prompt.source_token_positions)
+            empty, z = np.zeros((0, n_src), dtype=np.float32), np.zeros(0, dtype=np.float32)
+            captures = [TokenCapture(t, pieces[j], empty, z, z) for j, t in enumerate(tokens)]
+        extra = {} if acceptance is None else {"acceptance": acceptance}
+        return Draft(
+            request=st.request,
+            heads=list(self.heads) if self.capture else [],
+            prompt_token_count=len(st.prompt.input_ids),
+            source_token_positions=list(st.prompt.source_token_positions),
+            source_word_of_token=list(st.prompt.source_word_of_token),
+            tokens=captures,
+            stop_reason=stop_reason,
+            timings=timings,
+            seam=self.name,
+            **extra,
+        )
 
     def _item(self, st: DraftState, n_tokens: int) -> FetchItem:
         n_prompt = len(st.prompt.input_ids)
@@ -427,6 +487,15 @@ class VllmCaptureSeam:
             self.engine = None
         gc.collect()
         torch.cuda.empty_cache()
+
+
+@dataclass
+class _SettleCheck:
+    """Settling drafts' rows so far, fetched in one step (their token counts then), read in the next."""
+
+    states: list[DraftState]
+    n_tokens: list[int]
+    fetch: PendingFetch
 
 
 @dataclass

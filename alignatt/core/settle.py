@@ -1,0 +1,76 @@
+"""Stop drafting once the policy's answer is known: the draft's first held token and a buffer.
+
+AlignAtt's scan stops at the first drafted token that looks at the unstable tail or the border
+(or leaks context), and that verdict depends on the token alone (`policy.scan_stop`). So once a
+draft holds its first held token p, the committed text of this update is decided: more tokens
+only lengthen the held text the client sees as its buffer. A `SettleRule` (on the request) keeps
+p + 1 + `buffer_tokens` tokens; a seam that can read rows while it drafts (`vllm_capture`) stops
+there and saves the rest of the decode steps, and `cut` gives every seam's draft the same length.
+
+What a settled draft changes for the client is only the buffer: the emitted part of `decide` is
+the same as on the whole draft (its word cut, hold-back and minimum look only at tokens up to
+p). A later update that only moves the frontier may re-judge a settled draft past its end, where
+the whole draft had more tokens to judge: `passes_end` tells the session to draft again then.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from alignatt.core.draft import Draft, SettleRule
+from alignatt.core.policy import PolicyConfig, context_share, scan_stop
+
+SETTLED = "settled"  # Draft.stop_reason of a draft cut once its answer was known
+
+
+def rule_for(policy: PolicyConfig, buffer_tokens: int | None) -> SettleRule | None:
+    """The request's rule for a policy (None: `buffer_tokens` None, draft to max_new_tokens)."""
+    if buffer_tokens is None:
+        return None
+    return SettleRule(policy.border_words, policy.max_context_share, buffer_tokens)
+
+
+def _scan(draft: Draft, committed_words: int, rule: SettleRule) -> int | None:
+    config = PolicyConfig(border_words=rule.border_words, max_context_share=rule.max_context_share)
+    aligned = [int(w) for w in draft.aligned_words()]
+    stop = scan_stop(aligned, context_share(draft, committed_words), committed_words, config)
+    return None if stop is None else stop[0]
+
+
+def first_held(draft: Draft, rule: SettleRule | None = None) -> int | None:
+    """The index of the draft's first held token at its request's frontier (None: every token so
+    far passed, the draft is a final, or there is no rule). Later tokens cannot change it."""
+    rule = rule or draft.request.settle
+    if rule is None or draft.request.final or not draft.tokens:
+        return None
+    return _scan(draft, draft.request.committed_words, rule)
+
+
+def settled_length(draft: Draft, rule: SettleRule | None = None) -> int | None:
+    """How many of the draft's tokens the answer needs (first held token + buffer), once it holds
+    them all; None while it does not (no held token yet, or the buffer is not drafted yet)."""
+    rule = rule or draft.request.settle
+    held = first_held(draft, rule)
+    if held is None:
+        return None
+    need = held + 1 + rule.buffer_tokens
+    return need if len(draft.tokens) >= need else None
+
+
+def cut(draft: Draft) -> Draft:
+    """The draft as its request's rule settles it: cut to `settled_length` with stop reason
+    `settled`, or unchanged (no rule, not settled, or nothing past that length: a draft that ended
+    there by itself keeps its own stop reason, as the engine's would). Idempotent."""
+    n = settled_length(draft)
+    if n is None or n == len(draft.tokens):
+        return draft
+    return replace(draft, tokens=draft.tokens[:n], stop_reason=SETTLED)
+
+
+def passes_end(draft: Draft, committed_words: int) -> bool:
+    """A settled draft whose scan at this frontier finds no held token: the whole draft would go on
+    where this one ends, so re-judging it would release less than a new draft."""
+    rule = draft.request.settle
+    if draft.stop_reason != SETTLED or rule is None:
+        return False
+    return _scan(draft, committed_words, rule) is None

@@ -1,0 +1,71 @@
+"""Stopping a draft once the policy's answer is known (core/settle.py): the first held token and
+the buffer after it fix the length; the emitted part of `decide` is the whole draft's at that
+frontier; a cut is idempotent; finals and drafts without a held token are never cut."""
+
+from dataclasses import replace
+
+import pytest
+
+from alignatt.core.draft import DraftRequest, SettleRule
+from alignatt.core.policy import POLICY_PRESETS, decide
+from alignatt.core.settle import SETTLED, cut, first_held, passes_end, rule_for, settled_length
+from tests.support.drafts import make_draft
+
+SOURCE = "one two three four five six".split()
+PIECES = [" eins", " zwei", " drei", "x", " vier", " fünf", " sechs", " sieben"]
+
+
+def draft(aligned, committed=4, buffer=2, border=1, stop="max_new_tokens"):
+    d = make_draft(SOURCE, PIECES[: len(aligned)], aligned, committed_words=committed, stop_reason=stop)
+    rule = rule_for(POLICY_PRESETS["balanced"].model_copy(update={"border_words": border}), buffer)
+    return replace(d, request=replace(d.request, settle=rule))
+
+
+def test_the_answer_needs_the_first_held_token_and_the_buffer_after_it():
+    d = draft([0, 1, 3, 3, 4, 5, 5, 5])  # word 3 is the border of 4 committed words: token 2 is held
+    assert first_held(d) == 2
+    assert settled_length(d) == 2 + 1 + 2
+    short = cut(d)
+    assert [t.piece for t in short.tokens] == PIECES[:5] and short.stop_reason == SETTLED
+    assert cut(short) is short  # idempotent
+
+
+def test_a_draft_is_not_settled_before_its_buffer_is_drafted_or_without_a_held_token():
+    assert settled_length(draft([0, 1, 3, 3])) is None  # held at 2, the buffer needs 5 tokens
+    assert settled_length(draft([0, 1, 2, 0, 1])) is None  # every token passed the scan
+    assert cut(draft([0, 1, 2, 0, 1])).stop_reason == "max_new_tokens"
+
+
+def test_finals_and_requests_without_a_rule_are_never_settled():
+    d = draft([0, 3, 3, 3, 3, 3])
+    assert settled_length(replace(d, request=replace(d.request, settle=None))) is None
+    with pytest.raises(ValueError, match="final"):
+        DraftRequest(source_words=SOURCE, committed_words=6, final=True, settle=SettleRule(1, 0.5, 2))
+    assert rule_for(POLICY_PRESETS["balanced"], None) is None
+
+
+@pytest.mark.parametrize("preset", sorted(POLICY_PRESETS))
+@pytest.mark.parametrize("buffer", [0, 1, 3])
+def test_the_emitted_part_of_a_settled_draft_is_the_whole_drafts(preset, buffer):
+    policy = POLICY_PRESETS[preset]
+    alignments = [[0, 1, 3, 3, 4, 5, 5, 5], [0, 0, 1, 2, 2, 3, 4, 5], [4, 0, 1, 2, 3, 5, 5, 1],
+                  [0, 1, 2, 2, 1, 0, 1, 5]]
+    for aligned in alignments:
+        for committed in range(1, 7):
+            d = draft(aligned, committed, buffer, border=policy.border_words)
+            whole, short = decide(d, committed, policy), decide(cut(d), committed, policy)
+            assert (short.emit_count, short.emitted_text, short.stop_reason) == \
+                   (whole.emit_count, whole.emitted_text, whole.stop_reason), (aligned, committed)
+            assert whole.held_text.startswith(short.held_text)
+
+
+def test_a_settled_draft_re_judged_past_its_end_must_be_drafted_again():
+    d = cut(draft([0, 1, 3, 3, 4, 5, 5, 5]))  # 5 tokens: aligned 0, 1, 3, 3, 4
+    assert not passes_end(d, 4)  # token 2 still looks at the border
+    assert passes_end(d, 6)  # every kept token passes; the whole draft would go on
+    assert not passes_end(draft([0, 1, 2, 0, 1]), 6)  # not settled: its own end is the draft's end
+
+
+def test_a_draft_that_ended_by_itself_at_its_settled_length_keeps_its_stop_reason():
+    d = draft([0, 1, 3, 3, 4], stop="eos")  # held at 2, two tokens of buffer: all 5 are needed
+    assert settled_length(d) == 5 and cut(d) is d and cut(d).stop_reason == "eos"
