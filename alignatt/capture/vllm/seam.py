@@ -468,6 +468,7 @@ class VllmCaptureSeam:
             "batch_invariant": self.config.batch_invariant,
             "verify": self.config.verify,
             "verify_tokens": self.config.verify_tokens if self.config.verify else None,
+            "settle_every": self.config.settle_every,  # used by requests with a settle rule only
             "heads": [[h.layer, h.head] for h in self.heads],
             # the backend vLLM runs the captured layers with (the capture reads its KV cache layout)
             "attention_backend": sorted({a.attn_backend.get_name() for a in hooks.attn.values()}) if hooks else None,
