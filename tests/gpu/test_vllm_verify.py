@@ -96,6 +96,6 @@ def test_a_settled_draft_is_the_whole_draft_cut_at_its_answer(workdir, mode, ver
         assert float(np.abs(rows_e - rows_s).max()) <= ROW_TOL, i
         if str(result[f"settled_{i}_stop"]) == "settled":
             assert len(settled) == 3
-            assert int(result[f"settled_{i}_acceptance"][3]) < int(result[f"whole_{i}_acceptance"][3])
+            assert int(result[f"settled_{i}_acceptance"][3]) < int(result[f"unsettled_{i}_acceptance"][3])
             stopped += 1
     assert n >= 3 and stopped >= 1

@@ -61,7 +61,7 @@ def main(spec_path: str, out_path: str) -> int:
             whole = seam.draft(r)
             expected = cut(replace(whole, request=replace(whole.request, settle=rule)))
             settled = seam.draft(replace(r, settle=rule))
-            keep(f"whole_{i}", whole)
+            keep(f"unsettled_{i}", whole)
             keep(f"expected_{i}", expected)
             keep(f"settled_{i}", settled)
             out[f"settled_{i}_stop"] = np.asarray(settled.stop_reason)
