@@ -324,7 +324,8 @@ def test_the_capacity_table_shows_how_busy_the_gpu_was_where_it_was_sampled():
 
     load = load_artifact(ROOT / "outputs" / "h200" / "load.json")
     first, *rest = load.levels
-    sampled = load.model_copy(update={"levels": [first.model_copy(update={"gpu_busy_share": 0.634}), *rest]})
+    sampled = load.model_copy(update={"levels": [first.model_copy(update={"gpu_busy_share": 0.634}),
+                                                 *(lv.model_copy(update={"gpu_busy_share": None}) for lv in rest)]})
     inputs = ReportInputs(root=ROOT, params={}, published=[], runs={}, smokes=[], envs=[], measurements=[],
                           by_kind={"load": [("outputs/h200/load.json", sampled)]})
     rows = capacity_rows(inputs)
