@@ -242,7 +242,7 @@ class Draft:
         """Source word that drafted token i attends to most (head-averaged argmax)."""
         return int(self.aligned_words()[i])
 
-    def _stacked(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def stacked(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """rows [T, H, S], other-prompt mass [T, H], generated mass [T, H]."""
         if not self.tokens:
             n_src = len(self.source_word_of_token)
@@ -255,14 +255,14 @@ class Draft:
 
     def aligned_words(self) -> np.ndarray:
         """For every drafted token, the source word its heads attend to most (head-averaged)."""
-        rows = self._stacked()[0]
+        rows = self.stacked()[0]
         if not len(rows):
             return np.zeros(0, dtype=int)
         return np.asarray(self.source_word_of_token)[rows.mean(axis=1).argmax(axis=-1)]
 
     def mass_split(self, committed_words: int) -> np.ndarray:
         """[T, 4] head-averaged mass per token, in `MASS_KEYS` order, for this frontier."""
-        return mass_split(*self._stacked(), self.source_word_of_token, committed_words)
+        return mass_split(*self.stacked(), self.source_word_of_token, committed_words)
 
     def block_mass(self, block: str) -> np.ndarray:
         """[T] head-averaged mass on the `context` or `history` block (0 where there is none)."""

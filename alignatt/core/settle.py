@@ -16,9 +16,12 @@ the whole draft had more tokens to judge: `passes_end` tells the session to draf
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Sequence
 
-from alignatt.core.draft import Draft, SettleRule
-from alignatt.core.policy import PolicyConfig, context_share, scan_stop
+import numpy as np
+
+from alignatt.core.draft import Draft, SettleRule, mass_split
+from alignatt.core.policy import PolicyConfig, scan_stop
 
 SETTLED = "settled"  # Draft.stop_reason of a draft cut once its answer was known
 
@@ -30,11 +33,34 @@ def rule_for(policy: PolicyConfig, buffer_tokens: int | None) -> SettleRule | No
     return SettleRule(policy.border_words, policy.max_context_share, buffer_tokens)
 
 
-def _scan(draft: Draft, committed_words: int, rule: SettleRule) -> int | None:
+def held_index(rows: np.ndarray, other_prompt: np.ndarray, generated: np.ndarray, context_mean: np.ndarray,
+               source_word_of_token: Sequence[int], committed_words: int, rule: SettleRule) -> int | None:
+    """The first held token of a draft given as arrays (rows [T, H, S], masses [T, H], the context
+    block's head-mean mass [T]): what a seam scans while the draft runs, with no `Draft` built. The
+    same numbers as `decide`'s scan (its alignment, `mass_split`, `Draft.block_mass`), so both stop
+    at the same token."""
+    if not len(rows):
+        return None
+    aligned = [int(w) for w in np.asarray(source_word_of_token)[rows.mean(axis=1).argmax(axis=-1)]]
+    masses = mass_split(rows, other_prompt, generated, source_word_of_token, committed_words)
+    source = masses[:, 0] + masses[:, 1]
+    share = np.divide(context_mean, source + context_mean, out=np.zeros(len(rows)),
+                      where=(source + context_mean) > 0)
     config = PolicyConfig(border_words=rule.border_words, max_context_share=rule.max_context_share)
-    aligned = [int(w) for w in draft.aligned_words()]
-    stop = scan_stop(aligned, context_share(draft, committed_words), committed_words, config)
+    stop = scan_stop(aligned, share, committed_words, config)
     return None if stop is None else stop[0]
+
+
+def head_means(mass: np.ndarray | None, n: int) -> np.ndarray:
+    """[n] each token's head-mean of a [n, H] mass (0 without one), as `Draft.block_mass` takes it."""
+    if mass is None:
+        return np.zeros(n)
+    return np.asarray([float(np.mean(m)) if len(m) else 0.0 for m in mass[:n]])
+
+
+def _scan(draft: Draft, committed_words: int, rule: SettleRule) -> int | None:
+    return held_index(*draft.stacked(), draft.block_mass("context"), draft.source_word_of_token,
+                      committed_words, rule)
 
 
 def first_held(draft: Draft, rule: SettleRule | None = None) -> int | None:

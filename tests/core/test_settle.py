@@ -69,3 +69,26 @@ def test_a_settled_draft_re_judged_past_its_end_must_be_drafted_again():
 def test_a_draft_that_ended_by_itself_at_its_settled_length_keeps_its_stop_reason():
     d = draft([0, 1, 3, 3, 4], stop="eos")  # held at 2, two tokens of buffer: all 5 are needed
     assert settled_length(d) == 5 and cut(d) is d and cut(d).stop_reason == "eos"
+
+
+def test_the_array_scan_a_seam_runs_stops_where_the_drafts_scan_stops():
+    """`held_index` on the arrays a seam fetched (no Draft) agrees with the session's scan, context
+    leaks included: a token whose context block outweighs the source is held like `decide` holds it."""
+    import numpy as np
+
+    from alignatt.core.settle import head_means, held_index
+
+    d = draft([0, 1, 0, 2, 1, 0, 3, 4], committed=6)
+    tokens = [replace(t, context_mass=np.full(2, 0.9 if i == 4 else 0.01, np.float32))
+              for i, t in enumerate(d.tokens)]
+    d = replace(d, tokens=tokens)
+    rows, other, generated = d.stacked()
+    context = np.stack([t.context_mass for t in d.tokens])
+    for committed in range(1, 7):
+        for border in (0, 1, 2):
+            rule = SettleRule(border, 0.5, 1)
+            held = held_index(rows, other, generated, head_means(context, len(rows)), d.source_word_of_token,
+                              committed, rule)
+            assert held == first_held(replace(d, request=replace(d.request, committed_words=committed)), rule)
+    assert first_held(d, SettleRule(0, 0.5, 1)) == 4  # the context leak
+    assert decide(d, 6, POLICY_PRESETS["low_latency"]).decisions[4].reason == "context_leak"

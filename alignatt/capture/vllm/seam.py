@@ -59,7 +59,7 @@ from alignatt.core.draft import Draft, DraftRequest, Head, Timings, TokenCapture
 from alignatt.core.errors import AlignattError
 from alignatt.core.layout import AttentionLayout
 from alignatt.core.prompt import PromptLayout, PromptPreparer
-from alignatt.core.settle import SETTLED, first_held
+from alignatt.core.settle import SETTLED, head_means, held_index
 
 CAPTURED_FAMILIES = ("gemma4_text", "gemma3_text")  # vLLM's Gemma4Attention and Gemma3Attention
 from alignatt.models.synthetic_init import HFLikeInit
@@ -285,8 +285,9 @@ class VllmCaptureSeam:
             for st, n, got in zip(check.states, check.n_tokens, rows):
                 if self._states.get(st.handle) is not st:
                     continue  # finished, superseded or aborted since
-                partial = self._draft_of(st, st.tokens[:n], "partial", got, Timings(), pieces=False)
-                held = first_held(partial)
+                # The scan on the fetched arrays: no Draft is built on the engine thread.
+                held = held_index(got.rows[:n], got.other_prompt[:n], got.generated[:n], head_means(got.context, n),
+                                  st.prompt.source_word_of_token, st.request.committed_words, st.request.settle)
                 if held is not None:
                     st.settle_length = held + 1 + st.request.settle.buffer_tokens
         stopped = []
@@ -405,12 +406,11 @@ class VllmCaptureSeam:
         return out
 
     def _draft_of(self, st: DraftState, tokens: list[int], stop_reason: str, got: Any, timings: Timings,
-                  acceptance: Any = None, pieces: bool = True) -> Draft:
-        """A request's `Draft` from its tokens and fetched rows (None: no capture, empty rows).
-        `pieces=False` leaves the text out (a settle check reads attention only: no detokenising)."""
+                  acceptance: Any) -> Draft:
+        """A request's `Draft` from its tokens and fetched rows (None: no capture, empty rows)."""
         from alignatt.capture.hf.base import _pieces
 
-        pieces = _pieces(self.tokenizer, tokens) if pieces else [""] * len(tokens)
+        pieces = _pieces(self.tokenizer, tokens)
         if got is not None:
             captures = [TokenCapture(tok, pieces[j], np.ascontiguousarray(got.rows[j]), got.other_prompt[j],
                                      got.generated[j],
@@ -421,7 +421,6 @@ class VllmCaptureSeam:
             n_src = len(st.prompt.source_token_positions)
             empty, z = np.zeros((0, n_src), dtype=np.float32), np.zeros(0, dtype=np.float32)
             captures = [TokenCapture(t, pieces[j], empty, z, z) for j, t in enumerate(tokens)]
-        extra = {} if acceptance is None else {"acceptance": acceptance}
         return Draft(
             request=st.request,
             heads=list(self.heads) if self.capture else [],
@@ -432,7 +431,7 @@ class VllmCaptureSeam:
             stop_reason=stop_reason,
             timings=timings,
             seam=self.name,
-            **extra,
+            acceptance=acceptance,
         )
 
     def _item(self, st: DraftState, n_tokens: int) -> FetchItem:
