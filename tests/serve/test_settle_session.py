@@ -87,3 +87,13 @@ def test_the_server_gives_every_session_its_settle_option(tmp_path):
     first, last = factory.seams[0].requests[0], factory.seams[0].requests[-1]
     assert first.settle is not None and first.settle.buffer_tokens == 1 and first.settle.border_words == 1
     assert last.final and last.settle is None  # a final runs to its end
+
+
+def test_the_cli_options_reach_the_server_config_and_a_negative_buffer_is_refused():
+    from alignatt.core.errors import AlignattError
+    from alignatt.serve.config import server_config
+
+    assert server_config(settle_buffer_tokens=3).settle_buffer_tokens == 3
+    assert server_config().settle_buffer_tokens is None
+    with pytest.raises(AlignattError, match="settle_buffer_tokens"):
+        server_config(settle_buffer_tokens=-1)
