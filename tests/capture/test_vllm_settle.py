@@ -1,7 +1,7 @@
 """`VllmCaptureSeam` stops a running draft once its rows hold the policy's answer (request.settle),
 on CPU around a stand-in engine core that delivers one token per step: the rows so far are read
 while the request runs, the request leaves the engine at the first held token plus its buffer, and
-its draft is the whole draft cut there (tokens and rows). Without a held token it runs to its end."""
+its draft is the whole draft cut there (tokens and rows, the rows its last check read). Without a held token it runs to its end."""
 
 from types import SimpleNamespace
 
@@ -64,13 +64,17 @@ def run(seam):
 
 def test_a_draft_leaves_the_engine_once_its_rows_hold_the_answer():
     seam = settling_seam("b", border_words=1, buffer_tokens=1)  # word 0 is the border: token 0 is held
+    fetches = []
+    enqueue = seam.fetcher.enqueue
+    seam.fetcher.enqueue = lambda items, running=False: fetches.append(running) or enqueue(items, running)
     (draft,) = run(seam).values()
+    assert fetches == [True]  # the check's rows cover the settled draft: no second fetch at its finish
     assert draft.stop_reason == SETTLED and [t.token_id for t in draft.tokens] == [7, 8]  # held + 1 buffer
     np.testing.assert_allclose(np.stack([t.rows for t in draft.tokens]), reference_rows("b")[:2], atol=1e-6)
     assert seam.engine.core.aborted == ["b"]
     assert seam.engine.core.steps == 3 < REQUESTS["b"][2]  # checked at 2 tokens, read and stopped at 3
     assert draft.acceptance.forward_steps == 3
-    assert "b" not in seam.engine.hooks.block_ids  # read while running, then taken by its finish
+    assert "b" not in seam.engine.hooks.block_ids  # read while running, dropped at its finish
 
 
 def test_a_draft_without_a_held_token_runs_to_its_end():
@@ -85,6 +89,7 @@ def test_checks_come_every_settle_every_tokens_until_the_buffer_is_drafted():
     seam = settling_seam("b", border_words=1, buffer_tokens=5, settle_every=2)
     (draft,) = run(seam).values()
     assert len(draft.tokens) == 6 and draft.stop_reason == SETTLED  # held at 0, five tokens of buffer
+    np.testing.assert_allclose(np.stack([t.rows for t in draft.tokens]), reference_rows("b")[:6], atol=1e-6)
     assert seam.engine.core.steps == 7  # first read at 6 tokens (queued after the 6th step), stopped at 7
 
 

@@ -67,6 +67,7 @@ class DraftState:
     check_at: Optional[int] = None
     settle_length: Optional[int] = None
     settled: bool = False  # stopped in the engine at settle_length
+    checked: Any = None  # (FetchedRows, FetchTimings) of its last check: a settled draft's rows when they cover it
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,12 @@ class FetchedRows:
     raw: Optional[RawCapture] = None
     context: Optional[np.ndarray] = None  # float32 [T, H]: mass on the context block (None: no block)
     history: Optional[np.ndarray] = None  # float32 [T, H]: mass on the history turns (None: none)
+
+    def first(self, n: int) -> "FetchedRows":
+        """The rows of the first n tokens (a settled draft cut where its check read it; no raw)."""
+        cut = lambda a: None if a is None else a[:n]  # noqa: E731
+        return FetchedRows(self.rows[:n], self.other_prompt[:n], self.generated[:n], None,
+                           cut(self.context), cut(self.history))
 
 
 @dataclass

@@ -256,7 +256,7 @@ class VllmCaptureSeam:
         ready, self._pending = self._pending, []
         if finished:
             queued = self._start_finish(finished)
-            if self._states:
+            if self._states and queued.fetch is not None:  # rows on their way: read after the next step
                 self._pending.append(queued)
             else:
                 ready.append(queued)
@@ -281,10 +281,11 @@ class VllmCaptureSeam:
         is finished like any other, its rows fetched through the normal finish path."""
         checks, self._checks = self._checks, []
         for check in checks:
-            rows, _ = check.fetch.result()
+            rows, timings = check.fetch.result()
             for st, n, got in zip(check.states, check.n_tokens, rows):
                 if self._states.get(st.handle) is not st:
                     continue  # finished, superseded or aborted since
+                st.checked = (got, timings)
                 # The scan on the fetched arrays: no Draft is built on the engine thread.
                 held = held_index(got.rows[:n], got.other_prompt[:n], got.generated[:n], head_means(got.context, n),
                                   st.prompt.source_word_of_token, st.request.committed_words, st.request.settle)
@@ -366,9 +367,15 @@ class VllmCaptureSeam:
             self.prompt_tokens += len(st.prompt.input_ids)
         if self.fetcher is None:
             return done
-        items = [(i, self._item(st, len(tok))) for i, (st, (tok, _)) in enumerate(zip(states, done.trimmed)) if tok]
-        for st, (tok, _) in zip(states, done.trimmed):
-            if not tok:
+        for i, (st, (tok, _)) in enumerate(zip(states, done.trimmed)):
+            # A draft stopped where its last check had read it already has its rows: the same rows
+            # the seam's scan stopped on, and the session's scan then reads (no second fetch).
+            if st.settled and st.checked is not None and len(st.checked[0].rows) >= len(tok):
+                done.prefetched[i] = (st.checked[0].first(len(tok)), st.checked[1])
+        items = [(i, self._item(st, len(tok))) for i, (st, (tok, _)) in enumerate(zip(states, done.trimmed))
+                 if tok and i not in done.prefetched]
+        for i, (st, (tok, _)) in enumerate(zip(states, done.trimmed)):
+            if not tok or i in done.prefetched:
                 self.engine.hooks.block_ids.pop(st.internal, None)
         if not items:
             return done
@@ -387,6 +394,7 @@ class VllmCaptureSeam:
             fetched = {i: (r, ft) for i, r in zip(done.fetched_index, rows)}
         elif done.reference is not None:
             fetched = dict(zip(done.fetched_index, done.reference))
+        fetched.update(done.prefetched)
         out = []
         for i, (st, (tokens, stop_reason)) in enumerate(zip(done.states, done.trimmed)):
             if st.handle in done.dropped:
@@ -506,6 +514,7 @@ class _FinishedStep:
     trimmed: list[tuple[list[int], str]] = field(default_factory=list)  # (tokens, stop reason)
     timings: list[Timings] = field(default_factory=list)
     fetched_index: list[int] = field(default_factory=list)  # which states have rows
+    prefetched: dict[int, Any] = field(default_factory=dict)  # state index -> (rows, timings) from its check
     fetch: Optional[PendingFetch] = None
     reference: Optional[list] = None  # (rows, timings) per fetched state, reconstruct="reference"
     dropped: set[str] = field(default_factory=set)  # aborted after they finished
