@@ -178,6 +178,37 @@ def test_context_and_history_mass_batched_equals_reference_and_dense():
     assert got[1].context.max() > 0  # the sliding layer still sees b's context for early tokens
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_random_ragged_batches_give_every_request_the_reference_rows(seed):
+    """Requests of random prompt, draft, source, context and history lengths on shuffled blocks (the
+    batch's indices are built for all requests at once, with padding): each request's rows and
+    masses equal the per-request reference's."""
+    from dataclasses import replace
+
+    rng = np.random.default_rng(seed)
+    batched, reference = StandInEngine(n_blocks=(40, 80)), StandInEngine(n_blocks=(40, 80))
+    free = {0: list(rng.permutation(40)), 1: list(rng.permutation(40))}  # group 1: manager blocks of 2 kernel blocks
+    items, ref_items = [], []
+    for r in range(int(rng.integers(2, 7))):
+        n_prompt, n = int(rng.integers(3, 40)), int(rng.integers(1, 12))
+        total = n_prompt + n
+        ids = ([int(free[0].pop()) for _ in range(total // 16 + 1)], [int(free[1].pop()) for _ in range(total // 16 + 1)])
+        source = sorted(rng.choice(n_prompt - 1, int(rng.integers(1, n_prompt - 1)), replace=False).tolist())
+        context = tuple(sorted(rng.choice(n_prompt, int(rng.integers(0, 4)), replace=False).tolist()))
+        history = tuple(sorted(rng.choice(n_prompt, int(rng.integers(0, 4)), replace=False).tolist()))
+        args = (f"r{r}", ids, n_prompt, n, source, int(rng.integers(1, n_prompt)))
+        items.append(replace(batched.add(*args), context_positions=context, history_positions=history))
+        ref_items.append(replace(reference.add(*args), context_positions=context, history_positions=history))
+    got, _ = batched.fetcher.fetch(items)
+    for g, ref_item in zip(got, ref_items):
+        want, _ = reference.fetcher.fetch_one(ref_item)
+        for name in ("rows", "other_prompt", "generated", "context", "history"):
+            a, b = getattr(g, name), getattr(want, name)
+            assert (a is None) == (b is None), name
+            if a is not None:
+                np.testing.assert_allclose(a, b, atol=1e-6, err_msg=name)
+
+
 def test_heads_are_grouped_by_head_size_and_come_back_in_the_callers_order():
     from alignatt.capture.vllm.batched import group_heads, head_permutation
 

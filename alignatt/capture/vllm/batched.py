@@ -55,14 +55,6 @@ def head_permutation(groups: Sequence[HeadGroup], order: Sequence[tuple[int, int
     return [computed.index(h) for h in order]
 
 
-def host_slots(blocks: Sequence[int], block_size: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(kernel block id, offset in the block) of each position of one request."""
-    table = np.asarray(blocks, dtype=np.int64)
-    if len(positions):
-        check_covered(int(positions.max()), len(table), block_size)
-    return table[positions // block_size], positions % block_size
-
-
 class Packer:
     """Host arrays of one batch, laid out in two flat buffers (int64 indices, uint8 masks)."""
 
@@ -93,70 +85,93 @@ class LayerSpan:
     n_keys: list[int]  # keys per request
 
 
+def _padded(rows: Sequence[Sequence[int]], fill: int) -> tuple[np.ndarray, np.ndarray]:
+    """Ragged integer rows as one [R, max] array padded with `fill`, and each row's length."""
+    lengths = np.asarray([len(x) for x in rows], np.int64)
+    out = np.full((len(rows), max(int(lengths.max(initial=0)), 1)), fill, np.int64)
+    for r, x in enumerate(rows):
+        out[r, : len(x)] = x
+    return out, lengths
+
+
+def _flat(rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Ragged integer rows as (row index, value) pairs."""
+    lengths = [len(x) for x in rows]
+    return np.repeat(np.arange(len(rows)), lengths), np.asarray([v for x in rows for v in x], np.int64)
+
+
 def pack_batch(items: Sequence[Any], blocks: Sequence[Any], plans: dict[int, LayerPlan],
                sources: dict[int, Any], groups: Sequence[HeadGroup], T: int, S: int
                ) -> tuple[Packer, dict[int, LayerSpan]]:
-    """Every index of a batch of finished requests (`FetchItem`s with their recorded block ids).
+    """Every index of a batch of requests (`FetchItem`s with their recorded block ids).
 
     Per layer: q slots [R, T] and key slots [R, L_group] as (block, offset); per group and head:
     key positions [R, Hg, L] (-1: padding), source columns [R, Hg, S] with their validity, and the
     category masks [R, Hg, 4, L] in `MASSES` order, L padded to the group's longest span. Returns
-    the packer and each layer's key span."""
+    the packer and each layer's key span. Whole-batch array operations per layer: the host work
+    does not grow with a loop over requests (it runs on the engine's thread, between steps)."""
     R = len(items)
     packer = Packer()
-    qpos = np.zeros((R, T), np.int64)
-    for r, it in enumerate(items):
-        p = np.arange(it.n_prompt - 1, it.n_prompt - 1 + it.n_tokens)
-        qpos[r, : it.n_tokens] = p
-        qpos[r, it.n_tokens:] = p[-1]  # pad queries repeat the last one (finite, dropped)
+    n_prompt = np.asarray([it.n_prompt for it in items], np.int64)
+    n_tokens = np.asarray([it.n_tokens for it in items], np.int64)
+    # query t of request r sits at n_prompt - 1 + t; pad queries repeat the last one (finite, dropped)
+    qpos = (n_prompt - 1)[:, None] + np.minimum(np.arange(T)[None], (n_tokens - 1)[:, None])
     packer.put("qpos", qpos)
     spans: dict[int, LayerSpan] = {}
     for layer, plan in plans.items():
-        span = LayerSpan([], [])
-        for it in items:
-            lo, hi = key_span(range(it.n_prompt - 1, it.n_prompt - 1 + it.n_tokens), plan.sliding_window)
-            span.lo.append(lo)
-            span.n_keys.append(hi - lo + 1)
-        spans[layer] = span
-    kernel_blocks: dict[tuple[int, int, int], list[int]] = {}  # layers of one KV group share them
+        lo = [key_span((int(q0), int(q0 + n - 1)), plan.sliding_window)[0] for q0, n in zip(n_prompt - 1, n_tokens)]
+        spans[layer] = LayerSpan(lo, [int(q0 + n - 1) - l + 1 for q0, n, l in zip(n_prompt - 1, n_tokens, lo)])
+    source, _ = _padded([it.source_positions for it in items], -1)
+    generated_start = np.asarray([it.generated_start for it in items], np.int64)
+    blocks_by_key = {"context": _flat([it.context_positions for it in items]),
+                     "history": _flat([it.history_positions for it in items])}
+    tables: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}  # layers of one KV group share them
 
-    def blocks_of(r: int, src: Any) -> list[int]:
-        key = (r, src.group, src.blocks_per_kv_block)
-        if key not in kernel_blocks:
-            kernel_blocks[key] = kernel_block_ids(blocks[r][src.group], src.blocks_per_kv_block)
-        return kernel_blocks[key]
+    def table_of(src: Any) -> tuple[np.ndarray, np.ndarray]:
+        key = (src.group, src.blocks_per_kv_block)
+        if key not in tables:
+            tables[key] = _padded([kernel_block_ids(blocks[r][src.group], src.blocks_per_kv_block)
+                                   for r in range(R)], 0)
+        return tables[key]
 
+    row = np.arange(R)[:, None]  # fancy-indexes each request's own table row
     for g, group in enumerate(groups):
         L = max(max(spans[l].n_keys) for l in group.layers)
         per_layer = {}
         for layer in group.layers:
             src = sources[layer]
-            span = spans[layer]
-            qslots = np.zeros((R, T), np.int64)
-            k_block, k_off = np.zeros((R, L), np.int64), np.zeros((R, L), np.int64)  # pads read slot 0, masked
-            kpos = np.full((R, L), -1, np.int64)
-            src_index, src_valid = np.zeros((R, S), np.int64), np.zeros((R, S), np.uint8)
+            bs = src.block_size
+            table, n_blocks = table_of(src)
+            lo, n = np.asarray(spans[layer].lo, np.int64), np.asarray(spans[layer].n_keys, np.int64)
+            last = lo + n - 1  # the last query's position: every index read is at or before it
+            short = np.flatnonzero(last // bs >= n_blocks)
+            if len(short):
+                check_covered(int(last[short[0]]), int(n_blocks[short[0]]), bs)  # raises, naming the position
+            qslots = table[row, qpos // bs] * bs + qpos % bs  # the query cache is indexed by KV slot
+            valid = np.arange(L)[None] < n[:, None]
+            positions = lo[:, None] + np.arange(L)[None]
+            kpos = np.where(valid, positions, -1)
+            safe = np.where(valid, positions, 0)  # pads read slot 0, masked
+            k_block = np.where(valid, table[row, safe // bs], 0)
+            k_off = np.where(valid, safe % bs, 0)
+            rel = source - lo[:, None]
+            inside = (source >= 0) & (rel >= 0) & (rel < n[:, None])
+            src_index = np.zeros((R, S), np.int64)
+            src_valid = np.zeros((R, S), np.uint8)
+            src_index[:, : source.shape[1]] = np.where(inside, rel, 0)
+            src_valid[:, : source.shape[1]] = inside
+            source_key = np.zeros((R, L), bool)
+            hit_r, hit_c = np.nonzero(inside)
+            source_key[hit_r, rel[hit_r, hit_c]] = True
+            gen = positions >= generated_start[:, None]
             masks = np.zeros((R, len(MASSES), L), np.uint8)
-            for r, it in enumerate(items):
-                kb = blocks_of(r, src)
-                lo, n = span.lo[r], span.n_keys[r]
-                kp = np.arange(lo, lo + n)
-                kpos[r, :n] = kp
-                q_block, q_off = host_slots(kb, src.block_size, qpos[r])
-                qslots[r] = q_block * src.block_size + q_off  # the query cache is indexed by KV slot
-                k_block[r, :n], k_off[r, :n] = host_slots(kb, src.block_size, kp)
-                sp = np.asarray(it.source_positions, np.int64) - lo
-                inside = (sp >= 0) & (sp < n)
-                src_index[r, : len(sp)] = np.where(inside, sp, 0)
-                src_valid[r, : len(sp)] = inside
-                source_key = np.zeros(n, bool)
-                source_key[sp[inside]] = True
-                gen = kp >= it.generated_start
-                masks[r, 0, :n] = ~source_key & ~gen
-                masks[r, 1, :n] = gen
-                for m, positions in ((2, it.context_positions), (3, it.history_positions)):
-                    rel = np.asarray(positions, np.int64) - lo
-                    masks[r, m, rel[(rel >= 0) & (rel < n)]] = 1
+            masks[:, 0] = valid & ~source_key & ~gen
+            masks[:, 1] = valid & gen
+            for m, name in ((2, "context"), (3, "history")):
+                owner, pos = blocks_by_key[name]
+                at = pos - lo[owner]
+                ok = (at >= 0) & (at < n[owner])
+                masks[owner[ok], m, at[ok]] = 1
             for name, array in (("qslots", qslots), ("k_block", k_block), ("k_off", k_off)):
                 packer.put(f"{name}{layer}", array)
             per_layer[layer] = (kpos, src_index, src_valid, masks)
