@@ -9,6 +9,7 @@ import numpy as np
 
 from alignatt.capture.vllm.fetch import DraftState
 from alignatt.capture.vllm.seam import VllmCaptureSeam
+from alignatt.capture.vllm.settling import Settler
 from alignatt.core.draft import DraftRequest
 from alignatt.core.prompt import PromptLayout
 from tests.capture.test_vllm_fetch import HEADS, StandInEngine
@@ -57,7 +58,8 @@ def scripted_seam(script):
     seam.fixed_length, seam.reconstruct, seam.keep_raw = True, "batched", False
     seam.stop_ids, seam._newline_ids = set(), set()
     seam.raw, seam.last_raw_id = {}, None
-    seam._states, seam._pending, seam._checks, seam._aborted, seam._warned = {}, [], [], set(), set()
+    seam._states, seam._pending, seam._aborted, seam._warned = {}, [], set(), set()
+    seam.settler = Settler(engine.fetcher, 3, seam._item)
     seam.prompt_tokens = seam.cached_prompt_tokens = 0
     for rid, (_, n_prompt, n, source, prefix_start) in REQUESTS.items():
         prompt = PromptLayout("", list(range(n_prompt)), source, [0] * len(source), prefix_start, "chat", False)

@@ -1,4 +1,4 @@
-"""`VllmCaptureSeam` stops a running draft once its rows hold the policy's answer (request.settle),
+"""`VllmCaptureSeam` (with its `Settler`) stops a running draft once its rows hold the policy's answer (request.settle),
 on CPU around a stand-in engine core that delivers one token per step: the rows so far are read
 while the request runs, the request leaves the engine at the first held token plus its buffer, and
 its draft is the whole draft cut there (tokens and rows, the rows its last check read). Without a held token it runs to its end."""
@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from alignatt.capture.vllm.fetch import DraftState
+from alignatt.capture.vllm.settling import Settler
 from alignatt.core.draft import DraftRequest, SettleRule
 from alignatt.core.settle import SETTLED
 from tests.capture.test_vllm_seam_step import REQUESTS, reference_rows, scripted_seam
@@ -45,13 +46,13 @@ class OneTokenPerStep:
 def settling_seam(rid, border_words, buffer_tokens, settle_every=3):
     seam, _ = scripted_seam([])
     seam.engine.core = OneTokenPerStep({rid: REQUESTS[rid][2]})
-    seam.config = SimpleNamespace(capture=True, settle_every=settle_every)
+    seam.settler = Settler(seam.fetcher, settle_every, seam._item)
     state = seam._states[rid]
     # Every source token of the stand-in prompt belongs to word 0 of a one-word source.
     request = DraftRequest(source_words=["w"], committed_words=1, max_new_tokens=REQUESTS[rid][2],
                            settle=SettleRule(border_words, 0.99, buffer_tokens))
     seam.fixed_length = False
-    seam._states = {rid: DraftState(rid, rid, request, state.prompt, 0.0, check_at=seam._first_check(request))}
+    seam._states = {rid: DraftState(rid, rid, request, state.prompt, 0.0, check_at=seam.settler.first_check(request, False))}
     return seam
 
 

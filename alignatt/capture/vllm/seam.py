@@ -24,7 +24,8 @@ weights are rewritten in place the way transformers initialises a fresh Gemma-4
 (alignatt.models.synthetic_init); `describe()` records it.
 
 Parts: `engine` (config and start), `fetch` (typed per-request state, the batched fetch +
-rebuild), `hooks` (the engine side); this module composes them.
+rebuild), `hooks` (the engine side), `settling` (drafts that leave the engine once their answer is
+known); this module composes them.
 
 Pinned against vLLM 0.22.1 (V1 GPU model runner, in-process engine, TRITON_ATTN KV layout
 [num_blocks, 2, block_size, num_kv_heads, head_size]); every internal it touches is checked at
@@ -55,11 +56,12 @@ from alignatt.capture.vllm.fetch import (BatchFetcher, DraftState, EngineView, F
 from alignatt.capture.vllm.hooks import log
 from alignatt.capture.vllm.qcache import head_order, plan_capture
 from alignatt.capture.vllm import verify as vllm_verify
+from alignatt.capture.vllm.settling import Settler
 from alignatt.core.draft import Draft, DraftRequest, Head, Timings, TokenCapture, add_acceptance
 from alignatt.core.errors import AlignattError
 from alignatt.core.layout import AttentionLayout
 from alignatt.core.prompt import PromptLayout, PromptPreparer
-from alignatt.core.settle import SETTLED, head_means, held_index
+from alignatt.core.settle import SETTLED
 
 CAPTURED_FAMILIES = ("gemma4_text", "gemma3_text")  # vLLM's Gemma4Attention and Gemma3Attention
 from alignatt.models.synthetic_init import HFLikeInit
@@ -126,12 +128,13 @@ class VllmCaptureSeam:
         self._states: dict[str, DraftState] = {}
         # Fetches queued in the last step, read after the next step is queued behind them.
         self._pending: list[_FinishedStep] = []
-        self._checks: list[_SettleCheck] = []  # settling drafts' rows so far, read likewise
         self._aborted: set[str] = set()
         self._counter = 0
         self._warned: set[str] = set()
         self.prompt_tokens = self.cached_prompt_tokens = 0  # prefix-cache hits, over finished drafts
         # Verified re-drafts (docs/batching.md): off leaves the engine without a speculative config.
+        # Drafts with a settle rule leave the engine once their rows hold the answer (settling.py).
+        self.settler = Settler(self.fetcher, self.config.settle_every, self._item)
         if self.config.verify:
             self.book = vllm_verify.ProposalBook(self.config.verify_tokens)
             vllm_verify.install(self._runner(), self.book)
@@ -201,7 +204,7 @@ class VllmCaptureSeam:
         if self.book is not None:
             state.proposal = tuple(request.proposed_tokens())
             self.book.add(state.internal, len(prompt.input_ids), state.proposal)
-        state.check_at = self._first_check(request)
+        state.check_at = self.settler.first_check(request, self.fixed_length)
         self._states[handle] = state
         return handle
 
@@ -252,7 +255,7 @@ class VllmCaptureSeam:
                     self.book.drop(state.internal)
         if len(self._aborted) > 10_000:
             self._aborted.clear()  # late outputs of aborted requests arrive within a step or two
-        finished += self._settle(now)
+        finished += self.settler.step(self._states, now, self._leave_engine)
         ready, self._pending = self._pending, []
         if finished:
             queued = self._start_finish(finished)
@@ -262,55 +265,12 @@ class VllmCaptureSeam:
                 ready.append(queued)
         return [pair for done in ready for pair in self._complete(done)]
 
-    # ---- settling: stop a draft once the policy's answer is known (core/settle.py) ----
-
-    def _first_check(self, request: DraftRequest) -> Optional[int]:
-        """When a request's rows are first read for its answer: at the shortest draft that can hold
-        it (None: no rule, no capture to read, or a fixed-length benchmark draft)."""
-        if request.settle is None or self.fetcher is None or self.fixed_length:
-            return None
-        return request.settle.buffer_tokens + 1
-
-    def _settle(self, now: float) -> list[DraftState]:
-        """Read the checks queued last step, stop the running drafts that hold their answer, and
-        queue checks of the drafts that are due.
-
-        A check fetches a running request's rows so far (its block ids stay; queued before the next
-        step like a finish, read after it). Once a check finds the first held token p, the draft
-        needs p + 1 + buffer tokens; when it has them the request leaves the engine (aborted) and
-        is finished like any other, its rows fetched through the normal finish path."""
-        checks, self._checks = self._checks, []
-        for check in checks:
-            rows, timings = check.fetch.result()
-            for st, n, got in zip(check.states, check.n_tokens, rows):
-                if self._states.get(st.handle) is not st:
-                    continue  # finished, superseded or aborted since
-                st.checked = (got, timings)
-                # The scan on the fetched arrays: no Draft is built on the engine thread.
-                held = held_index(got.rows[:n], got.other_prompt[:n], got.generated[:n], head_means(got.context, n),
-                                  st.prompt.source_word_of_token, st.request.committed_words, st.request.settle)
-                if held is not None:
-                    st.settle_length = held + 1 + st.request.settle.buffer_tokens
-        stopped = []
-        for st in list(self._states.values()):
-            if st.settle_length is None or len(st.tokens) < st.settle_length:
-                continue
-            self.engine.core.abort_request([st.handle])
-            self._aborted.add(st.handle)  # its in-flight step's output arrives late
-            if self.book is not None:
-                self.book.drop(st.internal)
-            del st.tokens[st.settle_length:]
-            st.settled, st.finished_at, st.finish_reason = True, now, SETTLED
-            stopped.append(self._states.pop(st.handle))
-        due = [st for st in self._states.values()
-               if st.check_at is not None and st.settle_length is None and len(st.tokens) >= st.check_at]
-        if due:
-            n_tokens = [len(st.tokens) for st in due]
-            fetch = self.fetcher.enqueue([self._item(st, n) for st, n in zip(due, n_tokens)], running=True)
-            self._checks.append(_SettleCheck(due, n_tokens, fetch))
-            for st, n in zip(due, n_tokens):
-                st.check_at = n + self.config.settle_every
-        return stopped
+    def _leave_engine(self, st: DraftState) -> None:
+        """A settled request out of vLLM's batch; its blocks stay readable until the next step."""
+        self.engine.core.abort_request([st.handle])
+        self._aborted.add(st.handle)  # its in-flight step's output arrives late
+        if self.book is not None:
+            self.book.drop(st.internal)
 
     # ---- run to completion ----
 
@@ -368,10 +328,9 @@ class VllmCaptureSeam:
         if self.fetcher is None:
             return done
         for i, (st, (tok, _)) in enumerate(zip(states, done.trimmed)):
-            # A draft stopped where its last check had read it already has its rows: the same rows
-            # the seam's scan stopped on, and the session's scan then reads (no second fetch).
-            if st.settled and st.checked is not None and len(st.checked[0].rows) >= len(tok):
-                done.prefetched[i] = (st.checked[0].first(len(tok)), st.checked[1])
+            rows = Settler.prefetched(st, len(tok))  # a settled draft's rows from its last check
+            if rows is not None:
+                done.prefetched[i] = rows
         items = [(i, self._item(st, len(tok))) for i, (st, (tok, _)) in enumerate(zip(states, done.trimmed))
                  if tok and i not in done.prefetched]
         for i, (st, (tok, _)) in enumerate(zip(states, done.trimmed)):
@@ -495,15 +454,6 @@ class VllmCaptureSeam:
             self.engine = None
         gc.collect()
         torch.cuda.empty_cache()
-
-
-@dataclass
-class _SettleCheck:
-    """Settling drafts' rows so far, fetched in one step (their token counts then), read in the next."""
-
-    states: list[DraftState]
-    n_tokens: list[int]
-    fetch: PendingFetch
 
 
 @dataclass
