@@ -159,13 +159,17 @@ def scan_stop(aligned: list[int], context_share: np.ndarray, committed_words: in
     return None
 
 
+def share_of_context(masses: np.ndarray, context: np.ndarray) -> np.ndarray:
+    """[T] context mass / (source + context mass) from a [T, 4] `mass_split` and the context
+    block's [T] head-mean mass: what `max_context_share` is tested on."""
+    source_mass = masses[:, 0] + masses[:, 1] if len(masses) else np.zeros(0)
+    return np.divide(context, source_mass + context, out=np.zeros(len(context)),
+                     where=(source_mass + context) > 0)
+
+
 def context_share(draft: Draft, committed_words: int) -> np.ndarray:
-    """[T] each token's context mass / (source + context mass): the `max_context_share` test."""
-    n = len(draft.tokens)
-    masses = draft.mass_split(committed_words)
-    context = draft.block_mass("context")
-    source_mass = masses[:, 0] + masses[:, 1] if n else np.zeros(0)
-    return np.divide(context, source_mass + context, out=np.zeros(n), where=(source_mass + context) > 0)
+    """[T] each token's context share (`share_of_context`) at this frontier."""
+    return share_of_context(draft.mass_split(committed_words), draft.block_mass("context"))
 
 
 def decide(

@@ -21,7 +21,7 @@ from typing import Sequence
 import numpy as np
 
 from alignatt.core.draft import Draft, SettleRule, mass_split
-from alignatt.core.policy import PolicyConfig, scan_stop
+from alignatt.core.policy import PolicyConfig, scan_stop, share_of_context
 
 SETTLED = "settled"  # Draft.stop_reason of a draft cut once its answer was known
 
@@ -42,10 +42,8 @@ def held_index(rows: np.ndarray, other_prompt: np.ndarray, generated: np.ndarray
     if not len(rows):
         return None
     aligned = [int(w) for w in np.asarray(source_word_of_token)[rows.mean(axis=1).argmax(axis=-1)]]
-    masses = mass_split(rows, other_prompt, generated, source_word_of_token, committed_words)
-    source = masses[:, 0] + masses[:, 1]
-    share = np.divide(context_mean, source + context_mean, out=np.zeros(len(rows)),
-                      where=(source + context_mean) > 0)
+    share = share_of_context(mass_split(rows, other_prompt, generated, source_word_of_token, committed_words),
+                             context_mean)
     config = PolicyConfig(border_words=rule.border_words, max_context_share=rule.max_context_share)
     stop = scan_stop(aligned, share, committed_words, config)
     return None if stop is None else stop[0]
