@@ -255,10 +255,7 @@ class Draft:
 
     def aligned_words(self) -> np.ndarray:
         """For every drafted token, the source word its heads attend to most (head-averaged)."""
-        rows = self.stacked()[0]
-        if not len(rows):
-            return np.zeros(0, dtype=int)
-        return np.asarray(self.source_word_of_token)[rows.mean(axis=1).argmax(axis=-1)]
+        return aligned_words(self.stacked()[0], self.source_word_of_token)
 
     def mass_split(self, committed_words: int) -> np.ndarray:
         """[T, 4] head-averaged mass per token, in `MASS_KEYS` order, for this frontier."""
@@ -266,12 +263,19 @@ class Draft:
 
     def block_mass(self, block: str) -> np.ndarray:
         """[T] head-averaged mass on the `context` or `history` block (0 where there is none)."""
-        out = np.zeros(len(self.tokens))
-        for i, t in enumerate(self.tokens):
-            m = getattr(t, f"{block}_mass")
-            if m is not None and len(m):
-                out[i] = float(np.mean(m))
-        return out
+        return head_means([getattr(t, f"{block}_mass") for t in self.tokens])
+
+
+def aligned_words(rows: np.ndarray, source_word_of_token: Sequence[int]) -> np.ndarray:
+    """[T] the source word each token's heads attend to most (head-averaged argmax of rows [T, H, S])."""
+    if not len(rows):
+        return np.zeros(0, dtype=int)
+    return np.asarray(source_word_of_token)[rows.mean(axis=1).argmax(axis=-1)]
+
+
+def head_means(masses: Sequence[np.ndarray | None]) -> np.ndarray:
+    """[T] each token's head mean of a per-head mass [H] (0 where a token has none)."""
+    return np.asarray([float(np.mean(m)) if m is not None and len(m) else 0.0 for m in masses], dtype=float)
 
 
 def mass_split(

@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from alignatt.core.draft import Draft, SettleRule, mass_split
+from alignatt.core.draft import Draft, SettleRule, aligned_words, mass_split
 from alignatt.core.policy import PolicyConfig, scan_stop, share_of_context
 
 SETTLED = "settled"  # Draft.stop_reason of a draft cut once its answer was known
@@ -41,19 +41,12 @@ def held_index(rows: np.ndarray, other_prompt: np.ndarray, generated: np.ndarray
     at the same token."""
     if not len(rows):
         return None
-    aligned = [int(w) for w in np.asarray(source_word_of_token)[rows.mean(axis=1).argmax(axis=-1)]]
+    aligned = [int(w) for w in aligned_words(rows, source_word_of_token)]
     share = share_of_context(mass_split(rows, other_prompt, generated, source_word_of_token, committed_words),
                              context_mean)
     config = PolicyConfig(border_words=rule.border_words, max_context_share=rule.max_context_share)
     stop = scan_stop(aligned, share, committed_words, config)
     return None if stop is None else stop[0]
-
-
-def head_means(mass: np.ndarray | None, n: int) -> np.ndarray:
-    """[n] each token's head-mean of a [n, H] mass (0 without one), as `Draft.block_mass` takes it."""
-    if mass is None:
-        return np.zeros(n)
-    return np.asarray([float(np.mean(m)) if len(m) else 0.0 for m in mass[:n]])
 
 
 def _scan(draft: Draft, committed_words: int, rule: SettleRule) -> int | None:

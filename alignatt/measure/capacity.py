@@ -280,21 +280,23 @@ def _one_plain_engine(label: str | None) -> str | None:
     return "+".join([label.split("+")[0].strip(), *(f for f in _flags(label) if f != "verify" and not _server_flag(f))])
 
 
+def _counted_flag(label: str | None, pattern: re.Pattern, name: str) -> int | None:
+    """N of a label's one `<name>N` flag (None: the label has none)."""
+    counts = [int(m.group(1)) for flag in _flags(label) if (m := pattern.fullmatch(flag))]
+    if len(counts) > 1:
+        raise AlignattError(f"configuration {label!r} names more than one {name}<N> flag")
+    return counts[0] if counts else None
+
+
 def configuration_engines(label: str | None) -> int | None:
     """The engine processes a configuration label's `engines<N>` flag asks for on the GPU (None: the
     run's `engines` option, one engine in the server's process by default)."""
-    counts = [int(m.group(1)) for flag in _flags(label) if (m := ENGINES_FLAG.fullmatch(flag))]
-    if len(counts) > 1:
-        raise AlignattError(f"configuration {label!r} names more than one engines<N> flag")
-    return counts[0] if counts else None
+    return _counted_flag(label, ENGINES_FLAG, "engines")
 
 
 def configuration_settle(label: str | None) -> int | None:
     """The buffer tokens of a configuration label's `settle<N>` flag (None: drafts run to max_new_tokens)."""
-    counts = [int(m.group(1)) for flag in _flags(label) if (m := SETTLE_FLAG.fullmatch(flag))]
-    if len(counts) > 1:
-        raise AlignattError(f"configuration {label!r} names more than one settle<N> flag")
-    return counts[0] if counts else None
+    return _counted_flag(label, SETTLE_FLAG, "settle")
 
 
 def vllm_modes(options: LoadOptions) -> list[str | None]:

@@ -76,7 +76,8 @@ def test_the_array_scan_a_seam_runs_stops_where_the_drafts_scan_stops():
     leaks included: a token whose context block outweighs the source is held like `decide` holds it."""
     import numpy as np
 
-    from alignatt.core.settle import head_means, held_index
+    from alignatt.core.draft import head_means
+    from alignatt.core.settle import held_index
 
     d = draft([0, 1, 0, 2, 1, 0, 3, 4], committed=6)
     tokens = [replace(t, context_mass=np.full(2, 0.9 if i == 4 else 0.01, np.float32))
@@ -87,7 +88,7 @@ def test_the_array_scan_a_seam_runs_stops_where_the_drafts_scan_stops():
     for committed in range(1, 7):
         for border in (0, 1, 2):
             rule = SettleRule(border, 0.5, 1)
-            held = held_index(rows, other, generated, head_means(context, len(rows)), d.source_word_of_token,
+            held = held_index(rows, other, generated, head_means(list(context)), d.source_word_of_token,
                               committed, rule)
             assert held == first_held(replace(d, request=replace(d.request, committed_words=committed)), rule)
     assert first_held(d, SettleRule(0, 0.5, 1)) == 4  # the context leak

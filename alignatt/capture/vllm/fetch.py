@@ -58,7 +58,7 @@ class DraftState:
     tokens: list[int] = field(default_factory=list)
     first_token_at: Optional[float] = None
     finished_at: Optional[float] = None
-    finish_reason: Optional[str] = None
+    finish_reason: Optional[str] = None  # vLLM's, or core.settle.SETTLED: stopped at settle_length
     cached_tokens: Optional[int] = None  # prompt tokens vLLM's prefix cache served (None: not reported)
     proposal: tuple[int, ...] = ()  # the tokens the engine was asked to verify (verify on)
     step_tokens: list[int] = field(default_factory=list)  # new tokens each of its steps delivered
@@ -66,7 +66,6 @@ class DraftState:
     # that holds the policy's answer once a check found its first held token (None: not yet).
     check_at: Optional[int] = None
     settle_length: Optional[int] = None
-    settled: bool = False  # stopped in the engine at settle_length
     checked: Any = None  # (FetchedRows, FetchTimings) of its last check: a settled draft's rows when they cover it
 
 

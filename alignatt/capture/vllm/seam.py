@@ -311,7 +311,7 @@ class VllmCaptureSeam:
         """Trim the finished drafts and queue one batched fetch for all of them."""
         done = _FinishedStep(states)
         for st in states:
-            tokens, stop_reason = list(st.tokens), SETTLED if st.settled else "max_new_tokens"
+            tokens, stop_reason = list(st.tokens), SETTLED if st.finish_reason == SETTLED else "max_new_tokens"
             if not self.fixed_length:
                 for i, tok in enumerate(tokens):
                     if tok in self.stop_ids or (st.prompt.stop_at_newline and tok in self._newline_ids):

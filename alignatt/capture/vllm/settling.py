@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from alignatt.capture.vllm.fetch import BatchFetcher, DraftState, FetchItem, PendingFetch
-from alignatt.core.draft import DraftRequest
-from alignatt.core.settle import SETTLED, head_means, held_index
+from alignatt.core.draft import DraftRequest, head_means
+from alignatt.core.settle import SETTLED, held_index
 
 
 @dataclass
@@ -56,7 +56,7 @@ class Settler:
                 if running.get(st.handle) is not st:
                     continue  # finished, superseded or aborted since
                 st.checked = (got, timings)
-                held = held_index(got.rows[:n], got.other_prompt[:n], got.generated[:n], head_means(got.context, n),
+                held = held_index(got.rows[:n], got.other_prompt[:n], got.generated[:n], head_means(got.context[:n] if got.context is not None else [None] * n),
                                   st.prompt.source_word_of_token, st.request.committed_words, st.request.settle)
                 if held is not None:
                     st.settle_length = held + 1 + st.request.settle.buffer_tokens
@@ -66,7 +66,7 @@ class Settler:
                 continue
             leave_engine(st)
             del st.tokens[st.settle_length:]
-            st.settled, st.finished_at, st.finish_reason = True, now, SETTLED
+            st.finished_at, st.finish_reason = now, SETTLED
             stopped.append(running.pop(st.handle))
         due = [st for st in running.values()
                if st.check_at is not None and st.settle_length is None and len(st.tokens) >= st.check_at]
@@ -81,6 +81,6 @@ class Settler:
     @staticmethod
     def prefetched(st: DraftState, n_tokens: int) -> Any:
         """A stopped draft's (rows, timings) from its last check, when they cover its n tokens (None: fetch)."""
-        if st.settled and st.checked is not None and len(st.checked[0].rows) >= n_tokens:
+        if st.finish_reason == SETTLED and st.checked is not None and len(st.checked[0].rows) >= n_tokens:
             return st.checked[0].first(n_tokens), st.checked[1]
         return None
