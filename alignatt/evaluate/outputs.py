@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from alignatt.core.policy import PRESET_NAMES
-from alignatt.evaluate.units import target_units
+from alignatt.evaluate.units import counting_note
 
 OFFLINE = "offline"  # the baseline row: the whole source at once, as its preset and its driver
 ROW_PRESETS = (*PRESET_NAMES, OFFLINE)
@@ -183,7 +183,7 @@ def report_section(root: Path, paths: list[tuple[str, Any]]) -> list[dict[str, A
                       for k, v in (cfg.get("tails") or {"gold": {"description": "tail = the gold source words"}}).items()},
             "uncertainty": cfg.get("uncertainty"),
             "talks": len(a.test_set.get("longform_ids", [])),
-            "target_units": target_units(a.test_set.get("direction") or ""),
+            "target_units": counting_note(a.test_set.get("direction") or ""),
             "wps": cfg.get("words_per_second"), "lag": cfg.get("commit_lag_seconds"),
             "presets": [(name, presets[name]) for name in ROW_PRESETS if name in presets],
             "points": [{k: (_fmt(v, 2) if isinstance(v, float) or v is None else v) for k, v in pt.items()}

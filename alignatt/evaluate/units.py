@@ -11,7 +11,7 @@ def bleu_tokenizer(target_lang: str) -> str:
     return {"zh": "zh", "ja": "ja-mecab"}.get(target_lang, "13a")
 
 
-def target_units(direction: str) -> str:
+def counting_note(direction: str) -> str:
     """The page's line on how a direction's target side is counted."""
     lang = direction.rpartition("-")[2]
     unit = "characters" if lang in CHAR_LANGS else "words"

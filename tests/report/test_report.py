@@ -313,9 +313,9 @@ def test_an_eval_section_says_once_why_a_lag_falls_below_zero_and_counts_each_fi
 @pytest.mark.parametrize("direction, unit, tokenizer", [("en-zh", "characters", "zh"), ("en-de", "words", "13a"),
                                                         ("cs-en", "words", "13a")])
 def test_an_eval_section_says_how_its_target_side_is_counted(direction, unit, tokenizer):
-    from alignatt.evaluate.units import target_units
+    from alignatt.evaluate.units import counting_note
 
-    assert target_units(direction) == f"delays count target {unit}; BLEU tokenised by sacrebleu's {tokenizer}"
+    assert counting_note(direction) == f"delays count target {unit}; BLEU tokenised by sacrebleu's {tokenizer}"
 
 
 def test_the_capacity_table_shows_how_busy_the_gpu_was_where_it_was_sampled():

@@ -56,7 +56,8 @@ class Settler:
                 if running.get(st.handle) is not st:
                     continue  # finished, superseded or aborted since
                 st.checked = (got, timings)
-                held = held_index(got.rows[:n], got.other_prompt[:n], got.generated[:n], head_means(got.context[:n] if got.context is not None else [None] * n),
+                context = head_means(got.context[:n] if got.context is not None else [None] * n)
+                held = held_index(got.rows[:n], got.other_prompt[:n], got.generated[:n], context,
                                   st.prompt.source_word_of_token, st.request.committed_words, st.request.settle)
                 if held is not None:
                     st.settle_length = held + 1 + st.request.settle.buffer_tokens
