@@ -49,6 +49,34 @@ def held_index(rows: np.ndarray, other_prompt: np.ndarray, generated: np.ndarray
     return None if stop is None else stop[0]
 
 
+def held_indices(rows: np.ndarray, other_prompt: np.ndarray, generated: np.ndarray, context: np.ndarray,
+                 n_tokens: Sequence[int], word_of_column: np.ndarray, committed_words: Sequence[int],
+                 border_words: Sequence[int], max_context_share: Sequence[float]) -> list[int | None]:
+    """`held_index` of a whole batch of drafts in one pass of array operations (a seam's check of
+    every running request due in a step, on the engine's thread: no loop over requests).
+
+    rows [R, T, H, S] are padded with zero columns past each draft's source and with tokens past its
+    `n_tokens`; masses [R, T, H], `context` the per-head context-block mass (0: no block);
+    `word_of_column` [R, S] each source column's word (-1: padding). The same alignment (head-mean
+    argmax), context share and scan as `held_index`; the source mass is summed in another order, so
+    a share may differ from `held_index`'s in its last float32 bit."""
+    R, T = rows.shape[:2]
+    if R == 0:
+        return []
+    n = np.asarray(n_tokens)[:, None]
+    committed = np.asarray(committed_words)[:, None]
+    column = rows.mean(axis=2).argmax(axis=-1)  # [R, T]: pad columns are 0, never above a real maximum
+    aligned = np.take_along_axis(word_of_column, column, axis=1)
+    # the share's source mass is all of the source, committed or not (`mass_split`'s first two columns)
+    source, ctx = rows.sum(axis=-1).mean(axis=-1), context.mean(axis=-1)
+    share = np.divide(ctx, source + ctx, out=np.zeros(ctx.shape), where=(source + ctx) > 0)
+    trusted = committed - np.asarray(border_words)[:, None]  # a tail word is past the border too
+    stop = (share > np.asarray(max_context_share)[:, None]) | (aligned >= trusted)
+    stop &= (np.arange(T)[None] < n) & (word_of_column.max(axis=1) >= 0)[:, None]  # no source: no verdict
+    first = stop.argmax(axis=1)
+    return [int(f) if any_ else None for f, any_ in zip(first, stop.any(axis=1))]
+
+
 def _scan(draft: Draft, committed_words: int, rule: SettleRule) -> int | None:
     return held_index(*draft.stacked(), draft.block_mass("context"), draft.source_word_of_token,
                       committed_words, rule)

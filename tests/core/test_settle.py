@@ -93,3 +93,41 @@ def test_the_array_scan_a_seam_runs_stops_where_the_drafts_scan_stops():
             assert held == first_held(replace(d, request=replace(d.request, committed_words=committed)), rule)
     assert first_held(d, SettleRule(0, 0.5, 1)) == 4  # the context leak
     assert decide(d, 6, POLICY_PRESETS["low_latency"]).decisions[4].reason == "context_leak"
+
+
+def test_the_batched_scan_stops_every_draft_where_its_own_scan_stops():
+    """`held_indices` over a padded batch (ragged drafts and sources, context leaks, no source at
+    all) gives each draft `held_index`'s answer: what the engine's check computes for all the
+    requests due in a step at once."""
+    import numpy as np
+
+    from alignatt.core.draft import head_means
+    from alignatt.core.settle import held_index, held_indices
+
+    rng = np.random.default_rng(7)
+    H, seen = 4, set()
+    for _ in range(60):
+        R = int(rng.integers(1, 9))
+        lengths, sources = rng.integers(0, 9, R), rng.integers(0, 12, R)
+        T, S = max(int(lengths.max()), 1), max(int(sources.max()), 1)
+        rows, masses = np.zeros((R, T, H, S), np.float32), rng.random((R, T, H, 3)).astype(np.float32) * 0.3
+        words, expected = np.full((R, S), -1), []
+        committed, border = rng.integers(0, 7, R), rng.integers(0, 3, R)
+        share = rng.choice([0.3, 0.6, 1.0], R)
+        for r in range(R):
+            n, s = int(lengths[r]), int(sources[r])
+            w = np.sort(rng.integers(0, 6, s))
+            words[r, :s] = w
+            rows[r, :n, :, :s] = rng.dirichlet(np.full(s, 0.3), (n, H)) * 0.7 if s else 0
+            if s == 0:
+                expected.append(None)  # no source to look at: no verdict (it drafts to its end)
+                continue
+            m = masses[r, :n]
+            held = held_index(rows[r, :n, :, :s], m[..., 0], m[..., 1], head_means(list(m[..., 2])), list(w),
+                              int(committed[r]), SettleRule(int(border[r]), float(share[r]), 1))
+            expected.append(held)
+        got = held_indices(rows, masses[..., 0], masses[..., 1], masses[..., 2], lengths, words, committed,
+                           border, share)
+        assert got == expected
+        seen.update("none" if h is None else "first" if h == 0 else "later" for h in expected)
+    assert seen == {"none", "first", "later"}  # every kind of answer was compared

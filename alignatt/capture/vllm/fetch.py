@@ -190,6 +190,7 @@ class PendingFetch:
         self.items = list(items)
         self._host, self._event, self._clock, self._pack_ms, self._raw = host, event, clock, pack_ms, raw
         self._done: Optional[tuple[list[FetchedRows], FetchTimings]] = None
+        self.packed: Optional[np.ndarray] = None  # [R, T, H, S + len(MASSES)] once read: the batch as one array
 
     def ready(self) -> bool:
         return self._event is None or bool(self._event.query())
@@ -202,7 +203,7 @@ class PendingFetch:
         t0 = time.perf_counter()
         # A copy: the pinned buffer goes back to torch's host allocator, which reuses it.
         packed = self._host.numpy().copy()  # [R, T, H, S + len(MASSES)]
-        self._host = None
+        self._host, self.packed = None, packed
         S = packed.shape[-1] - len(MASSES)
         out = []
         for r, it in enumerate(self.items):

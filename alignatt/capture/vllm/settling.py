@@ -4,10 +4,11 @@ policy's answer.
 Every `settle_every` tokens (the first time at buffer + 1, the shortest draft that can hold the
 answer) a settling request's rows so far are fetched by the batched fetch with its block ids left in
 place, queued before the next engine step and read after it, like a finish. The scan runs on the
-fetched arrays (`settle.held_index`, the session's own scan), so no `Draft` is built on the engine
-thread. Once a check finds the first held token p, the request needs p + 1 + buffer tokens; when it
-has them it leaves the engine, and the seam finishes it with the rows its last check read where
-they cover it (the very rows the scan stopped on), else through the normal finish fetch.
+fetched batch in one pass (`settle.held_indices`, the session's own scan on arrays), so no `Draft`
+is built and no request is scanned alone on the engine thread. Once a check finds the first held
+token p, the request needs p + 1 + buffer tokens; when it has them it leaves the engine, and the
+seam finishes it with the rows its last check read where they cover it (the very rows the scan
+stopped on), else through the normal finish fetch.
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+import numpy as np
+
+from alignatt.capture.vllm.batched import MASSES
 from alignatt.capture.vllm.fetch import BatchFetcher, DraftState, FetchItem, PendingFetch
-from alignatt.core.draft import DraftRequest, head_means
-from alignatt.core.settle import SETTLED, held_index
+from alignatt.core.draft import DraftRequest
+from alignatt.core.settle import SETTLED, held_indices
 
 
 @dataclass
@@ -51,16 +55,7 @@ class Settler:
         stopped drafts, to be finished like any other."""
         checks, self.checks = self.checks, []
         for check in checks:
-            rows, timings = check.fetch.result()
-            for st, n, got in zip(check.states, check.n_tokens, rows):
-                if running.get(st.handle) is not st:
-                    continue  # finished, superseded or aborted since
-                st.checked = (got, timings)
-                context = head_means(got.context[:n] if got.context is not None else [None] * n)
-                held = held_index(got.rows[:n], got.other_prompt[:n], got.generated[:n], context,
-                                  st.prompt.source_word_of_token, st.request.committed_words, st.request.settle)
-                if held is not None:
-                    st.settle_length = held + 1 + st.request.settle.buffer_tokens
+            self._read(check, running)
         stopped = []
         for st in list(running.values()):
             if st.settle_length is None or len(st.tokens) < st.settle_length:
@@ -78,6 +73,31 @@ class Settler:
             for st, n in zip(due, n_tokens):
                 st.check_at = n + self.settle_every
         return stopped
+
+    @staticmethod
+    def _read(check: SettleCheck, running: dict[str, DraftState]) -> None:
+        """Scan a check's rows, all its requests in one pass (`settle.held_indices` on the fetched
+        batch), and give each request still running its settled length once it has an answer."""
+        rows, timings = check.fetch.result()
+        live = [i for i, st in enumerate(check.states) if running.get(st.handle) is st]  # not finished since
+        if not live:
+            return
+        packed = check.fetch.packed if len(live) == len(check.states) else check.fetch.packed[live]
+        states = [check.states[i] for i in live]
+        S = packed.shape[-1] - len(MASSES)
+        words = np.full((len(states), S), -1, np.int64)
+        for r, st in enumerate(states):
+            words[r, : len(st.prompt.source_word_of_token)] = st.prompt.source_word_of_token
+        at = {name: S + k for k, name in enumerate(MASSES)}
+        held = held_indices(packed[..., :S], packed[..., at["other_prompt"]], packed[..., at["generated"]],
+                            packed[..., at["context"]], [check.n_tokens[i] for i in live], words,
+                            [st.request.committed_words for st in states],
+                            [st.request.settle.border_words for st in states],
+                            [st.request.settle.max_context_share for st in states])
+        for i, st, h in zip(live, states, held):
+            st.checked = (rows[i], timings)
+            if h is not None:
+                st.settle_length = h + 1 + st.request.settle.buffer_tokens
 
     @staticmethod
     def prefetched(st: DraftState, n_tokens: int) -> Any:
