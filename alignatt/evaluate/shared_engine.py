@@ -24,7 +24,8 @@ from typing import Any, Callable, Sequence, TypeVar
 
 from alignatt.core.draft import DraftRequest, Seam
 from alignatt.core.errors import AlignattError
-from alignatt.serve.scheduler import DraftScheduler, SchedulerConfig, SessionSeam, as_batch_seam
+from alignatt.serve.batch_seam import as_batch_seam
+from alignatt.serve.scheduler import DraftScheduler, SchedulerConfig, SessionSeam
 
 Item = TypeVar("Item")
 Output = TypeVar("Output")

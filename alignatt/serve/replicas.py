@@ -4,8 +4,10 @@ With several engines per route, each one is a child process (multiprocessing "sp
 itself to one CUDA device and builds the route's seam there, so everything the model binds to its
 process (vLLM's engine and capture hooks, CUDA graphs) stays in that process. The server keeps
 the engine's `DraftScheduler`; its `BatchSeam` is a `ProcessBatchSeam`, which forwards each call
-(`Submit`, `Abort`, `Step`, `Count`, `Describe`, `Ping`, `Close`) and waits for its reply, one at
-a time. A child that is gone (end of pipe, broken pipe) is an `EngineDied`. A child that is alive
+(`Step`, `Count`, `Describe`, `Ping`, `Close`) and waits for its reply, one at a time. Submits and
+aborts wait for the next `Step` and ride with it, so a step costs one round trip however many drafts
+join or leave the batch in it: each round trip waits for this process's interpreter lock, which the
+event loop and the sessions' threads hold most of the time under load. A child that is gone (end of pipe, broken pipe) is an `EngineDied`. A child that is alive
 but answers nothing (stopped, or stuck in a step) is noticed by its engine's watcher
 (`alignatt.serve.pool.Engine`): a call outstanding past `ReplicaConfig.step_deadline_s`, or an
 idle child that does not answer a `Ping` within it, is an `EngineHung`, and the child is killed.
@@ -17,6 +19,7 @@ tokenise each draft's prompt and send it with `Submit`, and the child's one thre
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.util
@@ -33,7 +36,8 @@ from alignatt.core.draft import Draft, DraftRequest, Head
 from alignatt.core.errors import AlignattError
 from alignatt.serve.budget import PromptBudget, seam_positions, token_counting
 from alignatt.serve.config import DirectionRoute, EngineCount, SeamFactory
-from alignatt.serve.scheduler import EngineDied, as_batch_seam
+from alignatt.serve.batch_seam import as_batch_seam
+from alignatt.serve.scheduler import EngineDied
 from alignatt.serve.session import SessionLimits
 
 
@@ -117,18 +121,21 @@ class EngineSpec:
 
 @dataclass(frozen=True)
 class Submit:
+    handle: int  # the server's name for the draft (the child maps it to its seam's handle)
     request: DraftRequest
     prepared: Any = None  # the draft's prompt, prepared by the server with the child's preparer
 
 
 @dataclass(frozen=True)
 class Abort:
-    handle: Hashable
+    handle: int
 
 
 @dataclass(frozen=True)
 class Step:
-    pass
+    """One engine step, after the submits and aborts the server queued since the last one (in order)."""
+
+    work: tuple[Submit | Abort, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -169,19 +176,9 @@ class Ready:
 
 
 @dataclass(frozen=True)
-class Submitted:
-    handle: Hashable
-    unfinished: bool
-
-
-@dataclass(frozen=True)
-class Aborted:
-    unfinished: bool
-
-
-@dataclass(frozen=True)
 class Stepped:
-    finished: list[tuple[Hashable, Draft]]
+    # finished drafts, and the step's submits the seam refused (their error in place of a draft)
+    finished: list[tuple[int, Draft | BaseException]]
     unfinished: bool
 
 
@@ -244,16 +241,35 @@ def serve_engine(conn: multiprocessing.connection.Connection, spec: EngineSpec) 
         conn.send(Failed(_portable(e)))
         return
 
+    to_seam: dict[int, Hashable] = {}  # the server's handle -> the seam's, while the draft runs
+    to_server: dict[Hashable, int] = {}
+
+    def take_work(work: Sequence[Submit | Abort]) -> list[tuple[int, BaseException]]:
+        refused = []
+        for item in work:
+            if isinstance(item, Abort):
+                handle = to_seam.pop(item.handle, None)
+                if handle is not None:  # else it finished first
+                    del to_server[handle]
+                    engine.abort(handle)
+                continue
+            try:
+                handle = (engine.submit(item.request) if item.prepared is None
+                          else engine.submit(item.request, item.prepared))
+            except Exception as e:  # noqa: BLE001 - a bad request fails alone
+                refused.append((item.handle, _portable(e)))
+                continue
+            to_seam[item.handle], to_server[handle] = handle, item.handle
+        return refused
+
     def answer(message: Any) -> Any:
-        if isinstance(message, Submit):
-            handle = (engine.submit(message.request) if message.prepared is None
-                      else engine.submit(message.request, message.prepared))
-            return Submitted(handle, engine.has_unfinished())
-        if isinstance(message, Abort):
-            engine.abort(message.handle)
-            return Aborted(engine.has_unfinished())
         if isinstance(message, Step):
-            finished = list(engine.step())
+            finished: list[tuple[int, Any]] = take_work(message.work)
+            if engine.has_unfinished():
+                for handle, draft in engine.step():
+                    if handle in to_server:
+                        del to_seam[to_server[handle]]
+                        finished.append((to_server.pop(handle), draft))
             return Stepped(finished, engine.has_unfinished())
         if isinstance(message, Count):
             if counting is None:
@@ -316,6 +332,8 @@ class ProcessBatchSeam:
         self._reap = threading.Lock()  # one thread at a time waits for the child's exit status
         self._closed = False
         self._unfinished = False
+        self._work: list[Submit | Abort] = []  # for the next step (the scheduler's thread only)
+        self._handles = itertools.count()
         self._asked_at: float | None = None  # monotonic time of the call now waiting for its reply
         self._answered_at = time.monotonic()
         try:
@@ -407,20 +425,22 @@ class ProcessBatchSeam:
     # ---- BatchSeam ----
 
     def submit(self, request: DraftRequest, prepared: Any = None) -> Hashable:
-        reply: Submitted = self._call(Submit(request, prepared))
-        self._unfinished = reply.unfinished
-        return reply.handle
+        """Queued for the next step (no round trip); a request the seam refuses comes back from it."""
+        handle = next(self._handles)
+        self._work.append(Submit(handle, request, prepared))
+        return handle
 
     def abort(self, handle: Hashable) -> None:
-        self._unfinished = self._call(Abort(handle)).unfinished
+        self._work.append(Abort(handle))
 
-    def step(self) -> list[tuple[Hashable, Draft]]:
-        reply: Stepped = self._call(Step())
+    def step(self) -> list[tuple[Hashable, Draft | BaseException]]:
+        work, self._work = tuple(self._work), []
+        reply: Stepped = self._call(Step(work))
         self._unfinished = reply.unfinished
         return reply.finished
 
     def has_unfinished(self) -> bool:
-        return self._unfinished
+        return self._unfinished or any(isinstance(w, Submit) for w in self._work)
 
     # ---- what the server asks besides drafts ----
 

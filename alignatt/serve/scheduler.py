@@ -34,11 +34,12 @@ import threading
 import time
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Optional, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Hashable, Optional, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from alignatt.core.draft import Draft, DraftRequest, Seam
+from alignatt.serve.batch_seam import BatchSeam, as_batch_seam
 
 log = logging.getLogger("alignatt.serve.scheduler")
 
@@ -57,69 +58,6 @@ class EngineDied(Exception):
 
 class EngineHung(EngineDied):
     """The engine's process answered nothing within its deadline: it is taken out like a dead one."""
-
-
-@runtime_checkable
-class BatchSeam(Protocol):
-    """A seam that takes drafts into a running batch."""
-
-    name: str
-    max_batch: int
-
-    def submit(self, request: DraftRequest) -> Hashable: ...
-
-    # Optional: `prepare(request) -> prepared` does a draft's host work that needs no engine state
-    # (prompt building, tokenising); the scheduler calls it on the submitting thread and hands the
-    # result to `submit(request, prepared)`, so the engine thread, the GPU's critical path, skips it.
-
-    def abort(self, handle: Hashable) -> None: ...
-
-    def step(self) -> list[tuple[Hashable, Draft]]: ...
-
-    def has_unfinished(self) -> bool: ...
-
-    def close(self) -> None: ...
-
-
-class OneAtATime:
-    """A `BatchSeam` over a seam that drafts one request at a time (the HF seams): each step runs
-    the oldest submitted draft to completion. A running draft cannot be aborted; its result is
-    simply not delivered."""
-
-    max_batch = 1
-
-    def __init__(self, seam: Seam) -> None:
-        self.seam = seam
-        self.name = seam.name
-        self._queue: collections.OrderedDict[int, DraftRequest] = collections.OrderedDict()
-        self._ids = itertools.count()
-
-    def submit(self, request: DraftRequest) -> int:
-        handle = next(self._ids)
-        self._queue[handle] = request
-        return handle
-
-    def abort(self, handle: Hashable) -> None:
-        self._queue.pop(handle, None)  # type: ignore[arg-type]
-
-    def has_unfinished(self) -> bool:
-        return bool(self._queue)
-
-    def step(self) -> list[tuple[Hashable, Draft]]:
-        if not self._queue:
-            return []
-        handle, request = self._queue.popitem(last=False)
-        return [(handle, self.seam.draft(request))]
-
-    def close(self) -> None:
-        self.seam.close()
-
-
-def as_batch_seam(seam: Any) -> BatchSeam:
-    """The seam itself when it batches (submit/step/abort), else a batch of one around it."""
-    if all(callable(getattr(seam, m, None)) for m in ("submit", "step", "abort", "has_unfinished")):
-        return seam
-    return OneAtATime(seam)
 
 
 class SchedulerConfig(BaseModel):
@@ -419,6 +357,10 @@ class DraftScheduler:
                 job = self._running.pop(handle, None)
                 if job is None:
                     self.stats.discarded += 1  # superseded while it ran to completion
+                    continue
+                if isinstance(draft, BaseException):  # refused when the engine took it
+                    self.stats.failed += 1
+                    _fail(job.future, draft)
                     continue
                 self.stats.finished += 1
                 _resolve(job.future, draft)

@@ -117,17 +117,21 @@ class PreparedWhere:
 
 class PreparingProcessSeam(StandInBatchSeam):
     """A batch stand-in with vllm_capture's `prepare` and `preparer`; each draft's `seam` names the
-    process that prepared its prompt (`prepared@<pid>`)."""
+    process that prepared its prompt (`prepared@<pid>`). A draft takes `steps` steps; `refuse_word`:
+    `submit` raises ValueError for a request whose source holds it."""
 
-    def __init__(self, unpicklable: bool = False) -> None:
-        super().__init__(max_batch=8, steps_for=lambda r: 1)
+    def __init__(self, unpicklable: bool = False, steps: int = 1, refuse_word: str = "") -> None:
+        super().__init__(max_batch=8, steps_for=lambda r: steps)
         self.preparer = PreparedWhere(unpicklable)
         self.prompts: dict[int, tuple] = {}
+        self.refuse_word = refuse_word
 
     def prepare(self, request: DraftRequest):
         return self.preparer(request)
 
     def submit(self, request: DraftRequest, prompt=None) -> int:
+        if self.refuse_word and self.refuse_word in request.source_words:
+            raise ValueError(f"stand-in refuses {self.refuse_word!r}")
         handle = super().submit(request)
         self.prompts[handle] = prompt if prompt is not None else self.prepare(request)
         return handle

@@ -8,15 +8,14 @@ from concurrent.futures import wait
 import pytest
 
 from alignatt.core.draft import DraftRequest
+from alignatt.serve.batch_seam import OneAtATime, as_batch_seam
 from alignatt.serve.scheduler import (
     DraftScheduler,
     EngineDied,
-    OneAtATime,
     SchedulerBusy,
     SchedulerConfig,
     SessionSeam,
     Superseded,
-    as_batch_seam,
 )
 from tests.fakes.batch_fakes import PreparingBatchSeam, StandInBatchSeam
 from tests.fakes.mt_fakes import FakeSeam

@@ -160,6 +160,41 @@ def test_a_process_engine_has_its_drafts_prepared_by_the_server_when_its_prepare
         engine.close()
 
 
+def test_a_process_engine_takes_a_steps_submits_and_aborts_in_one_round_trip():
+    """Submits and aborts wait for the next step and go with it: a step is one round trip to the
+    child however many drafts join or leave the batch. A request the child's seam refuses comes back
+    from that step in place of its draft, and through a scheduler it fails alone."""
+    from alignatt.serve.replicas import EngineSpec, ProcessBatchSeam
+
+    route = DirectionRoute(model="fake", seam="fake", heads=None, seam_options={"steps": 2, "refuse_word": "boom"})
+    seam = ProcessBatchSeam(EngineSpec(preparing_factory, route, []), "trips")
+    try:
+        sent, call = [], seam._call
+        seam._call = lambda message, timeout_s=None: (sent.append(type(message).__name__), call(message, timeout_s))[1]
+        words = ["a", "b", "boom", "c"]
+        handles = [seam.submit(DraftRequest(source_words=[w, "x"], committed_words=2)) for w in words]
+        assert sent == [] and seam.has_unfinished()  # nothing crossed yet
+        first = dict(seam.step())  # all four taken, "boom" refused; the others need a second step
+        assert list(first) == [handles[2]] and isinstance(first[handles[2]], ValueError)
+        seam.abort(handles[1])
+        done = dict(seam.step())
+        assert not seam.has_unfinished() and sent == ["Step", "Step"]
+        assert set(done) == {handles[0], handles[3]}
+        assert [done[h].text for h in (handles[0], handles[3])] == [
+            " ".join(target_word(j, w) for j, w in enumerate([word, "x"])) for word in ("a", "c")]
+    finally:
+        seam.close()
+    engine = Engine("r", route, [], preparing_factory, SchedulerConfig(capacity=2), in_process=False)
+    try:
+        engine.open_session("s")
+        with pytest.raises(ValueError, match="refuses 'boom'"):
+            engine.submit("s", DraftRequest(source_words=["boom"], committed_words=1, final=True)).result(60)
+        assert engine.submit("s", DraftRequest(source_words=["ok"], committed_words=1)).result(60).text
+        assert engine.scheduler.stats.failed == 1
+    finally:
+        engine.close()
+
+
 def test_an_engine_that_cannot_load_raises_in_the_server(tmp_path):
     route = DirectionRoute(model="fake", seam="fake", seam_options={"record_dir": str(tmp_path), "fail_build": True})
     with pytest.raises(RuntimeError, match="cannot load"):  # the child's error, raised here
