@@ -134,6 +134,8 @@ def engine_level(before: dict, after: dict) -> dict:
         batch_sizes={k: v for k, v in sorted(sizes.items(), key=lambda kv: int(kv[0])) if v},
         step_ms_mean=per_step_ms("step_s"),
         step_cpu_ms_mean=per_step_ms("step_cpu_s"),
+        child_step_ms_mean=per_step_ms("child_step_s"),
+        child_cpu_ms_mean=per_step_ms("child_cpu_s"),
         failed=after.get("failed", 0) - before.get("failed", 0),
     )
 
@@ -165,4 +167,8 @@ def level_line(level: dict) -> str:
             f"{level['retractions']}, finals {level['finals_delivered']}/{level['finals_expected']}"
             f"{' in order' if level['finals_in_order'] else ' NOT all in order'}, errors {level['error_frames']}, "
             f"batch sizes {level['engine_batch_sizes']}"
-            + (f", GPU busy {level['gpu_busy_share']:.0%}" if level.get("gpu_busy_share") is not None else ""))
+            + (f", GPU busy {level['gpu_busy_share']:.0%}" if level.get("gpu_busy_share") is not None else "")
+            + "".join(f", engine {e['engine']} step {e['step_ms_mean']} ms (CPU {e['step_cpu_ms_mean']}"
+                      + (f"; child {e['child_step_ms_mean']}, CPU {e['child_cpu_ms_mean']})"
+                         if e.get("child_step_ms_mean") is not None else ")")
+                      for e in level.get("engines", []) if e.get("step_ms_mean") is not None))

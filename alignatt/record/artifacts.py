@@ -210,6 +210,10 @@ class LoadEngine(_Strict):
     failed: int = 0  # drafts that failed on it
     step_ms_mean: float | None = None  # wall inside the seam's step, per step (None: not recorded)
     step_cpu_ms_mean: float | None = None  # the engine thread's CPU time inside it, per step
+    # An engine in a process of its own: step_ms_mean is the server's round trip; these are the child's
+    # own wall and CPU per step (taking the step's submits and aborts, then stepping). None: in-process.
+    child_step_ms_mean: float | None = None
+    child_cpu_ms_mean: float | None = None
 
 
 class LoadVerification(_Strict):

@@ -196,11 +196,13 @@ class Engine:
         self.scheduler.supersede(key)
 
     def stats(self) -> dict:
-        pid = self.seam.pid if isinstance(self.seam, ProcessBatchSeam) else os.getpid()
+        child = isinstance(self.seam, ProcessBatchSeam)
         return {"engine": self.name, "seam": getattr(self.seam, "name", "?"), "max_batch": self.scheduler.max_batch,
-                "device": self.route.device, "gpu": self.cuda_device, "pid": pid, "alive": self.alive, "state": self.state,
+                "device": self.route.device, "gpu": self.cuda_device, "pid": self.seam.pid if child else os.getpid(),
+                "alive": self.alive, "state": self.state,
                 "sessions": self.scheduler.sessions, "queued": self.scheduler.queue_depth,
-                **self.scheduler.stats.as_dict()}
+                **self.scheduler.stats.as_dict(),
+                **({"child_step_s": self.seam.child_step_s, "child_cpu_s": self.seam.child_cpu_s} if child else {})}
 
     def close(self) -> None:
         """Stop the scheduler (it closes the seam on its own thread), then the tokenizing threads."""

@@ -180,6 +180,8 @@ class Stepped:
     # finished drafts, and the step's submits the seam refused (their error in place of a draft)
     finished: list[tuple[int, Draft | BaseException]]
     unfinished: bool
+    wall_s: float = 0.0  # the child's own time in this step (its submits, aborts and the step)
+    cpu_s: float = 0.0  # its thread's CPU time in it: the rest of a round trip is the pipe and waits
 
 
 @dataclass(frozen=True)
@@ -264,13 +266,15 @@ def serve_engine(conn: multiprocessing.connection.Connection, spec: EngineSpec) 
 
     def answer(message: Any) -> Any:
         if isinstance(message, Step):
+            started, cpu = time.perf_counter(), time.thread_time()
             finished: list[tuple[int, Any]] = take_work(message.work)
             if engine.has_unfinished():
                 for handle, draft in engine.step():
                     if handle in to_server:
                         del to_seam[to_server[handle]]
                         finished.append((to_server.pop(handle), draft))
-            return Stepped(finished, engine.has_unfinished())
+            return Stepped(finished, engine.has_unfinished(), time.perf_counter() - started,
+                           time.thread_time() - cpu)
         if isinstance(message, Count):
             if counting is None:
                 raise TypeError(f"seam {getattr(seam, 'name', '?')} cannot count tokens")
@@ -334,6 +338,7 @@ class ProcessBatchSeam:
         self._unfinished = False
         self._work: list[Submit | Abort] = []  # for the next step (the scheduler's thread only)
         self._handles = itertools.count()
+        self.child_step_s = self.child_cpu_s = 0.0  # the child's own time in its steps, summed
         self._asked_at: float | None = None  # monotonic time of the call now waiting for its reply
         self._answered_at = time.monotonic()
         try:
@@ -437,6 +442,8 @@ class ProcessBatchSeam:
         work, self._work = tuple(self._work), []
         reply: Stepped = self._call(Step(work))
         self._unfinished = reply.unfinished
+        self.child_step_s += reply.wall_s
+        self.child_cpu_s += reply.cpu_s
         return reply.finished
 
     def has_unfinished(self) -> bool:

@@ -191,6 +191,11 @@ def test_a_process_engine_takes_a_steps_submits_and_aborts_in_one_round_trip():
             engine.submit("s", DraftRequest(source_words=["boom"], committed_words=1, final=True)).result(60)
         assert engine.submit("s", DraftRequest(source_words=["ok"], committed_words=1)).result(60).text
         assert engine.scheduler.stats.failed == 1
+        # the child's own time per step reaches the load artifact beside the server's round trip
+        from alignatt.measure.capacity_levels import engine_level
+
+        level = engine_level({}, engine.stats())
+        assert 0 < level["child_step_ms_mean"] <= level["step_ms_mean"] and level["child_cpu_ms_mean"] >= 0
     finally:
         engine.close()
 
