@@ -125,6 +125,9 @@ def engine_level(before: dict, after: dict) -> dict:
             return None
         return round((after[key] - before.get(key, 0.0)) / steps * 1e3, 3)
 
+    phases_before = before.get("step_phases_s") or {}
+    phases = {k: round((v - phases_before.get(k, 0.0)) / steps * 1e3, 3)
+              for k, v in (after.get("step_phases_s") or {}).items()} if steps else {}
     return dict(
         engine=str(after.get("engine")),
         gpu=after.get("gpu"),
@@ -136,6 +139,7 @@ def engine_level(before: dict, after: dict) -> dict:
         step_cpu_ms_mean=per_step_ms("step_cpu_s"),
         child_step_ms_mean=per_step_ms("child_step_s"),
         child_cpu_ms_mean=per_step_ms("child_cpu_s"),
+        step_phase_ms=phases or None,
         failed=after.get("failed", 0) - before.get("failed", 0),
     )
 
@@ -169,6 +173,7 @@ def level_line(level: dict) -> str:
             f"batch sizes {level['engine_batch_sizes']}"
             + (f", GPU busy {level['gpu_busy_share']:.0%}" if level.get("gpu_busy_share") is not None else "")
             + "".join(f", engine {e['engine']} step {e['step_ms_mean']} ms (CPU {e['step_cpu_ms_mean']}"
-                      + (f"; child {e['child_step_ms_mean']}, CPU {e['child_cpu_ms_mean']})"
-                         if e.get("child_step_ms_mean") is not None else ")")
+                      + (f"; child {e['child_step_ms_mean']}, CPU {e['child_cpu_ms_mean']}"
+                         if e.get("child_step_ms_mean") is not None else "")
+                      + (f"; parts {e['step_phase_ms']})" if e.get("step_phase_ms") else ")")
                       for e in level.get("engines", []) if e.get("step_ms_mean") is not None))

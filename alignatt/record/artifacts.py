@@ -214,6 +214,8 @@ class LoadEngine(_Strict):
     # own wall and CPU per step (taking the step's submits and aborts, then stepping). None: in-process.
     child_step_ms_mean: float | None = None
     child_cpu_ms_mean: float | None = None
+    # The seam's own step in parts, wall ms per step (vllm_capture: vllm, settle, finish, drafts).
+    step_phase_ms: dict[str, float] | None = None
 
 
 class LoadVerification(_Strict):

@@ -202,7 +202,8 @@ class Engine:
                 "alive": self.alive, "state": self.state,
                 "sessions": self.scheduler.sessions, "queued": self.scheduler.queue_depth,
                 **self.scheduler.stats.as_dict(),
-                **({"child_step_s": self.seam.child_step_s, "child_cpu_s": self.seam.child_cpu_s} if child else {})}
+                **({"child_step_s": self.seam.child_step_s, "child_cpu_s": self.seam.child_cpu_s} if child else {}),
+                **({"step_phases_s": dict(phases)} if (phases := getattr(self.seam, "step_phases_s", None)) else {})}
 
     def close(self) -> None:
         """Stop the scheduler (it closes the seam on its own thread), then the tokenizing threads."""

@@ -182,6 +182,7 @@ class Stepped:
     unfinished: bool
     wall_s: float = 0.0  # the child's own time in this step (its submits, aborts and the step)
     cpu_s: float = 0.0  # its thread's CPU time in it: the rest of a round trip is the pipe and waits
+    phases_s: dict[str, float] | None = None  # the seam's own step parts, summed so far (`step_phases_s`)
 
 
 @dataclass(frozen=True)
@@ -273,8 +274,9 @@ def serve_engine(conn: multiprocessing.connection.Connection, spec: EngineSpec) 
                     if handle in to_server:
                         del to_seam[to_server[handle]]
                         finished.append((to_server.pop(handle), draft))
+            phases = getattr(seam, "step_phases_s", None)
             return Stepped(finished, engine.has_unfinished(), time.perf_counter() - started,
-                           time.thread_time() - cpu)
+                           time.thread_time() - cpu, dict(phases) if phases is not None else None)
         if isinstance(message, Count):
             if counting is None:
                 raise TypeError(f"seam {getattr(seam, 'name', '?')} cannot count tokens")
@@ -339,6 +341,7 @@ class ProcessBatchSeam:
         self._work: list[Submit | Abort] = []  # for the next step (the scheduler's thread only)
         self._handles = itertools.count()
         self.child_step_s = self.child_cpu_s = 0.0  # the child's own time in its steps, summed
+        self.step_phases_s: dict[str, float] | None = None  # the child's seam's, as of its last step
         self._asked_at: float | None = None  # monotonic time of the call now waiting for its reply
         self._answered_at = time.monotonic()
         try:
@@ -444,6 +447,7 @@ class ProcessBatchSeam:
         self._unfinished = reply.unfinished
         self.child_step_s += reply.wall_s
         self.child_cpu_s += reply.cpu_s
+        self.step_phases_s = reply.phases_s
         return reply.finished
 
     def has_unfinished(self) -> bool:

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from alignatt.capture.vllm.fetch import DraftState
-from alignatt.capture.vllm.seam import VllmCaptureSeam
+from alignatt.capture.vllm.seam import STEP_PHASES, VllmCaptureSeam
 from alignatt.capture.vllm.settling import Settler
 from alignatt.core.draft import DraftRequest
 from alignatt.core.prompt import PromptLayout
@@ -61,6 +61,7 @@ def scripted_seam(script):
     seam._states, seam._pending, seam._aborted, seam._warned = {}, [], set(), set()
     seam.settler = Settler(engine.fetcher, 3, seam._item)
     seam.prompt_tokens = seam.cached_prompt_tokens = 0
+    seam.step_phases_s = dict.fromkeys(STEP_PHASES, 0.0)
     for rid, (_, n_prompt, n, source, prefix_start) in REQUESTS.items():
         prompt = PromptLayout("", list(range(n_prompt)), source, [0] * len(source), prefix_start, "chat", False)
         request = DraftRequest(source_words=["w"], committed_words=1, max_new_tokens=n)
@@ -72,6 +73,21 @@ def reference_rows(rid):
     engine = StandInEngine()
     item = engine.add(rid, *REQUESTS[rid])
     return engine.fetcher.fetch_one(item)[0].rows
+
+
+def test_every_step_is_timed_in_its_parts():
+    """`step_phases_s` sums each part of the step's wall (the load benchmark reports it per step):
+    the parts add up to no more than the steps took, and the parts that did work are not zero."""
+    import time
+
+    seam, _ = scripted_seam([["a"], ["b"], ["c"]])
+    started = time.perf_counter()
+    while seam.has_unfinished():
+        seam.step()
+    took = time.perf_counter() - started
+    phases = seam.step_phases_s
+    assert set(phases) == set(STEP_PHASES) and 0 < sum(phases.values()) <= took
+    assert phases["finish"] > 0 and phases["drafts"] > 0  # fetches queued, drafts built
 
 
 def test_drafts_finishing_while_others_run_arrive_one_step_later_and_the_last_at_once():

@@ -125,6 +125,7 @@ class PreparingProcessSeam(StandInBatchSeam):
         self.preparer = PreparedWhere(unpicklable)
         self.prompts: dict[int, tuple] = {}
         self.refuse_word = refuse_word
+        self.step_phases_s = {"stand_in": 0.0}
 
     def prepare(self, request: DraftRequest):
         return self.preparer(request)
@@ -137,7 +138,10 @@ class PreparingProcessSeam(StandInBatchSeam):
         return handle
 
     def step(self):
-        return [(h, replace(d, seam=f"prepared@{self.prompts.pop(h)[0]}")) for h, d in super().step()]
+        started = time.perf_counter()
+        out = [(h, replace(d, seam=f"prepared@{self.prompts.pop(h)[0]}")) for h, d in super().step()]
+        self.step_phases_s["stand_in"] += time.perf_counter() - started  # as vllm_capture times its parts
+        return out
 
 
 def preparing_factory(route, heads: list[Head]) -> PreparingProcessSeam:

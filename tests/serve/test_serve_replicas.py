@@ -196,6 +196,7 @@ def test_a_process_engine_takes_a_steps_submits_and_aborts_in_one_round_trip():
 
         level = engine_level({}, engine.stats())
         assert 0 < level["child_step_ms_mean"] <= level["step_ms_mean"] and level["child_cpu_ms_mean"] >= 0
+        assert 0 < level["step_phase_ms"]["stand_in"] <= level["child_step_ms_mean"]  # the seam's own parts
     finally:
         engine.close()
 

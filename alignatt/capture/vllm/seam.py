@@ -62,9 +62,10 @@ from alignatt.core.errors import AlignattError
 from alignatt.core.layout import AttentionLayout
 from alignatt.core.prompt import PromptLayout, PromptPreparer
 from alignatt.core.settle import SETTLED
+from alignatt.models.synthetic_init import HFLikeInit
 
 CAPTURED_FAMILIES = ("gemma4_text", "gemma3_text")  # vLLM's Gemma4Attention and Gemma3Attention
-from alignatt.models.synthetic_init import HFLikeInit
+STEP_PHASES = ("vllm", "settle", "finish", "drafts")  # the parts of VllmCaptureSeam.step, timed
 
 
 def _engine_config(model: str, options: dict) -> VllmEngineConfig:
@@ -139,6 +140,10 @@ class VllmCaptureSeam:
             self.book = vllm_verify.ProposalBook(self.config.verify_tokens)
             vllm_verify.install(self._runner(), self.book)
         self.totals: dict[str, float] = {}
+        # Wall of each part of `step`, summed (the load benchmark reports it per step): vLLM's own
+        # step (forward, scheduling, sampling), reading the settle checks (and queueing new ones),
+        # queueing the finished requests' fetch, and building the drafts whose rows came back.
+        self.step_phases_s = dict.fromkeys(STEP_PHASES, 0.0)
 
     def _runner(self) -> Any:
         hooks = self.engine.hooks
@@ -232,6 +237,7 @@ class VllmCaptureSeam:
         can reuse their blocks) and read one step later, when the next forward is already queued
         behind them: the GPU never idles for the copy. With nothing left running there is no next
         step to overlap, and they are read at once."""
+        started = time.perf_counter()
         running = bool(self._states) or self.engine.core.has_unfinished_requests()
         outputs = self.engine.core.step() if running else []
         now = time.perf_counter()
@@ -256,6 +262,7 @@ class VllmCaptureSeam:
         if len(self._aborted) > 10_000:
             self._aborted.clear()  # late outputs of aborted requests arrive within a step or two
         finished += self.settler.step(self._states, now, self._leave_engine)
+        settled = time.perf_counter()
         ready, self._pending = self._pending, []
         if finished:
             queued = self._start_finish(finished)
@@ -263,7 +270,12 @@ class VllmCaptureSeam:
                 self._pending.append(queued)
             else:
                 ready.append(queued)
-        return [pair for done in ready for pair in self._complete(done)]
+        queued_at = time.perf_counter()
+        drafts = [pair for done in ready for pair in self._complete(done)]
+        for phase, (a, b) in (("vllm", (started, now)), ("settle", (now, settled)), ("finish", (settled, queued_at)),
+                              ("drafts", (queued_at, time.perf_counter()))):
+            self.step_phases_s[phase] += b - a
+        return drafts
 
     def _leave_engine(self, st: DraftState) -> None:
         """A settled request out of vLLM's batch; its blocks stay readable until the next step."""
