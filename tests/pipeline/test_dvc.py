@@ -40,7 +40,7 @@ def test_dvc_is_initialised_without_analytics():
 def test_stage_graph_and_outputs():
     spec = yaml.safe_load((ROOT / "dvc.yaml").read_text())
     stages = dvc(ROOT, "stage", "list", "--names-only").split()
-    assert stages == ["env", "gpu-tests", "bench@eager", "bench@cudagraph", "smoke", "load", "eval",
+    assert stages == ["env", "gpu-tests", "bench@eager", "bench@cudagraph", "bench@fullgraph", "smoke", "load", "eval",
                       "eval-direction@cs-en", "eval-direction@en-zh", "eval-direction@en-it", "report"]
     for name, stage in spec["stages"].items():
         body = stage.get("do", stage)
@@ -58,7 +58,7 @@ def test_stage_graph_and_outputs():
     # env -> every measuring stage -> report (report depends on the whole outputs folder)
     edges = {line.strip().rstrip(";") for line in dvc(ROOT, "dag", "--dot", "report").splitlines()
              if "->" in line}
-    for stage in ("bench@eager", "bench@cudagraph", "smoke", "load", "eval", *(f"eval-direction@{d}" for d in
+    for stage in ("bench@eager", "bench@cudagraph", "bench@fullgraph", "smoke", "load", "eval", *(f"eval-direction@{d}" for d in
                                                                           ("en-it", "en-zh", "cs-en"))):
         assert f'"env" -> "{stage}"' in edges
         assert f'"gpu-tests" -> "{stage}"' in edges  # no measurement before the GPU suite's verdict
@@ -206,12 +206,13 @@ def test_repro_is_incremental(tmp_path):
     project = _project_copy(tmp_path)
     _bench_and_report_only(project)
     first = dvc(project, "repro", env=FAKE_ENV)
-    assert ran_stages(first) == ["env", "gpu-tests", "bench@eager", "bench@cudagraph", "report"], first
+    assert ran_stages(first) == ["env", "gpu-tests", "bench@eager", "bench@cudagraph", "bench@fullgraph", "report"], first
     out = project / "outputs" / "cpu"
     assert sorted(p.name for p in out.iterdir()) == [
         "bench_cudagraph.json", "bench_cudagraph_metrics.json", "bench_eager.json",
-        "bench_eager_metrics.json", "fingerprint.json", "gpu_tests.json", "gpu_tests_verdict.json",
-        "latency_cudagraph.csv", "latency_eager.csv",
+        "bench_eager_metrics.json", "bench_fullgraph.json", "bench_fullgraph_metrics.json", "fingerprint.json",
+        "gpu_tests.json", "gpu_tests_verdict.json", "latency_cudagraph.csv", "latency_eager.csv",
+        "latency_fullgraph.csv",
     ]
     assert json.loads((out / "gpu_tests_verdict.json").read_text())["gpu_suite"] == "not run"  # a CPU profile
     fingerprint = json.loads((out / "fingerprint.json").read_text())
@@ -229,6 +230,7 @@ def test_repro_is_incremental(tmp_path):
     result = run_audit(root=project)  # exactly the fake seams are flagged, nothing else
     assert sorted((Path(f.path).name, f.check) for f in result.findings) == [
         ("bench_cudagraph.json", "provenance"), ("bench_eager.json", "provenance"),
+        ("bench_fullgraph.json", "provenance"),
     ], result.as_text()
     assert all("not alignatt's own seams" in f.message for f in result.findings)
     lock = (project / "dvc.lock").read_text()
@@ -254,7 +256,8 @@ def test_repro_is_incremental(tmp_path):
     (site / "METADATA").write_text("Metadata-Version: 2.1\nName: triton\nVersion: 9.9.0\n")
     upgraded = {**FAKE_ENV, "PYTHONPATH": f"{ROOT}{os.pathsep}{site.parent}"}
     fourth = dvc(project, "repro", env=upgraded)
-    assert ran_stages(fourth) == ["env", "gpu-tests", "bench@eager", "bench@cudagraph", "report"], fourth
+    assert ran_stages(fourth) == ["env", "gpu-tests", "bench@eager", "bench@cudagraph", "bench@fullgraph",
+                                  "report"], fourth
     assert json.loads((out / "fingerprint.json").read_text())["fingerprint"]["triton"] == "9.9.0"
 
 
