@@ -191,19 +191,27 @@ def our_rows(runs: dict[str, dict[str, tuple[str, BenchArtifact]]]) -> list[Resu
             seam = {s: a.seam(s) for s in (*HF_SEAMS, VLLM_CAPTURE)}
             hf = {s: seam[s].median_per_token_ms if seam[s] else None for s in HF_SEAMS}
             eager_rows: list = []
-            eager_rel = ""
+            eager_rel, apart_note = "", None
             v = seam[VLLM_CAPTURE]
             if mode != "eager" and "eager" in by_mode:
                 eager_rel, eager = by_mode["eager"]
-                # HF figures only to set beside a measured vLLM figure (the row's speedup)
+                # HF figures only to set beside a measured vLLM figure (the row's speedup), and only
+                # from the same run (day, machine, stack): a ratio across runs is not a speedup
                 if not any(hf.values()) and v is not None and v.status == "ok":
-                    hf = {s: (eager.seam(s).median_per_token_ms if eager.seam(s) else None) for s in HF_SEAMS}
-                    sources.append(_facts_of_bench(eager, eager_rel))
+                    twin = _facts_of_bench(eager, eager_rel)
+                    apart = disagreements([sources[0], twin])
+                    if apart:
+                        apart_note = (f"HF seams not shown: they ran in `{eager_rel}`, another run ({apart[0]}); "
+                                      "a speedup is taken within one run")
+                    else:
+                        hf = {s: (eager.seam(s).median_per_token_ms if eager.seam(s) else None) for s in HF_SEAMS}
+                        sources.append(twin)
                 ev = eager.seam(VLLM_CAPTURE)
                 eager_rows = [r.model_dump() for r in ev.rows] if ev else []
             notes = [f"{s.seam} skipped: {s.skip_reason}" for s in a.seams if s.status == "skipped"]
             notes += load_note(a)
             notes += [f"{s.seam}: {s.variant}" for s in a.seams if s.variant]
+            notes += [apart_note] if apart_note else []
             graph_notes, corrupt = _graph_check(
                 mode, [r.model_dump() for r in v.rows] if v else [], eager_rows, eager_rel)
             if a.synthetic_weights:

@@ -89,13 +89,16 @@ def test_our_rows_cpu_skips_and_gpu_graph_agreement(tree):
     assert gpu.speedup == pytest.approx(gpu.hf_eager / gpu.vllm)
 
 
-def test_a_combined_row_from_different_sessions_gets_no_speedup(tree):
+def test_a_graphed_row_measured_apart_from_the_eager_run_shows_no_hf_figures_and_no_speedup(tree):
+    """A vLLM mode re-measured on another day than bench@eager: the HF seams (which ran there) are
+    not set beside it, so no row mixes two runs; a note names the run they are in."""
     later = bench_artifact("h200", "cudagraph", {"vllm_capture": 0.25}, True, True, date="2026-12-05")
     write_run(tree, "h200", {"cudagraph": later})
     rows = report.collect_inputs(tree, report_params(tree)).rows()
     row = next(r for r in rows if r.machine == "NVIDIA H200" and r.mode == "cudagraph")
-    assert row.speedup is None and any("date" in c for c in row.conflicts)
-    assert "[" in report.render_report(tree)  # the conflict is footnoted in the page
+    assert row.hf_eager is None and row.speedup is None and not row.conflicts
+    assert row.vllm is not None and any("HF seams not shown" in n and "date" in n for n in row.notes)
+    assert "HF seams not shown" in report.render_report(tree)  # footnoted in the page
 
 
 def test_graphed_run_that_diverges_is_marked_corrupt(tree):
