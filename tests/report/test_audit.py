@@ -102,6 +102,24 @@ def test_a_row_is_never_combined_across_gpus_or_stacks(tree):
     assert "HF seams not shown" in (tree / "reports/BENCHMARKS.md").read_text()
 
 
+def test_a_published_pair_that_disagrees_is_flagged_as_a_combined_row(tree):
+    """The published artifacts of one day (a graphed run and its eager twin) are still combined: one
+    whose GPU or torch differs from its twin's is a combined-row finding (manifest kept in step)."""
+    import hashlib
+
+    folder = tree / "outputs/published"
+    name = "mt_capture_speed_benchmark_cudagraph_20260702.json"
+    _edit_json(folder / name, lambda d: d["config"].update(gpu_name="NVIDIA H100 80GB HBM3",
+                                                           torch_version="2.10.0+cu128"))
+    digest = hashlib.sha256((folder / name).read_bytes()).hexdigest()
+    sums = folder / "SHA256SUMS"
+    sums.write_text("".join(f"{digest}  {name}\n" if line.endswith(f"  {name}") else line + "\n"
+                            for line in sums.read_text().splitlines()))
+    report.write_report(tree)
+    combined = [f.message for f in _audit(tree).findings if f.check == "combined-row"]
+    assert any("GPU" in m for m in combined) and any("torch" in m for m in combined), combined
+
+
 def test_stale_report_and_derived_files_are_found(tree):
     page = tree / "reports/BENCHMARKS.md"
     page.write_text(page.read_text().replace("| 2026-12-01 |", "| 2026-12-02 |", 1))
