@@ -177,6 +177,7 @@ def _server_config(
     config: str | None, host: str, port: int, model: str, seam: str, preset: str, direction: str,
     heads: str | None, top_k: int, device: str, dtype: str | None, max_sessions: int,
     max_utterance_words: int, vllm_mode: str | None, engines: str, settle_buffer_tokens: int | None = None,
+    engine_process: bool | None = None,
 ):
     from alignatt.serve.config import server_config
 
@@ -184,7 +185,7 @@ def _server_config(
         config_path=config, host=host, port=port, model=model, seam=seam, preset=preset,
         direction=direction, heads=heads, top_k=top_k, device=device, dtype=dtype,
         max_sessions=max_sessions, max_utterance_words=max_utterance_words, vllm_mode=vllm_mode,
-        engines=engines, settle_buffer_tokens=settle_buffer_tokens,
+        engines=engines, settle_buffer_tokens=settle_buffer_tokens, engine_process=engine_process,
     )
 
 
@@ -208,6 +209,9 @@ def serve_cmd(
     settle_buffer_tokens: int = typer.Option(
         None, min=0, help="stop a partial draft once the policy's answer is known, N tokens past its first held "
                           "token (the shown buffer); unset: draft the whole 16 tokens (docs/batching.md)"),
+    engine_process: bool = typer.Option(
+        None, "--engine-process/--engine-in-server", help="the engine in a process of its own, or in the "
+                                                           "server's; default: its own for vllm_capture on CUDA"),
     config: str = typer.Option(None, help="ServerConfig JSON (several directions); replaces the options above"),
 ) -> None:
     """Run the MT server (WhisperLiveKit `alignatt` protocol v1) until interrupted."""
@@ -217,7 +221,8 @@ def serve_cmd(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cfg = _server_config(config, host, port, model, seam, preset, direction, heads, top_k,
-                         device, dtype, max_sessions, max_utterance_words, vllm_mode, engines, settle_buffer_tokens)
+                         device, dtype, max_sessions, max_utterance_words, vllm_mode, engines, settle_buffer_tokens,
+                         engine_process)
     typer.echo(f"loading {', '.join(f'{d}: {r.model}/{r.seam}' for d, r in cfg.directions.items())} ...")
     serve(cfg, on_ready=lambda s: typer.echo(
         f"alignatt-mt-server listening on ws://{cfg.host}:{s.port} (preset {cfg.default_preset})"))
@@ -259,7 +264,9 @@ def load_cmd(
     heads: str = HEADS,
     vllm_mode: str = typer.Option(None, help="vllm_capture: configurations, comma-separated, each a mode with "
                                              "optional +flags: verify, batch_invariant, engines<N> (N engine processes "
-                                             "on the GPU), e.g. fullgraph,fullgraph+verify,fullgraph+engines4"),
+                                             "on the GPU), process (the one engine in a process of its own), settle<N> "
+                                             "(stop drafts N tokens past the answer), e.g. "
+                                             "fullgraph,fullgraph+settle4,fullgraph+settle4+process"),
     speakers: str = typer.Option("1,2,4", help="load levels: concurrent speakers, comma-separated"),
     streams: str = typer.Option("smoke,long", help="streams speakers replay in turn: smoke, long or paths"),
     speed: float = typer.Option(1.0, help="replay speed (1.0: real time)"),

@@ -191,8 +191,12 @@ def server_config(
     vllm_mode: str | None = None,
     engines: EngineCount | str = "auto",
     settle_buffer_tokens: int | None = None,
+    engine_process: bool | None = None,
 ) -> ServerConfig:
-    """A ServerConfig from a JSON file, or from one direction's options (the CLI's)."""
+    """A ServerConfig from a JSON file, or from one direction's options (the CLI's). `engine_process`:
+    the route's one engine in a process of its own; None: so for vllm_capture on CUDA, where the
+    engine thread otherwise waits for the interpreter lock of the sessions' policy and the event loop
+    (docs/batching.md: on the H200 it is what took 64 speakers within their targets)."""
     from pathlib import Path
 
     from pydantic import ValidationError
@@ -216,6 +220,8 @@ def server_config(
                 limits=ServerLimits(max_sessions=max_sessions, max_utterance_words=max_utterance_words),
                 engines=engines,
                 settle_buffer_tokens=settle_buffer_tokens,
+                replicas=ReplicaConfig(own_process=(seam == "vllm_capture" and device.startswith("cuda"))
+                                       if engine_process is None else engine_process),
             )
     except ValidationError as e:
         first = e.errors()[0]

@@ -85,6 +85,16 @@ def test_engine_count_and_devices(monkeypatch):
         server_config(engines="many")
 
 
+def test_alignatt_serve_runs_a_vllm_engine_on_cuda_in_a_process_of_its_own_unless_told_otherwise():
+    """`alignatt serve`'s default (`--engine-process` unset): vllm_capture on CUDA in a child, where its
+    thread never waits for the server's interpreter lock; other seams, or CPU, in the server's process."""
+    own = lambda **kw: server_config(**kw).replicas.own_process  # noqa: E731
+    assert own(seam="vllm_capture", device="cuda") and own(seam="vllm_capture", device="cuda:0")
+    assert not own(seam="vllm_capture", device="cuda", engine_process=False)
+    assert not own(seam="hf_qk_fast", device="cuda") and not own(seam="hf_qk_fast", device="cpu")
+    assert own(seam="hf_qk_fast", device="cpu", engine_process=True)
+
+
 class _Loaded:
     """What placement reads of an engine."""
 
