@@ -191,7 +191,7 @@ def run_configuration(options: LoadOptions, mode: str | None, seam_factory=None)
         engine = engines[0]
         in_children = any(isinstance(e.seam, ProcessBatchSeam) for e in engines)
         describe = getattr(engine.seam, "describe", None)
-        totals = getattr(engine.seam, "acceptance_totals", None)  # in-process seams count verification
+        totals = getattr(engine.seam, "acceptance_totals", None)  # verification counts (a child's over its pipe)
         for n in sorted(set(options.speakers)):
             _wait_for_sessions_to_close(handle)  # the last level's sessions hold admission slots until closed
             before = [e.stats() for e in engines]

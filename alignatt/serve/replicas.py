@@ -4,7 +4,7 @@ With several engines per route, each one is a child process (multiprocessing "sp
 itself to one CUDA device and builds the route's seam there, so everything the model binds to its
 process (vLLM's engine and capture hooks, CUDA graphs) stays in that process. The server keeps
 the engine's `DraftScheduler`; its `BatchSeam` is a `ProcessBatchSeam`, which forwards each call
-(`Step`, `Count`, `Describe`, `Ping`, `Close`) and waits for its reply, one at a time. Submits and
+(`Step`, `Count`, `Describe`, `Totals`, `Ping`, `Close`) and waits for its reply, one at a time. Submits and
 aborts wait for the next `Step` and ride with it, so a step costs one round trip however many drafts
 join or leave the batch in it: each round trip waits for this process's interpreter lock, which the
 event loop and the sessions' threads hold most of the time under load. A child that is gone (end of pipe, broken pipe) is an `EngineDied`. A child that is alive
@@ -152,6 +152,11 @@ class Describe:
 
 
 @dataclass(frozen=True)
+class Totals:
+    """The seam's verification figures so far (`acceptance_totals`), for the load benchmark."""
+
+
+@dataclass(frozen=True)
 class Ping:
     """Are you there? (sent to an idle child by its engine's watcher)"""
 
@@ -193,6 +198,11 @@ class Counted:
 @dataclass(frozen=True)
 class Described:
     facts: dict | None
+
+
+@dataclass(frozen=True)
+class Totalled:
+    totals: dict | None  # None: the seam does not count them
 
 
 @dataclass(frozen=True)
@@ -286,6 +296,9 @@ def serve_engine(conn: multiprocessing.connection.Connection, spec: EngineSpec) 
         if isinstance(message, Describe):
             describe = getattr(seam, "describe", None)
             return Described(describe() if callable(describe) else None)
+        if isinstance(message, Totals):
+            totals = getattr(seam, "acceptance_totals", None)
+            return Totalled(totals() if callable(totals) else None)
         raise TypeError(f"engine process: unexpected message {type(message).__name__}")
 
     try:
@@ -471,6 +484,10 @@ class ProcessBatchSeam:
 
     def describe(self) -> dict | None:
         return self._call(Describe()).facts
+
+    def acceptance_totals(self) -> dict | None:
+        """The child seam's verification figures so far (None: it does not count them)."""
+        return self._call(Totals()).totals
 
     def close(self, timeout_s: float = 120.0) -> None:
         """Close the child's seam and wait for the child; one that does not stop is killed."""

@@ -126,6 +126,7 @@ class PreparingProcessSeam(StandInBatchSeam):
         self.prompts: dict[int, tuple] = {}
         self.refuse_word = refuse_word
         self.step_phases_s = {"stand_in": 0.0}
+        self.finished = 0
 
     def prepare(self, request: DraftRequest):
         return self.preparer(request)
@@ -141,7 +142,11 @@ class PreparingProcessSeam(StandInBatchSeam):
         started = time.perf_counter()
         out = [(h, replace(d, seam=f"prepared@{self.prompts.pop(h)[0]}")) for h, d in super().step()]
         self.step_phases_s["stand_in"] += time.perf_counter() - started  # as vllm_capture times its parts
+        self.finished += len(out)
         return out
+
+    def acceptance_totals(self) -> dict:
+        return {"drafts": self.finished}  # as vllm_capture counts its verification figures
 
 
 def preparing_factory(route, heads: list[Head]) -> PreparingProcessSeam:

@@ -190,6 +190,7 @@ def test_a_process_engine_takes_a_steps_submits_and_aborts_in_one_round_trip():
         done = dict(seam.step())
         assert not seam.has_unfinished() and sent == ["Step", "Step"]
         assert set(done) == {handles[0], handles[3]}
+        assert seam.acceptance_totals() == {"drafts": 2} and sent[-1] == "Totals"  # counted in the child
         assert [done[h].text for h in (handles[0], handles[3])] == [
             " ".join(target_word(j, w) for j, w in enumerate([word, "x"])) for word in ("a", "c")]
     finally:
