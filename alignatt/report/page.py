@@ -21,6 +21,7 @@ from alignatt.record.artifacts import FingerprintArtifact, measured_on_gpu, sha2
 from alignatt.report import capacity, figures as bench_figures
 from alignatt.report.capacity import capacity_rows, capacity_targets, capture_cost_rows, verification_rows
 from alignatt.report.figures import FIGURES_DIR, Figure, FigureFunction, render_figures
+from alignatt.report.served import served_criterion
 from alignatt.report.inputs import ReportInputs, collect_inputs, relative
 from alignatt.report.rows import ResultRow, load_note, machine_of
 
@@ -66,7 +67,9 @@ def smoke_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
         rows.append(dict(
             date=a.provenance.date, machine=machine_of(a),
             model=str(a.config.get("model", "—")) + (" (synthetic weights)" if synthetic else ""),
-            seam=str(a.config.get("seam", "—")), updates=a.updates, finals=a.finals,
+            seam=str(a.config.get("seam", "—")) + (f" ({mode})" if (mode := (a.config.get("seam_options") or {})
+                                                                   .get("vllm_mode")) else ""),
+            updates=a.updates, finals=a.finals,
             retractions=a.retractions, p50=ms(a.rtt_ms_p50), p95=ms(a.rtt_ms_p95),
             fast_events=f"{len(a.fast_path_events)} ({sum(bool(e.released_text) for e in a.fast_path_events)})",
             fast_p50=ms(statistics.median(latencies) if latencies else None),
@@ -338,6 +341,7 @@ def build_context(inputs: ReportInputs, figures: list[Figure] | None = None) -> 
         capacity_targets=capacity_targets(inputs),
         capture_cost=capture_cost_rows(inputs),
         exactness=graph_exactness(inputs),
+        served=served_criterion(inputs, scored_mode),
         independence=load_independence(inputs),
     )
 
