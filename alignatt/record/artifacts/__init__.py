@@ -1,0 +1,138 @@
+"""The one versioned schema family for every JSON artifact under `outputs/`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Annotated, Any, Union
+
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+
+from alignatt.core.errors import AlignattError
+from alignatt.record.artifacts.base import (ARTIFACT_SCHEMA_VERSION, BENCH_FILE, FINGERPRINT_FILE, KNOWN_SEAMS,
+                                            TIMING_KEYS, Check, EnvArtifact, FingerprintArtifact,
+                                            MeasurementArtifact)
+from alignatt.record.artifacts.bench import (BenchArtifact, BenchConfig, BenchPrompt, BenchRow, Divergence,
+                                             FastPathEvent, MedianSummary, PromptSummary, SeamResult,
+                                             ServerSmokeArtifact)
+from alignatt.record.artifacts.evaluation import (EvalArtifact, EvalInterval, EvalNegativeLatency, EvalPairedTest,
+                                                  EvalRow)
+from alignatt.record.artifacts.load import (CaptureCostRow, FailoverArtifact, FailoverSession, LoadArtifact,
+                                            LoadEngine, LoadLevel, LoadVerification, SoakArtifact)
+from alignatt.record.artifacts.suite import GpuTestCase, GpuTestsArtifact, measured_on_gpu
+
+__all__ = [  # the schema's public names, wherever they are defined
+    "ARTIFACT_SCHEMA_VERSION", "BENCH_FILE", "FINGERPRINT_FILE", "KNOWN_SEAMS", "TIMING_KEYS", "Check", "EnvArtifact",
+    "FingerprintArtifact", "MeasurementArtifact", "BenchArtifact", "BenchConfig", "BenchPrompt", "BenchRow",
+    "Divergence", "FastPathEvent", "MedianSummary", "PromptSummary", "SeamResult", "ServerSmokeArtifact",
+    "EvalArtifact", "EvalInterval", "EvalNegativeLatency", "EvalPairedTest", "EvalRow", "CaptureCostRow",
+    "FailoverArtifact", "FailoverSession", "LoadArtifact", "LoadEngine", "LoadLevel", "LoadVerification",
+    "SoakArtifact", "GpuTestCase", "GpuTestsArtifact", "measured_on_gpu", "Artifact", "AnyArtifact",
+    "parse_artifact", "sha256_file", "load_json", "load_artifact", "artifact_json", "env_artifact",
+    "fingerprint_artifact", "measurement_artifact", "write_artifact",
+]
+
+Artifact = Annotated[
+    Union[EnvArtifact, FingerprintArtifact, BenchArtifact, ServerSmokeArtifact, MeasurementArtifact, SoakArtifact,
+          EvalArtifact, LoadArtifact, GpuTestsArtifact, FailoverArtifact],
+    Field(discriminator="kind"),
+]
+AnyArtifact = Union[EnvArtifact, FingerprintArtifact, BenchArtifact, ServerSmokeArtifact, MeasurementArtifact,
+                    SoakArtifact, EvalArtifact, LoadArtifact, GpuTestsArtifact, FailoverArtifact]
+_ARTIFACT = TypeAdapter(Artifact)
+
+
+def parse_artifact(data: Any) -> AnyArtifact:
+    """Validate a decoded JSON document; raises pydantic's ValidationError with every problem."""
+    if isinstance(data, dict) and data.get("schema_version") not in (None, ARTIFACT_SCHEMA_VERSION):
+        raise AlignattError(
+            f"schema_version {data.get('schema_version')!r} is not supported "
+            f"(this alignatt reads version {ARTIFACT_SCHEMA_VERSION})"
+        )
+    return _ARTIFACT.validate_python(data)
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex SHA-256 of a file, read in blocks (artifacts here; multi-GB images in the wrapper)."""
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            sha.update(block)
+    return sha.hexdigest()
+
+
+def load_json(path: str | Path) -> Any:
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise AlignattError(f"{path}: no such file") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise AlignattError(f"{path}: not valid JSON ({e})") from None
+
+
+def load_artifact(path: str | Path) -> AnyArtifact:
+    try:
+        return parse_artifact(load_json(path))
+    except ValidationError as e:
+        raise AlignattError(f"{path}: not a valid alignatt artifact:\n{e}") from None
+
+
+def artifact_json(artifact: BaseModel) -> str:
+    """Deterministic text: field order from the schema, no NaN, a trailing newline."""
+    data = artifact.model_dump(mode="json")
+    return json.dumps(data, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def env_artifact(model: str | None = None) -> EnvArtifact:
+    """What `alignatt env` writes: this machine's provenance (and the model's identity)."""
+    from alignatt.record.provenance import collect_provenance, model_identity
+
+    model_id, revision = model_identity(model) if model else (None, None)
+    return EnvArtifact(
+        schema_version=ARTIFACT_SCHEMA_VERSION,
+        provenance=collect_provenance(model_id=model_id, model_revision=revision),
+    )
+
+
+def fingerprint_artifact(model: str | None = None) -> FingerprintArtifact:
+    """What the env stage writes: this machine's fingerprint (and the model's identity)."""
+    from alignatt.record.provenance import fingerprint_of
+
+    return FingerprintArtifact(schema_version=ARTIFACT_SCHEMA_VERSION,
+                               fingerprint=fingerprint_of(env_artifact(model).provenance))
+
+
+def measurement_artifact(
+    name: str,
+    description: str,
+    config: dict[str, Any],
+    results: dict[str, Any],
+    checks: list[Check] | None = None,
+    model: str | None = None,
+) -> MeasurementArtifact:
+    """A `MeasurementArtifact` stamped with this machine's provenance (and the model's identity)."""
+    from alignatt.record.provenance import collect_provenance, model_identity
+
+    model_id, revision = model_identity(model) if model else (None, None)
+    provenance = collect_provenance(model_id=model_id, model_revision=revision)
+    return MeasurementArtifact(
+        schema_version=ARTIFACT_SCHEMA_VERSION,
+        provenance=provenance,
+        name=name,
+        description=description,
+        config=config,
+        results=results,
+        checks=checks or [],
+        synthetic_weights=provenance.synthetic_weights,
+    )
+
+
+def write_artifact(path: str | Path, artifact: BaseModel) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(artifact_json(artifact), encoding="utf-8")
+    tmp.replace(path)  # never leave a half-written artifact behind
+    return path

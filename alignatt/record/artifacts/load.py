@@ -1,0 +1,160 @@
+"""Serving artifacts: the capacity benchmark (`alignatt load`), the soak, and engine failover."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from alignatt.record.artifacts.base import Check, _Artifact, _Strict
+
+
+class LoadEngine(_Strict):
+    """One engine of the server over one load level (`Engine.stats()` after less before)."""
+
+    engine: str
+    gpu: str | None = None  # the CUDA device its process is pinned to; None: in-process or CPU
+    alive: bool = True  # at the end of the level
+    sessions: int  # sessions placed on it during the level
+    steps: int
+    batch_sizes: dict[str, int]  # drafts in the engine at a step -> steps
+    failed: int = 0  # drafts that failed on it
+    step_ms_mean: float | None = None  # wall inside the seam's step, per step (None: not recorded)
+    step_cpu_ms_mean: float | None = None  # the engine thread's CPU time inside it, per step
+    # An engine in a process of its own: step_ms_mean is the server's round trip; these are the child's
+    # own wall and CPU per step (taking the step's submits and aborts, then stepping). None: in-process.
+    child_step_ms_mean: float | None = None
+    child_cpu_ms_mean: float | None = None
+    # The seam's own step in parts, wall ms per step (vllm_capture: vllm, settle, finish, drafts).
+    step_phase_ms: dict[str, float] | None = None
+
+
+class LoadVerification(_Strict):
+    """Verified re-drafts over one load level (`alignatt.core.draft.acceptance_level`)."""
+
+    drafts: int
+    proposed: int  # proposal tokens the engine scored
+    accepted: int  # of them, kept (the agreeing prefix)
+    acceptance_rate: float | None  # accepted / proposed (None: nothing proposed, e.g. verification off)
+    tokens_per_draft: float | None
+    decoded_tokens_per_update: float | None  # tokens decoded one step each, per draft
+    forward_steps_per_draft: float | None
+    verify_ms_mean: float | None  # the first forward (prefill + verification), per draft
+    extend_ms_mean: float | None  # the steps after it, per draft
+
+
+class LoadLevel(_Strict):
+    """N concurrent real-time speakers on one server: what they saw."""
+
+    speakers: int
+    streams: list[str]  # stream of each speaker, cycled
+    wall_s: float
+    updates: int
+    partial_drafts: int
+    partial_rtt_ms_p50: float | None
+    partial_rtt_ms_p95: float | None
+    partial_rtt_ms_p99: float | None
+    final_rtt_ms_p50: float | None
+    final_rtt_ms_p95: float | None
+    lag_s_max: float  # how far the replays fell behind real time, worst speaker
+    lag_s_first_third: float  # mean lag over the first and last third of every speaker's run
+    lag_s_last_third: float
+    lag_grows: bool  # last third's mean lag exceeds the first third's by more than 0.25 s
+    fast_path_events: int
+    engine_steps: int  # summed over the engines
+    engine_batch_sizes: dict[str, int]  # drafts in an engine at a step -> steps, summed over the engines
+    superseded: int  # partials superseded by a newer update (queued dropped + running aborted)
+    peak_gpu_memory_mib: float | None  # torch's peak allocation in this process during the level
+    gpu_memory_used_mib: float | None  # device-wide, at the end of the level
+    retractions: int
+    finals_expected: int
+    finals_delivered: int
+    finals_in_order: bool
+    error_frames: int
+    texts_differing_from_alone: int | None = None  # updates whose committed text differs from N=1
+    decisions_differing_from_alone: int | None = None  # updates whose path or released text differs
+    vllm_mode: str | None = None  # the configuration (vllm_capture's mode) this level ran on
+    engines: list[LoadEngine] = Field(default_factory=list)  # per engine; empty in artifacts that predate the field (they still validate)
+    gpu_busy_share: float | None = None  # the GPU's mean utilization over the level (a kernel running); None: not sampled
+    verification: LoadVerification | None = None  # None: the seam does not count it, or the artifact predates the field
+    # One speaker alone on a later configuration of the run (verification on, say) against the first
+    # (off): updates matched by seq, and how many differ in committed text, and in path or released text.
+    updates_compared_with_first_configuration: int | None = None
+    texts_differing_from_first_configuration: int | None = None
+    decisions_differing_from_first_configuration: int | None = None
+
+
+class CaptureCostRow(_Strict):
+    batch: int
+    captured_ms: float  # median wall of one draft_many of `batch` prompts, capture on
+    uncaptured_ms: float
+    ratio: float
+    vllm_mode: str | None = None
+
+
+class LoadArtifact(_Artifact):
+    kind: Literal["load"] = "load"
+    config: dict[str, Any]  # model, seam, preset, speakers, streams, speed, stagger, engine facts
+    synthetic_weights: bool
+    levels: list[LoadLevel]
+    capture_cost: list[CaptureCostRow] = Field(default_factory=list)
+    capture_cost_note: str = ""  # why it is empty (CPU, not vllm_capture) or how it was measured
+
+
+class SoakArtifact(_Artifact):
+    """`alignatt soak`: mixed well-formed and hostile sessions on loopback, memory over time, targets."""
+
+    kind: Literal["soak"] = "soak"
+    config: dict[str, Any]  # SoakOptions, the server's limits, the hostile cases
+    load_s: float
+    sessions: dict[str, int]  # sessions run, by case
+    updates: int
+    finals: int
+    dropped_finals: int
+    retractions: int
+    silent_sessions: int
+    hostile_unexpected: list[str]  # hostile cases answered otherwise than expected (first 50)
+    client_errors: dict[str, int]  # error codes the clients received
+    server: dict[str, Any]  # the server's own counters (errors, closes by reason, sessions, updates)
+    rss_start_mb: float
+    rss_end_mb: float
+    rss_change_pct: float
+    fds_start: int
+    fds_end: int
+    samples: list[dict[str, Any]]  # {t_s, rss_mb, fds, sessions_active}
+    checks: list[Check]
+    passed: bool
+
+
+class FailoverSession(_Strict):
+    """One speaker of `alignatt failover`: what it saw across its engine's loss."""
+
+    speaker: int
+    connections: int  # 1: never lost its engine
+    losses: int  # times it was told its engine was gone (or its connection closed)
+    utterances: int
+    finals_delivered: int
+    retractions: int
+    committed_lost: int  # utterances whose final does not extend the text shown before a loss
+    notice_after_fault_s: float | None = None  # fault -> the first notice after it
+    resumed_after_fault_s: float | None = None  # fault -> a translation on the new connection
+    final_wait_s_max: float | None = None  # a final's send -> its answer, or the notice that it was lost
+    refused: list[str] = Field(default_factory=list)  # reconnect attempts refused (busy, down...)
+    error: str | None = None
+    texts: list[dict[str, Any]] = Field(default_factory=list)  # {utterance_id, shown_before_loss, final}
+
+
+class FailoverArtifact(_Artifact):
+    """`alignatt failover`: engine processes killed and stopped under load, what the clients saw."""
+
+    kind: Literal["failover"] = "failover"
+    config: dict[str, Any]  # FailoverOptions
+    synthetic_weights: bool
+    load_s: float  # server start, engines loaded
+    faults: list[dict[str, Any]]  # {t_s, action, engine, pid, sessions}
+    bounds_s: dict[str, float]  # kill / stop: the notice bound checked
+    sessions: list[FailoverSession]
+    health: list[dict[str, Any]]  # {t_s, http, status, sessions_active, engines_alive, engines_hung, engines_dead}
+    engines: list[dict[str, Any]]  # per engine at the end: engine, pid, state, sessions admitted, failed
+    checks: list[Check]
+    passed: bool
