@@ -4,13 +4,14 @@ With several engines per route, each one is a child process (multiprocessing "sp
 itself to one CUDA device and builds the route's seam there, so everything the model binds to its
 process (vLLM's engine and capture hooks, CUDA graphs) stays in that process. The server keeps
 the engine's `DraftScheduler`; its `BatchSeam` is a `ProcessBatchSeam`, which forwards each call
-(`Step`, `Count`, `Describe`, `Totals`, `Ping`, `Close`) and waits for its reply, one at a time. Submits and
-aborts wait for the next `Step` and ride with it, so a step costs one round trip however many drafts
-join or leave the batch in it: each round trip waits for this process's interpreter lock, which the
-event loop and the sessions' threads hold most of the time under load. A child that is gone (end of pipe, broken pipe) is an `EngineDied`. A child that is alive
-but answers nothing (stopped, or stuck in a step) is noticed by its engine's watcher
-(`alignatt.serve.pool.Engine`): a call outstanding past `ReplicaConfig.step_deadline_s`, or an
-idle child that does not answer a `Ping` within it, is an `EngineHung`, and the child is killed.
+(`Step`, `Count`, `Describe`, `Totals`, `Ping`, `Close`) and waits for its reply, one at a time.
+Submits and aborts wait for the next `Step` and ride with it, so a step costs one round trip however
+many drafts join or leave the batch in it: each round trip waits for this process's interpreter
+lock, which the event loop and the sessions' threads hold most of the time under load. A child that
+is gone (end of pipe, broken pipe) is an `EngineDied`. A child that is alive but answers nothing
+(stopped, or stuck in a step) is noticed by its engine's watcher (`alignatt.serve.pool.Engine`): a
+call outstanding past `ReplicaConfig.step_deadline_s`, or an idle child that does not answer a
+`Ping` within it, is an `EngineHung`, and the child is killed.
 Several engines may share one GPU (`ReplicaConfig.engines_per_gpu`). A seam with a `preparer` (its
 `prepare` as a picklable object) hands it over in `Ready`: the server's threads then build and
 tokenise each draft's prompt and send it with `Submit`, and the child's one thread only steps.
@@ -37,6 +38,8 @@ from alignatt.core.errors import AlignattError
 from alignatt.serve.budget import PromptBudget, seam_positions, token_counting
 from alignatt.serve.config import DirectionRoute, EngineCount, SeamFactory
 from alignatt.serve.batch_seam import as_batch_seam
+from alignatt.serve.engine_messages import (Abort, Close, Closed, Count, Counted, Described, Describe, Failed, Ping,
+                                            Pong, Ready, Step, Stepped, Submit, Totalled, Totals)
 from alignatt.serve.scheduler import EngineDied
 from alignatt.serve.session import SessionLimits
 
@@ -114,110 +117,6 @@ class EngineSpec:
     route: DirectionRoute
     heads: list[Head]
     cuda_device: str | None = None  # the child's CUDA_VISIBLE_DEVICES; None: inherited
-
-
-# ---- the messages: requests (server -> child) ----
-
-
-@dataclass(frozen=True)
-class Submit:
-    handle: int  # the server's name for the draft (the child maps it to its seam's handle)
-    request: DraftRequest
-    prepared: Any = None  # the draft's prompt, prepared by the server with the child's preparer
-
-
-@dataclass(frozen=True)
-class Abort:
-    handle: int
-
-
-@dataclass(frozen=True)
-class Step:
-    """One engine step, after the submits and aborts the server queued since the last one (in order)."""
-
-    work: tuple[Submit | Abort, ...] = ()
-
-
-@dataclass(frozen=True)
-class Count:
-    """Tokens of a prompt (`request`) or of a text, with the seam's own counting."""
-
-    request: DraftRequest | None = None
-    text: str = ""
-
-
-@dataclass(frozen=True)
-class Describe:
-    pass
-
-
-@dataclass(frozen=True)
-class Totals:
-    """The seam's verification figures so far (`acceptance_totals`), for the load benchmark."""
-
-
-@dataclass(frozen=True)
-class Ping:
-    """Are you there? (sent to an idle child by its engine's watcher)"""
-
-
-@dataclass(frozen=True)
-class Close:
-    pass
-
-
-# ---- and their replies (child -> server) ----
-
-
-@dataclass(frozen=True)
-class Ready:
-    name: str
-    max_batch: int
-    pid: int
-    counts: bool  # the seam can count tokens
-    positions: int | None
-    template_tokens: int | None
-    preparer: Any = None  # the seam's `preparer` (picklable `prepare`), so the server prepares drafts
-
-
-@dataclass(frozen=True)
-class Stepped:
-    # finished drafts, and the step's submits the seam refused (their error in place of a draft)
-    finished: list[tuple[int, Draft | BaseException]]
-    unfinished: bool
-    wall_s: float = 0.0  # the child's own time in this step (its submits, aborts and the step)
-    cpu_s: float = 0.0  # its thread's CPU time in it: the rest of a round trip is the pipe and waits
-    phases_s: dict[str, float] | None = None  # the seam's own step parts, summed so far (`step_phases_s`)
-
-
-@dataclass(frozen=True)
-class Counted:
-    tokens: int
-
-
-@dataclass(frozen=True)
-class Described:
-    facts: dict | None
-
-
-@dataclass(frozen=True)
-class Totalled:
-    totals: dict | None  # None: the seam does not count them
-
-
-@dataclass(frozen=True)
-class Pong:
-    pass
-
-
-@dataclass(frozen=True)
-class Failed:
-    error: BaseException
-
-
-@dataclass(frozen=True)
-class Closed:
-    pass
 
 
 def _portable(error: BaseException) -> BaseException:
