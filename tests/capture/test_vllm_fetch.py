@@ -182,7 +182,8 @@ def test_context_and_history_mass_batched_equals_reference_and_dense():
 def test_random_ragged_batches_give_every_request_the_reference_rows(seed):
     """Requests of random prompt, draft, source, context and history lengths on shuffled blocks (the
     batch's indices are built for all requests at once, with padding): each request's rows and
-    masses equal the per-request reference's."""
+    masses equal the per-request reference's. Odd seeds give the batch its positions as the int64
+    arrays the seam keeps per request, even ones as tuples."""
     from dataclasses import replace
 
     rng = np.random.default_rng(seed)
@@ -197,7 +198,11 @@ def test_random_ragged_batches_give_every_request_the_reference_rows(seed):
         context = tuple(sorted(rng.choice(n_prompt, int(rng.integers(0, 4)), replace=False).tolist()))
         history = tuple(sorted(rng.choice(n_prompt, int(rng.integers(0, 4)), replace=False).tolist()))
         args = (f"r{r}", ids, n_prompt, n, source, int(rng.integers(1, n_prompt)))
-        items.append(replace(batched.add(*args), context_positions=context, history_positions=history))
+        item = replace(batched.add(*args), context_positions=context, history_positions=history)
+        if seed % 2:
+            item = replace(item, **{k: np.asarray(getattr(item, k), np.int64)
+                                    for k in ("source_positions", "context_positions", "history_positions")})
+        items.append(item)
         ref_items.append(replace(reference.add(*args), context_positions=context, history_positions=history))
     got, _ = batched.fetcher.fetch(items)
     for g, ref_item in zip(got, ref_items):

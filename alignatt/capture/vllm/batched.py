@@ -97,7 +97,9 @@ def _padded(rows: Sequence[Sequence[int]], fill: int) -> tuple[np.ndarray, np.nd
 def _flat(rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
     """Ragged integer rows as (row index, value) pairs."""
     lengths = [len(x) for x in rows]
-    return np.repeat(np.arange(len(rows)), lengths), np.asarray([v for x in rows for v in x], np.int64)
+    # one C-level conversion per row (a session's history turns run to hundreds of positions)
+    values = np.concatenate([np.asarray(x, np.int64) for x in rows]) if sum(lengths) else np.zeros(0, np.int64)
+    return np.repeat(np.arange(len(rows)), lengths), values
 
 
 def pack_batch(items: Sequence[Any], blocks: Sequence[Any], plans: dict[int, LayerPlan],

@@ -67,6 +67,7 @@ class DraftState:
     check_at: Optional[int] = None
     settle_length: Optional[int] = None
     checked: Any = None  # (FetchedRows, FetchTimings) of its last check: a settled draft's rows when they cover it
+    positions: Any = None  # its prompt's source, context and history positions as int64 arrays (made once)
 
 
 @dataclass(frozen=True)
@@ -76,11 +77,13 @@ class FetchItem:
     request_id: str  # key into the recorded block ids
     n_prompt: int
     n_tokens: int  # drafted tokens whose rows are wanted (>= 1)
-    source_positions: tuple[int, ...]
+    # Positions: tuples, or the int64 arrays a seam keeps per request (its checks fetch it again and
+    # again, and a session's history turns run to hundreds of positions).
+    source_positions: Sequence[int]
     generated_start: int  # first key position counted as generated (target prefix + draft)
     # The prompt's context block and history turns (empty: none; their mass is then not reported).
-    context_positions: tuple[int, ...] = ()
-    history_positions: tuple[int, ...] = ()
+    context_positions: Sequence[int] = ()
+    history_positions: Sequence[int] = ()
 
 
 @dataclass
@@ -211,8 +214,8 @@ class PendingFetch:
             mass = {name: np.ascontiguousarray(packed[r, :n, :, S + k]) for k, name in enumerate(MASSES)}
             out.append(FetchedRows(np.ascontiguousarray(packed[r, :n, :, :s]), mass["other_prompt"],
                                    mass["generated"], self._raw(r) if self._raw else None,
-                                   mass["context"] if it.context_positions else None,
-                                   mass["history"] if it.history_positions else None))
+                                   mass["context"] if len(it.context_positions) else None,
+                                   mass["history"] if len(it.history_positions) else None))
         gather_ms, rebuild_ms = self._clock.spans_ms()
         unpack_ms = (time.perf_counter() - t0) * 1e3
         self._done = out, FetchTimings(self._pack_ms + gather_ms, rebuild_ms + unpack_ms)
@@ -364,7 +367,7 @@ class BatchFetcher:
         """[T, H] mass on the context block and the history turns, in head order (None: no block)."""
         out = {}
         for name, positions in (("context", it.context_positions), ("history", it.history_positions)):
-            if not positions:
+            if not len(positions):
                 out[name] = None
                 continue
             per_layer = {}

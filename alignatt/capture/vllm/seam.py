@@ -422,9 +422,11 @@ class VllmCaptureSeam:
             # request could overwrite before this read.
             self._warn_once("window", f"note: prompt + draft ({n_prompt + n_tokens}) exceeds the sliding window "
                             f"({window}); rows of early tokens read keys from blocks vLLM already freed")
-        return FetchItem(st.internal, n_prompt, n_tokens, tuple(st.prompt.source_token_positions),
-                         st.prompt.prefix_start, tuple(st.prompt.context_token_positions),
-                         tuple(st.prompt.history_token_positions))
+        if st.positions is None:  # once per request: its settle checks fetch it again and again
+            st.positions = tuple(np.asarray(x, np.int64) for x in (
+                st.prompt.source_token_positions, st.prompt.context_token_positions, st.prompt.history_token_positions))
+        source, context, history = st.positions
+        return FetchItem(st.internal, n_prompt, n_tokens, source, st.prompt.prefix_start, context, history)
 
     def describe(self) -> dict:
         """Facts for artifacts and logs."""
