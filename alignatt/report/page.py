@@ -21,9 +21,9 @@ from alignatt.record.artifacts import FingerprintArtifact, measured_on_gpu, sha2
 from alignatt.report import capacity, figures as bench_figures
 from alignatt.report.capacity import capacity_rows, capacity_targets, capture_cost_rows, verification_rows
 from alignatt.report.figures import FIGURES_DIR, Figure, FigureFunction, render_figures
-from alignatt.report.served import served_criterion
 from alignatt.report.inputs import ReportInputs, collect_inputs, relative
 from alignatt.report.rows import ResultRow, load_note, machine_of
+from alignatt.report.served import served_criterion
 
 TEMPLATE = "BENCHMARKS.md.j2"
 # Every figure on the page, in page order: a new figure is one function here.
