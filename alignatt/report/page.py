@@ -188,7 +188,8 @@ def _check_detail(detail: str | None, results: dict[str, Any], name: str) -> str
 
 def graph_exactness(inputs: ReportInputs) -> dict[str, dict[str, Any]]:
     """Per graphed vLLM mode, its latest bit-for-bit check against eager (check-vllm exact and
-    exact_fullgraph): when, where, and how many of the drafts were bit-identical."""
+    exact_fullgraph): when, where, how many of the drafts were bit-identical, and the check itself
+    (what `served_criterion` judges)."""
     latest: dict[str, dict[str, Any]] = {}
     for rel, a in inputs.measurements:
         for name, raw in ((a.results or {}).get("checks") or {}).items():
@@ -196,7 +197,7 @@ def graph_exactness(inputs: ReportInputs) -> dict[str, dict[str, Any]]:
                 continue
             for mode, cmp in _eager_comparisons(raw):
                 entry = dict(path=rel, date=a.provenance.date or "", identical=cmp["bit_identical_rows"],
-                             rows=cmp["rows"], passed=bool(raw.get("passed")))
+                             rows=cmp["rows"], passed=bool(raw.get("passed")), check=raw)
                 if mode not in latest or entry["date"] >= latest[mode]["date"]:
                     latest[mode] = entry
     return latest
@@ -321,6 +322,7 @@ def build_context(inputs: ReportInputs, figures: list[Figure] | None = None) -> 
         r.ref = next(refs) if r.notes or r.conflicts else None
     report = params.get("report") or {}
     scored_mode = report.get("scored_vllm_mode", "cudagraph")
+    exactness = graph_exactness(inputs)
     return dict(
         profile=params.get("profile"),
         profiles=list(params.get("profiles") or {}),
@@ -340,8 +342,8 @@ def build_context(inputs: ReportInputs, figures: list[Figure] | None = None) -> 
         verification=verification_rows(inputs),
         capacity_targets=capacity_targets(inputs),
         capture_cost=capture_cost_rows(inputs),
-        exactness=graph_exactness(inputs),
-        served=served_criterion(inputs, scored_mode),
+        exactness=exactness,
+        served=served_criterion(exactness, scored_mode),
         independence=load_independence(inputs),
     )
 

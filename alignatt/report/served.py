@@ -21,20 +21,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from alignatt.report.inputs import ReportInputs
-
-
-def _latest_check(inputs: ReportInputs, mode: str) -> tuple[str, Any, dict] | None:
-    """The newest measurement artifact holding `exact_<mode>` (or `exact` for cudagraph)."""
-    names = {f"exact_{mode}"} | ({"exact"} if mode == "cudagraph" else set())
-    found = None
-    for rel, a in inputs.measurements:
-        for name, raw in ((a.results or {}).get("checks") or {}).items():
-            if name in names and isinstance(raw, dict) and f"{mode}_vs_eager" in raw:
-                if found is None or (a.provenance.date or "") >= (found[1].provenance.date or ""):
-                    found = (rel, a, raw)
-    return found
-
 
 def _eager_band(raw: dict) -> tuple[float | None, float | None]:
     """Eager's own change from alone to batched: the mean share of a draft's tokens kept (same-token
@@ -45,12 +31,13 @@ def _eager_band(raw: dict) -> tuple[float | None, float | None]:
     return (sum(shares) / len(shares) if shares else None), (max(diffs) if diffs else None)
 
 
-def served_criterion(inputs: ReportInputs, mode: str) -> dict[str, Any] | None:
-    """The mode's verdict on the criterion above, with its figures (None: no check of it yet)."""
-    found = _latest_check(inputs, mode)
-    if found is None:
+def served_criterion(exactness: dict[str, dict[str, Any]], mode: str) -> dict[str, Any] | None:
+    """The mode's verdict on the criterion above, with its figures, from its latest check as
+    `page.graph_exactness` found it (None: no check of it yet)."""
+    latest = exactness.get(mode)
+    if latest is None:
         return None
-    rel, artifact, raw = found
+    raw = latest["check"]
     cmp = raw[f"{mode}_vs_eager"]
     consistency = raw.get("self_consistency") or {}
     own = [v for k, v in consistency.items() if k.startswith(mode)]
@@ -61,7 +48,7 @@ def served_criterion(inputs: ReportInputs, mode: str) -> dict[str, Any] | None:
     row_diff = cmp.get("max_abs_row_diff")
     within = (agreement is not None and band is not None and agreement >= band
               and row_diff is not None and row_diff <= (row_band or 0.0))
-    return dict(mode=mode, path=rel, date=artifact.provenance.date or "", rows=cmp.get("rows"),
+    return dict(mode=mode, path=latest["path"], date=latest["date"], rows=cmp.get("rows"),
                 identical=cmp.get("identical_drafts"), agreement=agreement, band=band,
                 row_diff=row_diff, row_band=row_band, consistent=consistent,
                 own_rows=bool(batch.get("passed")), passed=bool(consistent and batch.get("passed") and within))

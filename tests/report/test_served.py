@@ -5,11 +5,12 @@ it departs from eager no more than eager departs from itself in a batch."""
 import copy
 from types import SimpleNamespace
 
-from alignatt.report.served import served_criterion
+from alignatt.report.page import graph_exactness
+from alignatt.report.served import served_criterion as judge
 
 PASS = {"passed": True}
 CHECK = {
-    "fullgraph_vs_eager": {"rows": 48, "identical_drafts": 42, "max_abs_row_diff": 0.0},
+    "fullgraph_vs_eager": {"rows": 48, "identical_drafts": 42, "bit_identical_rows": 42, "max_abs_row_diff": 0.0},
     "self_consistency": {"fullgraph": PASS, "fullgraph_batch": PASS, "eager": PASS},
     "batch": {"fullgraph": {"passed": True},
               "eager": {"passed": True, "requests": [
@@ -21,6 +22,11 @@ CHECK = {
 def inputs(raw, date="2026-12-01"):
     artifact = SimpleNamespace(results={"checks": {"exact_fullgraph": raw}}, provenance=SimpleNamespace(date=date))
     return SimpleNamespace(measurements=[("outputs/h200/vllm_checks_exact_fullgraph.json", artifact)])
+
+
+def served_criterion(inputs, mode):
+    """As the page judges it: on the latest check `graph_exactness` finds for the mode."""
+    return judge(graph_exactness(inputs), mode)
 
 
 def test_a_self_consistent_mode_within_eagers_batch_noise_passes():
