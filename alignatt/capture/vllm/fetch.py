@@ -67,7 +67,16 @@ class DraftState:
     check_at: Optional[int] = None
     settle_length: Optional[int] = None
     checked: Any = None  # (FetchedRows, FetchTimings) of its last check: a settled draft's rows when they cover it
-    positions: Any = None  # its prompt's source, context and history positions as int64 arrays (made once)
+    arrays: Any = None  # `prompt_arrays()`, made at the first fetch
+
+    def prompt_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Its prompt's source, context and history positions and each source token's word, as int64
+        arrays made once: its settle checks fetch and scan it again and again."""
+        if self.arrays is None:
+            p = self.prompt
+            self.arrays = tuple(np.asarray(x, np.int64) for x in (
+                p.source_token_positions, p.context_token_positions, p.history_token_positions, p.source_word_of_token))
+        return self.arrays
 
 
 @dataclass(frozen=True)

@@ -422,10 +422,7 @@ class VllmCaptureSeam:
             # request could overwrite before this read.
             self._warn_once("window", f"note: prompt + draft ({n_prompt + n_tokens}) exceeds the sliding window "
                             f"({window}); rows of early tokens read keys from blocks vLLM already freed")
-        if st.positions is None:  # once per request: its settle checks fetch it again and again
-            st.positions = tuple(np.asarray(x, np.int64) for x in (
-                st.prompt.source_token_positions, st.prompt.context_token_positions, st.prompt.history_token_positions))
-        source, context, history = st.positions
+        source, context, history, _ = st.prompt_arrays()
         return FetchItem(st.internal, n_prompt, n_tokens, source, st.prompt.prefix_start, context, history)
 
     def describe(self) -> dict:

@@ -87,7 +87,8 @@ class Settler:
         S = packed.shape[-1] - len(MASSES)
         words = np.full((len(states), S), -1, np.int64)
         for r, st in enumerate(states):
-            words[r, : len(st.prompt.source_word_of_token)] = st.prompt.source_word_of_token
+            source_words = st.prompt_arrays()[3]
+            words[r, : len(source_words)] = source_words
         at = {name: S + k for k, name in enumerate(MASSES)}
         held = held_indices(packed[..., :S], packed[..., at["other_prompt"]], packed[..., at["generated"]],
                             packed[..., at["context"]], [check.n_tokens[i] for i in live], words,
