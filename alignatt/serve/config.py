@@ -13,7 +13,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from alignatt.capture.names import DEFAULT_SEAM
+from alignatt.capture.names import DEFAULT_SEAM, VLLM_CAPTURE
 from alignatt.core.draft import Head, Seam
 from alignatt.core.errors import AlignattError
 from alignatt.core.policy import POLICY_PRESETS, PolicyConfig
@@ -220,7 +220,7 @@ def server_config(
                 limits=ServerLimits(max_sessions=max_sessions, max_utterance_words=max_utterance_words),
                 engines=engines,
                 settle_buffer_tokens=settle_buffer_tokens,
-                replicas=ReplicaConfig(own_process=(seam == "vllm_capture" and device.startswith("cuda"))
+                replicas=ReplicaConfig(own_process=(seam == VLLM_CAPTURE and device.startswith("cuda"))
                                        if engine_process is None else engine_process),
             )
     except ValidationError as e:

@@ -23,6 +23,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Callable, Hashable, Sequence
 
+from alignatt.capture.names import VLLM_CAPTURE
 from alignatt.core.draft import Draft, DraftRequest, Head, Seam
 from alignatt.serve.budget import PromptBudget
 from alignatt.serve.config import DirectionRoute, EngineCount, ReplicaConfig, SeamFactory, resolve_heads
@@ -49,7 +50,7 @@ GPU_MEMORY_SHARED = 0.9
 def shared_gpu_route(route: DirectionRoute, engines_on_gpu: int) -> DirectionRoute:
     """The route one of `engines_on_gpu` engines on one GPU builds: vllm_capture asks for its share
     of the memory, unless the route's engine options say how much."""
-    if route.seam != "vllm_capture" or engines_on_gpu <= 1:
+    if route.seam != VLLM_CAPTURE or engines_on_gpu <= 1:
         return route
     kwargs = dict(route.seam_options.get("engine_kwargs") or {})
     kwargs.setdefault("gpu_memory_utilization", round(GPU_MEMORY_SHARED / engines_on_gpu, 3))
@@ -59,7 +60,7 @@ def shared_gpu_route(route: DirectionRoute, engines_on_gpu: int) -> DirectionRou
 def served_route(route: DirectionRoute, engines_on_gpu: int = 1) -> DirectionRoute:
     """The route as the server builds it (vllm_capture: prefix caching, a large batch, fullgraph;
     with several engines on one GPU, each asks for its share of the memory unless the route says)."""
-    if route.seam != "vllm_capture":
+    if route.seam != VLLM_CAPTURE:
         return route
     served = route.model_copy(update={"seam_options": {**SERVED_VLLM_OPTIONS, **route.seam_options}})
     return shared_gpu_route(served, engines_on_gpu)
