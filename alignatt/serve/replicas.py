@@ -4,10 +4,13 @@ With several engines per route, each one is a child process (multiprocessing "sp
 itself to one CUDA device and builds the route's seam there, so everything the model binds to its
 process (vLLM's engine and capture hooks, CUDA graphs) stays in that process. The server keeps
 the engine's `DraftScheduler`; its `BatchSeam` is a `ProcessBatchSeam`, which forwards each call
-(`Step`, `Count`, `Describe`, `Totals`, `Ping`, `Close`) and waits for its reply, one at a time.
-Submits and aborts wait for the next `Step` and ride with it, so a step costs one round trip however
-many drafts join or leave the batch in it: each round trip waits for this process's interpreter
-lock, which the event loop and the sessions' threads hold most of the time under load. A child that
+(`Step`, `Count`, `Describe`, `Totals`, `Ping`, `Close`); the child answers them in order.
+Submits and aborts wait for the next `Step` and ride with it, so a step costs one message however
+many drafts join or leave the batch in it. While the child has drafts running, one `Step` is always
+on its way ahead of the one the server waits for: the child steps on as soon as it has sent a
+step's drafts, instead of waiting for the server to read them and answer, which waits for this
+process's interpreter lock (the event loop and the sessions' threads hold it most of the time
+under load). A reply read while waiting for another call's is kept for `step`. A child that
 is gone (end of pipe, broken pipe) is an `EngineDied`. A child that is alive but answers nothing
 (stopped, or stuck in a step) is noticed by its engine's watcher (`alignatt.serve.pool.Engine`): a
 call outstanding past `ReplicaConfig.step_deadline_s`, or an idle child that does not answer a
@@ -19,6 +22,7 @@ tokenise each draft's prompt and send it with `Submit`, and the child's one thre
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import multiprocessing
@@ -117,6 +121,13 @@ class EngineSpec:
     route: DirectionRoute
     heads: list[Head]
     cuda_device: str | None = None  # the child's CUDA_VISIBLE_DEVICES; None: inherited
+
+
+def _unwrapped(reply: Any) -> Any:
+    """A reply, or the child's error raised where the server asked."""
+    if isinstance(reply, Failed):
+        raise reply.error
+    return reply
 
 
 def _portable(error: BaseException) -> BaseException:
@@ -251,10 +262,16 @@ class ProcessBatchSeam:
         self._closed = False
         self._unfinished = False
         self._work: list[Submit | Abort] = []  # for the next step (the scheduler's thread only)
+        # A `Step` sent ahead (its reply not collected by `step` yet): sent while the child still
+        # ran drafts, so it never waits for this process between steps. `_early`: replies to steps
+        # ahead that another call read from the pipe on its way to its own reply, in order.
+        self._ahead = 0  # steps ahead whose replies are still in the pipe
+        self._early: collections.deque[Any] = collections.deque()
+        self._ahead_took_work = False  # the step ahead carried submits (so the child will run drafts)
+        self._sent_at: collections.deque[float] = collections.deque()  # unanswered calls, oldest first
         self._handles = itertools.count()
         self.child_step_s = self.child_cpu_s = 0.0  # the child's own time in its steps, summed
         self.step_phases_s: dict[str, float] | None = None  # the child's seam's, as of its last step
-        self._asked_at: float | None = None  # monotonic time of the call now waiting for its reply
         self._answered_at = time.monotonic()
         try:
             ready = self._call(None, timeout_s=start_timeout_s)
@@ -276,25 +293,37 @@ class ProcessBatchSeam:
         with self._lock:
             return self._call_locked(message, timeout_s)
 
-    def _call_locked(self, message: Any, timeout_s: float | None) -> Any:
-        self._asked_at = time.monotonic()
+    def _send(self, message: Any) -> None:
         try:
-            if message is not None:
-                self._conn.send(message)
+            self._conn.send(message)
+        except (EOFError, OSError):  # broken pipe, closed: the child is gone
+            raise self.died() from None
+        self._sent_at.append(time.monotonic())
+
+    def _recv(self, timeout_s: float | None) -> Any:
+        """The oldest unanswered call's reply (raises `TimeoutError` past `timeout_s`)."""
+        try:
             answered = timeout_s is None or self._conn.poll(timeout_s)
             reply = self._conn.recv() if answered else None
-        except (EOFError, OSError):  # end of pipe, broken pipe, closed: the child is gone
+        except (EOFError, OSError):  # end of pipe, closed: the child is gone
             raise self.died() from None
-        finally:
-            self._asked_at = None
-        if answered:
-            self._answered_at = time.monotonic()
         if not answered:
             raise TimeoutError(f"engine {self.engine_name}: no answer from its process within {timeout_s:.0f}s")
-        if isinstance(reply, Failed):
-            raise reply.error
+        self._sent_at.popleft()
+        self._answered_at = time.monotonic()
         return reply
 
+    def _call_locked(self, message: Any, timeout_s: float | None) -> Any:
+        """Send `message` (None: only read) and return its reply; the replies of steps sent ahead
+        come first in the pipe and are kept for `step`."""
+        if message is not None:
+            self._send(message)
+        else:  # the child's first message (`Ready`) is on its way unasked
+            self._sent_at.append(time.monotonic())
+        while self._ahead:
+            self._early.append(self._recv(timeout_s))
+            self._ahead -= 1
+        return _unwrapped(self._recv(timeout_s))
     def died(self) -> EngineDied:
         """The error that says this engine's process is gone, and how it ended."""
         with self._reap:
@@ -311,9 +340,9 @@ class ProcessBatchSeam:
     # ---- liveness (read by the engine's watcher) ----
 
     def waiting_s(self) -> float:
-        """How long the call now in progress has waited for its reply (0: none in progress)."""
-        asked = self._asked_at
-        return 0.0 if asked is None else time.monotonic() - asked
+        """How long the oldest unanswered call (a step sent ahead included) has waited (0: none)."""
+        sent = self._sent_at
+        return time.monotonic() - sent[0] if sent else 0.0
 
     def idle_s(self) -> float:
         """How long since the child last answered anything."""
@@ -354,16 +383,36 @@ class ProcessBatchSeam:
         self._work.append(Abort(handle))
 
     def step(self) -> list[tuple[Hashable, Draft | BaseException]]:
+        """The drafts of the child's next step. With a step already on its way ahead, the next one
+        (this call's submits and aborts) is sent before that one's reply is read, when the child
+        will have drafts to run; after a reply that leaves drafts running, one is sent ahead."""
         work, self._work = tuple(self._work), []
-        reply: Stepped = self._call(Step(work))
-        self._unfinished = reply.unfinished
+        with self._lock:
+            pending = self._ahead + len(self._early)
+            sent = not pending or bool(work) or self._unfinished or self._ahead_took_work
+            if sent:
+                self._send(Step(work))
+                self._ahead += 1
+            if self._early:
+                reply = self._early.popleft()
+            else:
+                reply = self._recv(None)
+                self._ahead -= 1
+            # the step now ahead, if any, is the one just sent behind a pending one
+            self._ahead_took_work = sent and bool(pending) and any(isinstance(w, Submit) for w in work)
+            reply = _unwrapped(reply)
+            self._unfinished = reply.unfinished
+            if reply.unfinished and not (self._ahead or self._early):
+                self._send(Step(()))  # the child steps on while this process reads the reply
+                self._ahead += 1
         self.child_step_s += reply.wall_s
         self.child_cpu_s += reply.cpu_s
         self.step_phases_s = reply.phases_s
         return reply.finished
 
     def has_unfinished(self) -> bool:
-        return self._unfinished or any(isinstance(w, Submit) for w in self._work)
+        return (self._unfinished or bool(self._ahead or self._early)
+                or any(isinstance(w, Submit) for w in self._work))
 
     # ---- what the server asks besides drafts ----
 

@@ -244,4 +244,5 @@ def test_an_enqueued_fetch_has_read_its_keys_before_the_blocks_are_reused():
     np.testing.assert_allclose(got.rows, want.rows, atol=1e-6)
     np.testing.assert_allclose(got.generated, want.generated, atol=1e-6)
     assert timings.capture_ms > 0 and timings.reconstruct_ms > 0
-    assert pending.result()[0][0] is got  # read once
+    packed = pending.packed
+    assert pending.result()[1] is timings and pending.packed is packed  # copied to the host once

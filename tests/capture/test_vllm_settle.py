@@ -46,7 +46,7 @@ class OneTokenPerStep:
 def settling_seam(rid, border_words, buffer_tokens, settle_every=3):
     seam, _ = scripted_seam([])
     seam.engine.core = OneTokenPerStep({rid: REQUESTS[rid][2]})
-    seam.settler = Settler(seam.fetcher, settle_every, seam._item)
+    seam.settler = Settler(seam.fetcher, settle_every, seam._item, seam.step_phases_s)
     state = seam._states[rid]
     # Every source token of the stand-in prompt belongs to word 0 of a one-word source.
     request = DraftRequest(source_words=["w"], committed_words=1, max_new_tokens=REQUESTS[rid][2],
@@ -76,6 +76,8 @@ def test_a_draft_leaves_the_engine_once_its_rows_hold_the_answer():
     assert seam.engine.core.steps == 3 < REQUESTS["b"][2]  # checked at 2 tokens, read and stopped at 3
     assert draft.acceptance.forward_steps == 3
     assert "b" not in seam.engine.hooks.block_ids  # read while running, dropped at its finish
+    phases = seam.step_phases_s  # the check's parts are timed in the seam's step parts
+    assert all(phases[name] > 0 for name in ("check_wait", "check_scan", "check_queue"))
 
 
 def test_a_draft_without_a_held_token_runs_to_its_end():

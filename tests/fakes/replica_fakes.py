@@ -140,6 +140,7 @@ class PreparingProcessSeam(StandInBatchSeam):
 
     def step(self):
         started = time.perf_counter()
+        self.step_phases_s["last_started_at"] = time.monotonic()  # one clock for all processes (Linux)
         out = [(h, replace(d, seam=f"prepared@{self.prompts.pop(h)[0]}")) for h, d in super().step()]
         self.step_phases_s["stand_in"] += time.perf_counter() - started  # as vllm_capture times its parts
         self.finished += len(out)

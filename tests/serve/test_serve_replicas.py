@@ -170,27 +170,35 @@ def test_a_process_engine_has_its_drafts_prepared_by_the_server_when_its_prepare
         engine.close()
 
 
-def test_a_process_engine_takes_a_steps_submits_and_aborts_in_one_round_trip():
-    """Submits and aborts wait for the next step and go with it: a step is one round trip to the
-    child however many drafts join or leave the batch. A request the child's seam refuses comes back
-    from that step in place of its draft, and through a scheduler it fails alone."""
+def test_a_process_engine_takes_a_steps_submits_and_aborts_in_one_message_and_steps_on_unasked():
+    """Submits and aborts wait for the next step and go with it: a step is one message to the child
+    however many drafts join or leave the batch. While drafts run, a step is on its way ahead of the
+    one the server reads, so the child steps on without waiting for the server; a reply read by
+    another call on its way comes back from `step`, in order. A request the child's seam refuses
+    comes back from its step in place of its draft, and through a scheduler it fails alone."""
     from alignatt.serve.replicas import EngineSpec, ProcessBatchSeam
 
-    route = DirectionRoute(model="fake", seam="fake", heads=None, seam_options={"steps": 2, "refuse_word": "boom"})
+    route = DirectionRoute(model="fake", seam="fake", heads=None, seam_options={"steps": 3, "refuse_word": "boom"})
     seam = ProcessBatchSeam(EngineSpec(preparing_factory, route, []), "trips")
     try:
-        sent, call = [], seam._call
-        seam._call = lambda message, timeout_s=None: (sent.append(type(message).__name__), call(message, timeout_s))[1]
+        sent, send = [], seam._send
+        seam._send = lambda message: (sent.append(type(message).__name__), send(message))[1]
         words = ["a", "b", "boom", "c"]
         handles = [seam.submit(DraftRequest(source_words=[w, "x"], committed_words=2)) for w in words]
         assert sent == [] and seam.has_unfinished()  # nothing crossed yet
-        first = dict(seam.step())  # all four taken, "boom" refused; the others need a second step
+        first = dict(seam.step())  # all four taken, "boom" refused; the others need two more steps
         assert list(first) == [handles[2]] and isinstance(first[handles[2]], ValueError)
+        assert sent == ["Step", "Step"]  # the second went ahead: the child's next step
+        time.sleep(0.3)
+        asked = time.monotonic()
+        assert not seam.step() and seam.step_phases_s["last_started_at"] < asked  # it stepped unasked
         seam.abort(handles[1])
-        done = dict(seam.step())
-        assert not seam.has_unfinished() and sent == ["Step", "Step"]
-        assert set(done) == {handles[0], handles[3]}
-        assert seam.acceptance_totals() == {"drafts": 2} and sent[-1] == "Totals"  # counted in the child
+        assert seam.describe() is None and len(seam._early) == 1  # read the step ahead's reply on its way
+        done = dict(seam.step())  # the third step ran ahead of the abort: its drafts come back all the same
+        assert set(done) == {handles[0], handles[1], handles[3]} and seam.has_unfinished()  # the abort's step
+        assert not seam.step() and not seam.has_unfinished()
+        assert sent == ["Step", "Step", "Step", "Describe", "Step"]
+        assert seam.acceptance_totals() == {"drafts": 3} and sent[-1] == "Totals"  # counted in the child
         assert [done[h].text for h in (handles[0], handles[3])] == [
             " ".join(target_word(j, w) for j, w in enumerate([word, "x"])) for word in ("a", "c")]
     finally:

@@ -66,7 +66,7 @@ class DraftState:
     # that holds the policy's answer once a check found its first held token (None: not yet).
     check_at: Optional[int] = None
     settle_length: Optional[int] = None
-    checked: Any = None  # (FetchedRows, FetchTimings) of its last check: a settled draft's rows when they cover it
+    checked: Any = None  # (PendingFetch, its index there) of its last check: a settled draft's rows when they cover it
     arrays: Any = None  # `prompt_arrays()`, made at the first fetch
 
     def prompt_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -194,41 +194,51 @@ class StageClock:
 
 
 class PendingFetch:
-    """A batched fetch queued on the device. `ready()` asks without waiting; `result()` waits for
-    this fetch alone (its own event, not the device) and unpacks every request's rows."""
+    """A batched fetch queued on the device. `ready()` asks without waiting; `wait()` waits for this
+    fetch alone (its own event, not the device) and copies the batch out; `row(r)` unpacks one
+    request's rows (a settle check scans the whole batch and unpacks only a settled draft's);
+    `result()` is every request's rows and the timings."""
 
     def __init__(self, items: Sequence[FetchItem], host: torch.Tensor, event: Optional[Any], clock: StageClock,
                  pack_ms: float, raw: Optional[Callable[[int], RawCapture]]) -> None:
         self.items = list(items)
         self._host, self._event, self._clock, self._pack_ms, self._raw = host, event, clock, pack_ms, raw
-        self._done: Optional[tuple[list[FetchedRows], FetchTimings]] = None
+        self._timings: Optional[FetchTimings] = None
         self.packed: Optional[np.ndarray] = None  # [R, T, H, S + len(MASSES)] once read: the batch as one array
 
     def ready(self) -> bool:
         return self._event is None or bool(self._event.query())
 
-    def result(self) -> tuple[list[FetchedRows], FetchTimings]:
-        if self._done is not None:
-            return self._done
+    def wait(self) -> np.ndarray:
+        """The whole batch on the host, [R, T, H, S + len(MASSES)] (waits for this fetch only)."""
+        if self.packed is not None:
+            return self.packed
         if self._event is not None:
             self._event.synchronize()
         t0 = time.perf_counter()
         # A copy: the pinned buffer goes back to torch's host allocator, which reuses it.
-        packed = self._host.numpy().copy()  # [R, T, H, S + len(MASSES)]
-        self._host, self.packed = None, packed
-        S = packed.shape[-1] - len(MASSES)
-        out = []
-        for r, it in enumerate(self.items):
-            n, s = it.n_tokens, len(it.source_positions)
-            mass = {name: np.ascontiguousarray(packed[r, :n, :, S + k]) for k, name in enumerate(MASSES)}
-            out.append(FetchedRows(np.ascontiguousarray(packed[r, :n, :, :s]), mass["other_prompt"],
-                                   mass["generated"], self._raw(r) if self._raw else None,
-                                   mass["context"] if len(it.context_positions) else None,
-                                   mass["history"] if len(it.history_positions) else None))
+        self.packed, self._host = self._host.numpy().copy(), None
         gather_ms, rebuild_ms = self._clock.spans_ms()
-        unpack_ms = (time.perf_counter() - t0) * 1e3
-        self._done = out, FetchTimings(self._pack_ms + gather_ms, rebuild_ms + unpack_ms)
-        return self._done
+        self._timings = FetchTimings(self._pack_ms + gather_ms, rebuild_ms + (time.perf_counter() - t0) * 1e3)
+        return self.packed
+
+    def timings(self) -> FetchTimings:
+        self.wait()
+        return self._timings
+
+    def row(self, r: int) -> FetchedRows:
+        """Request r's rows and masses, cut to its own tokens and source."""
+        packed = self.wait()
+        it = self.items[r]
+        n, s, S = it.n_tokens, len(it.source_positions), packed.shape[-1] - len(MASSES)
+        mass = {name: np.ascontiguousarray(packed[r, :n, :, S + k]) for k, name in enumerate(MASSES)}
+        return FetchedRows(np.ascontiguousarray(packed[r, :n, :, :s]), mass["other_prompt"], mass["generated"],
+                           self._raw(r) if self._raw else None,
+                           mass["context"] if len(it.context_positions) else None,
+                           mass["history"] if len(it.history_positions) else None)
+
+    def result(self) -> tuple[list[FetchedRows], FetchTimings]:
+        return [self.row(r) for r in range(len(self.items))], self.timings()
 
 
 class BatchFetcher:

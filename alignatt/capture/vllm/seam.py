@@ -56,7 +56,7 @@ from alignatt.capture.vllm.fetch import (BatchFetcher, DraftState, EngineView, F
 from alignatt.capture.vllm.hooks import log
 from alignatt.capture.vllm.qcache import head_order, plan_capture
 from alignatt.capture.vllm import verify as vllm_verify
-from alignatt.capture.vllm.settling import Settler
+from alignatt.capture.vllm.settling import SETTLE_PHASES, Settler
 from alignatt.core.draft import Draft, DraftRequest, Head, Timings, TokenCapture, add_acceptance
 from alignatt.core.errors import AlignattError
 from alignatt.core.layout import AttentionLayout
@@ -65,7 +65,9 @@ from alignatt.core.settle import SETTLED
 from alignatt.models.synthetic_init import HFLikeInit
 
 CAPTURED_FAMILIES = ("gemma4_text", "gemma3_text")  # vLLM's Gemma4Attention and Gemma3Attention
-STEP_PHASES = ("vllm", "settle", "finish", "drafts")  # the parts of VllmCaptureSeam.step, timed
+# The parts of VllmCaptureSeam.step, timed: vLLM's own step, the settle checks' parts (settling.py),
+# queueing the finished requests' fetch, and building the drafts whose rows came back.
+STEP_PHASES = ("vllm", *SETTLE_PHASES, "finish", "drafts")
 
 
 def _engine_config(model: str, options: dict) -> VllmEngineConfig:
@@ -135,15 +137,12 @@ class VllmCaptureSeam:
         self.prompt_tokens = self.cached_prompt_tokens = 0  # prefix-cache hits, over finished drafts
         # Verified re-drafts (docs/batching.md): off leaves the engine without a speculative config.
         # Drafts with a settle rule leave the engine once their rows hold the answer (settling.py).
-        self.settler = Settler(self.fetcher, self.config.settle_every, self._item)
+        self.step_phases_s = dict.fromkeys(STEP_PHASES, 0.0)
+        self.settler = Settler(self.fetcher, self.config.settle_every, self._item, self.step_phases_s)
         if self.config.verify:
             self.book = vllm_verify.ProposalBook(self.config.verify_tokens)
             vllm_verify.install(self._runner(), self.book)
         self.totals: dict[str, float] = {}
-        # Wall of each part of `step`, summed (the load benchmark reports it per step): vLLM's own
-        # step (forward, scheduling, sampling), reading the settle checks (and queueing new ones),
-        # queueing the finished requests' fetch, and building the drafts whose rows came back.
-        self.step_phases_s = dict.fromkeys(STEP_PHASES, 0.0)
 
     def _runner(self) -> Any:
         hooks = self.engine.hooks
@@ -272,7 +271,7 @@ class VllmCaptureSeam:
                 ready.append(queued)
         queued_at = time.perf_counter()
         drafts = [pair for done in ready for pair in self._complete(done)]
-        for phase, (a, b) in (("vllm", (started, now)), ("settle", (now, settled)), ("finish", (settled, queued_at)),
+        for phase, (a, b) in (("vllm", (started, now)), ("finish", (settled, queued_at)),
                               ("drafts", (queued_at, time.perf_counter()))):
             self.step_phases_s[phase] += b - a
         return drafts

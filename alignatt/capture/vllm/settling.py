@@ -5,23 +5,32 @@ Every `settle_every` tokens (the first time at buffer + 1, the shortest draft th
 answer) a settling request's rows so far are fetched by the batched fetch with its block ids left in
 place, queued before the next engine step and read after it, like a finish. The scan runs on the
 fetched batch in one pass (`settle.held_indices`, the session's own scan on arrays), so no `Draft`
-is built and no request is scanned alone on the engine thread. Once a check finds the first held
-token p, the request needs p + 1 + buffer tokens; when it has them it leaves the engine, and the
-seam finishes it with the rows its last check read where they cover it (the very rows the scan
-stopped on), else through the normal finish fetch.
+is built and no request is scanned alone on the engine thread; only a settled draft's rows are
+unpacked. Once a check finds the first held token p, the request needs p + 1 + buffer tokens; when
+it has them it leaves the engine, and the seam finishes it with the rows its last check read where
+they cover it (the very rows the scan stopped on), else through the normal finish fetch.
+
+The time of each part of `step` is summed in `phases` (the seam's `step_phases_s`): waiting for the
+last step's checks, scanning them, and stopping drafts and queueing the next checks.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import numpy as np
 
 from alignatt.capture.vllm.batched import MASSES
-from alignatt.capture.vllm.fetch import BatchFetcher, DraftState, FetchItem, PendingFetch
+from alignatt.capture.vllm.fetch import BatchFetcher, DraftState, FetchedRows, FetchItem, FetchTimings, PendingFetch
 from alignatt.core.draft import DraftRequest
 from alignatt.core.settle import SETTLED, held_indices
+
+
+# The parts of `Settler.step`, timed: waiting for the last step's checks to reach the host, scanning
+# them, and stopping the settled drafts and queueing the checks now due.
+SETTLE_PHASES = ("check_wait", "check_scan", "check_queue")
 
 
 @dataclass
@@ -37,9 +46,12 @@ class Settler:
     """The checks of one engine's settling requests, between its steps."""
 
     def __init__(self, fetcher: Optional[BatchFetcher], settle_every: int,
-                 item_of: Callable[[DraftState, int], FetchItem]) -> None:
+                 item_of: Callable[[DraftState, int], FetchItem], phases: Optional[dict[str, float]] = None) -> None:
         self.fetcher, self.settle_every, self.item_of = fetcher, settle_every, item_of
         self.checks: list[SettleCheck] = []  # queued in the last step
+        self.phases = phases if phases is not None else {}
+        for name in SETTLE_PHASES:
+            self.phases.setdefault(name, 0.0)
 
     def first_check(self, request: DraftRequest, fixed_length: bool) -> Optional[int]:
         """When a request's rows are first read for its answer (None: no rule, no capture to read,
@@ -53,9 +65,15 @@ class Settler:
         """Read last step's checks, take the drafts that hold their answer out of `running` (through
         `leave_engine`, cut to their length), and queue the checks that are due. Returns the
         stopped drafts, to be finished like any other."""
+        started = time.perf_counter()
         checks, self.checks = self.checks, []
         for check in checks:
+            waited = time.perf_counter()
+            check.fetch.wait()
+            self.phases["check_wait"] += time.perf_counter() - waited
             self._read(check, running)
+        read = time.perf_counter()
+        self.phases["check_scan"] += read - started
         stopped = []
         for st in list(running.values()):
             if st.settle_length is None or len(st.tokens) < st.settle_length:
@@ -72,17 +90,18 @@ class Settler:
             self.checks.append(SettleCheck(due, n_tokens, fetch))
             for st, n in zip(due, n_tokens):
                 st.check_at = n + self.settle_every
+        self.phases["check_queue"] += time.perf_counter() - read
         return stopped
 
     @staticmethod
     def _read(check: SettleCheck, running: dict[str, DraftState]) -> None:
         """Scan a check's rows, all its requests in one pass (`settle.held_indices` on the fetched
         batch), and give each request still running its settled length once it has an answer."""
-        rows, timings = check.fetch.result()
+        packed = check.fetch.wait()
         live = [i for i, st in enumerate(check.states) if running.get(st.handle) is st]  # not finished since
         if not live:
             return
-        packed = check.fetch.packed if len(live) == len(check.states) else check.fetch.packed[live]
+        packed = packed if len(live) == len(check.states) else packed[live]
         states = [check.states[i] for i in live]
         S = packed.shape[-1] - len(MASSES)
         words = np.full((len(states), S), -1, np.int64)
@@ -96,13 +115,16 @@ class Settler:
                             [st.request.settle.border_words for st in states],
                             [st.request.settle.max_context_share for st in states])
         for i, st, h in zip(live, states, held):
-            st.checked = (rows[i], timings)
+            st.checked = (check.fetch, i)
             if h is not None:
                 st.settle_length = h + 1 + st.request.settle.buffer_tokens
 
     @staticmethod
-    def prefetched(st: DraftState, n_tokens: int) -> Any:
+    def prefetched(st: DraftState, n_tokens: int) -> Optional[tuple[FetchedRows, FetchTimings]]:
         """A stopped draft's (rows, timings) from its last check, when they cover its n tokens (None: fetch)."""
-        if st.finish_reason == SETTLED and st.checked is not None and len(st.checked[0].rows) >= n_tokens:
-            return st.checked[0].first(n_tokens), st.checked[1]
-        return None
+        if st.finish_reason != SETTLED or st.checked is None:
+            return None
+        fetch, i = st.checked
+        if fetch.items[i].n_tokens < n_tokens:
+            return None
+        return fetch.row(i).first(n_tokens), fetch.timings()
