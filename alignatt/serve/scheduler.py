@@ -101,6 +101,7 @@ class SchedulerStats:
     # the GIL, a child process's reply, or a device wait that sleeps (a spinning one counts as CPU).
     step_s: float = 0.0
     step_cpu_s: float = 0.0
+    collects: int = 0  # steps with no draft in flight (they only read what the engine held for nobody)
 
     def as_dict(self) -> dict:
         out = {k: v for k, v in self.__dict__.items() if k != "batch_sizes"}
@@ -333,9 +334,14 @@ class DraftScheduler:
                 continue
             with self._cond:
                 in_flight = len(self._running)
-            self.stats.batch_sizes[in_flight] += 1
-            self.stats.peak_in_flight = max(self.stats.peak_in_flight, in_flight)
-            self.stats.steps += 1
+            # With nothing in flight, a step only collects what the engine holds for nobody (an engine
+            # process's step sent ahead, aborted drafts): not an engine step, not counted as one.
+            if in_flight:
+                self.stats.batch_sizes[in_flight] += 1
+                self.stats.peak_in_flight = max(self.stats.peak_in_flight, in_flight)
+                self.stats.steps += 1
+            else:
+                self.stats.collects += 1
             started, cpu = time.perf_counter(), time.thread_time()
             try:
                 finished = engine.step()
@@ -347,8 +353,9 @@ class DraftScheduler:
                 self._fail_running(e)
                 continue
             finally:
-                self.stats.step_s += time.perf_counter() - started
-                self.stats.step_cpu_s += time.thread_time() - cpu
+                if in_flight:
+                    self.stats.step_s += time.perf_counter() - started
+                    self.stats.step_cpu_s += time.thread_time() - cpu
             self._deliver(finished)
 
     def _deliver(self, finished: Sequence[tuple[Any, Draft]]) -> None:

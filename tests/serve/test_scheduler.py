@@ -509,3 +509,29 @@ def test_a_request_that_cannot_be_prepared_fails_its_caller_at_once_and_nothing_
     assert sched.submit("b", req("fine")).result(5).request.source_words == ["fine"]
     assert sched.submit("a", req("small")).result(5).request.source_words == ["small"]
     assert [r.source_words for _, r in seam.submitted] == [["fine"], ["small"]]  # the bad one never queued
+
+
+class AheadBatchSeam(StandInBatchSeam):
+    """A stand-in that, like an engine process with a step sent ahead, still has something to
+    collect after every draft was delivered: one more step, which returns nothing."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.ahead = False
+
+    def has_unfinished(self) -> bool:
+        return bool(self.running) or self.ahead
+
+    def step(self):
+        self.ahead = bool(self.running)
+        return super().step()
+
+
+def test_a_step_with_no_draft_in_flight_is_a_collect_not_an_engine_step(make):
+    seam = AheadBatchSeam(max_batch=8, steps_for=lambda r: 3)
+    sched = make(seam)
+    sched.open_session("a")
+    assert sched.submit("a", req("w", "b")).result(5).request.source_words == ["w", "b"]
+    until(lambda: not seam.has_unfinished())
+    assert seam.steps == 4 and sched.stats.steps == 3 and sched.stats.collects == 1
+    assert dict(sched.stats.batch_sizes) == {1: 3}  # no batch of 0
