@@ -20,11 +20,11 @@ import alignatt
 ROOT = Path(alignatt.__file__).parent
 DOC = ROOT.parent / "docs" / "architecture.md"
 
-# Bottom up. `cli` is the front end module, the only thing above the packages; `__main__` (`python -m
-# alignatt`) only calls it.
+# Bottom up. `cli` is the front end (a package of command groups), the only thing above the packages;
+# `__main__` (`python -m alignatt`) only calls it.
 LAYERS = ["core", "models", "heads", "capture", "record", "serve", "replay", "checks", "evaluate",
           "measure", "pipeline", "report", "cli", "__main__"]
-FRONT = ("cli", "__main__")  # modules, not packages: the doc's map lists the packages below them
+FRONT = ("cli", "__main__")  # the front end: the doc's map lists the packages below it
 
 
 def _module_name(path: Path) -> str:

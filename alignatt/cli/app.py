@@ -1,0 +1,62 @@
+"""The typer app every command group registers on, its one error rule, and the shared options.
+
+Commands parse options, call one function, print. Expected failures (`AlignattError`) become one
+clear line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+import typer
+from typer.core import TyperGroup
+
+from alignatt.capture.names import DEFAULT_SEAM
+from alignatt.core.errors import AlignattError
+from alignatt.core.policy import DEFAULT_PRESET, PRESET_NAMES
+from alignatt.models.presets import DEFAULT_MODEL
+
+
+
+def fail(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+class _Commands(TyperGroup):
+    """Every command's expected failure (`AlignattError`) becomes one line and exit code 2."""
+
+    def invoke(self, ctx):  # noqa: ANN001, ANN201 - click's signature
+        try:
+            return super().invoke(ctx)
+        except AlignattError as e:
+            fail(str(e))
+
+
+app = typer.Typer(cls=_Commands, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+
+
+def validated(options_cls, prefix: str = "", **fields):
+    """`options_cls(**fields)`; a bad option is one line (AlignattError), not a traceback."""
+    from pydantic import ValidationError
+
+    try:
+        return options_cls(**fields)
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise AlignattError(f"{prefix}{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+
+
+# The options of the commands that serve a model (serve, smoke, load, soak, eval): declared once.
+MODEL = typer.Option(DEFAULT_MODEL, help="model preset or local checkpoint")
+SEAM = typer.Option(DEFAULT_SEAM, help="capture seam: hf_eager | hf_qk_fast | vllm_capture")
+PRESET = typer.Option(DEFAULT_PRESET, help=f"latency preset: {' | '.join(PRESET_NAMES)}")
+DEVICE = typer.Option("cpu")
+DTYPE = typer.Option(None, help="float32 | bfloat16 (default: the model's)")
+TOP_K = typer.Option(4, "--top-k", help="alignment heads used")
+HEADS = typer.Option(None, help="head-set file or bundled name (default: the model's)")
+VLLM_MODE = typer.Option(None, help="vllm_capture only: eager | cudagraph | fullgraph | compiled (default cudagraph)")
+
+
+def main() -> None:
+    app()

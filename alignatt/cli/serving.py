@@ -1,0 +1,261 @@
+"""Commands that serve a model or measure one served: serve, smoke, load, soak, failover, eval."""
+
+from __future__ import annotations
+
+import typer
+
+from alignatt.capture.names import DEFAULT_SEAM
+from alignatt.cli.app import DEVICE, DTYPE, HEADS, MODEL, PRESET, SEAM, TOP_K, VLLM_MODE, app, validated
+from alignatt.core.policy import DEFAULT_PRESET, PRESET_NAMES
+
+
+# ---- server: serve, smoke (alignatt.serve.server / smoke) ----
+
+
+def _server_config(
+    config: str | None, host: str, port: int, model: str, seam: str, preset: str, direction: str,
+    heads: str | None, top_k: int, device: str, dtype: str | None, max_sessions: int,
+    max_utterance_words: int, vllm_mode: str | None, engines: str, settle_buffer_tokens: int | None = None,
+    engine_process: bool | None = None,
+):
+    from alignatt.serve.config import server_config
+
+    return server_config(
+        config_path=config, host=host, port=port, model=model, seam=seam, preset=preset,
+        direction=direction, heads=heads, top_k=top_k, device=device, dtype=dtype,
+        max_sessions=max_sessions, max_utterance_words=max_utterance_words, vllm_mode=vllm_mode,
+        engines=engines, settle_buffer_tokens=settle_buffer_tokens, engine_process=engine_process,
+    )
+
+
+@app.command("serve")
+def serve_cmd(
+    host: str = typer.Option("127.0.0.1", help="interface to listen on"),
+    port: int = typer.Option(8765, help="TCP port (0 = any free port)"),
+    model: str = MODEL,
+    seam: str = SEAM,
+    preset: str = typer.Option(DEFAULT_PRESET, help=f"default latency preset: {' | '.join(PRESET_NAMES)}"),
+    direction: str = typer.Option("en-de", help="the direction served (source-target)"),
+    heads: str = HEADS,
+    top_k: int = TOP_K,
+    device: str = DEVICE,
+    dtype: str = DTYPE,
+    max_sessions: int = typer.Option(8, help="concurrent sessions; more get `busy`"),
+    max_utterance_words: int = typer.Option(80, help="longer utterances are forced final"),
+    vllm_mode: str = VLLM_MODE,
+    engines: str = typer.Option("auto", help="engines per route: auto (one process per visible GPU with "
+                                             "--device cuda, else 1) or a number (more than 1: a process each)"),
+    settle_buffer_tokens: int = typer.Option(
+        None, min=0, help="stop a partial draft once the policy's answer is known, N tokens past its first held "
+                          "token (the shown buffer); unset: draft the whole 16 tokens (docs/batching.md)"),
+    engine_process: bool = typer.Option(
+        None, "--engine-process/--engine-in-server", help="the engine in a process of its own, or in the "
+                                                           "server's; default: its own for vllm_capture on CUDA"),
+    config: str = typer.Option(None, help="ServerConfig JSON (several directions); replaces the options above"),
+) -> None:
+    """Run the MT server (WhisperLiveKit `alignatt` protocol v1) until interrupted."""
+    import logging
+
+    from alignatt.serve.server import serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    cfg = _server_config(config, host, port, model, seam, preset, direction, heads, top_k,
+                         device, dtype, max_sessions, max_utterance_words, vllm_mode, engines, settle_buffer_tokens,
+                         engine_process)
+    typer.echo(f"loading {', '.join(f'{d}: {r.model}/{r.seam}' for d, r in cfg.directions.items())} ...")
+    serve(cfg, on_ready=lambda s: typer.echo(
+        f"alignatt-mt-server listening on ws://{cfg.host}:{s.port} (preset {cfg.default_preset})"))
+
+
+@app.command("smoke")
+def smoke_cmd(
+    model: str = MODEL,
+    seam: str = SEAM,
+    preset: str = PRESET,
+    device: str = DEVICE,
+    dtype: str = DTYPE,
+    top_k: int = TOP_K,
+    heads: str = HEADS,
+    speed: float = typer.Option(None, help="replay speed (default: the stream file's, 4x)"),
+    client: str = typer.Option("auto", help="native | wlk | both | auto (both when WhisperLiveKit imports)"),
+    vllm_mode: str = VLLM_MODE,
+    stream: str = typer.Option(None, help="stream JSON (default: the bundled smoke stream)"),
+    out: str = typer.Option("outputs/server_smoke.json", help="where to write the smoke artifact"),
+) -> None:
+    """Start the server on loopback, replay the smoke stream through a real client, write the artifact."""
+    from alignatt.measure.smoke import SmokeOptions, run_smoke, summary_line
+
+    options = validated(SmokeOptions, model=model, seam=seam, preset=preset, device=device, dtype=dtype,
+                        top_k=top_k, heads=heads, speed=speed, client=client, stream=stream, vllm_mode=vllm_mode)
+    artifact = run_smoke(options, out)
+    typer.echo(summary_line(artifact))
+    typer.echo(f"wrote {out}")
+
+
+@app.command("load")
+def load_cmd(
+    model: str = MODEL,
+    seam: str = SEAM,
+    preset: str = PRESET,
+    device: str = DEVICE,
+    dtype: str = DTYPE,
+    top_k: int = TOP_K,
+    heads: str = HEADS,
+    vllm_mode: str = typer.Option(None, help="vllm_capture: configurations, comma-separated, each a mode with "
+                                             "optional +flags: verify, batch_invariant, engines<N> (N engine processes "
+                                             "on the GPU), process (the one engine in a process of its own), settle<N> "
+                                             "(stop drafts N tokens past the answer), e.g. "
+                                             "fullgraph,fullgraph+settle4,fullgraph+settle4+process"),
+    speakers: str = typer.Option("1,2,4", help="load levels: concurrent speakers, comma-separated"),
+    streams: str = typer.Option("smoke,long", help="streams speakers replay in turn: smoke, long or paths"),
+    speed: float = typer.Option(1.0, help="replay speed (1.0: real time)"),
+    stagger: float = typer.Option(0.14, help="seconds between speakers' starts"),
+    pacing: str = typer.Option("lockstep", help="lockstep (an update waits for its reply) | realtime (sent when due)"),
+    clients: str = typer.Option("processes", help="speakers in client processes of their own | threads of the "
+                                                  "server's process"),
+    prefix_caching: bool = typer.Option(None, "--prefix-caching/--no-prefix-caching",
+                                        help="vllm_capture: vLLM prefix caching (default on for the server)"),
+    max_num_seqs: int = typer.Option(None, help="vllm_capture: engine batch limit (server default 128)"),
+    engines: str = typer.Option("1", help="the server's engines: a number, or auto (one per visible GPU on cuda)"),
+    capture_cost: str = typer.Option("auto", help="captured vs uncaptured wall per batch: auto | on | off"),
+    capture_cost_batches: str = typer.Option("1,8,32,64", help="batch sizes of the capture-cost measurement"),
+    profile_dir: str = typer.Option(None, help="capture cost: torch-profile drafts at batch 1 and the largest "
+                                            "batch (captured and uncaptured), a folder per configuration"),
+    out: str = typer.Option("outputs/load.json", help="where to write the load artifact"),
+    metrics: str = typer.Option(None, help="DVC metrics JSON"),
+    plot: str = typer.Option(None, help="plot CSV: RTT against speakers"),
+) -> None:
+    """N concurrent real-time speakers on one server per load level; writes the load artifact."""
+    from alignatt.measure.capacity import LoadOptions, run_load
+
+    options = validated(LoadOptions, "load option ", model=model, seam=seam, preset=preset, device=device,
+                        dtype=dtype, top_k=top_k, heads=heads, vllm_mode=vllm_mode, speakers=speakers,
+                        streams=streams, speed=speed, stagger_s=stagger, pacing=pacing, clients=clients,
+                        prefix_caching=prefix_caching, max_num_seqs=max_num_seqs, engines=engines,
+                        capture_cost=capture_cost, capture_cost_batches=capture_cost_batches, profile_dir=profile_dir)
+    run_load(options, out, metrics, plot)
+    typer.echo(f"wrote {out}")
+
+
+@app.command("soak")
+def soak_cmd(
+    model: str = MODEL,
+    seam: str = SEAM,
+    device: str = DEVICE,
+    minutes: float = typer.Option(30.0, help="how long sessions keep starting"),
+    clients: int = typer.Option(3, help="concurrent client threads"),
+    seed: int = typer.Option(0),
+    out: str = typer.Option("outputs/cpu/soak.json", help="where to write the soak artifact"),
+) -> None:
+    """Mixed well-formed and hostile sessions on loopback for N minutes; RSS, descriptors, targets."""
+    from alignatt.measure.soak import SoakOptions, run_soak, summary_line
+
+    artifact = run_soak(SoakOptions(model=model, seam=seam, device=device, minutes=minutes, clients=clients,
+                                    seed=seed), out, progress=lambda m: typer.echo(m, err=True))
+    typer.echo(summary_line(artifact))
+    typer.echo(f"wrote {out}")
+    if not artifact.passed:
+        raise typer.Exit(1)
+
+
+@app.command("failover")
+def failover_cmd(
+    model: str = MODEL,
+    seam: str = SEAM,
+    preset: str = PRESET,
+    device: str = DEVICE,
+    dtype: str = DTYPE,
+    top_k: int = TOP_K,
+    heads: str = HEADS,
+    vllm_mode: str = VLLM_MODE,
+    engines: int = typer.Option(3, help="engine processes on the one device (3: one survives a kill and a stop)"),
+    speakers: int = typer.Option(16, help="concurrent real-time speakers, each reconnecting when told"),
+    streams: str = typer.Option("long", help="streams speakers replay in turn: smoke, long or paths"),
+    speed: float = typer.Option(1.5, help="replay speed (1.0: real time)"),
+    faults: str = typer.Option("kill@25,stop@50", help="action@seconds after the speakers start; kill = SIGKILL, "
+                                                      "stop = SIGSTOP, each on the live engine with most sessions"),
+    step_deadline: float = typer.Option(10.0, help="the server's hung-engine deadline (s)"),
+    heartbeat: float = typer.Option(1.0, help="the server's engine heartbeat (s)"),
+    out: str = typer.Option("outputs/failover.json", help="where to write the failover artifact"),
+) -> None:
+    """Engines killed and stopped under load: what the clients saw (nothing lost, told within a bound)."""
+    from alignatt.measure.failover import FailoverOptions, run_failover
+    from alignatt.measure.failover_record import summary_line
+
+    options = validated(FailoverOptions, "failover option ", model=model, seam=seam, preset=preset, device=device,
+                        dtype=dtype, top_k=top_k, heads=heads, vllm_mode=vllm_mode, engines=engines,
+                        speakers=speakers, streams=streams, speed=speed, faults=faults,
+                        step_deadline_s=step_deadline, heartbeat_s=heartbeat)
+    artifact = run_failover(options, out)
+    typer.echo(summary_line(artifact))
+    typer.echo(f"wrote {out}")
+    if not artifact.passed:
+        raise typer.Exit(1)
+
+
+@app.command("eval")
+def eval_cmd(
+    test_set: str = typer.Option("en-de", "--test-set", help="named set (en-de), .jsonl, word-alignment .json, or SOURCE:TARGET files"),
+    direction: str = typer.Option(None, help="source-target, e.g. cs-en (default: the test set's, else en-de)"),
+    model: str = MODEL,
+    variants: str = typer.Option(DEFAULT_SEAM, help="comma-separated seam[:vllm_mode], e.g. vllm_capture:cudagraph,vllm_capture:eager"),
+    presets: str = typer.Option("low_latency,balanced,high_latency", help="comma-separated latency presets"),
+    drivers: str = typer.Option("inprocess", help="comma-separated: inprocess, websocket (alignatt serve, native client), wlk (alignatt serve, WhisperLiveKit client)"),
+    limit: int = typer.Option(None, help="first N sentences of the test set"),
+    max_source_words: int = typer.Option(None, help="only sentences with at most this many words"),
+    longform_talks: int = typer.Option(0, help="long-form talks of consecutive pairs (0: none)"),
+    pairs_per_talk: int = typer.Option(5, help="pairs concatenated into one talk"),
+    words_per_second: float = typer.Option(2.4, help="ASR word rate"),
+    commit_lag: float = typer.Option(2.0, "--commit-lag", help="seconds from a word's arrival to its commit"),
+    device: str = DEVICE,
+    dtype: str = DTYPE,
+    top_k: int = TOP_K,
+    heads: str = HEADS,
+    comet_model: str = typer.Option(None, "--comet-model", help="local COMET checkpoint (unbabel-comet); else skipped"),
+    offline: bool = typer.Option(True, help="also the offline full-sentence baseline"),
+    tails: str = typer.Option("gold,noisy,none", help="comma-separated ASR tails, a row each: gold, noisy (seeded noise), none (no lookahead)"),
+    longform_tails: str = typer.Option("gold", help="comma-separated tails of the long-form rows"),
+    tail_noise_seed: int = typer.Option(0, help="seed of the noisy tail"),
+    tail_p_wrong: float = typer.Option(0.2, help="noisy tail: P(a tail word is another vocabulary word)"),
+    tail_p_drop: float = typer.Option(0.05, help="noisy tail: P(a tail word is missing)"),
+    tail_p_split: float = typer.Option(0.05, help="noisy tail: P(a tail word is split in two)"),
+    bootstrap: int = typer.Option(1000, help="sacrebleu bootstrap resamples for the 95% intervals"),
+    significance: str = typer.Option("bs", help="paired test against offline: bs (bootstrap) or ar (approximate randomization)"),
+    significance_samples: int = typer.Option(0, help="resamples/trials of the paired test (0: sacrebleu's default)"),
+    purpose: str = typer.Option("quality", help="quality, or scorer_smoke: too few sentences for a result (labelled so)"),
+    concurrency: int = typer.Option(1, help="in-process streams replayed at once, their drafts batched by the engine (--engines: spread over several) (1: one at a time)"),
+    engines: int = typer.Option(1, help="engine processes sharing the device, each batching its share of the --concurrency streams (1: the engine in this process)"),
+    load_levels: str = typer.Option("", help="quality under load: comma-separated concurrencies, each a row of the default preset on the first --load-sentences"),
+    load_sentences: int = typer.Option(100, help="sentences of each quality-under-load row"),
+    out: str = typer.Option("outputs/eval.json", help="the eval artifact (SimulEval instance logs go beside it)"),
+    metrics: str = typer.Option(None, help="also write DVC metrics JSON here"),
+    plot: str = typer.Option(None, help="also write the quality-vs-latency CSV here"),
+    figure: str = typer.Option(None, help="also write the quality-vs-latency SVG here (needs matplotlib)"),
+) -> None:
+    """Replay a test set ASR-style through the server's Session per preset; score quality and latency."""
+    from alignatt.evaluate.outputs import write_derived
+    from alignatt.evaluate.run import EvalOptions, run_eval
+
+    split = lambda s: [x.strip() for x in s.split(",") if x.strip()]  # noqa: E731
+    options = validated(
+        EvalOptions, model=model, variants=split(variants), presets=split(presets), drivers=split(drivers),
+        test_set=test_set, direction=direction, limit=limit, max_source_words=max_source_words,
+        longform_talks=longform_talks, pairs_per_talk=pairs_per_talk, words_per_second=words_per_second,
+        commit_lag_seconds=commit_lag, device=device, dtype=dtype, top_k=top_k, heads=heads,
+        comet_model=comet_model, offline_baseline=offline, tails=split(tails), longform_tails=split(longform_tails),
+        tail_noise={"seed": tail_noise_seed, "p_wrong": tail_p_wrong, "p_drop": tail_p_drop, "p_split": tail_p_split},
+        bootstrap=bootstrap, significance=significance, significance_samples=significance_samples, purpose=purpose,
+        concurrency=concurrency, engines=engines, load_levels=split(load_levels), load_sentences=load_sentences,
+    )
+    artifact = run_eval(options, out, progress=lambda m: typer.echo(m, err=True))
+    write_derived(artifact, metrics, plot)
+    if figure:
+        from alignatt.evaluate.figure import quality_latency_svg
+
+        if quality_latency_svg(artifact, figure) is None:
+            typer.echo("matplotlib is not installed: no SVG written", err=True)
+    for c in artifact.checks:
+        typer.echo(f"{'ok  ' if c.passed else 'FAIL'} {c.name}: {c.detail}")
+    typer.echo(f"wrote {out}")
+
+
