@@ -32,7 +32,8 @@ def _finals_in_order(events: list[ReplayEvent], expected: int) -> tuple[int, boo
 
 
 def signature(events: list[ReplayEvent]) -> dict[int, tuple]:
-    return {e.seq: (e.committed_text, e.path, e.committed_delta) for e in events}
+    """Per update: its committed text; its decision (path, released text); the buffer it showed."""
+    return {e.seq: (e.committed_text, e.path, e.committed_delta, e.buffer_text or "") for e in events}
 
 
 def summarise_level(n: int, runs: list[RunRecord | BaseException], streams: list[tuple[str, SmokeStream]],
@@ -72,7 +73,7 @@ def summarise_level(n: int, runs: list[RunRecord | BaseException], streams: list
                 if want is None:
                     continue
                 texts_diff += sig[0] != want[0]
-                decisions_diff += sig[1:] != want[1:]
+                decisions_diff += sig[1:3] != want[1:3]
     partial = [e.rtt_ms for e in events if e.path == "draft" and not e.final]
     finals = [e.rtt_ms for e in events if e.final]
     lag_first = statistics.fmean(first) if first else 0.0
@@ -146,9 +147,12 @@ def engine_level(before: dict, after: dict) -> dict:
 
 def configuration_difference(reference: dict[str, dict[str, list]], other: dict[str, dict[str, list]]) -> dict:
     """How one speaker alone is served by another configuration than the first (verification on
-    against off, say): updates whose committed text differs, and whose path or released text
-    differs, matched by stream and seq (a lockstep replay sends the same updates in the same order)."""
-    texts = decisions = compared = 0
+    against off, say): updates whose committed text differs, whose path or released text differs,
+    and whose shown buffer differs (a settled draft shows a shorter one by design), with the mean
+    words of buffer each configuration showed, matched by stream and seq (a lockstep replay sends
+    the same updates in the same order)."""
+    texts = decisions = buffers = compared = 0
+    words, reference_words = [], []
     for name, sigs in other.items():
         ref = reference.get(name, {})
         for seq, sig in sigs.items():
@@ -157,10 +161,17 @@ def configuration_difference(reference: dict[str, dict[str, list]], other: dict[
                 continue
             compared += 1
             texts += sig[0] != want[0]
-            decisions += sig[1:] != want[1:]
+            decisions += sig[1:3] != want[1:3]
+            buffers += sig[3] != want[3]
+            words.append(len(sig[3].split()))
+            reference_words.append(len(want[3].split()))
+    mean = (lambda xs: round(statistics.fmean(xs), 2) if xs else None)  # noqa: E731
     return {"updates_compared_with_first_configuration": compared,
             "texts_differing_from_first_configuration": texts,
-            "decisions_differing_from_first_configuration": decisions}
+            "decisions_differing_from_first_configuration": decisions,
+            "buffers_differing_from_first_configuration": buffers,
+            "buffer_words_mean": mean(words),
+            "first_configuration_buffer_words_mean": mean(reference_words)}
 
 
 def level_line(level: dict) -> str:

@@ -59,6 +59,14 @@ def _mean_of_engines(lv: Any, key: str) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _buffers(lv: Any) -> str:
+    """The shown buffers that differ, and the mean words shown against the first configuration's."""
+    if lv.buffers_differing_from_first_configuration is None:
+        return ""
+    return (f"; {lv.buffers_differing_from_first_configuration} buffers (mean {_fmt(lv.buffer_words_mean, 1)} "
+            f"words against {_fmt(lv.first_configuration_buffer_words_mean, 1)})")
+
+
 def verification_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
     """Verified re-drafts against plain ones, per level of every load run that counted them: what
     the engine did per draft, what a step cost (and how much of it was the engine thread's CPU),
@@ -82,7 +90,7 @@ def verification_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
                 p50=_fmt(lv.partial_rtt_ms_p50), p95=_fmt(lv.partial_rtt_ms_p95),
                 differs="—" if compared is None else (f"{lv.texts_differing_from_first_configuration} texts, "
                                                       f"{lv.decisions_differing_from_first_configuration} decisions "
-                                                      f"of {compared}"),
+                                                      f"of {compared}" + _buffers(lv)),
             ))
     return rows
 

@@ -445,12 +445,14 @@ def test_a_settle_flag_gives_every_session_of_its_configuration_the_buffer(short
 def test_the_configuration_difference_counts_texts_and_decisions_by_stream_and_seq():
     from alignatt.measure.capacity_levels import configuration_difference
 
-    reference = {"smoke": {"0": ["Das", "draft", "Das"], "1": ["Das Haus", "draft", " Haus"], "2": ["x", "fast_path", ""]}}
-    other = {"smoke": {"0": ["Das", "draft", "Das"], "1": ["Das Heim", "draft", " Heim"], "2": ["x", "draft", ""],
-                       "9": ["unmatched", "draft", ""]}}
+    reference = {"smoke": {"0": ["Das", "draft", "Das", "ist ein"], "1": ["Das Haus", "draft", " Haus", "ist gross und"],
+                           "2": ["x", "fast_path", "", ""]}}
+    other = {"smoke": {"0": ["Das", "draft", "Das", "ist ein"], "1": ["Das Heim", "draft", " Heim", "ist"],
+                       "2": ["x", "draft", "", ""], "9": ["unmatched", "draft", "", "a b c d e"]}}
     assert configuration_difference(reference, other) == {
         "updates_compared_with_first_configuration": 3, "texts_differing_from_first_configuration": 1,
-        "decisions_differing_from_first_configuration": 2}
+        "decisions_differing_from_first_configuration": 2, "buffers_differing_from_first_configuration": 1,
+        "buffer_words_mean": 1.0, "first_configuration_buffer_words_mean": 1.67}
 
 
 def test_the_page_judges_the_capacity_targets_and_shows_verification_against_plain_drafts(tmp_path, short_stream):

@@ -78,10 +78,14 @@ class LoadLevel(_Strict):
     gpu_busy_share: float | None = None  # the GPU's mean utilization over the level (a kernel running); None: not sampled
     verification: LoadVerification | None = None  # None: the seam does not count it, or the artifact predates the field
     # One speaker alone on a later configuration of the run (verification on, say) against the first
-    # (off): updates matched by seq, and how many differ in committed text, and in path or released text.
+    # (off): updates matched by seq, and how many differ in committed text, in path or released text,
+    # and in the buffer shown (with the mean words of buffer shown by this and by the first configuration).
     updates_compared_with_first_configuration: int | None = None
     texts_differing_from_first_configuration: int | None = None
     decisions_differing_from_first_configuration: int | None = None
+    buffers_differing_from_first_configuration: int | None = None  # None: the artifact predates the field
+    buffer_words_mean: float | None = None
+    first_configuration_buffer_words_mean: float | None = None
 
 
 class CaptureCostRow(_Strict):
