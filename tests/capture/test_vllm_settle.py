@@ -69,7 +69,7 @@ def test_a_draft_leaves_the_engine_once_its_rows_hold_the_answer():
     enqueue = seam.fetcher.enqueue
     seam.fetcher.enqueue = lambda items, running=False: fetches.append(running) or enqueue(items, running)
     (draft,) = run(seam).values()
-    assert fetches == [True]  # the check's rows cover the settled draft: no second fetch at its finish
+    assert fetches == [[True]]  # the check's rows cover the settled draft: no second fetch at its finish
     assert draft.stop_reason == SETTLED and [t.token_id for t in draft.tokens] == [7, 8]  # held + 1 buffer
     np.testing.assert_allclose(np.stack([t.rows for t in draft.tokens]), reference_rows("b")[:2], atol=1e-6)
     assert seam.engine.core.aborted == ["b"]
@@ -77,7 +77,7 @@ def test_a_draft_leaves_the_engine_once_its_rows_hold_the_answer():
     assert draft.acceptance.forward_steps == 3
     assert "b" not in seam.engine.hooks.block_ids  # read while running, dropped at its finish
     phases = seam.step_phases_s  # the check's parts are timed in the seam's step parts
-    assert all(phases[name] > 0 for name in ("check_wait", "check_scan", "check_queue"))
+    assert all(phases[name] > 0 for name in ("check_wait", "check_scan", "stop", "fetch_queue"))
 
 
 def test_a_draft_without_a_held_token_runs_to_its_end():
@@ -101,3 +101,22 @@ def test_a_draft_superseded_while_its_check_is_on_the_way_is_dropped():
     seam.step(), seam.step()  # the check of its first 2 tokens is queued
     seam.abort("b")
     assert run(seam) == {} and seam.engine.core.aborted == ["b"] and "b" not in seam.engine.hooks.block_ids
+
+
+def test_a_steps_checks_and_finished_requests_share_one_fetch_and_each_gets_its_own_rows():
+    """The settle checks due in a step and the requests finished in it are queued in one batched
+    fetch (one pack, one launch of the kernels): here "a" finishes at its 5th token in the step
+    where the running "b" is checked at its 5th; each comes back with the reference rows."""
+    seam = settling_seam("b", border_words=0, buffer_tokens=1)  # word 0 trusted: "b" is checked, never held
+    seam.engine.core = OneTokenPerStep({"a": REQUESTS["a"][2], "b": REQUESTS["b"][2]})
+    a = DraftRequest(source_words=["w"], committed_words=1, max_new_tokens=REQUESTS["a"][2])
+    seam._states["a"] = DraftState("a", "a", a, scripted_seam([])[0]._states["a"].prompt, 0.0)
+    fetches = []
+    enqueue = seam.fetcher.enqueue
+    seam.fetcher.enqueue = lambda items, running=False: (fetches.append((
+        [it.request_id for it in items], list(running))), enqueue(items, running))[1]
+    done = run(seam)
+    assert (["b", "a"], [True, False]) in fetches  # b's check at 5 tokens and a's finish, one fetch
+    assert all(len(f[0]) == len(f[1]) for f in fetches) and len(fetches) == 4  # b checked at 2, 5, 8; its finish
+    for rid in ("a", "b"):
+        np.testing.assert_allclose(np.stack([t.rows for t in done[rid].tokens]), reference_rows(rid), atol=1e-6)

@@ -264,16 +264,18 @@ class BatchFetcher:
             return [], FetchTimings(0.0, 0.0)
         return self.enqueue(items).result()
 
-    def enqueue(self, items: Sequence[FetchItem], running: bool = False) -> PendingFetch:
+    def enqueue(self, items: Sequence[FetchItem], running: bool | Sequence[bool] = False) -> PendingFetch:
         """Queue the fetch of every request in `items` on the current stream; nothing waits.
 
         Must run before the next engine step (that step may reuse the requests' blocks; being
         queued first, the gathers read them before it writes). The result can be read later.
-        `running`: the requests are still drafting (their rows so far): their block ids stay."""
+        `running` (one for all, or per item): the request is still drafting (its rows so far, a
+        settle check): its block ids stay."""
         t0 = time.perf_counter()
         device = self.view.device()
-        take = self.view.peek_blocks if running else self.view.take_blocks
-        blocks = [take(it.request_id) for it in items]
+        still = [running] * len(items) if isinstance(running, bool) else list(running)
+        blocks = [(self.view.peek_blocks if run else self.view.take_blocks)(it.request_id)
+                  for it, run in zip(items, still, strict=True)]
         T = max(it.n_tokens for it in items)
         S = max(max(len(it.source_positions) for it in items), 1)
         packer, spans = pack_batch(items, blocks, self.plans, self.view.layers, self.groups, T, S)

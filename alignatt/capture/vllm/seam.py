@@ -66,8 +66,9 @@ from alignatt.models.synthetic_init import HFLikeInit
 
 CAPTURED_FAMILIES = ("gemma4_text", "gemma3_text")  # vLLM's Gemma4Attention and Gemma3Attention
 # The parts of VllmCaptureSeam.step, timed: vLLM's own step, the settle checks' parts (settling.py),
-# queueing the finished requests' fetch, and building the drafts whose rows came back.
-STEP_PHASES = ("vllm", *SETTLE_PHASES, "finish", "drafts")
+# trimming the finished requests, queueing the one fetch of the step's checks and finished requests,
+# and building the drafts whose rows came back.
+STEP_PHASES = ("vllm", *SETTLE_PHASES, "finish", "fetch_queue", "drafts")
 
 
 def _engine_config(model: str, options: dict) -> VllmEngineConfig:
@@ -260,28 +261,43 @@ class VllmCaptureSeam:
                     self.book.drop(state.internal)
         if len(self._aborted) > 10_000:
             self._aborted.clear()  # late outputs of aborted requests arrive within a step or two
-        finished += self.settler.step(self._states, now, self._leave_engine)
+        stopped, checks = self.settler.step(self._states, now, self._leave_engine)
+        finished += stopped
         settled = time.perf_counter()
         ready, self._pending = self._pending, []
-        if finished:
-            queued = self._start_finish(finished)
-            if self._states and queued.fetch is not None:  # rows on their way: read after the next step
-                self._pending.append(queued)
+        done = self._start_finish(finished) if finished else None
+        trimmed = time.perf_counter()
+        self._queue_fetch(checks, done)
+        if done is not None:
+            if self._states and done.fetch is not None:  # rows on their way: read after the next step
+                self._pending.append(done)
             else:
-                ready.append(queued)
+                ready.append(done)
         queued_at = time.perf_counter()
-        drafts = [pair for done in ready for pair in self._complete(done)]
-        for phase, (a, b) in (("vllm", (started, now)), ("finish", (settled, queued_at)),
-                              ("drafts", (queued_at, time.perf_counter()))):
+        drafts = [pair for d in ready for pair in self._complete(d)]
+        for phase, (a, b) in (("vllm", (started, now)), ("finish", (settled, trimmed)),
+                              ("fetch_queue", (trimmed, queued_at)), ("drafts", (queued_at, time.perf_counter()))):
             self.step_phases_s[phase] += b - a
         return drafts
 
-    def _leave_engine(self, st: DraftState) -> None:
-        """A settled request out of vLLM's batch; its blocks stay readable until the next step."""
-        self.engine.core.abort_request([st.handle])
-        self._aborted.add(st.handle)  # its in-flight step's output arrives late
-        if self.book is not None:
-            self.book.drop(st.internal)
+    def _queue_fetch(self, checks: list[FetchItem], done: Optional["_FinishedStep"]) -> None:
+        """One batched fetch for the step's settle checks (their requests still run) and its finished
+        requests: the host packs the indices once and the kernels are launched once per step."""
+        finishes = done.items if done is not None else []
+        if not checks and not finishes:
+            return
+        fetch = self.fetcher.enqueue([*checks, *finishes], running=[True] * len(checks) + [False] * len(finishes))
+        self.settler.queued(fetch)
+        if finishes:
+            done.fetch, done.offset = fetch, len(checks)
+
+    def _leave_engine(self, states: list[DraftState]) -> None:
+        """Settled requests out of vLLM's batch, in one abort; their blocks stay readable until the next step."""
+        self.engine.core.abort_request([st.handle for st in states])
+        for st in states:
+            self._aborted.add(st.handle)  # its in-flight step's output arrives late
+            if self.book is not None:
+                self.book.drop(st.internal)
 
     # ---- run to completion ----
 
@@ -319,7 +335,8 @@ class VllmCaptureSeam:
             log(message)
 
     def _start_finish(self, states: list[DraftState]) -> "_FinishedStep":
-        """Trim the finished drafts and queue one batched fetch for all of them."""
+        """Trim the finished drafts and pick those whose rows are fetched (`_queue_fetch` queues them
+        with the step's settle checks); a settled draft whose last check covers it takes those rows."""
         done = _FinishedStep(states)
         for st in states:
             tokens, stop_reason = list(st.tokens), SETTLED if st.finish_reason == SETTLED else "max_new_tokens"
@@ -353,15 +370,15 @@ class VllmCaptureSeam:
         if self.reconstruct == "reference":
             done.reference = [self.fetcher.fetch_one(it, method="reference") for _, it in items]
         else:
-            done.fetch = self.fetcher.enqueue([it for _, it in items])
+            done.items = [it for _, it in items]  # queued by `_queue_fetch`, with the step's checks
         return done
 
     def _complete(self, done: "_FinishedStep") -> list[tuple[str, Draft]]:
         """The drafts of one finished step, once its rows are on the host."""
         fetched: dict[int, Any] = {}
         if done.fetch is not None:
-            rows, ft = done.fetch.result()
-            fetched = {i: (r, ft) for i, r in zip(done.fetched_index, rows)}
+            ft = done.fetch.timings()
+            fetched = {i: (done.fetch.row(done.offset + k), ft) for k, i in enumerate(done.fetched_index)}
         elif done.reference is not None:
             fetched = dict(zip(done.fetched_index, done.reference))
         fetched.update(done.prefetched)
@@ -475,7 +492,9 @@ class _FinishedStep:
     timings: list[Timings] = field(default_factory=list)
     fetched_index: list[int] = field(default_factory=list)  # which states have rows
     prefetched: dict[int, Any] = field(default_factory=dict)  # state index -> (rows, timings) from its check
-    fetch: Optional[PendingFetch] = None
+    items: list[FetchItem] = field(default_factory=list)  # the fetched states' items, for `_queue_fetch`
+    fetch: Optional[PendingFetch] = None  # shared with the step's settle checks: its rows `offset` onwards
+    offset: int = 0
     reference: Optional[list] = None  # (rows, timings) per fetched state, reconstruct="reference"
     dropped: set[str] = field(default_factory=set)  # aborted after they finished
 

@@ -2,16 +2,18 @@
 policy's answer.
 
 Every `settle_every` tokens (the first time at buffer + 1, the shortest draft that can hold the
-answer) a settling request's rows so far are fetched by the batched fetch with its block ids left in
-place, queued before the next engine step and read after it, like a finish. The scan runs on the
-fetched batch in one pass (`settle.held_indices`, the session's own scan on arrays), so no `Draft`
-is built and no request is scanned alone on the engine thread; only a settled draft's rows are
-unpacked. Once a check finds the first held token p, the request needs p + 1 + buffer tokens; when
-it has them it leaves the engine, and the seam finishes it with the rows its last check read where
-they cover it (the very rows the scan stopped on), else through the normal finish fetch.
+answer) a settling request's rows so far are read while it runs. The seam queues these checks in
+the same batched fetch as the step's finished requests (one pack of indices and one launch of the
+kernels per step, `VllmCaptureSeam._queue_fetch`), with their block ids left in place; they are read
+after the next step. The scan runs on the fetched batch in one pass (`settle.held_indices`, the
+session's own scan on arrays), so no `Draft` is built and no request is scanned alone on the engine
+thread; only a settled draft's rows are unpacked. Once a check finds the first held token p, the
+request needs p + 1 + buffer tokens; when it has them it leaves the engine (the step's settled
+drafts in one abort), and the seam finishes it with the rows its last check read where they cover
+it (the very rows the scan stopped on), else through the normal finish fetch.
 
-The time of each part of `step` is summed in `phases` (the seam's `step_phases_s`): waiting for the
-last step's checks, scanning them, and stopping drafts and queueing the next checks.
+The time of each part is summed in `phases` (the seam's `step_phases_s`): waiting for the last
+step's checks, scanning them, and stopping the settled drafts (and picking the checks now due).
 """
 
 from __future__ import annotations
@@ -29,17 +31,19 @@ from alignatt.core.settle import SETTLED, held_indices
 
 
 # The parts of `Settler.step`, timed: waiting for the last step's checks to reach the host, scanning
-# them, and stopping the settled drafts and queueing the checks now due.
-SETTLE_PHASES = ("check_wait", "check_scan", "check_queue")
+# them, and stopping the settled drafts (and picking the checks now due).
+SETTLE_PHASES = ("check_wait", "check_scan", "stop")
 
 
 @dataclass
 class SettleCheck:
-    """Settling drafts' rows so far, fetched in one step (their token counts then), read in the next."""
+    """Settling drafts' rows so far, fetched in one step (their token counts then), read in the next:
+    rows `start` onwards of a fetch the step's finished requests may share."""
 
     states: list[DraftState]
     n_tokens: list[int]
     fetch: PendingFetch
+    start: int = 0
 
 
 class Settler:
@@ -49,6 +53,7 @@ class Settler:
                  item_of: Callable[[DraftState, int], FetchItem], phases: Optional[dict[str, float]] = None) -> None:
         self.fetcher, self.settle_every, self.item_of = fetcher, settle_every, item_of
         self.checks: list[SettleCheck] = []  # queued in the last step
+        self._due: list[DraftState] = []  # picked by `step`, until the caller has `queued` them
         self.phases = phases if phases is not None else {}
         for name in SETTLE_PHASES:
             self.phases.setdefault(name, 0.0)
@@ -61,10 +66,11 @@ class Settler:
         return request.settle.buffer_tokens + 1
 
     def step(self, running: dict[str, DraftState], now: float,
-             leave_engine: Callable[[DraftState], None]) -> list[DraftState]:
-        """Read last step's checks, take the drafts that hold their answer out of `running` (through
-        `leave_engine`, cut to their length), and queue the checks that are due. Returns the
-        stopped drafts, to be finished like any other."""
+             leave_engine: Callable[[list[DraftState]], None]) -> tuple[list[DraftState], list[FetchItem]]:
+        """Read last step's checks, take the drafts that hold their answer out of `running` (all in
+        one `leave_engine`, cut to their length), and pick the checks now due. Returns the stopped
+        drafts, to be finished like any other, and the due checks' items: the caller queues them
+        in this step's fetch and hands it to `queued`."""
         started = time.perf_counter()
         checks, self.checks = self.checks, []
         for check in checks:
@@ -74,34 +80,40 @@ class Settler:
             self._read(check, running)
         read = time.perf_counter()
         self.phases["check_scan"] += read - started
-        stopped = []
-        for st in list(running.values()):
-            if st.settle_length is None or len(st.tokens) < st.settle_length:
-                continue
-            leave_engine(st)
+        stopped = [st for st in running.values()
+                   if st.settle_length is not None and len(st.tokens) >= st.settle_length]
+        if stopped:
+            leave_engine(stopped)
+        for st in stopped:
             del st.tokens[st.settle_length:]
             st.finished_at, st.finish_reason = now, SETTLED
-            stopped.append(running.pop(st.handle))
-        due = [st for st in running.values()
-               if st.check_at is not None and st.settle_length is None and len(st.tokens) >= st.check_at]
-        if due:
-            n_tokens = [len(st.tokens) for st in due]
-            fetch = self.fetcher.enqueue([self.item_of(st, n) for st, n in zip(due, n_tokens)], running=True)
-            self.checks.append(SettleCheck(due, n_tokens, fetch))
-            for st, n in zip(due, n_tokens):
-                st.check_at = n + self.settle_every
-        self.phases["check_queue"] += time.perf_counter() - read
-        return stopped
+            del running[st.handle]
+        self._due = [st for st in running.values()
+                     if st.check_at is not None and st.settle_length is None and len(st.tokens) >= st.check_at]
+        items = [self.item_of(st, len(st.tokens)) for st in self._due]
+        self.phases["stop"] += time.perf_counter() - read
+        return stopped, items
+
+    def queued(self, fetch: PendingFetch, start: int = 0) -> None:
+        """The due checks `step` returned are in `fetch`, rows `start` onwards: read them after the next step."""
+        due, self._due = self._due, []
+        if not due:
+            return
+        n_tokens = [it.n_tokens for it in fetch.items[start:start + len(due)]]
+        self.checks.append(SettleCheck(due, n_tokens, fetch, start))
+        for st, n in zip(due, n_tokens):
+            st.check_at = n + self.settle_every
 
     @staticmethod
     def _read(check: SettleCheck, running: dict[str, DraftState]) -> None:
         """Scan a check's rows, all its requests in one pass (`settle.held_indices` on the fetched
         batch), and give each request still running its settled length once it has an answer."""
-        packed = check.fetch.wait()
         live = [i for i, st in enumerate(check.states) if running.get(st.handle) is st]  # not finished since
         if not live:
             return
-        packed = packed if len(live) == len(check.states) else packed[live]
+        packed = check.fetch.wait()
+        packed = (packed[check.start:check.start + len(live)] if len(live) == len(check.states)
+                  else packed[[check.start + i for i in live]])
         states = [check.states[i] for i in live]
         S = packed.shape[-1] - len(MASSES)
         words = np.full((len(states), S), -1, np.int64)
@@ -115,7 +127,7 @@ class Settler:
                             [st.request.settle.border_words for st in states],
                             [st.request.settle.max_context_share for st in states])
         for i, st, h in zip(live, states, held):
-            st.checked = (check.fetch, i)
+            st.checked = (check.fetch, check.start + i)
             if h is not None:
                 st.settle_length = h + 1 + st.request.settle.buffer_tokens
 
