@@ -105,7 +105,7 @@ def load_cmd(
                                              "optional +flags: verify, batch_invariant, engines<N> (N engine processes "
                                              "on the GPU), process (the one engine in a process of its own), settle<N> "
                                              "(stop drafts N tokens past the answer), e.g. "
-                                             "fullgraph,fullgraph+settle4,fullgraph+settle4+process"),
+                                             "fullgraph,fullgraph+settle2+process,fullgraph+settle2+process+verify"),
     speakers: str = typer.Option("1,2,4", help="load levels: concurrent speakers, comma-separated"),
     streams: str = typer.Option("smoke,long", help="streams speakers replay in turn: smoke, long or paths"),
     speed: float = typer.Option(1.0, help="replay speed (1.0: real time)"),

@@ -324,6 +324,7 @@ class ProcessBatchSeam:
             self._early.append(self._recv(timeout_s))
             self._ahead -= 1
         return _unwrapped(self._recv(timeout_s))
+
     def died(self) -> EngineDied:
         """The error that says this engine's process is gone, and how it ended."""
         with self._reap:
