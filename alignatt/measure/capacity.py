@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -246,6 +247,26 @@ def capture_cost_in_child(payload: dict) -> list[dict]:
                         [Head(int(a), int(b)) for a, b in payload["heads"]], seam_options=flags)
 
 
+def verify_equality_in_child(payload: dict) -> dict:
+    """`verified_against_scratch` on the bench prompts, on one engine of the payload's configuration
+    (its engine flags, verification on; its server flags do not change the engine)."""
+    from alignatt.capture.registry import make_seam
+    from alignatt.checks.records import bench_requests
+    from alignatt.core.draft import Head
+    from alignatt.measure.verify_equality import verified_against_scratch
+
+    options = LoadOptions.model_validate(payload["options"])
+    mode, flags = parse_configuration(payload["mode"])
+    heads = [Head(int(a), int(b)) for a, b in payload["heads"]]
+    requests = [r for _, r in bench_requests(options.capture_cost_tokens)]
+    seam = make_seam(VLLM_CAPTURE, model=options.model, heads=heads, device=options.device, dtype=options.dtype,
+                     vllm_mode=mode or "cudagraph", max_num_seqs=len(requests), **flags)  # drafts end as served ones do
+    try:
+        return verified_against_scratch(seam, requests, decision_heads=len(heads))
+    finally:
+        seam.close()
+
+
 def parse_configuration(label: str | None) -> tuple[str | None, dict[str, Any]]:
     """A configuration label, `mode[+flag...]` (e.g. `fullgraph+batch_invariant`): the vLLM mode and
     the engine options its flags set. The label names the configuration in the artifact and report."""
@@ -315,7 +336,8 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
              plot: str | Path | None = None, seam_factory=None):
     """Every configuration's load levels on a loopback server, then the capture cost; writes the
     artifact (and metrics/plot) once all of it is measured."""
-    from alignatt.record.artifacts import ARTIFACT_SCHEMA_VERSION, CaptureCostRow, LoadArtifact, LoadLevel, write_artifact
+    from alignatt.record.artifacts import (ARTIFACT_SCHEMA_VERSION, CaptureCostRow, LoadArtifact, LoadLevel,
+                                           VerifyEquality, write_artifact)
     from alignatt.record.isolated import run_in_child
     from alignatt.record.provenance import collect_provenance, model_identity
     from alignatt.serve.config import resolve_heads, resolve_preset
@@ -362,6 +384,21 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
                    if skipped else ""))
     else:
         note = "not measured: needs vllm_capture on CUDA (capture_cost=on forces it)"
+    # Verified re-drafts against drafting from scratch on the bench prompts, per verify configuration.
+    # A failure there is recorded, not raised: the levels measured before it are the run's result.
+    equality: list[dict] = []
+    equality_failed: list[str] = []
+    want_equality = options.seam == VLLM_CAPTURE and options.device.startswith("cuda")
+    for mode in (m for m in modes if want_equality and "verify" in _flags(m)):
+        payload = {"options": options.model_dump(), "mode": mode, "heads": heads}
+        try:
+            got = (run_in_child("alignatt.measure.capacity:verify_equality_in_child", payload,
+                                f"verify equality ({mode})") if seam_factory is None else verify_equality_in_child(payload))
+        except Exception as e:  # noqa: BLE001 - said in the artifact and on stderr
+            equality_failed.append(f"{mode}: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+            print(f"verify equality ({mode}) failed: {e}", file=sys.stderr, flush=True)
+            continue
+        equality.append({**got, "vllm_mode": mode})
     engine_facts = {**runs[0]["engine"], **({"engines": {str(m): r["engine"] for m, r in zip(modes, runs)}}
                                             if len(modes) > 1 else {})}
     try:
@@ -389,6 +426,8 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
         levels=[LoadLevel(**lv) for lv in levels],
         capture_cost=[CaptureCostRow(**c) for c in cost],
         capture_cost_note=note,
+        verify_equality=[VerifyEquality(**e) for e in equality],
+        verify_equality_note="; ".join(f"failed for {f}" for f in equality_failed),
     )
     if out is not None:
         write_artifact(out, artifact)

@@ -95,6 +95,25 @@ def verification_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
     return rows
 
 
+def verify_equality_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
+    """Per load run and verify configuration: the bench prompts verified against drafted from scratch."""
+    rows = []
+    for rel, a in sorted(inputs.of_kind("load"), key=lambda t: t[0]):
+        for e in a.verify_equality:
+            rows.append(dict(date=a.provenance.date, configuration=configuration(rel, a, e.vllm_mode),
+                             synthetic=a.synthetic_weights, prompts=e.prompts, tokens=e.tokens_differ,
+                             texts=e.texts_differ, decisions=e.decisions_differ,
+                             accepted=f"{e.accepted} of {e.proposed}",
+                             rows="—" if e.row_max_abs_diff is None else f"{e.row_max_abs_diff:.2g}"))
+    return rows
+
+
+def verify_equality_notes(inputs: ReportInputs) -> list[str]:
+    """A load run whose bench-prompt count failed for a configuration: where, and why."""
+    return [f"`{rel}`: {a.verify_equality_note}" for rel, a in sorted(inputs.of_kind("load"), key=lambda t: t[0])
+            if a.verify_equality_note]
+
+
 # A capacity target's bounds (params.yaml report.capacity_targets): the level's field, its label, unit, digits.
 TARGET_BOUNDS = {"rtt_p50_ms": ("partial_rtt_ms_p50", "RTT p50", "ms", 0),
                  "rtt_p95_ms": ("partial_rtt_ms_p95", "RTT p95", "ms", 0),

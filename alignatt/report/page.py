@@ -19,7 +19,8 @@ from typing import Any
 from alignatt.core.errors import AlignattError
 from alignatt.record.artifacts import FingerprintArtifact, measured_on_gpu, sha256_file
 from alignatt.report import capacity, figures as bench_figures
-from alignatt.report.capacity import capacity_rows, capacity_targets, capture_cost_rows, verification_rows
+from alignatt.report.capacity import (capacity_rows, capacity_targets, capture_cost_rows, verification_rows,
+                                      verify_equality_notes, verify_equality_rows)
 from alignatt.report.figures import FIGURES_DIR, Figure, FigureFunction, render_figures
 from alignatt.report.inputs import ReportInputs, collect_inputs, relative
 from alignatt.report.rows import ResultRow, load_note, machine_of
@@ -340,6 +341,8 @@ def build_context(inputs: ReportInputs, figures: list[Figure] | None = None) -> 
         figures=figure_items(figures or []),
         capacity=capacity_rows(inputs),
         verification=verification_rows(inputs),
+        verify_equality=verify_equality_rows(inputs),
+        verify_equality_notes=verify_equality_notes(inputs),
         capacity_targets=capacity_targets(inputs),
         capture_cost=capture_cost_rows(inputs),
         exactness=exactness,

@@ -5,6 +5,7 @@ process (tests/gpu/verify_worker.py) and its results serve every test of its mod
 tests run together in one child (`gpu_module`): three engine starts, not nine.
 `pytest -m gpu tests/gpu/test_vllm_verify.py -x -q`."""
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -99,3 +100,12 @@ def test_a_settled_draft_is_the_whole_draft_cut_at_its_answer(workdir, mode, ver
             assert int(result[f"settled_{i}_acceptance"][3]) < int(result[f"unsettled_{i}_acceptance"][3])
             stopped += 1
     assert n >= 3 and stopped >= 1
+
+
+@pytest.mark.parametrize("mode", ["eager", "fullgraph"])
+def test_the_load_stages_verified_against_scratch_count_finds_nothing_in_fp32(workdir, mode):
+    """`measure/verify_equality.py`, which the load stage runs for a +verify configuration: in fp32
+    no draft, emitted text or decision differs, the whole proposal is kept, rows within the bound."""
+    got = json.loads(str(run(workdir, mode)["equality"]))
+    assert got["prompts"] >= 3 and got["tokens_differ"] == got["texts_differ"] == got["decisions_differ"] == 0
+    assert got["accepted"] == got["proposed"] > 0 and got["row_max_abs_diff"] <= ROW_TOL

@@ -4,7 +4,8 @@ Drafts a growing utterance one update at a time from scratch, then again with pr
 from-scratch draft itself (whole acceptance), it with a wrong first token (rejection at once), with
 a wrong third token (partial), and the previous update's draft (what a session proposes). Then
 each update whole and settled (stopped in the engine once the policy's answer is known), with the
-whole draft cut by `core.settle.cut` as the reference. Writes every draft's tokens, rows and
+whole draft cut by `core.settle.cut` as the reference; last, the load stage's verified-against-scratch
+count (`measure/verify_equality.py`) on the same updates. Writes every draft's tokens, rows and
 acceptance figures to an .npz.
 
 `python -m tests.gpu.verify_worker SPEC.json OUT.npz`; SPEC: checkpoint, dtype, mode, heads,
@@ -66,6 +67,11 @@ def main(spec_path: str, out_path: str) -> int:
             keep(f"settled_{i}", settled)
             out[f"settled_{i}_stop"] = np.asarray(settled.stop_reason)
             out[f"expected_{i}_stop"] = np.asarray(expected.stop_reason)
+        # What the load stage measures on the bench prompts for a +verify configuration, here in fp32.
+        from alignatt.measure.verify_equality import verified_against_scratch
+
+        out["equality"] = np.asarray(json.dumps(verified_against_scratch(seam, requests(spec["tokens"]),
+                                                                         decision_heads=len(spec["heads"]))))
     finally:
         seam.close()
     np.savez(out_path, **out)

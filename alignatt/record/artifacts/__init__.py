@@ -19,7 +19,7 @@ from alignatt.record.artifacts.bench import (BenchArtifact, BenchConfig, BenchPr
 from alignatt.record.artifacts.evaluation import (EvalArtifact, EvalInterval, EvalNegativeLatency, EvalPairedTest,
                                                   EvalRow)
 from alignatt.record.artifacts.load import (CaptureCostRow, FailoverArtifact, FailoverSession, LoadArtifact,
-                                            LoadEngine, LoadLevel, LoadVerification, SoakArtifact)
+                                            LoadEngine, LoadLevel, LoadVerification, SoakArtifact, VerifyEquality)
 from alignatt.record.artifacts.suite import GpuTestCase, GpuTestsArtifact, measured_on_gpu
 
 __all__ = [  # the schema's public names, wherever they are defined
@@ -27,7 +27,7 @@ __all__ = [  # the schema's public names, wherever they are defined
     "FingerprintArtifact", "MeasurementArtifact", "BenchArtifact", "BenchConfig", "BenchPrompt", "BenchRow",
     "Divergence", "FastPathEvent", "MedianSummary", "PromptSummary", "SeamResult", "ServerSmokeArtifact",
     "EvalArtifact", "EvalInterval", "EvalNegativeLatency", "EvalPairedTest", "EvalRow", "CaptureCostRow",
-    "FailoverArtifact", "FailoverSession", "LoadArtifact", "LoadEngine", "LoadLevel", "LoadVerification",
+    "FailoverArtifact", "FailoverSession", "LoadArtifact", "LoadEngine", "LoadLevel", "LoadVerification", "VerifyEquality",
     "SoakArtifact", "GpuTestCase", "GpuTestsArtifact", "measured_on_gpu", "Artifact", "AnyArtifact",
     "parse_artifact", "sha256_file", "load_json", "load_artifact", "artifact_json", "env_artifact",
     "fingerprint_artifact", "measurement_artifact", "write_artifact",

@@ -96,6 +96,21 @@ class CaptureCostRow(_Strict):
     vllm_mode: str | None = None
 
 
+class VerifyEquality(_Strict):
+    """Verified re-drafts against drafting from scratch on the bench prompts, on the engine of one
+    configuration with verification on (`measure/verify_equality.py`): each prompt drafted from
+    scratch, then with that draft as its proposal."""
+
+    vllm_mode: str
+    prompts: int
+    tokens_differ: int  # drafts whose tokens differ
+    texts_differ: int  # AlignAtt's emitted text on the draft's top heads
+    decisions_differ: int  # its emit count or stop reason
+    proposed: int
+    accepted: int
+    row_max_abs_diff: float | None  # on the tokens both drafts share before their first difference
+
+
 class LoadArtifact(_Artifact):
     kind: Literal["load"] = "load"
     config: dict[str, Any]  # model, seam, preset, speakers, streams, speed, stagger, engine facts
@@ -103,6 +118,8 @@ class LoadArtifact(_Artifact):
     levels: list[LoadLevel]
     capture_cost: list[CaptureCostRow] = Field(default_factory=list)
     capture_cost_note: str = ""  # why it is empty (CPU, not vllm_capture) or how it was measured
+    verify_equality: list[VerifyEquality] = Field(default_factory=list)  # per configuration with verification on
+    verify_equality_note: str = ""  # a configuration whose count failed, and why
 
 
 class SoakArtifact(_Artifact):
