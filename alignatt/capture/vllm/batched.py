@@ -64,10 +64,14 @@ class Packer:
         self.size = {"i64": 0, "u8": 0}
 
     def put(self, name: str, array: np.ndarray, kind: str = "i64") -> None:
-        flat = array.reshape(-1).astype(np.int64 if kind == "i64" else np.uint8)
+        flat = array.reshape(-1).astype(np.int64 if kind == "i64" else np.uint8, copy=False)  # concatenated later
         self.parts[kind].append(flat)
         self.at[name] = (kind, self.size[kind], self.size[kind] + flat.size, array.shape)
         self.size[kind] += flat.size
+
+    def alias(self, name: str, of: str) -> None:
+        """`name` reads the array already put as `of` (sent once)."""
+        self.at[name] = self.at[of]
 
     def to_device(self, device: torch.device) -> dict[str, torch.Tensor]:
         """One pinned host-to-device copy per buffer (pageable copies would wait on the stream)."""
@@ -120,62 +124,81 @@ def pack_batch(items: Sequence[Any], blocks: Sequence[Any], plans: dict[int, Lay
     qpos = (n_prompt - 1)[:, None] + np.minimum(np.arange(T)[None], (n_tokens - 1)[:, None])
     packer.put("qpos", qpos)
     spans: dict[int, LayerSpan] = {}
+    by_window: dict[int | None, LayerSpan] = {}  # a span depends on the layer's window only
     for layer, plan in plans.items():
-        lo = [key_span((int(q0), int(q0 + n - 1)), plan.sliding_window)[0] for q0, n in zip(n_prompt - 1, n_tokens)]
-        spans[layer] = LayerSpan(lo, [int(q0 + n - 1) - l + 1 for q0, n, l in zip(n_prompt - 1, n_tokens, lo)])
+        if plan.sliding_window not in by_window:
+            lo = [key_span((int(q0), int(q0 + n - 1)), plan.sliding_window)[0] for q0, n in zip(n_prompt - 1, n_tokens)]
+            by_window[plan.sliding_window] = LayerSpan(
+                lo, [int(q0 + n - 1) - l + 1 for q0, n, l in zip(n_prompt - 1, n_tokens, lo)])
+        spans[layer] = by_window[plan.sliding_window]
     source, _ = _padded([it.source_positions for it in items], -1)
     generated_start = np.asarray([it.generated_start for it in items], np.int64)
     blocks_by_key = {"context": _flat([it.context_positions for it in items]),
                      "history": _flat([it.history_positions for it in items])}
-    tables: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}  # layers of one KV group share them
+    row = np.arange(R)[:, None]  # fancy-indexes each request's own table row
+    # Layers that share a window share every key-position array, and layers that also share a KV
+    # group share the slots: each is built once and the packer sends it once (the others alias it).
+    tables: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+    positional: dict[tuple, tuple] = {}
+    sent: dict[tuple, str] = {}
 
     def table_of(src: Any) -> tuple[np.ndarray, np.ndarray]:
-        key = (src.group, src.blocks_per_kv_block)
-        if key not in tables:
-            tables[key] = _padded([kernel_block_ids(blocks[r][src.group], src.blocks_per_kv_block)
-                                   for r in range(R)], 0)
+        key = (src.group, k := src.blocks_per_kv_block)
+        if key not in tables:  # `kernel_block_ids` on arrays: manager block b is kernel blocks b*k .. b*k+k-1
+            kernel_block_ids([], k)  # raises for k < 1
+            ids = [np.asarray(blocks[r][src.group], np.int64) for r in range(R)]
+            tables[key] = _padded(ids if k == 1 else [(x[:, None] * k + np.arange(k)).reshape(-1) for x in ids], 0)
         return tables[key]
 
-    row = np.arange(R)[:, None]  # fancy-indexes each request's own table row
+    def put_once(name: str, key: tuple, make: Any) -> None:
+        if key in sent:
+            packer.alias(name, sent[key])
+        else:
+            packer.put(name, make())
+            sent[key] = name
+
     for g, group in enumerate(groups):
         L = max(max(spans[l].n_keys) for l in group.layers)
         per_layer = {}
         for layer in group.layers:
             src = sources[layer]
             bs = src.block_size
+            window = plans[layer].sliding_window
             table, n_blocks = table_of(src)
             lo, n = np.asarray(spans[layer].lo, np.int64), np.asarray(spans[layer].n_keys, np.int64)
             last = lo + n - 1  # the last query's position: every index read is at or before it
             short = np.flatnonzero(last // bs >= n_blocks)
             if len(short):
                 check_covered(int(last[short[0]]), int(n_blocks[short[0]]), bs)  # raises, naming the position
-            qslots = table[row, qpos // bs] * bs + qpos % bs  # the query cache is indexed by KV slot
-            valid = np.arange(L)[None] < n[:, None]
-            positions = lo[:, None] + np.arange(L)[None]
-            kpos = np.where(valid, positions, -1)
-            safe = np.where(valid, positions, 0)  # pads read slot 0, masked
-            k_block = np.where(valid, table[row, safe // bs], 0)
-            k_off = np.where(valid, safe % bs, 0)
-            rel = source - lo[:, None]
-            inside = (source >= 0) & (rel >= 0) & (rel < n[:, None])
-            src_index = np.zeros((R, S), np.int64)
-            src_valid = np.zeros((R, S), np.uint8)
-            src_index[:, : source.shape[1]] = np.where(inside, rel, 0)
-            src_valid[:, : source.shape[1]] = inside
-            source_key = np.zeros((R, L), bool)
-            hit_r, hit_c = np.nonzero(inside)
-            source_key[hit_r, rel[hit_r, hit_c]] = True
-            gen = positions >= generated_start[:, None]
-            masks = np.zeros((R, len(MASSES), L), np.uint8)
-            masks[:, 0] = valid & ~source_key & ~gen
-            masks[:, 1] = valid & gen
-            for m, name in ((2, "context"), (3, "history")):
-                owner, pos = blocks_by_key[name]
-                at = pos - lo[owner]
-                ok = (at >= 0) & (at < n[owner])
-                masks[owner[ok], m, at[ok]] = 1
-            for name, array in (("qslots", qslots), ("k_block", k_block), ("k_off", k_off)):
-                packer.put(f"{name}{layer}", array)
+            if (window, L) not in positional:
+                valid = np.arange(L)[None] < n[:, None]
+                positions = lo[:, None] + np.arange(L)[None]
+                rel = source - lo[:, None]
+                inside = (source >= 0) & (rel >= 0) & (rel < n[:, None])
+                src_index = np.zeros((R, S), np.int64)
+                src_valid = np.zeros((R, S), np.uint8)
+                src_index[:, : source.shape[1]] = np.where(inside, rel, 0)
+                src_valid[:, : source.shape[1]] = inside
+                source_key = np.zeros((R, L), bool)
+                hit_r, hit_c = np.nonzero(inside)
+                source_key[hit_r, rel[hit_r, hit_c]] = True
+                gen = positions >= generated_start[:, None]
+                masks = np.zeros((R, len(MASSES), L), np.uint8)
+                masks[:, 0] = valid & ~source_key & ~gen
+                masks[:, 1] = valid & gen
+                for m, name in ((2, "context"), (3, "history")):
+                    owner, pos = blocks_by_key[name]
+                    at = pos - lo[owner]
+                    ok = (at >= 0) & (at < n[owner])
+                    masks[owner[ok], m, at[ok]] = 1
+                safe = np.where(valid, positions, 0)  # pads read slot 0, masked
+                positional[(window, L)] = (valid, np.where(valid, positions, -1), safe, src_index, src_valid, masks)
+            valid, kpos, safe, src_index, src_valid, masks = positional[(window, L)]
+            kv = (src.group, src.blocks_per_kv_block, bs)
+            # the query cache is indexed by KV slot
+            put_once(f"qslots{layer}", ("q", *kv), lambda: table[row, qpos // bs] * bs + qpos % bs)
+            put_once(f"k_block{layer}", ("kb", *kv, window, L), lambda: np.where(valid, table[row, safe // bs], 0))
+            put_once(f"k_off{layer}", ("ko", bs, window, L), lambda: np.where(valid, safe % bs, 0))
             per_layer[layer] = (kpos, src_index, src_valid, masks)
         # Per head, its layer's arrays (heads are layer-major: repeat each layer's once per head).
         pick = [layer for layer, _ in group.heads]
