@@ -34,10 +34,8 @@ engine start and a mismatch raises naming what differed.
 
 import gc
 import time
-from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-import numpy as np
 import torch
 from pydantic import ValidationError
 
@@ -51,17 +49,16 @@ from alignatt.capture.vllm.engine import (  # noqa: F401  (VLLM_MODES, engine_op
     resolve_model,
     start_engine,
 )
-from alignatt.capture.vllm.fetch import (BatchFetcher, DraftState, EngineView, FetchItem, PendingFetch,  # noqa: F401
-                                         RawCapture)
+from alignatt.capture.vllm.fetch import BatchFetcher, DraftState, EngineView, FetchItem, RawCapture
 from alignatt.capture.vllm.hooks import log
 from alignatt.capture.vllm.qcache import head_order, plan_capture
 from alignatt.capture.vllm import verify as vllm_verify
+from alignatt.capture.vllm.drafts import FinishedStep, draft_of, engine_timings, trimmed
 from alignatt.capture.vllm.settling import SETTLE_PHASES, Settler
-from alignatt.core.draft import Draft, DraftRequest, Head, Timings, TokenCapture, add_acceptance
+from alignatt.core.draft import Draft, DraftRequest, Head, add_acceptance
 from alignatt.core.errors import AlignattError
 from alignatt.core.layout import AttentionLayout
 from alignatt.core.prompt import PromptLayout, PromptPreparer
-from alignatt.core.settle import SETTLED
 from alignatt.models.synthetic_init import HFLikeInit
 
 CAPTURED_FAMILIES = ("gemma4_text", "gemma3_text")  # vLLM's Gemma4Attention and Gemma3Attention
@@ -131,7 +128,7 @@ class VllmCaptureSeam:
         self.last_raw_id: Optional[str] = None
         self._states: dict[str, DraftState] = {}
         # Fetches queued in the last step, read after the next step is queued behind them.
-        self._pending: list[_FinishedStep] = []
+        self._pending: list[FinishedStep] = []
         self._aborted: set[str] = set()
         self._counter = 0
         self._warned: set[str] = set()
@@ -280,7 +277,7 @@ class VllmCaptureSeam:
             self.step_phases_s[phase] += b - a
         return drafts
 
-    def _queue_fetch(self, checks: list[FetchItem], done: Optional["_FinishedStep"]) -> None:
+    def _queue_fetch(self, checks: list[FetchItem], done: Optional[FinishedStep]) -> None:
         """One batched fetch for the step's settle checks (their requests still run) and its finished
         requests: the host packs the indices once and the kernels are launched once per step."""
         finishes = done.items if done is not None else []
@@ -334,23 +331,14 @@ class VllmCaptureSeam:
             self._warned.add(key)
             log(message)
 
-    def _start_finish(self, states: list[DraftState]) -> "_FinishedStep":
+    def _start_finish(self, states: list[DraftState]) -> FinishedStep:
         """Trim the finished drafts and pick those whose rows are fetched (`_queue_fetch` queues them
         with the step's settle checks); a settled draft whose last check covers it takes those rows."""
-        done = _FinishedStep(states)
+        done = FinishedStep(states)
         for st in states:
-            tokens, stop_reason = list(st.tokens), SETTLED if st.finish_reason == SETTLED else "max_new_tokens"
-            if not self.fixed_length:
-                for i, tok in enumerate(tokens):
-                    if tok in self.stop_ids or (st.prompt.stop_at_newline and tok in self._newline_ids):
-                        tokens, stop_reason = tokens[:i], "eos"
-                        break
-            first = st.first_token_at if st.first_token_at is not None else st.finished_at
-            # prefill: submission to the first drafted token; decode: the rest (in-forward capture
-            # included); end to end, as the engine serves it (a batch's time is shared).
-            done.timings.append(Timings(prefill_ms=(first - st.submitted_at) * 1e3,
-                                        decode_ms=(st.finished_at - first) * 1e3))
-            done.trimmed.append((tokens, stop_reason))
+            done.timings.append(engine_timings(st))
+            done.trimmed.append(trimmed(st, self.stop_ids | self._newline_ids if st.prompt.stop_at_newline
+                                        else self.stop_ids, self.fixed_length))
             self.cached_prompt_tokens += st.cached_tokens or 0
             self.prompt_tokens += len(st.prompt.input_ids)
         if self.fetcher is None:
@@ -373,7 +361,7 @@ class VllmCaptureSeam:
             done.items = [it for _, it in items]  # queued by `_queue_fetch`, with the step's checks
         return done
 
-    def _complete(self, done: "_FinishedStep") -> list[tuple[str, Draft]]:
+    def _complete(self, done: FinishedStep) -> list[tuple[str, Draft]]:
         """The drafts of one finished step, once its rows are on the host."""
         fetched: dict[int, Any] = {}
         if done.fetch is not None:
@@ -397,37 +385,9 @@ class VllmCaptureSeam:
                 if got.raw is not None:
                     self.raw[st.internal] = got.raw
                     self.last_raw_id = st.internal
-            out.append((st.handle, self._draft_of(st, tokens, stop_reason, got, timings, acceptance)))
+            out.append((st.handle, draft_of(st, tokens, stop_reason, got, timings, acceptance, self.tokenizer,
+                                            list(self.heads) if self.capture else [], self.name)))
         return out
-
-    def _draft_of(self, st: DraftState, tokens: list[int], stop_reason: str, got: Any, timings: Timings,
-                  acceptance: Any) -> Draft:
-        """A request's `Draft` from its tokens and fetched rows (None: no capture, empty rows)."""
-        from alignatt.capture.hf.base import _pieces
-
-        pieces = _pieces(self.tokenizer, tokens)
-        if got is not None:
-            captures = [TokenCapture(tok, pieces[j], np.ascontiguousarray(got.rows[j]), got.other_prompt[j],
-                                     got.generated[j],
-                                     context_mass=None if got.context is None else got.context[j],
-                                     history_mass=None if got.history is None else got.history[j])
-                        for j, tok in enumerate(tokens)]
-        else:
-            n_src = len(st.prompt.source_token_positions)
-            empty, z = np.zeros((0, n_src), dtype=np.float32), np.zeros(0, dtype=np.float32)
-            captures = [TokenCapture(t, pieces[j], empty, z, z) for j, t in enumerate(tokens)]
-        return Draft(
-            request=st.request,
-            heads=list(self.heads) if self.capture else [],
-            prompt_token_count=len(st.prompt.input_ids),
-            source_token_positions=list(st.prompt.source_token_positions),
-            source_word_of_token=list(st.prompt.source_word_of_token),
-            tokens=captures,
-            stop_reason=stop_reason,
-            timings=timings,
-            seam=self.name,
-            acceptance=acceptance,
-        )
 
     def _item(self, st: DraftState, n_tokens: int) -> FetchItem:
         n_prompt = len(st.prompt.input_ids)
@@ -481,22 +441,6 @@ class VllmCaptureSeam:
             self.engine = None
         gc.collect()
         torch.cuda.empty_cache()
-
-
-@dataclass
-class _FinishedStep:
-    """The requests that finished in one step, from their queued fetch to their drafts."""
-
-    states: list[DraftState]
-    trimmed: list[tuple[list[int], str]] = field(default_factory=list)  # (tokens, stop reason)
-    timings: list[Timings] = field(default_factory=list)
-    fetched_index: list[int] = field(default_factory=list)  # which states have rows
-    prefetched: dict[int, Any] = field(default_factory=dict)  # state index -> (rows, timings) from its check
-    items: list[FetchItem] = field(default_factory=list)  # the fetched states' items, for `_queue_fetch`
-    fetch: Optional[PendingFetch] = None  # shared with the step's settle checks: its rows `offset` onwards
-    offset: int = 0
-    reference: Optional[list] = None  # (rows, timings) per fetched state, reconstruct="reference"
-    dropped: set[str] = field(default_factory=set)  # aborted after they finished
 
 
 def make_seam(model: str, heads: list[Head], device: str = "cuda", dtype: Optional[str] = None,
