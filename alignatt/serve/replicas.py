@@ -342,8 +342,10 @@ class ProcessBatchSeam:
 
     def waiting_s(self) -> float:
         """How long the oldest unanswered call (a step sent ahead included) has waited (0: none)."""
-        sent = self._sent_at
-        return time.monotonic() - sent[0] if sent else 0.0
+        try:  # the watcher's thread: the deque may empty under it
+            return time.monotonic() - self._sent_at[0]
+        except IndexError:
+            return 0.0
 
     def idle_s(self) -> float:
         """How long since the child last answered anything."""

@@ -190,13 +190,14 @@ def test_a_process_engine_takes_a_steps_submits_and_aborts_in_one_message_and_st
         assert list(first) == [handles[2]] and isinstance(first[handles[2]], ValueError)
         assert sent == ["Step", "Step"]  # the second went ahead: the child's next step
         time.sleep(0.3)
+        assert seam.waiting_s() >= 0.3  # the watcher sees the step ahead as unanswered until it is read
         asked = time.monotonic()
         assert not seam.step() and seam.step_phases_s["last_started_at"] < asked  # it stepped unasked
         seam.abort(handles[1])
         assert seam.describe() is None and len(seam._early) == 1  # read the step ahead's reply on its way
         done = dict(seam.step())  # the third step ran ahead of the abort: its drafts come back all the same
         assert set(done) == {handles[0], handles[1], handles[3]} and seam.has_unfinished()  # the abort's step
-        assert not seam.step() and not seam.has_unfinished()
+        assert not seam.step() and not seam.has_unfinished() and seam.waiting_s() == 0.0
         assert sent == ["Step", "Step", "Step", "Describe", "Step"]
         assert seam.acceptance_totals() == {"drafts": 3} and sent[-1] == "Totals"  # counted in the child
         assert [done[h].text for h in (handles[0], handles[3])] == [
