@@ -61,7 +61,7 @@ def scripted_seam(script):
     seam._states, seam._pending, seam._aborted, seam._warned = {}, [], set(), set()
     seam.prompt_tokens = seam.cached_prompt_tokens = 0
     seam.step_phases_s = dict.fromkeys(STEP_PHASES, 0.0)
-    seam.settler = Settler(engine.fetcher, 3, seam._item, seam.step_phases_s)
+    seam.settler = Settler(engine.fetcher, 3, seam.step_phases_s)
     for rid, (_, n_prompt, n, source, prefix_start) in REQUESTS.items():
         prompt = PromptLayout("", list(range(n_prompt)), source, [0] * len(source), prefix_start, "chat", False)
         request = DraftRequest(source_words=["w"], committed_words=1, max_new_tokens=n)

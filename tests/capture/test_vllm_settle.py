@@ -46,7 +46,7 @@ class OneTokenPerStep:
 def settling_seam(rid, border_words, buffer_tokens, settle_every=3):
     seam, _ = scripted_seam([])
     seam.engine.core = OneTokenPerStep({rid: REQUESTS[rid][2]})
-    seam.settler = Settler(seam.fetcher, settle_every, seam._item, seam.step_phases_s)
+    seam.settler = Settler(seam.fetcher, settle_every, seam.step_phases_s)
     state = seam._states[rid]
     # Every source token of the stand-in prompt belongs to word 0 of a one-word source.
     request = DraftRequest(source_words=["w"], committed_words=1, max_new_tokens=REQUESTS[rid][2],

@@ -136,7 +136,7 @@ class VllmCaptureSeam:
         # Verified re-drafts (docs/batching.md): off leaves the engine without a speculative config.
         # Drafts with a settle rule leave the engine once their rows hold the answer (settling.py).
         self.step_phases_s = dict.fromkeys(STEP_PHASES, 0.0)
-        self.settler = Settler(self.fetcher, self.config.settle_every, self._item, self.step_phases_s)
+        self.settler = Settler(self.fetcher, self.config.settle_every, self.step_phases_s)
         if self.config.verify:
             self.book = vllm_verify.ProposalBook(self.config.verify_tokens)
             vllm_verify.install(self._runner(), self.book)
@@ -258,13 +258,13 @@ class VllmCaptureSeam:
                     self.book.drop(state.internal)
         if len(self._aborted) > 10_000:
             self._aborted.clear()  # late outputs of aborted requests arrive within a step or two
-        stopped, checks = self.settler.step(self._states, now, self._leave_engine)
+        stopped, due = self.settler.step(self._states, now, self._leave_engine)
         finished += stopped
         settled = time.perf_counter()
         ready, self._pending = self._pending, []
         done = self._start_finish(finished) if finished else None
         trimmed = time.perf_counter()
-        self._queue_fetch(checks, done)
+        self._queue_fetch(due, done)
         if done is not None:
             if self._states and done.fetch is not None:  # rows on their way: read after the next step
                 self._pending.append(done)
@@ -277,14 +277,15 @@ class VllmCaptureSeam:
             self.step_phases_s[phase] += b - a
         return drafts
 
-    def _queue_fetch(self, checks: list[FetchItem], done: Optional[FinishedStep]) -> None:
-        """One batched fetch for the step's settle checks (their requests still run) and its finished
-        requests: the host packs the indices once and the kernels are launched once per step."""
+    def _queue_fetch(self, due: list[DraftState], done: Optional[FinishedStep]) -> None:
+        """One batched fetch for the step's settle checks (their requests still run), first, and its
+        finished requests: the host packs the indices once and the kernels are launched once per step."""
+        checks = [self._item(st, len(st.tokens)) for st in due]
         finishes = done.items if done is not None else []
         if not checks and not finishes:
             return
         fetch = self.fetcher.enqueue([*checks, *finishes], running=[True] * len(checks) + [False] * len(finishes))
-        self.settler.queued(fetch)
+        self.settler.queued(due, fetch)
         if finishes:
             done.fetch, done.offset = fetch, len(checks)
 
@@ -337,8 +338,7 @@ class VllmCaptureSeam:
         done = FinishedStep(states)
         for st in states:
             done.timings.append(engine_timings(st))
-            done.trimmed.append(trimmed(st, self.stop_ids | self._newline_ids if st.prompt.stop_at_newline
-                                        else self.stop_ids, self.fixed_length))
+            done.trimmed.append(trimmed(st, self.stop_ids, self._newline_ids, self.fixed_length))
             self.cached_prompt_tokens += st.cached_tokens or 0
             self.prompt_tokens += len(st.prompt.input_ids)
         if self.fetcher is None:

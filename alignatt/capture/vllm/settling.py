@@ -25,7 +25,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from alignatt.capture.vllm.batched import MASSES
-from alignatt.capture.vllm.fetch import BatchFetcher, DraftState, FetchedRows, FetchItem, FetchTimings, PendingFetch
+from alignatt.capture.vllm.fetch import BatchFetcher, DraftState, FetchedRows, FetchTimings, PendingFetch
 from alignatt.core.draft import DraftRequest
 from alignatt.core.settle import SETTLED, held_indices
 
@@ -38,22 +38,20 @@ SETTLE_PHASES = ("check_wait", "check_scan", "stop")
 @dataclass
 class SettleCheck:
     """Settling drafts' rows so far, fetched in one step (their token counts then), read in the next:
-    rows `start` onwards of a fetch the step's finished requests may share."""
+    the first rows of a fetch the step's finished requests may share."""
 
     states: list[DraftState]
     n_tokens: list[int]
     fetch: PendingFetch
-    start: int = 0
 
 
 class Settler:
     """The checks of one engine's settling requests, between its steps."""
 
     def __init__(self, fetcher: Optional[BatchFetcher], settle_every: int,
-                 item_of: Callable[[DraftState, int], FetchItem], phases: Optional[dict[str, float]] = None) -> None:
-        self.fetcher, self.settle_every, self.item_of = fetcher, settle_every, item_of
+                 phases: Optional[dict[str, float]] = None) -> None:
+        self.fetcher, self.settle_every = fetcher, settle_every
         self.checks: list[SettleCheck] = []  # queued in the last step
-        self._due: list[DraftState] = []  # picked by `step`, until the caller has `queued` them
         self.phases = phases if phases is not None else {}
         for name in SETTLE_PHASES:
             self.phases.setdefault(name, 0.0)
@@ -66,11 +64,11 @@ class Settler:
         return request.settle.buffer_tokens + 1
 
     def step(self, running: dict[str, DraftState], now: float,
-             leave_engine: Callable[[list[DraftState]], None]) -> tuple[list[DraftState], list[FetchItem]]:
+             leave_engine: Callable[[list[DraftState]], None]) -> tuple[list[DraftState], list[DraftState]]:
         """Read last step's checks, take the drafts that hold their answer out of `running` (all in
         one `leave_engine`, cut to their length), and pick the checks now due. Returns the stopped
-        drafts, to be finished like any other, and the due checks' items: the caller queues them
-        in this step's fetch and hands it to `queued`."""
+        drafts, to be finished like any other, and the running drafts due a check: the caller puts
+        them first in this step's fetch and hands both to `queued`."""
         started = time.perf_counter()
         checks, self.checks = self.checks, []
         for check in checks:
@@ -88,19 +86,17 @@ class Settler:
             del st.tokens[st.settle_length:]
             st.finished_at, st.finish_reason = now, SETTLED
             del running[st.handle]
-        self._due = [st for st in running.values()
-                     if st.check_at is not None and st.settle_length is None and len(st.tokens) >= st.check_at]
-        items = [self.item_of(st, len(st.tokens)) for st in self._due]
+        due = [st for st in running.values()
+               if st.check_at is not None and st.settle_length is None and len(st.tokens) >= st.check_at]
         self.phases["stop"] += time.perf_counter() - read
-        return stopped, items
+        return stopped, due
 
-    def queued(self, fetch: PendingFetch, start: int = 0) -> None:
-        """The due checks `step` returned are in `fetch`, rows `start` onwards: read them after the next step."""
-        due, self._due = self._due, []
+    def queued(self, due: list[DraftState], fetch: PendingFetch) -> None:
+        """The drafts `step` found due are the first rows of `fetch`: read them after the next step."""
         if not due:
             return
-        n_tokens = [it.n_tokens for it in fetch.items[start:start + len(due)]]
-        self.checks.append(SettleCheck(due, n_tokens, fetch, start))
+        n_tokens = [it.n_tokens for it in fetch.items[:len(due)]]
+        self.checks.append(SettleCheck(due, n_tokens, fetch))
         for st, n in zip(due, n_tokens):
             st.check_at = n + self.settle_every
 
@@ -112,8 +108,7 @@ class Settler:
         if not live:
             return
         packed = check.fetch.wait()
-        packed = (packed[check.start:check.start + len(live)] if len(live) == len(check.states)
-                  else packed[[check.start + i for i in live]])
+        packed = packed[:len(live)] if len(live) == len(check.states) else packed[live]
         states = [check.states[i] for i in live]
         S = packed.shape[-1] - len(MASSES)
         words = np.full((len(states), S), -1, np.int64)
@@ -127,7 +122,7 @@ class Settler:
                             [st.request.settle.border_words for st in states],
                             [st.request.settle.max_context_share for st in states])
         for i, st, h in zip(live, states, held):
-            st.checked = (check.fetch, check.start + i)
+            st.checked = (check.fetch, i)
             if h is not None:
                 st.settle_length = h + 1 + st.request.settle.buffer_tokens
 
