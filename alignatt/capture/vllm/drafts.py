@@ -29,16 +29,15 @@ class FinishedStep:
     dropped: set[str] = field(default_factory=set)  # aborted after they finished
 
 
-def trimmed(st: DraftState, stop_ids: set[int], fixed_length: bool) -> tuple[list[int], str]:
-    """A finished request's tokens up to its first stop token, and why it stopped (a fixed-length
-    benchmark draft keeps them all)."""
+def trimmed(st: DraftState, stop_ids: set[int], newline_ids: set[int], fixed_length: bool) -> tuple[list[int], str]:
+    """A finished request's tokens up to its first stop token (a newline too, where its prompt stops
+    at one), and why it stopped (a fixed-length benchmark draft keeps them all)."""
     tokens = list(st.tokens)
-    stop_reason = SETTLED if st.finish_reason == SETTLED else "max_new_tokens"
     if not fixed_length:
         for i, tok in enumerate(tokens):
-            if tok in stop_ids:
+            if tok in stop_ids or (st.prompt.stop_at_newline and tok in newline_ids):
                 return tokens[:i], "eos"
-    return tokens, stop_reason
+    return tokens, SETTLED if st.finish_reason == SETTLED else "max_new_tokens"
 
 
 def engine_timings(st: DraftState) -> Timings:
