@@ -67,13 +67,9 @@ def summarise_level(n: int, runs: list[RunRecord | BaseException], streams: list
         last += b
         if name in alone and n > 1:
             compared = True
-            ref = alone[name]
-            for seq, sig in signature(ev).items():
-                want = ref.get(seq)
-                if want is None:
-                    continue
-                texts_diff += sig[0] != want[0]
-                decisions_diff += sig[1:3] != want[1:3]
+            diff = configuration_difference({name: alone[name]}, {name: signature(ev)})
+            texts_diff += diff["texts_differing_from_first_configuration"]
+            decisions_diff += diff["decisions_differing_from_first_configuration"]
     partial = [e.rtt_ms for e in events if e.path == "draft" and not e.final]
     finals = [e.rtt_ms for e in events if e.final]
     lag_first = statistics.fmean(first) if first else 0.0
@@ -145,9 +141,10 @@ def engine_level(before: dict, after: dict) -> dict:
     )
 
 
-def configuration_difference(reference: dict[str, dict[str, list]], other: dict[str, dict[str, list]]) -> dict:
+def configuration_difference(reference: dict[str, dict], other: dict[str, dict]) -> dict:
     """How one speaker alone is served by another configuration than the first (verification on
-    against off, say): updates whose committed text differs, whose path or released text differs,
+    against off, say), or a speaker under load against the same stream alone (`summarise_level`):
+    updates whose committed text differs, whose path or released text differs,
     and whose shown buffer differs (a settled draft shows a shorter one by design), with the mean
     words of buffer each configuration showed, matched by stream and seq (a lockstep replay sends
     the same updates in the same order)."""
