@@ -46,7 +46,7 @@ def verified_against_scratch(seam: Any, requests: Sequence[DraftRequest], decisi
     proposed = [replace(r, proposal=DraftProposal(tuple(t.token_id for t in d.tokens), r.target_prefix))
                 for r, d in zip(requests, scratch) if d.tokens]
     verified = draft_all(proposed) if proposed else []
-    pairs = [(d, v) for d, v in zip([d for d in scratch if d.tokens], verified)]
+    pairs = list(zip([d for d in scratch if d.tokens], verified))  # a draft with no tokens has nothing to propose
     tokens = texts = decisions = 0
     row_max = 0.0
     for d, v in pairs:
