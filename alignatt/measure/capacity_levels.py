@@ -136,6 +136,8 @@ def engine_level(before: dict, after: dict) -> dict:
         step_cpu_ms_mean=per_step_ms("step_cpu_s"),
         child_step_ms_mean=per_step_ms("child_step_s"),
         child_cpu_ms_mean=per_step_ms("child_cpu_s"),
+        gc_ms_mean=per_step_ms("gc_s"),
+        child_gc_ms_mean=per_step_ms("child_gc_s"),
         step_phase_ms=phases or None,
         failed=after.get("failed", 0) - before.get("failed", 0),
     )
@@ -183,5 +185,7 @@ def level_line(level: dict) -> str:
             + "".join(f", engine {e['engine']} step {e['step_ms_mean']} ms (CPU {e['step_cpu_ms_mean']}"
                       + (f"; child {e['child_step_ms_mean']}, CPU {e['child_cpu_ms_mean']}"
                          if e.get("child_step_ms_mean") is not None else "")
+                      + (f"; GC {e['gc_ms_mean']}" if e.get("gc_ms_mean") is not None else "")
+                      + (f", child GC {e['child_gc_ms_mean']}" if e.get("child_gc_ms_mean") is not None else "")
                       + (f"; parts {e['step_phase_ms']})" if e.get("step_phase_ms") else ")")
                       for e in level.get("engines", []) if e.get("step_ms_mean") is not None))

@@ -81,6 +81,7 @@ class Stepped:
     wall_s: float = 0.0  # the child's own time in this step (its submits, aborts and the step)
     cpu_s: float = 0.0  # its thread's CPU time in it: the rest of a round trip is the pipe and waits
     phases_s: dict[str, float] | None = None  # the seam's own step parts, summed so far (`step_phases_s`)
+    gc_s: float = 0.0  # the child's garbage-collector pauses, summed so far (`gc_pauses`)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from alignatt.capture.names import VLLM_CAPTURE
 from alignatt.core.draft import Draft, DraftRequest, Head, Seam
 from alignatt.serve.budget import PromptBudget
 from alignatt.serve.config import DirectionRoute, EngineCount, ReplicaConfig, SeamFactory, resolve_heads
+from alignatt.serve.gc_pauses import process_pauses
 from alignatt.serve.replicas import EngineSpec, ProcessBatchSeam, close_together, replica_devices, start_together
 from alignatt.serve.scheduler import DraftScheduler, EngineDied, EngineHung, SchedulerConfig, SessionSeam
 from alignatt.serve.session import SessionLimits
@@ -203,7 +204,9 @@ class Engine:
                 "alive": self.alive, "state": self.state,
                 "sessions": self.scheduler.sessions, "queued": self.scheduler.queue_depth,
                 **self.scheduler.stats.as_dict(),
-                **({"child_step_s": self.seam.child_step_s, "child_cpu_s": self.seam.child_cpu_s} if child else {}),
+                "gc_s": process_pauses().pause_s,  # this process's collections (all its threads wait)
+                **({"child_step_s": self.seam.child_step_s, "child_cpu_s": self.seam.child_cpu_s,
+                    "child_gc_s": self.seam.child_gc_s} if child else {}),
                 **({"step_phases_s": dict(phases)} if (phases := getattr(self.seam, "step_phases_s", None)) else {})}
 
     def close(self) -> None:

@@ -42,6 +42,7 @@ from alignatt.core.errors import AlignattError
 from alignatt.serve.budget import PromptBudget, seam_positions, token_counting
 from alignatt.serve.config import DirectionRoute, EngineCount, SeamFactory
 from alignatt.serve.batch_seam import as_batch_seam
+from alignatt.serve.gc_pauses import freeze_startup_heap, process_pauses
 from alignatt.serve.engine_messages import (Abort, Close, Closed, Count, Counted, Described, Describe, Failed, Ping,
                                             Pong, Ready, Step, Stepped, Submit, Totalled, Totals)
 from alignatt.serve.scheduler import EngineDied
@@ -160,6 +161,8 @@ def serve_engine(conn: multiprocessing.connection.Connection, spec: EngineSpec) 
             conn.send(ready)  # pickled whole before a byte is sent
         except (pickle.PicklingError, AttributeError, TypeError):  # a preparer that cannot travel
             conn.send(dataclasses.replace(ready, preparer=None))  # the child prepares, as before
+        freeze_startup_heap()  # the engine's startup objects: no full collection walks them again
+        pauses = process_pauses()
     except BaseException as e:  # noqa: BLE001 - reported to the server, which raises it
         conn.send(Failed(_portable(e)))
         return
@@ -196,7 +199,7 @@ def serve_engine(conn: multiprocessing.connection.Connection, spec: EngineSpec) 
                         finished.append((to_server.pop(handle), draft))
             phases = getattr(seam, "step_phases_s", None)
             return Stepped(finished, engine.has_unfinished(), time.perf_counter() - started,
-                           time.thread_time() - cpu, dict(phases) if phases is not None else None)
+                           time.thread_time() - cpu, dict(phases) if phases is not None else None, pauses.pause_s)
         if isinstance(message, Count):
             if counting is None:
                 raise TypeError(f"seam {getattr(seam, 'name', '?')} cannot count tokens")
@@ -271,6 +274,7 @@ class ProcessBatchSeam:
         self._sent_at: collections.deque[float] = collections.deque()  # unanswered calls, oldest first
         self._handles = itertools.count()
         self.child_step_s = self.child_cpu_s = 0.0  # the child's own time in its steps, summed
+        self.child_gc_s = 0.0  # its garbage collector's pauses so far, as of its last step
         self.step_phases_s: dict[str, float] | None = None  # the child's seam's, as of its last step
         self._answered_at = time.monotonic()
         try:
@@ -411,6 +415,7 @@ class ProcessBatchSeam:
         self.child_step_s += reply.wall_s
         self.child_cpu_s += reply.cpu_s
         self.step_phases_s = reply.phases_s
+        self.child_gc_s = reply.gc_s
         return reply.finished
 
     def has_unfinished(self) -> bool:

@@ -14,6 +14,7 @@ answers two plain HTTP GETs, for load balancers and monitoring: `/health` and `/
 from __future__ import annotations
 
 import asyncio
+import gc
 import http
 import json
 import logging
@@ -25,6 +26,7 @@ from alignatt.core.errors import AlignattError
 from alignatt.serve.budget import PromptBudget
 from alignatt.serve.config import SeamFactory, ServerConfig, default_seam_factory, resolve_preset
 from alignatt.serve.connection import Connection, translation_frame  # noqa: F401 - translation_frame re-exported
+from alignatt.serve.gc_pauses import freeze_startup_heap, process_pauses
 from alignatt.serve.host import ServerStats  # noqa: F401 - re-exported: the counters' home is serve.host
 from alignatt.serve.pool import Engine, EngineRegistry, route_key
 from alignatt.serve.records import ByteBoundedLog
@@ -63,6 +65,8 @@ class MTServer:
             loop = asyncio.get_running_loop()
             for direction, route in self.config.directions.items():
                 await loop.run_in_executor(None, self.registry.load, route, direction)
+            freeze_startup_heap()  # the engines' startup objects: no full collection walks them again
+        process_pauses()  # counted from here (`Engine.stats`)
         limits = self.config.limits
         self._server = await serve(
             self._handle,
@@ -81,6 +85,7 @@ class MTServer:
             self._server.close()
             await self._server.wait_closed()
         self.registry.close()
+        gc.unfreeze()  # what this server left behind can be collected (a process may start another)
 
     async def serve_forever(self) -> None:
         await self.start()

@@ -9,6 +9,7 @@ source holds that word stops its process with SIGSTOP: an engine that answers no
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import signal
@@ -118,15 +119,17 @@ class PreparedWhere:
 class PreparingProcessSeam(StandInBatchSeam):
     """A batch stand-in with vllm_capture's `prepare` and `preparer`; each draft's `seam` names the
     process that prepared its prompt (`prepared@<pid>`). A draft takes `steps` steps; `refuse_word`:
-    `submit` raises ValueError for a request whose source holds it."""
+    `submit` raises ValueError for a request whose source holds it; `collect`: each step runs a full
+    garbage collection (a pause the child reports) and records how many objects its process froze."""
 
-    def __init__(self, unpicklable: bool = False, steps: int = 1, refuse_word: str = "") -> None:
+    def __init__(self, unpicklable: bool = False, steps: int = 1, refuse_word: str = "", collect: bool = False) -> None:
         super().__init__(max_batch=8, steps_for=lambda r: steps)
         self.preparer = PreparedWhere(unpicklable)
         self.prompts: dict[int, tuple] = {}
         self.refuse_word = refuse_word
         self.step_phases_s = {"stand_in": 0.0}
         self.finished = 0
+        self.collect = collect
 
     def prepare(self, request: DraftRequest):
         return self.preparer(request)
@@ -143,6 +146,9 @@ class PreparingProcessSeam(StandInBatchSeam):
         self.step_phases_s["last_started_at"] = time.monotonic()  # one clock for all processes (Linux)
         out = [(h, replace(d, seam=f"prepared@{self.prompts.pop(h)[0]}")) for h, d in super().step()]
         self.step_phases_s["stand_in"] += time.perf_counter() - started  # as vllm_capture times its parts
+        if self.collect:
+            self.step_phases_s["frozen"] = gc.get_freeze_count()
+            gc.collect()
         self.finished += len(out)
         return out
 

@@ -411,6 +411,8 @@ def test_a_process_flag_serves_its_one_engine_from_a_process_of_its_own(short_st
     (lv,) = artifact.levels
     assert len(lv.engines) == 1 and lv.retractions == 0 and lv.finals_in_order and lv.peak_gpu_memory_mib is None
     assert artifact.config["per_engine"][0]["pid"] != os.getpid()
+    # garbage-collector pauses per step: the server's process and the engine's own
+    assert lv.engines[0].gc_ms_mean is not None and lv.engines[0].child_gc_ms_mean is not None
 
 
 def test_a_configuration_label_names_at_most_one_engine_count():

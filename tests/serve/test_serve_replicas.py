@@ -406,3 +406,29 @@ def test_a_served_vllm_route_is_fullgraph_with_prefix_caching_unless_it_says_oth
     assert pinned.seam_options["vllm_mode"] == "cudagraph"  # the route's own choice wins
     hf = DirectionRoute(model="gemma3-270m", seam="hf_qk_fast")
     assert served_route(hf) is hf
+
+
+def test_garbage_collector_pauses_are_counted_and_an_engine_process_freezes_its_startup_heap():
+    """A collection stops the whole process, so the load benchmark reports its pauses per engine step:
+    this process's (`gc_s`) and, for an engine in a process of its own, the child's (`child_gc_s`),
+    which froze its startup objects before its first step."""
+    import gc
+
+    from alignatt.serve.gc_pauses import GcPauses
+
+    pauses = GcPauses().install()
+    try:
+        gc.collect()
+        assert pauses.collections >= 1 and 0 < pauses.max_pause_s <= pauses.pause_s
+    finally:
+        pauses.uninstall()
+    route = DirectionRoute(model="fake", seam="fake", heads=None, seam_options={"collect": True})
+    engine = Engine("p", route, [], preparing_factory, SchedulerConfig(capacity=2), in_process=False)
+    try:
+        assert engine.stats()["child_gc_s"] == 0.0
+        engine.open_session("a")
+        engine.submit("a", DraftRequest(source_words=["hello", "world"], committed_words=2)).result(60)
+        stats = engine.stats()
+        assert stats["child_gc_s"] > 0 and stats["step_phases_s"]["frozen"] > 0
+    finally:
+        engine.close()

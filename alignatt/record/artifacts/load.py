@@ -25,6 +25,10 @@ class LoadEngine(_Strict):
     # own wall and CPU per step (taking the step's submits and aborts, then stepping). None: in-process.
     child_step_ms_mean: float | None = None
     child_cpu_ms_mean: float | None = None
+    # Garbage-collector pauses per step (alignatt.serve.gc_pauses): the server's process (all its
+    # threads wait, the engine's too when it runs in that process), and the engine's own process.
+    gc_ms_mean: float | None = None
+    child_gc_ms_mean: float | None = None
     # The seam's own step in parts, wall ms per step (vllm_capture: vllm, settle, finish, drafts).
     step_phase_ms: dict[str, float] | None = None
 
