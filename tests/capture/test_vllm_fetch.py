@@ -246,3 +246,25 @@ def test_an_enqueued_fetch_has_read_its_keys_before_the_blocks_are_reused():
     assert timings.capture_ms > 0 and timings.reconstruct_ms > 0
     packed = pending.packed
     assert pending.result()[1] is timings and pending.packed is packed  # copied to the host once
+
+
+def test_a_batch_within_the_sliding_window_builds_its_key_arrays_once_and_still_gives_the_reference_rows():
+    """When every request's keys fit the sliding window, sliding and full layers span the same keys:
+    the batch builds their key arrays once (one span object), and the rows still equal the reference's
+    (each head's own window still masks in the rebuild)."""
+    from alignatt.capture.vllm.batched import pack_batch
+
+    requests = [("a", ([3], [5]), 5, 3, [1, 2, 3], 4), ("b", ([1], [2]), 4, 2, [0, 1], 3),
+                ("c", ([4], [0]), 6, 1, [2, 3, 4], 5)]
+    batched, reference = StandInEngine(), StandInEngine()
+    items = [batched.add(*r) for r in requests]
+    ref_items = [reference.add(*r) for r in requests]
+    blocks = [batched.block_ids[it.request_id] for it in items]
+    _, spans = pack_batch(items, blocks, batched.plans, batched.view.layers, batched.fetcher.groups,
+                               3, 3)
+    assert spans[0] is spans[1]  # layer 0 sliding (window 8), layer 1 full
+    got, _ = batched.fetcher.fetch(items)
+    for g, ref_item in zip(got, ref_items):
+        want, _ = reference.fetcher.fetch_one(ref_item)
+        np.testing.assert_allclose(g.rows, want.rows, atol=1e-6)
+        np.testing.assert_allclose(g.generated, want.generated, atol=1e-6)

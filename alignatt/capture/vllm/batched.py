@@ -128,15 +128,17 @@ def pack_batch(items: Sequence[Any], blocks: Sequence[Any], plans: dict[int, Lay
     for layer, plan in plans.items():
         if plan.sliding_window not in by_window:
             lo = [key_span((int(q0), int(q0 + n - 1)), plan.sliding_window)[0] for q0, n in zip(n_prompt - 1, n_tokens)]
-            by_window[plan.sliding_window] = LayerSpan(
-                lo, [int(q0 + n - 1) - l + 1 for q0, n, l in zip(n_prompt - 1, n_tokens, lo)])
+            span = LayerSpan(lo, [int(q0 + n - 1) - l + 1 for q0, n, l in zip(n_prompt - 1, n_tokens, lo)])
+            # a window longer than every request's keys spans what full attention spans: the same object,
+            # so that every array built per span below is built once for both
+            by_window[plan.sliding_window] = next((s for s in by_window.values() if s == span), span)
         spans[layer] = by_window[plan.sliding_window]
     source, _ = _padded([it.source_positions for it in items], -1)
     generated_start = np.asarray([it.generated_start for it in items], np.int64)
     blocks_by_key = {"context": _flat([it.context_positions for it in items]),
                      "history": _flat([it.history_positions for it in items])}
     row = np.arange(R)[:, None]  # fancy-indexes each request's own table row
-    # Layers that share a window share every key-position array, and layers that also share a KV
+    # Layers that share a span share every key-position array, and layers that also share a KV
     # group share the slots: each is built once and the packer sends it once (the others alias it).
     tables: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
     positional: dict[tuple, tuple] = {}
@@ -163,14 +165,14 @@ def pack_batch(items: Sequence[Any], blocks: Sequence[Any], plans: dict[int, Lay
         for layer in group.layers:
             src = sources[layer]
             bs = src.block_size
-            window = plans[layer].sliding_window
+            span = id(spans[layer])  # the key of everything built per span (spans are shared, above)
             table, n_blocks = table_of(src)
             lo, n = np.asarray(spans[layer].lo, np.int64), np.asarray(spans[layer].n_keys, np.int64)
             last = lo + n - 1  # the last query's position: every index read is at or before it
             short = np.flatnonzero(last // bs >= n_blocks)
             if len(short):
                 check_covered(int(last[short[0]]), int(n_blocks[short[0]]), bs)  # raises, naming the position
-            if (window, L) not in positional:
+            if (span, L) not in positional:
                 valid = np.arange(L)[None] < n[:, None]
                 positions = lo[:, None] + np.arange(L)[None]
                 rel = source - lo[:, None]
@@ -192,13 +194,13 @@ def pack_batch(items: Sequence[Any], blocks: Sequence[Any], plans: dict[int, Lay
                     ok = (at >= 0) & (at < n[owner])
                     masks[owner[ok], m, at[ok]] = 1
                 safe = np.where(valid, positions, 0)  # pads read slot 0, masked
-                positional[(window, L)] = (valid, np.where(valid, positions, -1), safe, src_index, src_valid, masks)
-            valid, kpos, safe, src_index, src_valid, masks = positional[(window, L)]
+                positional[(span, L)] = (valid, np.where(valid, positions, -1), safe, src_index, src_valid, masks)
+            valid, kpos, safe, src_index, src_valid, masks = positional[(span, L)]
             kv = (src.group, src.blocks_per_kv_block, bs)
             # the query cache is indexed by KV slot
             put_once(f"qslots{layer}", ("q", *kv), lambda: table[row, qpos // bs] * bs + qpos % bs)
-            put_once(f"k_block{layer}", ("kb", *kv, window, L), lambda: np.where(valid, table[row, safe // bs], 0))
-            put_once(f"k_off{layer}", ("ko", bs, window, L), lambda: np.where(valid, safe % bs, 0))
+            put_once(f"k_block{layer}", ("kb", *kv, span, L), lambda: np.where(valid, table[row, safe // bs], 0))
+            put_once(f"k_off{layer}", ("ko", bs, span, L), lambda: np.where(valid, safe % bs, 0))
             per_layer[layer] = (kpos, src_index, src_valid, masks)
         # Per head, its layer's arrays (heads are layer-major: repeat each layer's once per head).
         pick = [layer for layer, _ in group.heads]
