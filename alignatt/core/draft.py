@@ -238,6 +238,23 @@ class Draft:
     def text(self) -> str:
         return "".join(t.piece for t in self.tokens)
 
+    # Pickled (an engine process sends its drafts to the server) with each per-token array stacked
+    # over the draft: one array per kind, instead of five small arrays per token (each pickled on its
+    # own), about half the time to send and a quarter to receive.
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        tokens = state.pop("tokens")
+        state["tokens_stacked"] = _stack_tokens(tokens) if tokens else None
+        if state["tokens_stacked"] is None:
+            state["tokens"] = tokens
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        stacked = state.pop("tokens_stacked", None)
+        self.__dict__.update(state)
+        if stacked is not None:
+            self.tokens = _unstack_tokens(*stacked)
+
     def aligned_word(self, i: int) -> int:
         """Source word that drafted token i attends to most (head-averaged argmax)."""
         return int(self.aligned_words()[i])
@@ -264,6 +281,29 @@ class Draft:
     def block_mass(self, block: str) -> np.ndarray:
         """[T] head-averaged mass on the `context` or `history` block (0 where there is none)."""
         return head_means([getattr(t, f"{block}_mass") for t in self.tokens])
+
+
+_TOKEN_ARRAYS = ("rows", "other_prompt_mass", "generated_mass", "context_mass", "history_mass")
+
+
+def _stack_tokens(tokens: Sequence[TokenCapture]) -> tuple | None:
+    """(ids, pieces, one array per `_TOKEN_ARRAYS` kind, or None where no token has it); None when
+    the tokens' arrays differ in shape or some have a kind the others lack (pickled one by one)."""
+    arrays = []
+    for name in _TOKEN_ARRAYS:
+        values = [getattr(t, name) for t in tokens]
+        if all(v is None for v in values):
+            arrays.append(None)
+            continue
+        if any(v is None for v in values) or len({(np.shape(v), np.asarray(v).dtype) for v in values}) > 1:
+            return None
+        arrays.append(np.stack(values))
+    return [t.token_id for t in tokens], [t.piece for t in tokens], arrays
+
+
+def _unstack_tokens(ids: list[int], pieces: list[str], arrays: list[np.ndarray | None]) -> list[TokenCapture]:
+    return [TokenCapture(tok, piece, *(None if a is None else a[j] for a in arrays))
+            for j, (tok, piece) in enumerate(zip(ids, pieces))]
 
 
 def aligned_words(rows: np.ndarray, source_word_of_token: Sequence[int]) -> np.ndarray:
