@@ -17,22 +17,18 @@ from typing import Optional
 
 
 class GcPauses:
-    """Collections in this process and their summed and longest wall, since `install`."""
+    """The summed wall of this process's collections since `install`."""
 
     def __init__(self) -> None:
-        self.collections = 0
         self.pause_s = 0.0
-        self.max_pause_s = 0.0
         self._started: Optional[float] = None
 
     def _callback(self, phase: str, info: dict) -> None:
         if phase == "start":
             self._started = time.perf_counter()
         elif self._started is not None:
-            took, self._started = time.perf_counter() - self._started, None
-            self.collections += 1
-            self.pause_s += took
-            self.max_pause_s = max(self.max_pause_s, took)
+            self.pause_s += time.perf_counter() - self._started
+            self._started = None
 
     def install(self) -> "GcPauses":
         gc.callbacks.append(self._callback)
@@ -54,9 +50,7 @@ def process_pauses() -> GcPauses:
     return _of_process[pid]
 
 
-def freeze_startup_heap() -> int:
-    """Collect, then freeze every object alive now (garbage left uncollected here would stay for
-    good); returns how many objects the permanent generation holds."""
+def freeze_startup_heap() -> None:
+    """Collect, then freeze every object alive now (garbage left uncollected here would stay for good)."""
     gc.collect()
     gc.freeze()
-    return gc.get_freeze_count()
