@@ -35,6 +35,7 @@ from alignatt.core.errors import AlignattError
 from alignatt.models.presets import preset_for
 from alignatt.replay.speakers import SpeakerPlan, run_speakers
 from alignatt.measure.gpu_busy import GpuBusy, route_gpu
+from alignatt.measure.host_cpu import cpu_times, shares
 from alignatt.measure.smoke import ServedModelOptions
 from alignatt.measure.capacity_levels import (LAG_GROWTH_S, configuration_difference, level_line, signature,
                                               summarise_level)
@@ -200,8 +201,10 @@ def run_configuration(options: LoadOptions, mode: str | None, seam_factory=None)
             server_before = handle.call(lambda: {"coalesced": handle.server.stats.coalesced})
             _reset_gpu_peak()
             gpu = route_gpu(route.device)
+            cpu_before = cpu_times()
             with GpuBusy(gpu) if gpu is not None else nullcontext() as busy:
                 runs, wall = run_speakers(plan, n, options.clients, options.speakers_per_process)
+            host = shares(cpu_before, cpu_times())
             memory = _gpu_memory()
             if in_children:  # engines in processes of their own: none of their memory is this process's
                 memory = (None, memory[1])
@@ -211,6 +214,7 @@ def run_configuration(options: LoadOptions, mode: str | None, seam_factory=None)
             level = summarise_level(n, runs, streams, wall, before, after, delta, memory, alone)
             level["vllm_mode"] = mode
             level["gpu_busy_share"] = busy.share() if busy is not None else None
+            level.update(host)
             if accepted_before is not None:
                 level["verification"] = acceptance_level(accepted_before, totals())
             if n == 1:

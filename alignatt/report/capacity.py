@@ -50,6 +50,8 @@ def capacity_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
                 batch_max=max((int(k) for k in lv.engine_batch_sizes), default=0),
                 gpu_mib=_fmt(lv.peak_gpu_memory_mib), differing=_fmt(lv.texts_differing_from_alone),
                 gpu_busy="—" if lv.gpu_busy_share is None else f"{lv.gpu_busy_share:.0%}",
+                host_cpu="—" if lv.host_cpu_busy_share is None else
+                f"{lv.host_cpu_busy_share:.0%} ({lv.host_cpu_steal_share:.1%})",
             ))
     return rows
 

@@ -413,6 +413,7 @@ def test_a_process_flag_serves_its_one_engine_from_a_process_of_its_own(short_st
     assert artifact.config["per_engine"][0]["pid"] != os.getpid()
     # garbage-collector pauses per step: the server's process and the engine's own
     assert lv.engines[0].gc_ms_mean is not None and lv.engines[0].child_gc_ms_mean is not None
+    assert 0 < lv.host_cpu_busy_share <= 1 and lv.host_cpu_steal_share is not None  # this Linux host's CPUs
 
 
 def test_a_configuration_label_names_at_most_one_engine_count():

@@ -80,6 +80,10 @@ class LoadLevel(_Strict):
     vllm_mode: str | None = None  # the configuration (vllm_capture's mode) this level ran on
     engines: list[LoadEngine] = Field(default_factory=list)  # per engine; empty in artifacts that predate the field (they still validate)
     gpu_busy_share: float | None = None  # the GPU's mean utilization over the level (a kernel running); None: not sampled
+    # The host's CPUs over the level (alignatt.measure.host_cpu): the share in use, and the share the
+    # hypervisor took (steal) from a virtual machine's vCPUs. None: not Linux, or the artifact predates them.
+    host_cpu_busy_share: float | None = None
+    host_cpu_steal_share: float | None = None
     verification: LoadVerification | None = None  # None: the seam does not count it, or the artifact predates the field
     # One speaker alone on a later configuration of the run (verification on, say) against the first
     # (off): updates matched by seq, and how many differ in committed text, in path or released text,

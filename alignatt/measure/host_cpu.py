@@ -1,0 +1,44 @@
+"""How busy the host's CPUs were over a load level, and how much time the hypervisor took from them.
+
+Read from the kernel's `/proc/stat` counters at the level's start and end (no sampling thread). A
+host-bound engine (docs/batching.md) runs as fast as the CPU it gets: on a virtual machine, `steal`
+is the time its vCPUs were runnable but the hypervisor ran something else, and `busy` is the share
+of all vCPUs in use (the engine, the server, the load's client processes). Where `/proc/stat` is
+missing (not Linux) both are None.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+# The first line's columns (proc(5)): guest time is already counted in user and nice.
+FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+STAT = Path("/proc/stat")
+
+
+def cpu_times(text: Optional[str] = None) -> Optional[dict[str, int]]:
+    """All CPUs' time in each state (clock ticks) from /proc/stat's text (None: read it now);
+    None where there is no such file or its first line is not the `cpu` total."""
+    if text is None:
+        try:
+            text = STAT.read_text()
+        except OSError:
+            return None
+    first = text.split("\n", 1)[0].split()
+    if not first or first[0] != "cpu":
+        return None
+    values = [int(v) for v in first[1:1 + len(FIELDS)]]
+    return dict(zip(FIELDS, values + [0] * (len(FIELDS) - len(values))))
+
+
+def shares(before: Optional[dict[str, int]], after: Optional[dict[str, int]]) -> dict[str, Optional[float]]:
+    """`host_cpu_busy_share` (not idle nor waiting on I/O) and `host_cpu_steal_share` between two readings."""
+    if before is None or after is None:
+        return {"host_cpu_busy_share": None, "host_cpu_steal_share": None}
+    delta = {k: after[k] - before[k] for k in FIELDS}
+    total = sum(delta.values())
+    if total <= 0:
+        return {"host_cpu_busy_share": None, "host_cpu_steal_share": None}
+    idle = delta["idle"] + delta["iowait"] + delta["steal"]
+    return {"host_cpu_busy_share": round(1 - idle / total, 4), "host_cpu_steal_share": round(delta["steal"] / total, 4)}

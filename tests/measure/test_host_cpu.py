@@ -1,0 +1,37 @@
+"""The host's CPUs over a load level, from /proc/stat: the share in use and the share stolen."""
+
+import sys
+
+import pytest
+
+from alignatt.measure.host_cpu import cpu_times, shares
+
+STAT = "cpu  {} 0 {} {} {} 0 0 {} 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\nintr 1 2\n"
+
+
+def _stat(user, system, idle, iowait, steal):
+    return STAT.format(user, system, idle, iowait, steal)
+
+
+def test_the_busy_and_stolen_shares_come_from_the_totals_line_between_two_readings():
+    before = cpu_times(_stat(100, 50, 1000, 10, 5))
+    after = cpu_times(_stat(400, 150, 1400, 30, 25))  # +300 user, +100 system, +400 idle, +20 iowait, +20 steal
+    assert before == {"user": 100, "nice": 0, "system": 50, "idle": 1000, "iowait": 10, "irq": 0, "softirq": 0,
+                      "steal": 5}
+    got = shares(before, after)
+    assert got == {"host_cpu_busy_share": round(400 / 840, 4), "host_cpu_steal_share": round(20 / 840, 4)}
+
+
+def test_no_reading_or_no_time_passed_gives_none():
+    none = {"host_cpu_busy_share": None, "host_cpu_steal_share": None}
+    assert cpu_times("intr 1 2\n") is None and cpu_times("") is None
+    same = cpu_times(_stat(1, 1, 1, 1, 1))
+    assert shares(None, same) == none and shares(same, same) == none
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/stat is Linux's")
+def test_this_linux_host_is_read():
+    before = cpu_times()
+    sum(i * i for i in range(2_000_000))  # some CPU time between the readings
+    got = shares(before, cpu_times())
+    assert 0 < got["host_cpu_busy_share"] <= 1 and 0 <= got["host_cpu_steal_share"] < 1
