@@ -121,6 +121,8 @@ def load_cmd(
     capture_cost_batches: str = typer.Option("1,8,32,64", help="batch sizes of the capture-cost measurement"),
     profile_dir: str = typer.Option(None, help="capture cost: torch-profile drafts at batch 1 and the largest "
                                             "batch (captured and uncaptured), a folder per configuration"),
+    engine_profile_dir: str = typer.Option(None, help="cProfile each engine process over each level (engines in "
+                                                   "processes of their own); slows what it profiles"),
     out: str = typer.Option("outputs/load.json", help="where to write the load artifact"),
     metrics: str = typer.Option(None, help="DVC metrics JSON"),
     plot: str = typer.Option(None, help="plot CSV: RTT against speakers"),
@@ -132,7 +134,8 @@ def load_cmd(
                         dtype=dtype, top_k=top_k, heads=heads, vllm_mode=vllm_mode, speakers=speakers,
                         streams=streams, speed=speed, stagger_s=stagger, pacing=pacing, clients=clients,
                         prefix_caching=prefix_caching, max_num_seqs=max_num_seqs, engines=engines,
-                        capture_cost=capture_cost, capture_cost_batches=capture_cost_batches, profile_dir=profile_dir)
+                        capture_cost=capture_cost, capture_cost_batches=capture_cost_batches, profile_dir=profile_dir,
+                        engine_profile_dir=engine_profile_dir)
     run_load(options, out, metrics, plot)
     typer.echo(f"wrote {out}")
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import csv
 import json
-import re
 import sys
 import time
 from contextlib import nullcontext
@@ -39,23 +38,11 @@ from alignatt.measure.host_cpu import cpu_times, shares
 from alignatt.measure.smoke import ServedModelOptions
 from alignatt.measure.capacity_levels import (LAG_GROWTH_S, configuration_difference, level_line, signature,
                                               summarise_level)
+from alignatt.measure.load_configurations import (OWN_PROCESS_FLAG, configuration_engines, configuration_settle,
+                                                 label_flags, parse_configuration, plain_engine_label)
 from alignatt.replay.stream import SmokeStream, load_stream
 
 BUNDLED_STREAMS = {"smoke": "mt_server_smoke_stream.json", "long": "mt_load_long_stream.json"}
-# Flags a configuration label may add to its vLLM mode (`fullgraph+batch_invariant`): engine options.
-# `verify`: verified re-drafts (the session's previous draft as vLLM's speculative proposer), so
-# `--vllm-mode fullgraph,fullgraph+verify` runs verification off and on in one run.
-CONFIGURATION_FLAGS: dict[str, dict[str, Any]] = {"batch_invariant": {"batch_invariant": True},
-                                                  "verify": {"verify": True}}
-# Server flags: `fullgraph+engines4` serves the route from 4 engine processes sharing the GPU
-# (ServerConfig.engines, ReplicaConfig.engines_per_gpu); `fullgraph+process` runs its one engine in a
-# process of its own (ReplicaConfig.own_process), where the engine thread never waits for the
-# interpreter lock of the event loop and the sessions' policy (docs/batching.md).
-ENGINES_FLAG = re.compile(r"engines([1-9][0-9]*)")
-OWN_PROCESS_FLAG = "process"
-# `fullgraph+settle4`: every session stops a partial draft once the policy's answer is known, 4 tokens
-# past its first held token (ServerConfig.settle_buffer_tokens, core/settle.py).
-SETTLE_FLAG = re.compile(r"settle([0-9]+)")
 
 
 def _int_list(value: Any) -> list[int]:
@@ -88,6 +75,8 @@ class LoadOptions(ServedModelOptions):
     capture_cost_repeats: int = Field(3, ge=1)
     profile_dir: str | None = Field(None, description="capture cost: torch-profile batch 1 and the largest "
                                                       "batch, captured and uncaptured, a folder per configuration")
+    engine_profile_dir: str | None = Field(None, description="cProfile each engine process over each level "
+                                                             "(alignatt.serve.engine_profile); slows what it profiles")
 
     @field_validator("speakers", "capture_cost_batches", mode="before")
     @classmethod
@@ -178,7 +167,7 @@ def run_configuration(options: LoadOptions, mode: str | None, seam_factory=None)
     streams = resolve_streams(options.streams)
     route = _route(options, mode)
     shared_gpu = configuration_engines(mode)
-    own_process = OWN_PROCESS_FLAG in _flags(mode)
+    own_process = OWN_PROCESS_FLAG in label_flags(mode)
     config = ServerConfig(host="127.0.0.1", port=0, default_preset=preset, directions={"en-de": route},
                           limits=ServerLimits(max_sessions=max(options.speakers)),
                           engines=shared_gpu or options.engines,
@@ -194,6 +183,7 @@ def run_configuration(options: LoadOptions, mode: str | None, seam_factory=None)
         in_children = any(isinstance(e.seam, ProcessBatchSeam) for e in engines)
         describe = getattr(engine.seam, "describe", None)
         totals = getattr(engine.seam, "acceptance_totals", None)  # verification counts (a child's over its pipe)
+        profiled = _profiled_engines(options, mode, engines)
         for n in sorted(set(options.speakers)):
             _wait_for_sessions_to_close(handle)  # the last level's sessions hold admission slots until closed
             before = [e.stats() for e in engines]
@@ -201,10 +191,14 @@ def run_configuration(options: LoadOptions, mode: str | None, seam_factory=None)
             server_before = handle.call(lambda: {"coalesced": handle.server.stats.coalesced})
             _reset_gpu_peak()
             gpu = route_gpu(route.device)
+            for name, seam in profiled.items():
+                seam.profile(str(Path(options.engine_profile_dir) / f"{name}_{n}.pstats"))
             cpu_before = cpu_times()
             with GpuBusy(gpu) if gpu is not None else nullcontext() as busy:
                 runs, wall = run_speakers(plan, n, options.clients, options.speakers_per_process)
             host = shares(cpu_before, cpu_times())
+            for seam in profiled.values():
+                seam.profile(None)
             memory = _gpu_memory()
             if in_children:  # engines in processes of their own: none of their memory is this process's
                 memory = (None, memory[1])
@@ -231,6 +225,18 @@ def run_configuration(options: LoadOptions, mode: str | None, seam_factory=None)
         heads = [[h.layer, h.head] for h in engine.heads]
     return {"levels": levels, "engine": facts, "heads": heads, "seam_options": route.seam_options,
             "alone": {name: {str(seq): list(sig) for seq, sig in sigs.items()} for name, sigs in alone.items()}}
+
+
+def _profiled_engines(options: LoadOptions, mode: str | None, engines: list) -> dict[str, Any]:
+    """The engines to profile over each level, by file name stem ({} without engine_profile_dir)."""
+    if not options.engine_profile_dir:
+        return {}
+    label = (mode or options.seam).replace("+", "_")
+    seams = {f"{label}_engine{e.name}": e.seam for e in engines if callable(getattr(e.seam, "profile", None))}
+    if not seams:
+        raise AlignattError(f"engine_profile_dir: configuration {mode or options.seam!r} has no engine in a process "
+                            "of its own to profile (add +process or +engines<N>)")
+    return seams
 
 
 def configuration_in_child(payload: dict) -> dict:
@@ -269,59 +275,6 @@ def verify_equality_in_child(payload: dict) -> dict:
         return verified_against_scratch(seam, requests, decision_heads=len(heads))
     finally:
         seam.close()
-
-
-def parse_configuration(label: str | None) -> tuple[str | None, dict[str, Any]]:
-    """A configuration label, `mode[+flag...]` (e.g. `fullgraph+batch_invariant`): the vLLM mode and
-    the engine options its flags set. The label names the configuration in the artifact and report."""
-    from alignatt.capture.names import VLLM_MODES
-
-    if label is None:
-        return None, {}
-    mode, flags = label.split("+")[0].strip(), _flags(label)
-    if mode not in VLLM_MODES:
-        raise AlignattError(f"unknown vllm_mode {mode!r}: use one of {', '.join(VLLM_MODES)}")
-    flags = [f for f in flags if not _server_flag(f)]  # configuration_engines reads them
-    unknown = [f for f in flags if f not in CONFIGURATION_FLAGS]
-    if unknown:
-        raise AlignattError(f"unknown configuration flag {unknown[0]!r} in {label!r}: use "
-                            f"{', '.join(CONFIGURATION_FLAGS)}, {OWN_PROCESS_FLAG}, engines<N> or settle<N>")
-    return mode, {k: v for f in flags for k, v in CONFIGURATION_FLAGS[f].items()}
-
-
-def _flags(label: str | None) -> list[str]:
-    """A configuration label's flags: what follows its mode, `+`-separated."""
-    return [part.strip() for part in (label or "").split("+")[1:]]
-
-
-def _server_flag(flag: str) -> bool:
-    return flag == OWN_PROCESS_FLAG or any(f.fullmatch(flag) for f in (ENGINES_FLAG, SETTLE_FLAG))
-
-
-def _one_plain_engine(label: str | None) -> str | None:
-    """The label without its verify and server flags: the engine the capture cost measures."""
-    if label is None:
-        return None
-    return "+".join([label.split("+")[0].strip(), *(f for f in _flags(label) if f != "verify" and not _server_flag(f))])
-
-
-def _counted_flag(label: str | None, pattern: re.Pattern, name: str) -> int | None:
-    """N of a label's one `<name>N` flag (None: the label has none)."""
-    counts = [int(m.group(1)) for flag in _flags(label) if (m := pattern.fullmatch(flag))]
-    if len(counts) > 1:
-        raise AlignattError(f"configuration {label!r} names more than one {name}<N> flag")
-    return counts[0] if counts else None
-
-
-def configuration_engines(label: str | None) -> int | None:
-    """The engine processes a configuration label's `engines<N>` flag asks for on the GPU (None: the
-    run's `engines` option, one engine in the server's process by default)."""
-    return _counted_flag(label, ENGINES_FLAG, "engines")
-
-
-def configuration_settle(label: str | None) -> int | None:
-    """The buffer tokens of a configuration label's `settle<N>` flag (None: drafts run to max_new_tokens)."""
-    return _counted_flag(label, SETTLE_FLAG, "settle")
 
 
 def vllm_modes(options: LoadOptions) -> list[str | None]:
@@ -373,7 +326,7 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
     heads = runs[0]["heads"] or [[h.layer, h.head] for h in resolve_heads(_route(options, modes[0]), "en-de")]
     # The capture cost drafts fixed-length tokens with no proposal, on one engine: verification and
     # engine processes change nothing it measures, so each configuration is measured without them, once.
-    cost_modes = list(dict.fromkeys(_one_plain_engine(m) for m in modes))
+    cost_modes = list(dict.fromkeys(plain_engine_label(m) for m in modes))
     if want_cost:
         for mode in cost_modes:
             payload = {"options": options.model_dump(), "mode": mode or "cudagraph", "heads": heads}
@@ -384,7 +337,7 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
         note = (f"draft_many of the bench prompts, {options.capture_cost_tokens} fixed-length tokens, "
                 f"median of {options.capture_cost_repeats} after a warm-up, capture on then off, one engine at a time"
                 + (f"; not measured for {', '.join(skipped)}: these drafts carry no proposal to verify and run "
-                   f"on one engine, as {', '.join(dict.fromkeys(str(_one_plain_engine(m)) for m in skipped))} does"
+                   f"on one engine, as {', '.join(dict.fromkeys(str(plain_engine_label(m)) for m in skipped))} does"
                    if skipped else ""))
     else:
         note = "not measured: needs vllm_capture on CUDA (capture_cost=on forces it)"
@@ -393,7 +346,7 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
     equality: list[dict] = []
     equality_failed: list[str] = []
     want_equality = options.seam == VLLM_CAPTURE and options.device.startswith("cuda")
-    for mode in (m for m in modes if want_equality and "verify" in _flags(m)):
+    for mode in (m for m in modes if want_equality and "verify" in label_flags(m)):
         payload = {"options": options.model_dump(), "mode": mode, "heads": heads}
         try:
             got = (run_in_child("alignatt.measure.capacity:verify_equality_in_child", payload,

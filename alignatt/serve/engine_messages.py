@@ -55,6 +55,14 @@ class Ping:
 
 
 @dataclass(frozen=True)
+class Profile:
+    """Start profiling the child's thread, to be written to `path`; `None`: stop and write it
+    (`alignatt.serve.engine_profile`)."""
+
+    path: str | None
+
+
+@dataclass(frozen=True)
 class Close:
     pass
 
@@ -112,3 +120,9 @@ class Failed:
 @dataclass(frozen=True)
 class Closed:
     pass
+
+
+@dataclass(frozen=True)
+class Profiled:
+    path: str | None  # the statistics file written (None: a profile started)
+    top: str  # the functions with the most time of their own, as `pstats` prints them

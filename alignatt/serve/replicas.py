@@ -44,7 +44,8 @@ from alignatt.serve.config import DirectionRoute, EngineCount, SeamFactory
 from alignatt.serve.batch_seam import as_batch_seam
 from alignatt.serve.gc_pauses import freeze_startup_heap, process_pauses
 from alignatt.serve.engine_messages import (Abort, Close, Closed, Count, Counted, Described, Describe, Failed, Ping,
-                                            Pong, Ready, Step, Stepped, Submit, Totalled, Totals)
+                                            Pong, Profile, Profiled, Ready, Step, Stepped, Submit, Totalled, Totals)
+from alignatt.serve.engine_profile import StepProfiler
 from alignatt.serve.scheduler import EngineDied
 from alignatt.serve.session import SessionLimits
 
@@ -167,6 +168,7 @@ def serve_engine(conn: multiprocessing.connection.Connection, spec: EngineSpec) 
         conn.send(Failed(_portable(e)))
         return
 
+    profiler = StepProfiler()
     to_seam: dict[int, Hashable] = {}  # the server's handle -> the seam's, while the draft runs
     to_server: dict[Hashable, int] = {}
 
@@ -209,6 +211,8 @@ def serve_engine(conn: multiprocessing.connection.Connection, spec: EngineSpec) 
         if isinstance(message, Describe):
             describe = getattr(seam, "describe", None)
             return Described(describe() if callable(describe) else None)
+        if isinstance(message, Profile):
+            return profiler.toggle(message.path)
         if isinstance(message, Totals):
             totals = getattr(seam, "acceptance_totals", None)
             return Totalled(totals() if callable(totals) else None)
@@ -444,6 +448,10 @@ class ProcessBatchSeam:
     def acceptance_totals(self) -> dict | None:
         """The child seam's verification figures so far (None: it does not count them)."""
         return self._call(Totals()).totals
+
+    def profile(self, path: str | None) -> Profiled:
+        """Profile the child's thread from now on, to be written to `path`; None: stop and write it."""
+        return self._call(Profile(path))
 
     def close(self, timeout_s: float = 120.0) -> None:
         """Close the child's seam and wait for the child; one that does not stop is killed."""

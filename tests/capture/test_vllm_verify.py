@@ -52,7 +52,7 @@ def test_verification_off_leaves_the_engine_arguments_as_they_were():
 
 
 def test_the_load_benchmark_runs_verification_off_and_on_in_one_run():
-    from alignatt.measure.capacity import parse_configuration
+    from alignatt.measure.load_configurations import parse_configuration
 
     assert parse_configuration("fullgraph") == ("fullgraph", {})
     assert parse_configuration("fullgraph+verify") == ("fullgraph", {"verify": True})

@@ -416,8 +416,22 @@ def test_a_process_flag_serves_its_one_engine_from_a_process_of_its_own(short_st
     assert 0 < lv.host_cpu_busy_share <= 1 and lv.host_cpu_steal_share is not None  # this Linux host's CPUs
 
 
+def test_an_engine_profile_dir_profiles_each_engine_process_over_each_level(short_stream, tmp_path):
+    from tests.fakes.replica_fakes import vllm_route_factory
+
+    options = LoadOptions(seam="vllm_capture", vllm_mode="fullgraph+process", speakers="1,2", streams=[short_stream],
+                          speed=3.0, stagger_s=0.0, capture_cost="off", clients="threads",
+                          engine_profile_dir=str(tmp_path / "profiles"))
+    run_load(options, None, seam_factory=vllm_route_factory)
+    written = sorted(p.name for p in (tmp_path / "profiles").iterdir())
+    assert written == [f"fullgraph_process_engine0_{n}.pstats{ext}" for n in (1, 2) for ext in ("", ".txt")]
+    # an engine in the server's process cannot be profiled apart from the server: said before any level runs
+    with pytest.raises(AlignattError, match="no engine in a process of its own"):
+        run_load(options.model_copy(update={"vllm_mode": "fullgraph"}), None, seam_factory=vllm_route_factory)
+
+
 def test_a_configuration_label_names_at_most_one_engine_count():
-    from alignatt.measure.capacity import configuration_engines, parse_configuration
+    from alignatt.measure.load_configurations import configuration_engines, parse_configuration
 
     assert parse_configuration("fullgraph+engines4+verify") == ("fullgraph", {"verify": True})
     assert parse_configuration("fullgraph+process") == ("fullgraph", {})
@@ -430,7 +444,7 @@ def test_a_configuration_label_names_at_most_one_engine_count():
 
 
 def test_a_settle_flag_gives_every_session_of_its_configuration_the_buffer(short_stream):
-    from alignatt.measure.capacity import configuration_settle, parse_configuration
+    from alignatt.measure.load_configurations import configuration_settle, parse_configuration
 
     assert parse_configuration("fullgraph+settle4+process") == ("fullgraph", {})
     assert configuration_settle("fullgraph+settle4") == 4 and configuration_settle("fullgraph+verify") is None

@@ -432,3 +432,31 @@ def test_garbage_collector_pauses_are_counted_and_an_engine_process_freezes_its_
         assert stats["child_gc_s"] > 0 and stats["step_phases_s"]["frozen"] > 0
     finally:
         engine.close()
+
+
+def test_an_engine_process_profiles_its_thread_between_two_profile_messages(tmp_path):
+    """`profile(path)` starts a cProfile of the child's thread, `profile(None)` writes it: the
+    statistics (for `pstats`) and a text of the functions with the most time of their own, which
+    name the child seam's step. A second start, or a stop with none running, fails loudly."""
+    import pstats
+
+    from alignatt.serve.replicas import EngineSpec, ProcessBatchSeam
+
+    route = DirectionRoute(model="fake", seam="fake", heads=None, seam_options={"steps": 2})
+    seam = ProcessBatchSeam(EngineSpec(preparing_factory, route, []), "profiled")
+    path = tmp_path / "engine" / "level_1.pstats"
+    try:
+        assert seam.profile(str(path)).path is None
+        with pytest.raises(RuntimeError, match="already running"):
+            seam.profile(str(path))
+        seam.submit(DraftRequest(source_words=["a", "b"], committed_words=2))
+        while seam.has_unfinished():
+            seam.step()
+        done = seam.profile(None)
+        assert done.path == str(path) and path.exists() and "replica_fakes.py" in done.top
+        steps = [f for f in pstats.Stats(str(path)).stats if f[0].endswith("replica_fakes.py") and f[2] == "step"]
+        assert steps and (tmp_path / "engine" / "level_1.pstats.txt").read_text() == done.top
+        with pytest.raises(RuntimeError, match="no profile is running"):
+            seam.profile(None)
+    finally:
+        seam.close()
