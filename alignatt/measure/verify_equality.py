@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from alignatt.core.draft import Draft, DraftProposal, DraftRequest
+from alignatt.core.draft import Draft, DraftProposal, DraftRequest, agreeing_prefix
 
 
 def _decision(draft: Draft, decision_heads: int) -> tuple[str, int, str]:
@@ -28,15 +28,6 @@ def _decision(draft: Draft, decision_heads: int) -> tuple[str, int, str]:
         return "", 0, "empty"
     result = decide(subset(draft, min(decision_heads, len(draft.heads))), draft.request.committed_words)
     return result.emitted_text, result.emit_count, result.stop_reason
-
-
-def _shared_prefix(a: Draft, b: Draft) -> int:
-    n = 0
-    for x, y in zip(a.tokens, b.tokens):
-        if x.token_id != y.token_id:
-            break
-        n += 1
-    return n
 
 
 def verified_against_scratch(seam: Any, requests: Sequence[DraftRequest], decision_heads: int = 4) -> dict:
@@ -50,11 +41,12 @@ def verified_against_scratch(seam: Any, requests: Sequence[DraftRequest], decisi
     tokens = texts = decisions = 0
     row_max = 0.0
     for d, v in pairs:
-        tokens += [t.token_id for t in d.tokens] != [t.token_id for t in v.tokens]
+        ids_d, ids_v = [t.token_id for t in d.tokens], [t.token_id for t in v.tokens]
+        tokens += ids_d != ids_v
         (text_d, *rest_d), (text_v, *rest_v) = _decision(d, decision_heads), _decision(v, decision_heads)
         texts += text_d != text_v
         decisions += rest_d != rest_v
-        for a, b in zip(d.tokens[:_shared_prefix(d, v)], v.tokens):
+        for a, b in zip(d.tokens[:agreeing_prefix(ids_d, ids_v)], v.tokens):
             if a.rows.size and b.rows.shape == a.rows.shape:
                 row_max = max(row_max, float(np.abs(a.rows - b.rows).max()))
     acceptance = [v.acceptance for v in verified if v.acceptance is not None]

@@ -263,7 +263,7 @@ class VllmCaptureSeam:
         settled = time.perf_counter()
         ready, self._pending = self._pending, []
         done = self._start_finish(finished) if finished else None
-        trimmed = time.perf_counter()
+        finish_ended = time.perf_counter()
         self._queue_fetch(due, done)
         if done is not None:
             if self._states and done.fetch is not None:  # rows on their way: read after the next step
@@ -272,8 +272,8 @@ class VllmCaptureSeam:
                 ready.append(done)
         queued_at = time.perf_counter()
         drafts = [pair for d in ready for pair in self._complete(d)]
-        for phase, (a, b) in (("vllm", (started, now)), ("finish", (settled, trimmed)),
-                              ("fetch_queue", (trimmed, queued_at)), ("drafts", (queued_at, time.perf_counter()))):
+        for phase, (a, b) in (("vllm", (started, now)), ("finish", (settled, finish_ended)),
+                              ("fetch_queue", (finish_ended, queued_at)), ("drafts", (queued_at, time.perf_counter()))):
             self.step_phases_s[phase] += b - a
         return drafts
 

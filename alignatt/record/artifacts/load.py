@@ -29,7 +29,8 @@ class LoadEngine(_Strict):
     # threads wait, the engine's too when it runs in that process), and the engine's own process.
     gc_ms_mean: float | None = None
     child_gc_ms_mean: float | None = None
-    # The seam's own step in parts, wall ms per step (vllm_capture: vllm, settle, finish, drafts).
+    # The seam's own step in parts, wall ms per step (vllm_capture: its STEP_PHASES; older artifacts:
+    # vllm, settle, finish, drafts).
     step_phase_ms: dict[str, float] | None = None
 
 
