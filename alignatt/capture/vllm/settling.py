@@ -71,13 +71,15 @@ class Settler:
         them first in this step's fetch and hands both to `queued`."""
         started = time.perf_counter()
         checks, self.checks = self.checks, []
+        waited = 0.0
         for check in checks:
-            waited = time.perf_counter()
+            wait_started = time.perf_counter()
             check.fetch.wait()
-            self.phases["check_wait"] += time.perf_counter() - waited
+            waited += time.perf_counter() - wait_started
             self._read(check, running)
         read = time.perf_counter()
-        self.phases["check_scan"] += read - started
+        self.phases["check_wait"] += waited
+        self.phases["check_scan"] += read - started - waited  # the wait is check_wait's, not the scan's
         stopped = [st for st in running.values()
                    if st.settle_length is not None and len(st.tokens) >= st.settle_length]
         if stopped:
