@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from alignatt.capture.vllm.batched import Packer
 from alignatt.capture.vllm.fetch import BatchFetcher, EngineView, FetchItem, LayerSource
 from alignatt.capture.vllm.qcache import QueryCache, head_order, kernel_block_ids, plan_capture, slots_for_positions
 from alignatt.core.draft import Head, attention_row
@@ -268,3 +269,20 @@ def test_a_batch_within_the_sliding_window_builds_its_key_arrays_once_and_still_
         want, _ = reference.fetcher.fetch_one(ref_item)
         np.testing.assert_allclose(g.rows, want.rows, atol=1e-6)
         np.testing.assert_allclose(g.generated, want.generated, atol=1e-6)
+
+
+def test_the_packers_buffers_reach_the_device_as_put_with_aliases_and_a_copy_of_their_own():
+    packer = Packer()
+    slots = np.arange(12).reshape(3, 4) * 7 - 5  # negative and large values survive the int64 buffer
+    masks = (np.arange(10).reshape(2, 5) % 3 == 0)
+    packer.put("slots", slots)
+    packer.put("masks", masks, "u8")
+    packer.put("positions", np.array([[1 << 40], [3]]))
+    packer.alias("slots_again", "slots")
+    ix = packer.to_device(torch.device("cpu"))
+    assert ix["slots"].dtype == torch.int64 and ix["masks"].dtype == torch.uint8
+    assert np.array_equal(ix["slots"].numpy(), slots) and np.array_equal(ix["slots_again"].numpy(), slots)
+    assert np.array_equal(ix["masks"].numpy(), masks.astype(np.uint8))
+    assert ix["positions"].tolist() == [[1 << 40], [3]]
+    slots[0, 0] = 99  # the device buffers are a copy: the host arrays may be reused at once
+    assert ix["slots"][0, 0].item() == -5

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from alignatt.capture.vllm.fetch import DraftState
-from alignatt.capture.vllm.seam import STEP_PHASES, VllmCaptureSeam
+from alignatt.capture.vllm.seam import STEP_PHASES, VllmCaptureSeam, draft_sampling
 from alignatt.capture.vllm.settling import Settler
 from alignatt.core.draft import DraftRequest
 from alignatt.core.prompt import PromptLayout
@@ -115,3 +115,13 @@ def test_requests_finishing_in_one_step_are_all_delivered_with_their_own_rows():
     assert set(done) == {"a", "b", "c"}
     for rid, got in done.items():
         np.testing.assert_allclose(np.stack([t.rows for t in got.tokens]), reference_rows(rid), atol=1e-6)
+
+
+def test_a_drafts_sampling_fields_are_its_own_and_spare_vllms_deep_copy():
+    stops = {9, 2, 5}
+    free, again = draft_sampling(16, False, stops), draft_sampling(16, False, stops)
+    assert free["skip_clone"] is True  # vLLM's input processor copies the params shallowly
+    assert free["stop_token_ids"] == [2, 5, 9] and free["stop_token_ids"] is not again["stop_token_ids"]
+    assert (free["min_tokens"], free["ignore_eos"], free["temperature"], free["detokenize"]) == (0, False, 0.0, False)
+    fixed = draft_sampling(16, True, stops)  # fixed-length drafts (latency runs): no stops, all 16 tokens
+    assert (fixed["stop_token_ids"], fixed["min_tokens"], fixed["max_tokens"], fixed["ignore_eos"]) == (None, 16, 16, True)

@@ -77,6 +77,18 @@ def _engine_config(model: str, options: dict) -> VllmEngineConfig:
         raise AlignattError(f"bad vllm_capture option {where}: {first['msg']}") from None
 
 
+
+def draft_sampling(max_new_tokens: int, fixed_length: bool, stop_ids: set[int]) -> dict[str, Any]:
+    """`SamplingParams` fields of one draft: greedy, no detokenising, every object its own.
+
+    `skip_clone`: vLLM's input processor deep-copies a request's params unless told that they are
+    the request's alone. These are built for one request and never reused, and the deep copy (a
+    hundred-odd stop ids, one by one) took 0.5 ms of every submit in the engine at 128 speakers on
+    the H200 (cProfile, 2026-12-03)."""
+    return dict(temperature=0.0, max_tokens=max_new_tokens, min_tokens=max_new_tokens if fixed_length else 0,
+                ignore_eos=fixed_length, stop_token_ids=None if fixed_length else sorted(stop_ids),
+                detokenize=False, skip_clone=True)
+
 class VllmCaptureSeam:
     """Greedy drafts from an in-process vLLM engine with slot-addressed q capture.
 
@@ -189,17 +201,9 @@ class VllmCaptureSeam:
         prompt = prompt if prompt is not None else self.prepare(request)
         self._counter += 1
         handle = f"alignatt-{self._counter}"
-        fixed = self.fixed_length
-        params = SamplingParams(
-            temperature=0.0,
-            max_tokens=request.max_new_tokens,
-            min_tokens=request.max_new_tokens if fixed else 0,
-            ignore_eos=fixed,
-            stop_token_ids=None if fixed else sorted(
-                self.stop_ids | (self._newline_ids if prompt.stop_at_newline else set())),
-            detokenize=False,
-            output_kind=RequestOutputKind.DELTA,
-        )
+        params = SamplingParams(**draft_sampling(request.max_new_tokens, self.fixed_length,
+                                                 self.stop_ids | (self._newline_ids if prompt.stop_at_newline else set())),
+                                output_kind=RequestOutputKind.DELTA)
         now = time.perf_counter()
         internal = self.engine.core.add_request(handle, self._engine_prompt(prompt.input_ids), params)
         state = DraftState(handle, internal if isinstance(internal, str) else handle, request, prompt, now)
