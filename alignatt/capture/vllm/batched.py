@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 
-from alignatt.capture.vllm.qcache import LayerPlan, check_covered, check_kv_layout, kernel_block_ids, key_span
+from alignatt.capture.vllm.qcache import LayerPlan, check_covered, check_kv_layout, kernel_block_ids
 
 # The four per-token, per-head masses after the source columns, in this order.
 MASSES = ("other_prompt", "generated", "context", "history")
@@ -95,13 +96,30 @@ class LayerSpan:
     n_keys: list[int]  # keys per request
 
 
-def _padded(rows: Sequence[Sequence[int]], fill: int) -> tuple[np.ndarray, np.ndarray]:
-    """Ragged integer rows as one [R, max] array padded with `fill`, and each row's length."""
-    lengths = np.asarray([len(x) for x in rows], np.int64)
+def _padded(rows: Sequence[Sequence[int]], fill: int, expand: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Ragged integer rows as one [R, max] array padded with `fill`, and each row's length; with
+    `expand` k, each value v becomes v*k .. v*k+k-1. One pass over all values, no loop over rows."""
+    lengths = np.fromiter(map(len, rows), np.int64, len(rows))
+    n = int(lengths.sum())
+    if n and isinstance(rows[0], np.ndarray):
+        flat = np.concatenate(rows).astype(np.int64, copy=False)
+    else:
+        flat = np.fromiter(chain.from_iterable(rows), np.int64, n)
+    if expand != 1:
+        flat, lengths = (flat[:, None] * expand + np.arange(expand)).reshape(-1), lengths * expand
     out = np.full((len(rows), max(int(lengths.max(initial=0)), 1)), fill, np.int64)
-    for r, x in enumerate(rows):
-        out[r, : len(x)] = x
+    out[np.arange(out.shape[1])[None] < lengths[:, None]] = flat  # row-major: each row's values in order
     return out, lengths
+
+
+def _floor_div(x: np.ndarray, size: int) -> np.ndarray:
+    """x // size for x >= 0; a shift when size is a power of two (numpy's int64 // is several times slower)."""
+    return x >> (size.bit_length() - 1) if size & (size - 1) == 0 else x // size
+
+
+def _remainder(x: np.ndarray, size: int) -> np.ndarray:
+    """x % size for x >= 0; a mask when size is a power of two."""
+    return x & (size - 1) if size & (size - 1) == 0 else x % size
 
 
 def _flat(rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -131,14 +149,17 @@ def pack_batch(items: Sequence[Any], blocks: Sequence[Any], plans: dict[int, Lay
     packer.put("qpos", qpos)
     spans: dict[int, LayerSpan] = {}
     by_window: dict[int | None, LayerSpan] = {}  # a span depends on the layer's window only
+    first_query, last_query = n_prompt - 1, n_prompt + n_tokens - 2
     for layer, plan in plans.items():
         if plan.sliding_window not in by_window:
-            lo = [key_span((int(q0), int(q0 + n - 1)), plan.sliding_window)[0] for q0, n in zip(n_prompt - 1, n_tokens)]
-            span = LayerSpan(lo, [int(q0 + n - 1) - l + 1 for q0, n, l in zip(n_prompt - 1, n_tokens, lo)])
+            w = plan.sliding_window  # `key_span` over whole arrays: the first query's window start
+            lo = np.zeros(R, np.int64) if w is None else np.maximum(first_query - w + 1, 0)
+            span = LayerSpan(lo.tolist(), (last_query - lo + 1).tolist())
             # a window longer than every request's keys spans what full attention spans: the same object,
             # so that every array built per span below is built once for both
             by_window[plan.sliding_window] = next((s for s in by_window.values() if s == span), span)
         spans[layer] = by_window[plan.sliding_window]
+    span_arrays = {id(s): (np.asarray(s.lo, np.int64), np.asarray(s.n_keys, np.int64)) for s in by_window.values()}
     source, _ = _padded([it.source_positions for it in items], -1)
     generated_start = np.asarray([it.generated_start for it in items], np.int64)
     blocks_by_key = {"context": _flat([it.context_positions for it in items]),
@@ -154,8 +175,7 @@ def pack_batch(items: Sequence[Any], blocks: Sequence[Any], plans: dict[int, Lay
         key = (src.group, k := src.blocks_per_kv_block)
         if key not in tables:  # `kernel_block_ids` on arrays: manager block b is kernel blocks b*k .. b*k+k-1
             kernel_block_ids([], k)  # raises for k < 1
-            ids = [np.asarray(blocks[r][src.group], np.int64) for r in range(R)]
-            tables[key] = _padded(ids if k == 1 else [(x[:, None] * k + np.arange(k)).reshape(-1) for x in ids], 0)
+            tables[key] = _padded([blocks[r][src.group] for r in range(R)], 0, k)
         return tables[key]
 
     def put_once(name: str, key: tuple, make: Any) -> None:
@@ -173,7 +193,7 @@ def pack_batch(items: Sequence[Any], blocks: Sequence[Any], plans: dict[int, Lay
             bs = src.block_size
             span = id(spans[layer])  # the key of everything built per span (spans are shared, above)
             table, n_blocks = table_of(src)
-            lo, n = np.asarray(spans[layer].lo, np.int64), np.asarray(spans[layer].n_keys, np.int64)
+            lo, n = span_arrays[span]
             last = lo + n - 1  # the last query's position: every index read is at or before it
             short = np.flatnonzero(last // bs >= n_blocks)
             if len(short):
@@ -204,9 +224,10 @@ def pack_batch(items: Sequence[Any], blocks: Sequence[Any], plans: dict[int, Lay
             valid, kpos, safe, src_index, src_valid, masks = positional[(span, L)]
             kv = (src.group, src.blocks_per_kv_block, bs)
             # the query cache is indexed by KV slot
-            put_once(f"qslots{layer}", ("q", *kv), lambda: table[row, qpos // bs] * bs + qpos % bs)
-            put_once(f"k_block{layer}", ("kb", *kv, span, L), lambda: np.where(valid, table[row, safe // bs], 0))
-            put_once(f"k_off{layer}", ("ko", bs, span, L), lambda: np.where(valid, safe % bs, 0))
+            put_once(f"qslots{layer}", ("q", *kv), lambda: table[row, _floor_div(qpos, bs)] * bs + _remainder(qpos, bs))
+            put_once(f"k_block{layer}", ("kb", *kv, span, L),
+                     lambda: np.where(valid, table[row, _floor_div(safe, bs)], 0))
+            put_once(f"k_off{layer}", ("ko", bs, span, L), lambda: _remainder(safe, bs))  # safe: 0 at pads
             per_layer[layer] = (kpos, src_index, src_valid, masks)
         # Per head, its layer's arrays (heads are layer-major: repeat each layer's once per head).
         pick = [layer for layer, _ in group.heads]
