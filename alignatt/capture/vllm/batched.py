@@ -79,8 +79,8 @@ class Packer:
 
         The parts are concatenated straight into a block of torch's caching host allocator, which
         keeps the block until the copy that reads it has run. `Tensor.pin_memory()` on a fresh array
-        took 2 ms a call in the engine at 128 speakers on the H200 (cProfile, 2026-12-03), more than
-        the rest of the fetch's host work; an allocator block is not among the step's costs."""
+        took 2 ms a call in the engine at 128 speakers on the H200 (cProfile, 2026-12-03), nearly
+        half of the fetch's host time; an allocator block is not among the step's costs."""
         pin = device.type == "cuda"
         out = {}
         for kind, parts in self.parts.items():

@@ -77,17 +77,17 @@ def _engine_config(model: str, options: dict) -> VllmEngineConfig:
         raise AlignattError(f"bad vllm_capture option {where}: {first['msg']}") from None
 
 
-
 def draft_sampling(max_new_tokens: int, fixed_length: bool, stop_ids: set[int]) -> dict[str, Any]:
     """`SamplingParams` fields of one draft: greedy, no detokenising, every object its own.
 
     `skip_clone`: vLLM's input processor deep-copies a request's params unless told that they are
-    the request's alone. These are built for one request and never reused, and the deep copy (a
-    hundred-odd stop ids, one by one) took 0.5 ms of every submit in the engine at 128 speakers on
+    the request's alone. These are built for one request and never reused, and the deep copy (about
+    107 `deepcopy` calls a request) took 0.5 ms of every submit in the engine at 128 speakers on
     the H200 (cProfile, 2026-12-03)."""
     return dict(temperature=0.0, max_tokens=max_new_tokens, min_tokens=max_new_tokens if fixed_length else 0,
                 ignore_eos=fixed_length, stop_token_ids=None if fixed_length else sorted(stop_ids),
                 detokenize=False, skip_clone=True)
+
 
 class VllmCaptureSeam:
     """Greedy drafts from an in-process vLLM engine with slot-addressed q capture.
