@@ -377,6 +377,8 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
                                for s, st in streams},
             "speed": options.speed, "stagger_s": options.stagger_s, "pacing": options.pacing,
             "clients": options.clients, "speakers_per_process": options.speakers_per_process,
+            # cProfile slows the engine it profiles: such levels say where time goes, not capacity
+            "engine_profile_dir": options.engine_profile_dir,
             "seam_options": runs[0]["seam_options"], "lag_growth_threshold_s": LAG_GROWTH_S, **engine_facts,
         },
         synthetic_weights=synthetic,

@@ -29,7 +29,8 @@ def configuration(rel: str, artifact: Any, vllm_mode: str | None = None) -> str:
     caching = (engine.get("seam_describe") or {}).get("enable_prefix_caching")
     extra = "" if caching is None else (", prefix caching" if caching else ", no prefix caching")
     mode = vllm_mode or c.get("vllm_mode")
-    return f"{folder}: {c.get('seam')}{f' {mode}' if mode else ''}{extra}"
+    profiled = ", under cProfile (slowed: where the time goes, not capacity)" if c.get("engine_profile_dir") else ""
+    return f"{folder}: {c.get('seam')}{f' {mode}' if mode else ''}{extra}{profiled}"
 
 
 def capacity_rows(inputs: ReportInputs) -> list[dict[str, Any]]:

@@ -417,14 +417,20 @@ def test_a_process_flag_serves_its_one_engine_from_a_process_of_its_own(short_st
 
 
 def test_an_engine_profile_dir_profiles_each_engine_process_over_each_level(short_stream, tmp_path):
+    from alignatt.report.capacity import configuration
     from tests.fakes.replica_fakes import vllm_route_factory
 
     options = LoadOptions(seam="vllm_capture", vllm_mode="fullgraph+process", speakers="1,2", streams=[short_stream],
                           speed=3.0, stagger_s=0.0, capture_cost="off", clients="threads",
                           engine_profile_dir=str(tmp_path / "profiles"))
-    run_load(options, None, seam_factory=vllm_route_factory)
+    artifact = run_load(options, None, seam_factory=vllm_route_factory)
     written = sorted(p.name for p in (tmp_path / "profiles").iterdir())
     assert written == [f"fullgraph_process_engine0_{n}.pstats{ext}" for n in (1, 2) for ext in ("", ".txt")]
+    # the profiler slows what it profiles: the artifact says so, and the page labels its rows
+    assert artifact.config["engine_profile_dir"] == str(tmp_path / "profiles")
+    assert "under cProfile" in configuration("outputs/h200/load_profiled.json", artifact, "fullgraph+process")
+    unprofiled = artifact.model_copy(update={"config": {**artifact.config, "engine_profile_dir": None}})
+    assert "cProfile" not in configuration("outputs/h200/load_profiled.json", unprofiled, "fullgraph+process")
     # an engine in the server's process cannot be profiled apart from the server: said before any level runs
     with pytest.raises(AlignattError, match="no engine in a process of its own"):
         run_load(options.model_copy(update={"vllm_mode": "fullgraph"}), None, seam_factory=vllm_route_factory)
