@@ -59,13 +59,15 @@ def head_permutation(groups: Sequence[HeadGroup], order: Sequence[tuple[int, int
 class Packer:
     """Host arrays of one batch, laid out in two flat buffers (int64 indices, uint8 masks)."""
 
+    KINDS = {"i64": (np.int64, torch.int64), "u8": (np.uint8, torch.uint8)}  # each buffer's host and device dtype
+
     def __init__(self) -> None:
-        self.parts: dict[str, list[np.ndarray]] = {"i64": [], "u8": []}
+        self.parts: dict[str, list[np.ndarray]] = {kind: [] for kind in self.KINDS}
         self.at: dict[str, tuple[str, int, int, tuple]] = {}
-        self.size = {"i64": 0, "u8": 0}
+        self.size = {kind: 0 for kind in self.KINDS}
 
     def put(self, name: str, array: np.ndarray, kind: str = "i64") -> None:
-        flat = array.reshape(-1).astype(np.int64 if kind == "i64" else np.uint8, copy=False)  # concatenated later
+        flat = array.reshape(-1).astype(self.KINDS[kind][0], copy=False)  # concatenated later
         self.parts[kind].append(flat)
         self.at[name] = (kind, self.size[kind], self.size[kind] + flat.size, array.shape)
         self.size[kind] += flat.size
@@ -84,7 +86,7 @@ class Packer:
         pin = device.type == "cuda"
         out = {}
         for kind, parts in self.parts.items():
-            host = torch.empty(self.size[kind], dtype=torch.int64 if kind == "i64" else torch.uint8, pin_memory=pin)
+            host = torch.empty(self.size[kind], dtype=self.KINDS[kind][1], pin_memory=pin)
             np.concatenate(parts, out=host.numpy())  # every group puts both kinds
             out[kind] = host.to(device, non_blocking=True)
         return {name: out[kind][a:b].view(shape) for name, (kind, a, b, shape) in self.at.items()}
