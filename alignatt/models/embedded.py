@@ -30,13 +30,32 @@ def embedded_model_dir() -> Path:
 
 
 def ensure_embedded_model() -> Path:
-    """The converted embedded checkpoint dir; converts (first run) or repairs a stale tokenizer."""
+    """The converted embedded checkpoint dir; converts (first run) or repairs a stale tokenizer.
+
+    Several processes may ask at once (a test run beside `alignatt serve`): one converts under a
+    file lock, the others wait on it and then find the finished checkpoint.
+    """
     target = embedded_model_dir()
-    if not (target / "config.json").exists():
-        convert_embedded_model(target)
-    elif _cache_stamp(target) != EMBEDDED_CACHE_STAMP:
-        _rebuild_embedded_tokenizer(target)
+    if _converted(target):
+        return target
+    with _conversion_lock():
+        if not (target / "config.json").exists():
+            convert_embedded_model(target)
+        elif _cache_stamp(target) != EMBEDDED_CACHE_STAMP:
+            _rebuild_embedded_tokenizer(target)
     return target
+
+
+def _converted(target: Path) -> bool:
+    return (target / "config.json").exists() and _cache_stamp(target) == EMBEDDED_CACHE_STAMP
+
+
+def _conversion_lock() -> Any:
+    """One lock for every writer of the cache (model, tokenizers, the assembled GGUF)."""
+    from filelock import FileLock
+
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    return FileLock(str(cache_dir() / ".convert.lock"))
 
 
 # Bumped whenever the converted checkpoint's content changes, so stale caches get repaired.
@@ -52,6 +71,8 @@ def _cache_stamp(target: Path) -> str:
 
 
 def _assembled_gguf() -> Path:
+    """The GGUF joined from the package's parts, in a folder of this process's own (callers hold
+    the conversion lock and discard it when done)."""
     try:
         package = __import__(EMBEDDED_PACKAGE)
         return Path(package.assemble(default_output_path(package)))
@@ -101,8 +122,10 @@ def gguf_tokenizer(gguf_path: Path) -> Any:
 
 def _rebuild_embedded_tokenizer(target: Path) -> None:
     gguf_path = _assembled_gguf()
-    tokenizer = gguf_tokenizer(gguf_path)
-    gguf_path.unlink(missing_ok=True)
+    try:
+        tokenizer = gguf_tokenizer(gguf_path)
+    finally:
+        _discard(gguf_path)
     tmp = Path(tempfile.mkdtemp(prefix=".gemma3-270m-tok.", dir=target.parent))
     try:
         tokenizer.save_pretrained(tmp)
@@ -114,35 +137,45 @@ def _rebuild_embedded_tokenizer(target: Path) -> None:
 
 
 def convert_embedded_model(target: Path | None = None) -> Path:
-    """Dequantise the packaged GGUF once and save it as a regular HF checkpoint at `target`."""
+    """Dequantise the packaged GGUF once and save it as a regular HF checkpoint at `target`.
+
+    The checkpoint is written into a private temp dir and renamed into place, so no reader ever
+    sees half of one, and a failed conversion leaves nothing behind but one line of error.
+    """
     from transformers import AutoModelForCausalLM
 
     target = target or embedded_model_dir()
-    gguf_path = _assembled_gguf()
     target.parent.mkdir(parents=True, exist_ok=True)
-    # Save into a private temp dir and rename: concurrent first loads never see half a checkpoint.
     tmp = Path(tempfile.mkdtemp(prefix=".gemma3-270m.", dir=target.parent))
+    gguf_path: Path | None = None
     try:
+        gguf_path = _assembled_gguf()
         tokenizer = gguf_tokenizer(gguf_path)
         model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / _STAMP_FILE).write_text(EMBEDDED_CACHE_STAMP + "\n")
         tmp.chmod(0o755)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not (target / "config.json").exists():
-                raise
+        os.rename(tmp, target)
+    except AlignattError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure of the conversion becomes one line
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise AlignattError(
+            f"converting the embedded model into {target} failed: {type(e).__name__}: {first}"
+        ) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    gguf_path.unlink(missing_ok=True)  # 250 MB; re-assembled from the package in < 1 s if needed
+        if gguf_path is not None:
+            _discard(gguf_path)  # re-assembled from the package in < 1 s if ever needed
     return target
 
 
 def default_output_path(package: Any) -> Path:
-    """Where the assembled GGUF goes: inside the alignatt cache, not the package's own default."""
-    return cache_dir() / "gguf" / package.MODEL_NAME
+    """Where the assembled GGUF goes: a fresh folder of this process inside the alignatt cache
+    (never the package's shared default, which two processes would write at once)."""
+    (cache_dir() / "gguf").mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"{os.getpid()}.", dir=cache_dir() / "gguf")) / package.MODEL_NAME
 
 
 def embedded_tokenizer() -> Any:
@@ -150,22 +183,41 @@ def embedded_tokenizer() -> Any:
     from transformers import AutoTokenizer
 
     converted = embedded_model_dir()
-    if (converted / "config.json").exists() and _cache_stamp(converted) == EMBEDDED_CACHE_STAMP:
+    if _converted(converted):
         return AutoTokenizer.from_pretrained(converted, local_files_only=True)
     # Only the tokenizer is needed: build it from the GGUF (~15 s) instead of converting the model.
     target = cache_dir() / "tokenizers" / "gemma3"
     if _cache_stamp(target) != EMBEDDED_CACHE_STAMP:
-        try:
-            gguf_path = _assembled_gguf()
-        except AlignattError as e:
-            raise AlignattError(
-                "a Gemma tokenizer is needed: google/gemma-4-E4B-it in the local HF cache, or the "
-                f"embedded Gemma-3 one ({EMBEDDED_INSTALL_HINT}); {e}"
-            ) from None
-        tokenizer = gguf_tokenizer(gguf_path)
-        gguf_path.unlink(missing_ok=True)
-        target.mkdir(parents=True, exist_ok=True)
-        tokenizer.save_pretrained(target)
-        (target / _STAMP_FILE).write_text(EMBEDDED_CACHE_STAMP + "\n")
-        return tokenizer
+        with _conversion_lock():
+            if _cache_stamp(target) != EMBEDDED_CACHE_STAMP:
+                _save_tokenizer(target)
     return AutoTokenizer.from_pretrained(target, local_files_only=True)
+
+
+def _save_tokenizer(target: Path) -> None:
+    try:
+        gguf_path = _assembled_gguf()
+    except AlignattError as e:
+        raise AlignattError(
+            "a Gemma tokenizer is needed: google/gemma-4-E4B-it in the local HF cache, or the "
+            f"embedded Gemma-3 one ({EMBEDDED_INSTALL_HINT}); {e}"
+        ) from None
+    try:
+        tokenizer = gguf_tokenizer(gguf_path)
+    finally:
+        _discard(gguf_path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".gemma3-tok.", dir=target.parent))
+    try:
+        tokenizer.save_pretrained(tmp)
+        (tmp / _STAMP_FILE).write_text(EMBEDDED_CACHE_STAMP + "\n")
+        tmp.chmod(0o755)
+        shutil.rmtree(target, ignore_errors=True)  # a stale one (we hold the lock)
+        os.rename(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _discard(gguf_path: Path) -> None:
+    """Remove an assembled GGUF (250 MB) and its private folder."""
+    shutil.rmtree(gguf_path.parent, ignore_errors=True)
