@@ -2,27 +2,35 @@
 # host, `make test-gpu` runs the GPU suite whole.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# The CPU build of torch; a GPU host overrides this (e.g. TORCH_SPEC=torch==2.11.0).
-TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= embedded,pipeline,dev,eval
+# The environment is installed from a lock, exactly (hashes checked, no resolution): the CPU lock
+# here; a GPU host with a package index uses LOCK=requirements/gpu.txt. The lock's torch is the
+# CPU build: pip takes it from a find-links folder or the torch CPU index
+# (PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu on a machine that has neither).
+LOCK ?= requirements/cpu.txt
 
-.PHONY: install pipeline test test-gpu
+.PHONY: install lock pipeline test test-gpu
 
-# Last steps: the unmodified WhisperLiveKit client, for the protocol tests and the smoke (its own
-# heavy ASR dependencies are not needed for the client module); SimulEval 1.1.4, whose own
-# `--score-only` re-scores the eval's instance logs in a test: it pins tqdm==4.64.1 (alignatt needs
-# >=4.66), so it goes in without its pins, with what its scoring imports beside it.
-$(VENV)/.installed: pyproject.toml Makefile
+# The lock, then what goes in without its pins (requirements/nodeps.in says why), then the
+# project itself; the lock's path and hash are left in the venv for provenance (record/lock.py).
+$(VENV)/.installed: pyproject.toml Makefile $(LOCK) requirements/nodeps.txt
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q '$(TORCH_SPEC)'
-	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
-	$(PY) -m pip install -q --no-deps whisperlivekit==0.2.26
-	$(PY) -m pip install -q pandas textgrid tornado soundfile
-	$(PY) -m pip install -q --no-deps simuleval==1.1.4
+	$(PY) -m pip install -q --require-hashes --no-deps -r $(LOCK)
+	$(PY) -m pip install -q --require-hashes --no-deps -r requirements/nodeps.txt
+	$(PY) -m pip install -q --no-deps -e .
+	echo "$(LOCK) $$(sha256sum $(LOCK) | cut -d' ' -f1)" > $(VENV)/alignatt-lock.txt
 	touch $@
 
 install: $(VENV)/.installed
+
+# Refresh the locks from their inputs (requirements/*.in and pyproject.toml): the one command
+# to run after changing a dependency (uv comes with the dev extra; needs a package index).
+UV_COMPILE = $(VENV)/bin/uv pip compile --native-tls --generate-hashes --python-platform x86_64-manylinux_2_28 \
+	--no-emit-package alignatt --index-strategy unsafe-best-match
+lock:
+	$(UV_COMPILE) --python-version 3.11 $(if $(wildcard /opt/wheels),--find-links /opt/wheels) \
+		requirements/cpu.in -o requirements/cpu.txt
+	$(UV_COMPILE) --python-version 3.12 requirements/gpu.in -o requirements/gpu.txt
+	$(UV_COMPILE) --python-version 3.11 --no-deps requirements/nodeps.in -o requirements/nodeps.txt
 
 # The whole pipeline on the embedded default (Gemma-3-270M on CPU; vLLM seams recorded as skipped).
 pipeline: install

@@ -29,6 +29,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from alignatt.record.lock import LockState, installed_lock
+
 PROVENANCE_SCHEMA_VERSION = 1
 NOT_INSTALLED = "not installed"
 HOST = "host"
@@ -92,6 +94,9 @@ class Provenance(BaseModel):
     # artifacts written before these fields valid
     dvc_experiment: str | None = None
     params_changed: dict[str, Any] = Field(default_factory=dict)
+    # the lock file the environment was installed from, and its drift (record/lock.py); None in
+    # artifacts written before locks existed, or where no install recorded one
+    lock: LockState | None = None
 
     @property
     def gpu_name(self) -> str | None:
@@ -307,6 +312,7 @@ def collect_provenance(
         model_revision=model_revision,
         dvc_experiment=os.environ.get(DVC_EXP_NAME_ENV) or None,
         params_changed=params_changes(repo),
+        lock=installed_lock(repo),
     )
 
 
