@@ -15,7 +15,7 @@ from alignatt.core.policy import DEFAULT_PRESET, PRESET_NAMES
 def _server_config(
     config: str | None, host: str, port: int, model: str, seam: str, preset: str, direction: str,
     heads: str | None, top_k: int, device: str, dtype: str | None, max_sessions: int,
-    max_utterance_words: int, vllm_mode: str | None, engines: str, settle_buffer_tokens: int | None = None,
+    max_utterance_words: int, vllm_mode: str | None, engines: str, settle_buffer_tokens: int | str | None = "auto",
     engine_process: bool | None = None,
 ):
     from alignatt.serve.config import server_config
@@ -45,9 +45,10 @@ def serve_cmd(
     vllm_mode: str = VLLM_MODE,
     engines: str = typer.Option("auto", help="engines per route: auto (one process per visible GPU with "
                                              "--device cuda, else 1) or a number (more than 1: a process each)"),
-    settle_buffer_tokens: int = typer.Option(
-        None, min=0, help="stop a partial draft once the policy's answer is known, N tokens past its first held "
-                          "token (the shown buffer); unset: draft the whole 16 tokens (docs/batching.md)"),
+    settle_buffer_tokens: str = typer.Option(
+        "auto", help="stop a partial draft once the policy's answer is known, N tokens past its first held "
+                     "token (the shown buffer); none: whole drafts; auto: 2 for vllm_capture on CUDA (the "
+                     "measured best), else none"),
     engine_process: bool = typer.Option(
         None, "--engine-process/--engine-in-server", help="the engine in a process of its own, or in the "
                                                            "server's; default: its own for vllm_capture on CUDA"),

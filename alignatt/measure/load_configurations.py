@@ -79,3 +79,13 @@ def configuration_engines(label: str | None) -> int | None:
 def configuration_settle(label: str | None) -> int | None:
     """The buffer tokens of a configuration label's `settle<N>` flag (None: drafts run to max_new_tokens)."""
     return _counted_flag(label, SETTLE_FLAG, "settle")
+
+
+def served_default_label() -> str:
+    """The label of what `alignatt serve` serves on a vllm_capture route on CUDA by default (its mode,
+    settling and own engine process: serve/config.py, serve/pool.py), so that the page can mark the
+    capacity row of the served default and a load run can measure it."""
+    from alignatt.serve.config import SERVED_SETTLE_BUFFER_TOKENS
+    from alignatt.serve.pool import SERVED_VLLM_OPTIONS
+
+    return f"{SERVED_VLLM_OPTIONS['vllm_mode']}+settle{SERVED_SETTLE_BUFFER_TOKENS}+{OWN_PROCESS_FLAG}"

@@ -91,7 +91,7 @@ def run_smoke(options: SmokeOptions, out: str | Path | None = "outputs/server_sm
     from alignatt.record.artifacts import ARTIFACT_SCHEMA_VERSION, FastPathEvent, ServerSmokeArtifact, write_artifact
     from alignatt.record.provenance import collect_provenance, model_identity
     from alignatt.serve.server import ServerThread
-    from alignatt.serve.config import DirectionRoute, ServerConfig, resolve_preset
+    from alignatt.serve.config import resolve_preset, server_config
     from alignatt.serve.protocol import ProtocolError
 
     try:
@@ -104,11 +104,11 @@ def run_smoke(options: SmokeOptions, out: str | Path | None = "outputs/server_sm
                "auto": ["native", "wlk"] if wlk_available() else ["native"]}[options.client]
     if "wlk" in clients:
         load_wlk_client()  # a clear error before loading any model
-    route = DirectionRoute(model=options.model, seam=options.seam, heads=options.heads,
-                           top_k=options.top_k, device=options.device, dtype=options.dtype,
-                           seam_options={"vllm_mode": options.vllm_mode} if options.vllm_mode else {})
-    config = ServerConfig(host="127.0.0.1", port=0, default_preset=preset, directions={"en-de": route},
-                          engines=1)  # one client: one engine, whatever the host's GPUs
+    # What `alignatt serve` builds from the same options (its served defaults: settling and the
+    # engine's own process on CUDA), with one engine whatever the host's GPUs: one client.
+    config = server_config(host="127.0.0.1", port=0, model=options.model, seam=options.seam, preset=preset,
+                           heads=options.heads, top_k=options.top_k, device=options.device,
+                           dtype=options.dtype, vllm_mode=options.vllm_mode, engines=1)
     runs: list[RunRecord] = []
     with ServerThread(config, seam_factory) as handle:
         engine = handle.server.registry.engines[0]
@@ -133,7 +133,10 @@ def run_smoke(options: SmokeOptions, out: str | Path | None = "outputs/server_sm
         config={
             "model": options.model, "seam": options.seam, "preset": preset,
             "device": options.device, "dtype": options.dtype, "heads": heads, "top_k": options.top_k,
-            "seam_options": route.seam_options,
+            "seam_options": config.directions["en-de"].seam_options,
+            # how the server ran it: the served defaults that server_config chose
+            "settle_buffer_tokens": config.settle_buffer_tokens,
+            "engine_process": config.replicas.own_process,
             "replay_speed": speed, "stream": options.stream or "alignatt/data/mt_server_smoke_stream.json",
             "stream_words": len(stream.words),
             "stream_sentences": sum(1 for w in stream.words if ends_sentence(w)),

@@ -174,6 +174,29 @@ class ServerConfig(BaseModel):
         return value
 
 
+# What `alignatt serve` serves on a vllm_capture route on CUDA unless told otherwise: drafts settled
+# 2 tokens past their first held token, the engine in a process of its own. It is the configuration
+# that met the capacity targets on the H200 (the page's capacity table marks its row); whole drafts
+# stay one option away (`--settle-buffer-tokens none`). Other routes draft whole by default: no
+# measurement says settling pays there.
+SERVED_SETTLE_BUFFER_TOKENS = 2
+
+
+def served_settle(requested: int | None | str, seam: str, device: str) -> int | None:
+    """settle_buffer_tokens from the option: "auto" (the served default above), "none" or N."""
+    if requested is None or requested == "none":
+        return None
+    if requested == "auto":
+        return SERVED_SETTLE_BUFFER_TOKENS if seam == VLLM_CAPTURE and device.startswith("cuda") else None
+    try:
+        tokens = int(requested)
+    except ValueError:
+        raise AlignattError(f"bad settle_buffer_tokens {requested!r}: auto, none or a number of tokens") from None
+    if tokens < 0:
+        raise AlignattError(f"bad settle_buffer_tokens {tokens}: at least 0")
+    return tokens
+
+
 def server_config(
     config_path: str | None = None,
     host: str = "127.0.0.1",
@@ -190,7 +213,7 @@ def server_config(
     max_utterance_words: int = 80,
     vllm_mode: str | None = None,
     engines: EngineCount | str = "auto",
-    settle_buffer_tokens: int | None = None,
+    settle_buffer_tokens: int | None | str = "auto",
     engine_process: bool | None = None,
 ) -> ServerConfig:
     """A ServerConfig from a JSON file, or from one direction's options (the CLI's). `engine_process`:
@@ -219,7 +242,7 @@ def server_config(
                 directions={direction.strip().lower(): route},
                 limits=ServerLimits(max_sessions=max_sessions, max_utterance_words=max_utterance_words),
                 engines=engines,
-                settle_buffer_tokens=settle_buffer_tokens,
+                settle_buffer_tokens=served_settle(settle_buffer_tokens, seam, device),
                 replicas=ReplicaConfig(own_process=(seam == VLLM_CAPTURE and device.startswith("cuda"))
                                        if engine_process is None else engine_process),
             )
