@@ -140,17 +140,60 @@ def report_cmd(
 @app.command("audit")
 def audit_cmd(
     paths: list[str] = typer.Argument(None, help="artifact files or folders (default: outputs/)"),
-    as_json: bool = typer.Option(False, "--json", help="machine-readable findings"),
+    as_json: bool = typer.Option(False, "--json", help="everything, machine-readable: findings, accepted, records"),
+    show_accepted: bool = typer.Option(False, "--show-accepted", help="also list the accepted findings and why"),
+    trust: list[Path] = typer.Option(None, "--trust", help="an allowed_signers file or .pub key trusted for this "
+                                     "audit only (a CI run's ephemeral key); repeatable"),
     root: str = typer.Option(".", help="project root, for the report checks"),
     report: bool = typer.Option(True, help="also check combined report rows and report staleness"),
 ) -> None:
-    """Validate artifacts, provenance, historical hashes and the report; exit 1 on any finding."""
+    """Verdict first: artifacts, their signed run records, provenance, historical hashes and the report.
+
+    Exit 1 on any finding (each names its file), 2 on bad input."""
     from alignatt.report.audit import run_audit
 
-    result = run_audit(paths or None, root, report)
-    typer.echo(result.as_json() if as_json else result.as_text())
+    result = run_audit(paths or None, root, report, trusted=list(trust or []))
+    typer.echo(result.as_json() if as_json else result.as_text(show_accepted))
     if not result.ok:
         raise typer.Exit(1)
+
+
+@app.command("attest")
+def attest_cmd(
+    folders: list[Path] = typer.Argument(None, help="folders under outputs/ (default: each one there)"),
+    note: str = typer.Option(None, help="the record's note (default: says the digests were taken at import)"),
+    new_key: str = typer.Option(None, "--new-key", metavar="PRINCIPAL", help="make this host's signing key "
+                                "(at $ALIGNATT_SIGNING_KEY, else keys/private/signing_key), trust it in "
+                                "keys/allowed_signers under PRINCIPAL, and stop"),
+    root: Path = typer.Option(Path("."), help="project root"),
+) -> None:
+    """Sign run records for files measured before run records existed (recorded "at import")."""
+    import os
+
+    from alignatt.core.errors import AlignattError
+    from alignatt.record.attestation import RECORDS_DIR
+    from alignatt.record.importing import attest_imported
+    from alignatt.record.signing import (ALLOWED_SIGNERS, DEFAULT_KEY, SIGNING_KEY_ENV, allowed_signers_line,
+                                         generate_key, load_signing_key, signing_key_path)
+
+    if new_key:
+        path = Path(os.environ.get(SIGNING_KEY_ENV) or root / DEFAULT_KEY).expanduser()
+        key = generate_key(path, new_key)
+        allowed = root / ALLOWED_SIGNERS
+        allowed.parent.mkdir(parents=True, exist_ok=True)
+        with open(allowed, "a", encoding="utf-8") as f:
+            f.write(allowed_signers_line(key))
+        typer.echo(f"made {path} ({key.fingerprint}); trusted as {new_key} in {allowed}: commit that file, "
+                   "never the private key")
+        return
+    key_path = signing_key_path(root)
+    if key_path is None:
+        raise AlignattError(f"no signing key: set {SIGNING_KEY_ENV} or make one with --new-key PRINCIPAL")
+    outputs = root / "outputs"
+    records = (root / RECORDS_DIR).resolve()
+    folders = folders or sorted(p for p in outputs.iterdir() if p.is_dir() and p.resolve() != records)
+    for path, count in attest_imported(root, list(folders), load_signing_key(key_path), note):
+        typer.echo(f"wrote {path}: {count} file(s), signed at import")
 
 
 # ---- GPU correctness checks of the vLLM seam (alignatt.checks.vllm_checks) ----

@@ -233,11 +233,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print("run-stage: " + " ".join(cmd), file=sys.stderr, flush=True)
-    try:
-        return subprocess.run(cmd, env=env).returncode
-    except FileNotFoundError:
-        print(f"error: command not found: {cmd[0]}", file=sys.stderr)
-        return 127
+    from alignatt.record.recorder import record_run  # runs cmd; leaves the signed record of what it wrote
+
+    return record_run(cmd, env, Path.cwd().resolve(), params)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,17 @@
-"""`alignatt audit [PATHS]`: check every artifact, the historical hashes and the report.
+"""`alignatt audit [PATHS]`: check every artifact, its run record, the historical hashes and the report.
 
 Findings, each with the file and a plain message:
+- `record`: a file under `outputs/` that no signed run record from a trusted key vouches for: no
+  record lists it, its record is unsigned, signed by a key not in `keys/allowed_signers` (nor
+  given with `--trust`) or edited after signing, or the file's SHA-256 is not the one its record
+  gives (`alignatt.record.verify`); a record's subject that is missing;
 - `schema`: an artifact that does not validate against `alignatt.record.artifacts` (or a published
   file that lost its published shape), or an unsupported schema version;
 - `provenance`: a provenance block missing what the measurement needs (torch, transformers, git
   commit, model id; vLLM when a vLLM seam ran; GPU and driver when it ran on CUDA; the digest of
   a container image) or measured from uncommitted code;
 - `hash`: a historical artifact whose SHA-256 is not the one in its `SHA256SUMS`, a listed file
-  that is missing, or a JSON file beside a manifest that the manifest does not list;
+  that is missing, or any file under a manifest's folder that the manifest does not list;
 - `derived`: DVC metrics / plot data that no longer match the bench artifact beside them;
 - `fingerprint`: a bench, smoke, load or eval artifact whose provenance says it ran on another machine or
   stack than the `fingerprint.json` in its folder (what DVC decided to skip or re-run on);
@@ -20,7 +24,8 @@ A finding that was examined and explained can be *accepted* in `outputs/accepted
 (path, check, a substring of the message, and the reason): it is then printed as accepted and
 does not fail the audit. An acceptance that matches no finding is itself a finding (`accepted`),
 so the list cannot outlive what it explains.
-Exit status: 0 clean, 1 findings.
+Output: the verdict line first (findings and accepted findings counted), then the findings;
+accepted ones only with `--show-accepted`; `--json` gives everything. Exit status: 0 clean, 1 findings.
 """
 
 from __future__ import annotations
@@ -78,6 +83,7 @@ class AuditResult:
     checked: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
     accepted: list[tuple[Finding, str]] = field(default_factory=list)
+    records: list[dict] = field(default_factory=list)  # each run record: who signed it, how, whether accepted
 
     @property
     def ok(self) -> bool:
@@ -88,17 +94,23 @@ class AuditResult:
 
     def as_json(self) -> str:
         return json.dumps(
-            {"ok": self.ok, "checked": self.checked, "findings": [asdict(f) for f in self.findings],
-             "accepted": [{**asdict(f), "reason": why} for f, why in self.accepted]},
+            {"ok": self.ok, "verdict": self.verdict(), "checked": self.checked,
+             "findings": [asdict(f) for f in self.findings],
+             "accepted": [{**asdict(f), "reason": why} for f, why in self.accepted], "records": self.records},
             indent=1,
         )
 
-    def as_text(self) -> str:
-        lines = [f"ACCEPTED {f.path}: [{f.check}] {f.message} (why: {why})" for f, why in self.accepted]
+    def verdict(self) -> str:
+        outcome = "ok" if self.ok else f"FAILED, {len(self.findings)} finding(s)"
+        accepted = f", {len(self.accepted)} accepted finding(s) (--show-accepted lists them)" if self.accepted else ""
+        return f"audit: {outcome}{accepted}; {len(self.checked)} file(s) checked, {len(self.records)} run record(s)"
+
+    def as_text(self, show_accepted: bool = False) -> str:
+        """The verdict, then each finding; the accepted ones (and why) only when asked for."""
+        lines = [self.verdict()]
         lines += [f"FAIL {f.path}: [{f.check}] {f.message}" for f in self.findings]
-        verdict = "ok" if self.ok else f"{len(self.findings)} finding(s)"
-        extra = f", {len(self.accepted)} accepted" if self.accepted else ""
-        lines.append(f"audit: {len(self.checked)} file(s) checked, {verdict}{extra}")
+        if show_accepted:
+            lines += [f"ACCEPTED {f.path}: [{f.check}] {f.message} (why: {why})" for f, why in self.accepted]
         return "\n".join(lines)
 
 
@@ -282,7 +294,7 @@ def audit_manifest(manifest: Path, result: AuditResult) -> set[Path]:
             read_published(path)
         except AlignattError as e:
             result.add(str(path), "schema", str(e))
-    for stray in sorted(folder.glob("*.json")):
+    for stray in sorted(p for p in folder.rglob("*") if p.is_file() and p.resolve() != manifest.resolve()):
         if stray.resolve() not in covered:
             result.add(str(stray), "hash", f"beside {manifest} but not listed in it")
             covered.add(stray.resolve())
@@ -325,11 +337,34 @@ def audit_report(root: Path, result: AuditResult) -> None:
         result.add(str(report_path(root, params)), "report", stale)
 
 
-def run_audit(paths: list[str] | None = None, root: str | Path = ".", report: bool = True) -> AuditResult:
+def audit_records(root: Path, targets: list[Path], trusted: list[Path] | None, result: AuditResult) -> None:
+    """Every file under the targets against its signed run record (alignatt.record.verify)."""
+    from alignatt.record.signing import Verifier
+    from alignatt.record.verify import check_records, record_findings, recorded_files, trusted_signers
+
+    with Verifier(trusted_signers(root, trusted)) as verifier:
+        records = check_records(root, verifier)
+    for c in records:
+        predicate = c.record.predicate if c.record else None
+        result.records.append({
+            "path": c.path, "accepted": c.problem is None, "problem": c.problem, "signed_by": c.principal,
+            "recorded": predicate.recorded if predicate else None,
+            "finished_utc": predicate.finished_utc if predicate else None,
+            "files": len(c.record.subject) if c.record else 0})
+    base = root.resolve()
+    result.checked += [str(root / p.relative_to(base)) for p in recorded_files(root, targets) if p.suffix != ".json"]
+    for path, message in record_findings(root, targets, records):
+        result.add(str(root / path), "record", message)
+
+
+def run_audit(paths: list[str] | None = None, root: str | Path = ".", report: bool = True,
+              trusted: list[Path] | None = None) -> AuditResult:
+    """The whole audit. `trusted`: allowed_signers files or public keys trusted for this audit only."""
     root = Path(root)
     targets = [Path(p) for p in paths] if paths else [root / "outputs"]
     result = AuditResult()
     files = _json_files(targets)
+    audit_records(root, targets, trusted, result)
     covered: set[Path] = set()
     manifests = sorted({f.parent / MANIFEST for f in files if (f.parent / MANIFEST).exists()})
     manifests += [t for t in targets if t.name == MANIFEST and t not in manifests]
@@ -352,7 +387,7 @@ def run_audit(paths: list[str] | None = None, root: str | Path = ".", report: bo
             result.add(str(published), "hash", f"no {MANIFEST}: the historical artifacts cannot be checked")
         if report:
             audit_report(root, result)
-    apply_acceptances(root, result)
+    apply_acceptances(root, result, targets)
     return result
 
 
@@ -368,12 +403,16 @@ def load_acceptances(path: Path) -> list[Acceptance]:
         raise AlignattError(f"{path}: each entry needs path, check, message and reason ({e})") from None
 
 
-def apply_acceptances(root: Path, result: AuditResult) -> None:
-    """Move explained findings to `accepted`; an acceptance that explains nothing is a finding."""
+def apply_acceptances(root: Path, result: AuditResult, targets: list[Path] | None = None) -> None:
+    """Move explained findings to `accepted`; an acceptance that explains nothing is a finding (when
+    its file is among what was audited: auditing one folder does not make the others' stale)."""
     path = root / ACCEPTED
+    scope = [t.resolve() for t in targets or [root / "outputs"]]
     for acc in load_acceptances(path):
         hits = [f for f in result.findings if acc.matches(f, root)]
-        if not hits:
+        accepted_file = (root / acc.path).resolve()
+        audited = any(t == accepted_file or t in accepted_file.parents for t in scope)
+        if not hits and audited:
             result.add(str(path), "accepted", f"accepts no current finding: {acc.path} [{acc.check}] {acc.message!r}")
         for f in hits:
             result.findings.remove(f)

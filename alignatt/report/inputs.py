@@ -34,6 +34,8 @@ class ReportInputs:
     measurements: list[tuple[str, MeasurementArtifact]]
     # every valid artifact by kind, for figures and for kinds other stages add (load, eval, ...)
     by_kind: dict[str, list[tuple[str, Any]]] = field(default_factory=dict)
+    # who signed which run, as each run record says (`alignatt audit` verifies the signatures)
+    run_records: list[dict[str, Any]] = field(default_factory=list)
 
     def of_kind(self, kind: str) -> list[tuple[str, Any]]:
         return self.by_kind.get(kind, [])
@@ -47,6 +49,43 @@ def relative(root: Path, path: Path) -> str:
         return path.resolve().relative_to(root.resolve()).as_posix()
     except ValueError:
         return path.as_posix()
+
+
+def _command(argv: list[str]) -> str:
+    """The command as a reader would type it: `python -m alignatt` is `alignatt`."""
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "-m" and argv[i + 1] == "alignatt":
+            argv = ["alignatt", *argv[i + 2:]]
+            break
+    text = " ".join(argv)
+    return text if len(text) <= 90 else text[:89] + "…"
+
+
+def run_record_rows(root: Path) -> list[dict[str, Any]]:
+    """One row per run record: what it recorded, how, who signed it, and of how many files it is
+    the current record (a newer record of the same file supersedes it)."""
+    from alignatt.record.attestation import read_record, record_files, signature_path
+
+    records = []
+    for path in record_files(root):
+        try:
+            record, _ = read_record(path)
+        except AlignattError:
+            continue  # not a run record: `alignatt audit` reports it
+        records.append((relative(root, path), record, signature_path(path).exists()))
+    newest: dict[str, str] = {}
+    for rel, record, _ in sorted(records, key=lambda t: (t[1].predicate.finished_utc, t[0])):
+        for name in record.digests():
+            newest[name] = rel
+    rows = []
+    for rel, record, signed in records:
+        p = record.predicate
+        signer = f"{p.signer.principal} (`{p.signer.key[:19]}…`)" if p.signer and signed else "**unsigned**"
+        rows.append(dict(path=rel, recorded=p.recorded, signer=signer,
+                         when=p.finished_utc.replace("T", " ").removesuffix("Z"), commit=(p.commit or "—")[:12],
+                         command=_command(p.command), files=len(record.subject),
+                         current=sum(1 for who in newest.values() if who == rel)))
+    return rows
 
 
 def collect_inputs(root: Path, params: dict[str, Any]) -> ReportInputs:
@@ -77,4 +116,4 @@ def collect_inputs(root: Path, params: dict[str, Any]) -> ReportInputs:
             envs.append((rel, artifact))
         elif isinstance(artifact, MeasurementArtifact):
             measurements.append((rel, artifact))
-    return ReportInputs(root, params, published, runs, smokes, envs, measurements, by_kind)
+    return ReportInputs(root, params, published, runs, smokes, envs, measurements, by_kind, run_record_rows(root))

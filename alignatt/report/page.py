@@ -348,6 +348,7 @@ def build_context(inputs: ReportInputs, figures: list[Figure] | None = None) -> 
         exactness=exactness,
         served=served_criterion(exactness, scored_mode),
         independence=load_independence(inputs),
+        run_records=inputs.run_records,  # who signed which run (alignatt.report.inputs)
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,16 +12,32 @@ from typer.testing import CliRunner
 from alignatt.report import page as report
 from alignatt.report.audit import run_audit
 from alignatt.cli import app
+from tests.record.signing_keys import attest_tree, throwaway_key, trust
 from tests.support.report_fixtures import bench_artifact, build_tree, write_run
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory):
+    """A trusted signer and one nobody trusts (throwaway keys, made once for this module)."""
+    folder = tmp_path_factory.mktemp("keys")
+    return throwaway_key(folder, "measuring-host"), throwaway_key(folder, "stranger")
+
+
 @pytest.fixture
-def tree(tmp_path) -> Path:
+def tree(tmp_path, keys) -> Path:
     root = build_tree(tmp_path / "project")
+    trust(root, keys[0])
+    attest_tree(root, keys[0])
     report.write_report(root)
     return root
+
+
+def _resign(tree: Path, key) -> None:
+    """What a holder of the trusted key can do after an edit: sign the files as they now are."""
+    attest_tree(tree, key)
+    report.write_report(tree)
 
 
 def _audit(root: Path):
@@ -89,14 +106,14 @@ def test_provenance_gaps_are_flagged(tree):
     assert any("uncommitted changes" in m for m in messages)
 
 
-def test_a_row_is_never_combined_across_gpus_or_stacks(tree):
+def test_a_row_is_never_combined_across_gpus_or_stacks(tree, keys):
     """A graphed run on another GPU and torch than the eager run: its row is not combined with the
     eager run's HF figures (so the audit finds no combined row), and says why."""
     other = bench_artifact("h200", "cudagraph", {"vllm_capture": 0.25}, True, True)
     other.provenance.gpus[0].name = "NVIDIA H100 80GB HBM3"
     other.provenance.torch = "2.10.0+cu128"
     write_run(tree, "h200", {"cudagraph": other})
-    report.write_report(tree)
+    _resign(tree, keys[0])
     result = _audit(tree)
     assert not [f for f in result.findings if f.check == "combined-row"], result.as_text()
     assert "HF seams not shown" in (tree / "reports/BENCHMARKS.md").read_text()
@@ -160,22 +177,23 @@ def test_the_repository_passes_its_own_audit():
     assert result.ok, result.as_text()
 
 
-def _dirty_env(tree: Path) -> Path:
+def _dirty_env(tree: Path, key) -> Path:
     env = tree / "outputs/cpu/env.json"
     _edit_json(env, lambda d: d["provenance"].update(git_dirty=True))
-    report.write_report(tree)
+    _resign(tree, key)
     return env
 
 
-def test_an_explained_finding_can_be_accepted(tree):
-    env = _dirty_env(tree)
+def test_an_explained_finding_can_be_accepted(tree, keys):
+    env = _dirty_env(tree, keys[0])
     assert (env.name, "provenance") in _checks(_audit(tree))
     (tree / "outputs/accepted-findings.yaml").write_text(
         f"- path: {env.relative_to(tree)}\n  check: provenance\n  message: uncommitted changes\n  reason: examined\n")
     result = _audit(tree)
     assert result.ok, result.as_text()
     assert [(Path(f.path).name, why) for f, why in result.accepted] == [(env.name, "examined")]
-    assert "ACCEPTED" in result.as_text()
+    assert "ACCEPTED" not in result.as_text() and "1 accepted finding(s)" in result.as_text().splitlines()[0]
+    assert "ACCEPTED" in result.as_text(show_accepted=True)
 
 
 def test_an_acceptance_that_explains_nothing_is_a_finding(tree):
@@ -216,3 +234,142 @@ def test_an_eval_may_score_another_model_than_the_fingerprint_but_not_on_another
     assert [c for c in _checks(_audit(tree)) if c[1] == "fingerprint"] == []
     _eval_beside_the_fingerprint(tree, model_id="google/gemma-3-270m", model_revision="r", torch="9.9.9")
     assert [c for c in _checks(_audit(tree)) if c[1] == "fingerprint"] == [("eval.json", "fingerprint")]
+
+
+# ---- run records: a hand-edit cannot pass once the page is re-rendered ------------------------
+
+
+def _record_findings(result) -> list[tuple[str, str]]:
+    return [(Path(f.path).name, f.message) for f in result.findings if f.check == "record"]
+
+
+def test_a_forged_headline_figure_fails_the_audit_after_the_page_is_re_rendered(tmp_path, keys):
+    """The forgery of issue 42: the 128-speaker p95 in a copy of outputs/h200/load.json edited
+    (317 -> 217 ms), the page re-rendered; the page is fresh, yet the audit names the file."""
+    root = build_tree(tmp_path / "project")
+    load = root / "outputs/h200/load.json"
+    shutil.copy(ROOT / "outputs/h200/load.json", load)
+    trust(root, keys[0])
+    attest_tree(root, keys[0])
+    report.write_report(root)
+    assert _record_findings(_audit(root)) == []
+
+    def forge(d):
+        [level] = [lv for lv in d["levels"] if lv["speakers"] == 128 and round(lv["partial_rtt_ms_p95"]) == 317]
+        level["partial_rtt_ms_p95"] -= 100  # the headline (served configuration, 128 speakers): 317 -> 217 ms
+    _edit_json(load, forge)
+    report.write_report(root)  # `dvc repro -s report`: the page now agrees with the forged file
+    result = _audit(root)
+    assert not [f for f in result.findings if f.check == "report"]
+    assert not result.ok
+    assert [(name, "changed after it was recorded" in m) for name, m in _record_findings(result)] == [("load.json", True)]
+    assert result.as_text().splitlines()[1].startswith(f"FAIL {load}: [record] SHA-256")
+
+
+def test_an_edited_instance_log_is_found(tmp_path, keys):
+    root = build_tree(tmp_path / "project")
+    logs = root / "outputs/h200/eval_instances"
+    shutil.copytree(ROOT / "outputs/h200/eval_instances/vllm_capture-fullgraph.inprocess.balanced.gold", logs / "run")
+    trust(root, keys[0])
+    attest_tree(root, keys[0])
+    report.write_report(root)
+    assert _record_findings(_audit(root)) == []
+    edited = next(p for p in sorted((logs / "run").rglob("*")) if p.is_file())
+    edited.write_bytes(edited.read_bytes().replace(b"e", b"a", 1))
+    assert [name for name, _ in _record_findings(_audit(root))] == [edited.name]
+
+
+def test_an_unlisted_file_under_published_is_found(tree):
+    extra = tree / "outputs/published/figures_extra.csv"
+    extra.write_text("speakers,p95\n128,217\n")
+    result = _audit(tree)
+    assert (extra.name, "hash") in _checks(result)  # not in SHA256SUMS
+    assert (extra.name, "record") in _checks(result)  # and no run record
+
+
+def test_a_re_listed_published_file_is_found(tree):
+    """A historical figure edited with its SHA256SUMS line updated: the manifest is itself recorded."""
+    import hashlib
+
+    folder = tree / "outputs/published"
+    name = "mt_capture_speed_benchmark_eager_20260702.json"
+    (folder / name).write_bytes((folder / name).read_bytes().replace(b"72.4", b"62.4", 1))
+    digest = hashlib.sha256((folder / name).read_bytes()).hexdigest()
+    sums = folder / "SHA256SUMS"
+    sums.write_text("".join(f"{digest}  {name}\n" if line.endswith(f"  {name}") else line + "\n"
+                            for line in sums.read_text().splitlines()))
+    report.write_report(tree)
+    assert {n for n, _ in _record_findings(_audit(tree))} == {name, "SHA256SUMS"}
+
+
+def test_an_unsigned_run_record_is_found(tree):
+    record = tree / "outputs/run-records/imported/cpu.intoto.jsonl"
+    Path(str(record) + ".sig").unlink()
+    found = _record_findings(_audit(tree))
+    assert ("cpu.intoto.jsonl", "run record not accepted: unsigned (no .sig beside it)") in found
+    assert any(name == "bench_eager.json" and "is not accepted: unsigned" in m for name, m in found)
+
+
+def test_a_run_record_signed_by_an_unknown_key_is_found_unless_trusted_for_this_audit(tree, keys):
+    stranger = keys[1]
+    attest_tree(tree, stranger)  # a stranger signs every file as it is
+    found = _record_findings(_audit(tree))
+    assert any(name == "server_smoke.json" and "not trusted" in m for name, m in found), found
+    # a CI run's ephemeral key, trusted for its own audit only
+    pub = Path(str(stranger.path) + ".pub")
+    assert _record_findings(run_audit(root=tree, trusted=[pub])) == []
+
+
+def test_a_run_record_edited_after_signing_is_found(tree):
+    record = tree / "outputs/run-records/imported/h200.intoto.jsonl"
+    record.write_bytes(record.read_bytes().replace(b'"recorded":"at import"', b'"recorded":"at measurement"'))
+    found = _record_findings(_audit(tree))
+    assert ("h200.intoto.jsonl", "run record not accepted: the signature does not match the record "
+            "(edited after signing)") in found
+
+
+def test_an_older_record_does_not_vouch_for_a_newer_file(tree, keys):
+    """Once a file is re-recorded, its earlier signed version no longer passes (no rollback)."""
+    import time
+
+    smoke = tree / "outputs/cpu/server_smoke.json"
+    old = smoke.read_bytes()
+    old_record = (tree / "outputs/run-records/imported/cpu.intoto.jsonl")
+    kept = tree / "outputs/run-records/kept/cpu-old.intoto.jsonl"
+    kept.parent.mkdir(parents=True)
+    shutil.copy(old_record, kept)
+    shutil.copy(str(old_record) + ".sig", str(kept) + ".sig")
+    time.sleep(1.1)  # records order by their finishing second
+    _edit_json(smoke, lambda d: d.update(updates=43))
+    _resign(tree, keys[0])
+    assert _record_findings(_audit(tree)) == []
+    smoke.write_bytes(old)  # back to the version the older record lists
+    report.write_report(tree)
+    assert [n for n, _ in _record_findings(_audit(tree))] == ["server_smoke.json"]
+
+
+def test_audit_output_leads_with_its_verdict(tree, monkeypatch, keys):
+    _dirty_env(tree, keys[0])
+    (tree / "outputs/accepted-findings.yaml").write_text(
+        "- path: outputs/cpu/env.json\n  check: provenance\n  message: uncommitted changes\n  reason: examined\n")
+    (tree / "outputs/cpu/notes.csv").write_text("a\n")
+    monkeypatch.chdir(tree)
+    runner = CliRunner()
+    out = runner.invoke(app, ["audit"])
+    lines = out.output.splitlines()
+    assert out.exit_code == 1
+    assert lines[0].startswith("audit: FAILED, 1 finding(s), 1 accepted finding(s)")
+    assert lines[1:] == [f"FAIL outputs/cpu/notes.csv: [record] {_record_findings(_audit(tree))[0][1]}"]
+    shown = runner.invoke(app, ["audit", "--show-accepted"]).output
+    assert "ACCEPTED outputs/cpu/env.json: [provenance]" in shown
+    data = json.loads(runner.invoke(app, ["audit", "--json"]).output)
+    assert data["verdict"] == lines[0] and len(data["accepted"]) == 1
+    assert {r["recorded"] for r in data["records"]} == {"at import"} and all(r["accepted"] for r in data["records"])
+    bad = runner.invoke(app, ["audit", "--trust", "no/such.pub"])
+    assert bad.exit_code == 2 and "no/such.pub" in bad.output and len(bad.output.strip().splitlines()) == 1
+
+
+def test_the_page_says_who_signed_which_run(tree):
+    page = (tree / "reports/BENCHMARKS.md").read_text()
+    assert "## Who signed which run" in page
+    assert "| `outputs/run-records/imported/cpu.intoto.jsonl` | at import | measuring-host (`SHA256:" in page

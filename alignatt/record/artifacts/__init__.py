@@ -135,4 +135,7 @@ def write_artifact(path: str | Path, artifact: BaseModel) -> Path:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(artifact_json(artifact), encoding="utf-8")
     tmp.replace(path)  # never leave a half-written artifact behind
+    from alignatt.record.recorder import note_written
+
+    note_written(path)  # its digest as written, for the stage's run record
     return path
