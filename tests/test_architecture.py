@@ -54,10 +54,18 @@ def _import_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for name, path in modules.items():
         for target in imported_names(ast.parse(path.read_text()), name, path.name == "__init__.py"):
-            # a package's __init__ holds only its docstring here, so importing through it is no edge
-            if target in modules and target != name and modules[target].name != "__init__.py":
+            # importing through a package whose __init__ holds only its docstring is no edge; one
+            # with code (record/artifacts: the Artifact union, load, write) is a module like any other
+            if target in modules and target != name and not _docstring_only(modules[target]):
                 graph[name].add(target)
     return graph
+
+
+def _docstring_only(path: Path) -> bool:
+    if path.name != "__init__.py":
+        return False
+    body = ast.parse(path.read_text()).body
+    return all(isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) for node in body)
 
 
 def layer_of(module: str) -> str:

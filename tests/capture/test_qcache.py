@@ -11,7 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from alignatt.core.draft import Head, attention_row
+from alignatt.capture.attention import attention_row
+from alignatt.core.draft import Head
 from alignatt.core.errors import AlignattError
 from alignatt.checks.graph_replay import CpuReplayGraph, naive_vs_fixed
 from alignatt.core.layout import AttentionLayout

@@ -12,7 +12,8 @@ import torch
 from alignatt.capture.vllm.batched import Packer
 from alignatt.capture.vllm.fetch import BatchFetcher, EngineView, FetchItem, LayerSource
 from alignatt.capture.vllm.qcache import QueryCache, head_order, kernel_block_ids, plan_capture, slots_for_positions
-from alignatt.core.draft import Head, attention_row
+from alignatt.capture.attention import attention_row
+from alignatt.core.draft import Head
 from alignatt.core.layout import AttentionLayout, LayerAttention
 
 HEADS = [Head(0, 1), Head(1, 3), Head(2, 2), Head(0, 3)]

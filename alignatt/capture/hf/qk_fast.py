@@ -18,7 +18,8 @@ import torch
 
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from alignatt.core.draft import Acceptance, Head, Timings, attention_row
+from alignatt.capture.attention import attention_row
+from alignatt.core.draft import Acceptance, Head, Timings
 from alignatt.core.errors import AlignattError
 from alignatt.capture.hf.base import HFCaptureSeam, decoder_layers, key_positions, rows_buffer
 from alignatt.capture.hf.static_decode import StaticDecoder, bucket_length, verify_then_greedy

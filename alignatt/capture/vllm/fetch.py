@@ -43,7 +43,8 @@ from alignatt.capture.vllm.qcache import (
     slots_for_positions,
     split_rows,
 )
-from alignatt.core.draft import DraftRequest, sync
+from alignatt.capture.attention import sync
+from alignatt.core.draft import DraftRequest
 
 
 @dataclass

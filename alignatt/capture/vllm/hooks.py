@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 import torch
 
-from alignatt.core.draft import sync
+from alignatt.capture.attention import sync
 from alignatt.capture.names import PINNED_VLLM  # noqa: F401 - engine.py reads it from here
 from alignatt.capture.vllm.qcache import LayerPlan, QueryCache
 from alignatt.models.synthetic_init import HFLikeInit, hf_like_init

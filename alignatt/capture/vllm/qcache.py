@@ -20,7 +20,8 @@ from typing import Sequence
 
 import torch
 
-from alignatt.core.draft import Head, attention_row
+from alignatt.capture.attention import attention_row
+from alignatt.core.draft import Head
 from alignatt.core.errors import AlignattError
 from alignatt.core.layout import AttentionLayout
 
