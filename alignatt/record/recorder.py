@@ -152,10 +152,9 @@ def _same_run(path: Path, record: RunRecord, signed: bool) -> bool:
 
 def record_run(cmd: list[str], env: dict[str, str], root: Path, params: dict[str, Any]) -> int:
     """Run a stage command and leave its signed run record; the command's exit status (2 if recording fails)."""
-    from alignatt.pipeline.params import profile_of
     from alignatt.record.signing import load_signing_key, signing_key_path
 
-    profile, _ = profile_of(params)
+    profile = str(params.get("profile") or "default")  # the folder under outputs/run-records/
     try:
         key_path = signing_key_path(root)
         signing_key = load_signing_key(key_path) if key_path else None

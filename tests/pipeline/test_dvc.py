@@ -154,6 +154,11 @@ def _project_copy(dest: Path) -> Path:
     (dest / "reports").mkdir()
     shutil.copy(ROOT / "reports" / "BENCHMARKS.md.j2", dest / "reports")
     shutil.copytree(ROOT / "outputs" / "published", dest / "outputs" / "published")
+    # the published files' signed import record, and the trusted keys it verifies with (alignatt.record)
+    shutil.copytree(ROOT / "keys", dest / "keys", ignore=shutil.ignore_patterns("private"))
+    (dest / "outputs/run-records/imported").mkdir(parents=True)
+    for name in ("published.intoto.jsonl", "published.intoto.jsonl.sig"):
+        shutil.copy(ROOT / "outputs/run-records/imported" / name, dest / "outputs/run-records/imported" / name)
     (dest / ".gitignore").write_text("__pycache__/\n/.dvc/tmp\n/.dvc/cache\n")
     subprocess.run(["git", "init", "-q"], cwd=dest, check=True)
     _commit(dest, "copy")
@@ -205,7 +210,12 @@ def test_repro_is_incremental(tmp_path):
     template edit re-renders only the page; a changed machine fingerprint re-measures."""
     project = _project_copy(tmp_path)
     _bench_and_report_only(project)
-    first = dvc(project, "repro", env=FAKE_ENV)
+    from tests.record.signing_keys import throwaway_key
+
+    # a CI run's own key (outside the project: not its code), trusted for its own audit only
+    key = throwaway_key(tmp_path.with_name(tmp_path.name + "-keys"), "ci-ephemeral")
+    env = {**FAKE_ENV, "ALIGNATT_SIGNING_KEY": str(key.path)}
+    first = dvc(project, "repro", env=env)
     assert ran_stages(first) == ["env", "gpu-tests", "bench@eager", "bench@cudagraph", "bench@fullgraph", "report"], first
     out = project / "outputs" / "cpu"
     assert sorted(p.name for p in out.iterdir()) == [
@@ -224,10 +234,10 @@ def test_repro_is_incremental(tmp_path):
     assert "| eager | gemma3-270m |" in page and "2026-07-02 (published)" in page
     assert "](figures/latency_by_prompt_length_cpu.svg)" in page
     assert (project / "reports" / "figures" / "latency_by_prompt_length_cpu.svg").exists()
-    assert "metrics" in dvc(project, "metrics", "show", "--json", env=FAKE_ENV)
+    assert "metrics" in dvc(project, "metrics", "show", "--json", env=env)
     from alignatt.report.audit import run_audit
 
-    result = run_audit(root=project)  # exactly the fake seams are flagged, nothing else
+    result = run_audit(root=project, trusted=[Path(f"{key.path}.pub")])  # exactly the fake seams are flagged
     assert sorted((Path(f.path).name, f.check) for f in result.findings) == [
         ("bench_cudagraph.json", "provenance"), ("bench_eager.json", "provenance"),
         ("bench_fullgraph.json", "provenance"),
@@ -236,15 +246,15 @@ def test_repro_is_incremental(tmp_path):
     lock = (project / "dvc.lock").read_text()
     snapshot = {p: p.read_bytes() for p in out.iterdir()}
 
-    second = dvc(project, "repro", env=FAKE_ENV)
+    second = dvc(project, "repro", env=env)
     assert ran_stages(second) == ["env"], second  # the always-changed machine check, nothing else
     assert {p: p.read_bytes() for p in out.iterdir()} == snapshot
     assert (project / "dvc.lock").read_text() == lock
-    assert "bench@eager" not in dvc(project, "status", env=FAKE_ENV)
+    assert "bench@eager" not in dvc(project, "status", env=env)
 
     template = project / "reports" / "BENCHMARKS.md.j2"
     template.write_text(template.read_text() + "\nEdited.\n")
-    third = dvc(project, "repro", env=FAKE_ENV)
+    third = dvc(project, "repro", env=env)
     assert ran_stages(third) == ["env", "report"], third
     assert (project / "reports" / "BENCHMARKS.md").read_text().endswith("Edited.\n")
     assert {p: p.read_bytes() for p in out.iterdir()} == snapshot
@@ -254,7 +264,7 @@ def test_repro_is_incremental(tmp_path):
     site = tmp_path / "site" / "triton-9.9.0.dist-info"
     site.mkdir(parents=True)
     (site / "METADATA").write_text("Metadata-Version: 2.1\nName: triton\nVersion: 9.9.0\n")
-    upgraded = {**FAKE_ENV, "PYTHONPATH": f"{ROOT}{os.pathsep}{site.parent}"}
+    upgraded = {**env, "PYTHONPATH": f"{ROOT}{os.pathsep}{site.parent}"}
     fourth = dvc(project, "repro", env=upgraded)
     assert ran_stages(fourth) == ["env", "gpu-tests", "bench@eager", "bench@cudagraph", "bench@fullgraph",
                                   "report"], fourth
