@@ -12,7 +12,7 @@ Findings, each with the file and a plain message:
   a container image) or measured from uncommitted code;
 - `hash`: a historical artifact whose SHA-256 is not the one in its `SHA256SUMS`, a listed file
   that is missing, or any file under a manifest's folder that the manifest does not list;
-- `derived`: DVC metrics / plot data that no longer match the bench artifact beside them;
+- `derived`: DVC metrics / plot data that no longer match the bench, load or eval artifact beside them;
 - `fingerprint`: a bench, smoke, load or eval artifact whose provenance says it ran on another machine or
   stack than the `fingerprint.json` in its folder (what DVC decided to skip or re-run on);
 - `combined-row`: a report row built from several artifacts that disagree on date, GPU, model
@@ -184,6 +184,25 @@ def _check_derived(path: Path, artifact: BenchArtifact, rel: str, result: AuditR
             result.add(str(plot), "derived", f"plot data do not match {rel}: re-run the bench stage")
 
 
+def _check_load_derived(path: Path, artifact: LoadArtifact, rel: str, result: AuditResult) -> None:
+    """A load artifact's DVC metrics (`<stem>_metrics.json`) and plot data (`<stem>_rtt.csv`) must
+    still be what the load stage derives from it."""
+    import tempfile
+
+    from alignatt.measure.capacity import write_metrics, write_plot
+
+    with tempfile.TemporaryDirectory(prefix="alignatt-audit-") as tmp:
+        for derived, write in ((path.with_name(f"{path.stem}_metrics.json"), write_metrics),
+                               (path.with_name(f"{path.stem}_rtt.csv"), write_plot)):
+            if not derived.exists():
+                continue
+            result.checked.append(str(derived))
+            fresh = Path(tmp) / derived.name
+            write(fresh, artifact)
+            if fresh.read_bytes() != derived.read_bytes():
+                result.add(str(derived), "derived", f"does not match {rel}: re-run the load stage")
+
+
 def audit_artifact(path: Path, result: AuditResult):
     """Check one artifact; the parsed artifact, or None when it does not validate (a finding)."""
     rel = str(path)
@@ -204,6 +223,8 @@ def audit_artifact(path: Path, result: AuditResult):
         result.add(rel, "provenance", gap)
     if isinstance(artifact, BenchArtifact):
         _check_derived(path, artifact, rel, result)
+    if isinstance(artifact, LoadArtifact):
+        _check_load_derived(path, artifact, rel, result)
     if isinstance(artifact, (BenchArtifact, ServerSmokeArtifact, LoadArtifact, EvalArtifact)):
         _check_fingerprint(path, artifact, rel, result)
     if isinstance(artifact, EvalArtifact):

@@ -373,3 +373,15 @@ def test_the_page_says_who_signed_which_run(tree):
     page = (tree / "reports/BENCHMARKS.md").read_text()
     assert "## Who signed which run" in page
     assert "| `outputs/run-records/imported/cpu.intoto.jsonl` | at import | measuring-host (`SHA256:" in page
+
+
+def test_load_metrics_and_plot_data_must_re_derive_from_the_load_artifact(tmp_path, keys):
+    root = build_tree(tmp_path / "project")
+    for name in ("load.json", "load_metrics.json", "load_rtt.csv"):
+        shutil.copy(ROOT / "outputs/h200" / name, root / "outputs/h200" / name)
+    assert not [f for f in run_audit(root=root, report=False).findings if f.check == "derived"]
+    plot = root / "outputs/h200/load_rtt.csv"
+    plot.write_text(plot.read_text().replace("317.481", "217.481"))
+    _edit_json(root / "outputs/h200/load_metrics.json", lambda d: d.update(extra=1))
+    derived = [Path(f.path).name for f in run_audit(root=root, report=False).findings if f.check == "derived"]
+    assert sorted(derived) == ["load_metrics.json", "load_rtt.csv"]
