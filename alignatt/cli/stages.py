@@ -193,7 +193,7 @@ def attest_cmd(
     records = (root / RECORDS_DIR).resolve()
     folders = folders or sorted(p for p in outputs.iterdir() if p.is_dir() and p.resolve() != records)
     for path, count in attest_imported(root, list(folders), load_signing_key(key_path), note):
-        typer.echo(f"wrote {path}: {count} file(s), signed at import")
+        typer.echo(f"wrote {path.relative_to(root.resolve())}: {count} file(s), signed at import by {key_path}")
 
 
 # ---- GPU correctness checks of the vLLM seam (alignatt.checks.vllm_checks) ----

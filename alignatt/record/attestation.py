@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from alignatt.core.errors import AlignattError
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
-PREDICATE_TYPE = "https://github.com/alignatt/alignatt/run-record/v1"
+PREDICATE_TYPE = "https://alignatt.invalid/run-record/v1"  # names this predicate; resolves nowhere (.invalid)
 RECORDS_DIR = Path("outputs/run-records")
 SUFFIX = ".intoto.jsonl"
 AT_MEASUREMENT = "at measurement"

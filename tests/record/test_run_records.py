@@ -127,3 +127,23 @@ def test_a_bare_public_key_is_trusted_under_its_comment(key, tmp_path):
     with Verifier(text) as v:
         assert v.signer_of(data.read_bytes(), sig) == ("ci-ephemeral", "")
         assert v.signer_of(b"other bytes", sig)[0] is None
+
+
+def test_attest_from_the_command_line(project, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from alignatt.cli import app
+
+    runner = CliRunner()
+    missing = runner.invoke(app, ["attest"])
+    assert missing.exit_code == 2 and "no signing key" in missing.output
+    assert len(missing.output.strip().splitlines()) == 1
+    made = runner.invoke(app, ["attest", "--new-key", "dev-host"])
+    assert made.exit_code == 0 and (project / "keys/private/signing_key").exists()
+    assert (project / "keys/allowed_signers").read_text().startswith('dev-host namespaces="alignatt-run-record" ')
+    again = runner.invoke(app, ["attest", "--new-key", "dev-host"])
+    assert again.exit_code == 2 and "not overwriting a key" in again.output
+    (project / "outputs/cpu/old.json").write_text("{}\n")
+    done = runner.invoke(app, ["attest"])
+    assert done.exit_code == 0 and "outputs/run-records/imported/cpu.intoto.jsonl: 1 file(s)" in done.output
+    assert _findings(project, []) == []
