@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from alignatt.capture.attention import sync
 from alignatt.core.draft import (
     Acceptance, Draft, DraftRequest, Head, Timings, TokenCapture, accept_proposal, add_acceptance, agreeing_prefix,
-    sync,
 )
 from alignatt.core.errors import AlignattError
 from alignatt.models.presets import LoadedModel
