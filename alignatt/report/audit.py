@@ -103,7 +103,8 @@ class AuditResult:
     def verdict(self) -> str:
         outcome = "ok" if self.ok else f"FAILED, {len(self.findings)} finding(s)"
         accepted = f", {len(self.accepted)} accepted finding(s) (--show-accepted lists them)" if self.accepted else ""
-        return f"audit: {outcome}{accepted}; {len(self.checked)} file(s) checked, {len(self.records)} run record(s)"
+        files = len({str(Path(p).resolve()) for p in self.checked})
+        return f"audit: {outcome}{accepted}; {files} file(s) checked, {len(self.records)} run record(s)"
 
     def as_text(self, show_accepted: bool = False) -> str:
         """The verdict, then each finding; the accepted ones (and why) only when asked for."""
@@ -373,7 +374,7 @@ def audit_records(root: Path, targets: list[Path], trusted: list[Path] | None, r
             "finished_utc": predicate.finished_utc if predicate else None,
             "files": len(c.record.subject) if c.record else 0})
     base = root.resolve()
-    result.checked += [str(root / p.relative_to(base)) for p in recorded_files(root, targets) if p.suffix != ".json"]
+    result.checked += [str(root / p.relative_to(base)) for p in recorded_files(root, targets)]
     for path, message in record_findings(root, targets, records):
         result.add(str(root / path), "record", message)
 
