@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 from alignatt.core.errors import AlignattError
-from alignatt.record.artifacts import sha256_file
+from alignatt.record.digest import sha256_file
 from alignatt.record.attestation import (AT_IMPORT, AT_MEASUREMENT, RECORDS_DIR, SUFFIX, RunPredicate, RunRecord,
                                          Signer, Subject, read_record, record_files, signature_path, write_record)
 from alignatt.record.provenance import git_state, utc_now

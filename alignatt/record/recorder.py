@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from alignatt.core.errors import AlignattError
-from alignatt.record.artifacts import sha256_file
+from alignatt.record.digest import sha256_file
 from alignatt.record.attestation import (AT_MEASUREMENT, RECORDS_DIR, SUFFIX, RunPredicate, RunRecord, Signer,
                                          Subject, read_record, signature_path, write_record)
 from alignatt.record.provenance import params_changes, utc_now

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from alignatt.core.errors import AlignattError
-from alignatt.record.artifacts import sha256_file
+from alignatt.record.digest import sha256_file
 from alignatt.record.attestation import RECORDS_DIR, RunRecord, read_record, record_files, signature_path
 from alignatt.record.signing import ALLOWED_SIGNERS, Verifier, trusted_lines
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Annotated, Any, Union
@@ -21,6 +20,7 @@ from alignatt.record.artifacts.evaluation import (EvalArtifact, EvalInterval, Ev
 from alignatt.record.artifacts.load import (CaptureCostRow, FailoverArtifact, FailoverSession, LoadArtifact,
                                             LoadEngine, LoadLevel, LoadVerification, SoakArtifact, VerifyEquality)
 from alignatt.record.artifacts.suite import GpuTestCase, GpuTestsArtifact, measured_on_gpu
+from alignatt.record.digest import sha256_file
 
 __all__ = [  # the schema's public names, wherever they are defined
     "ARTIFACT_SCHEMA_VERSION", "BENCH_FILE", "FINGERPRINT_FILE", "KNOWN_SEAMS", "TIMING_KEYS", "Check", "EnvArtifact",
@@ -51,15 +51,6 @@ def parse_artifact(data: Any) -> AnyArtifact:
             f"(this alignatt reads version {ARTIFACT_SCHEMA_VERSION})"
         )
     return _ARTIFACT.validate_python(data)
-
-
-def sha256_file(path: str | Path) -> str:
-    """Hex SHA-256 of a file, read in blocks (artifacts here; multi-GB images in the wrapper)."""
-    sha = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            sha.update(block)
-    return sha.hexdigest()
 
 
 def load_json(path: str | Path) -> Any:
