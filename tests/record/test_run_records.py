@@ -72,7 +72,8 @@ def test_a_stage_leaves_a_signed_record_of_every_file_it_wrote(project, key, mon
     pub = Path(str(key.path) + ".pub")
     assert _findings(project, [pub]) == []  # its key trusted for this audit only
     untrusted = _findings(project, [])  # not otherwise
-    assert {n for n, _ in untrusted} == {"outputs/cpu/a.json", "outputs/cpu/b.csv", "outputs/run-records/cpu/a.intoto.jsonl"}
+    assert {n for n, _ in untrusted} == {"outputs/cpu/a.json", "outputs/cpu/b.csv",
+                                         "outputs/run-records/cpu/a.intoto.jsonl"}
     assert all("no trusted keys" in m for _, m in untrusted)
     # the same run again writes the same bytes: the record stands as it was
     before = path.read_bytes(), signature_path(path).read_bytes()
