@@ -179,6 +179,7 @@ def record_run(cmd: list[str], env: dict[str, str], root: Path, params: dict[str
             return status or 2
     if path is not None:
         how = f"signed by {signing_key.principal}" if signing_key else (
-            "UNSIGNED: no signing key (set ALIGNATT_SIGNING_KEY); the audit will not accept it")
+            "UNSIGNED: no signing key (set ALIGNATT_SIGNING_KEY, or make one: alignatt attest --new-key NAME); "
+            "the audit will not accept it")
         print(f"run-stage: run record {_relative(root, path)} ({how})", file=sys.stderr, flush=True)
     return status
