@@ -195,6 +195,8 @@ def report_section(root: Path, paths: list[tuple[str, Any]]) -> list[dict[str, A
                         f"{cfg['concurrency']} streams at once through one draft scheduler"
                         if (cfg.get("concurrency") or 1) > 1 else "one stream at a time"),
                     "limit": cfg.get("limit"), "max_source_words": cfg.get("max_source_words")},
+            "settle": cfg.get("settle_buffer_tokens"),  # None: every draft whole (the eval's only mode today)
+            "not_served": _not_served_default(cfg, p.gpu_name),
             "negative_whys": negative_whys(a),
             "checks": [("✓" if c.passed else "✗", c.name, c.detail) for c in a.checks],
             "comet": a.comet.get("system_score") if a.comet.get("status") == "ok" else
@@ -227,3 +229,11 @@ def under_load_rows(artifact) -> list[dict[str, str]]:
                     "rtt_ms": _fmt(r.wall_ms / r.updates if r.updates else None, 0),
                     "differ": "—" if r is first else f"{differ}/{r.instances} (vs {first.concurrency} at once)"})
     return out
+
+
+def _not_served_default(cfg: dict, gpu_name: str | None) -> bool:
+    """Whether a GPU eval of vllm_capture scored another draft length than `alignatt serve` serves there."""
+    from alignatt.serve.config import SERVED_SETTLE_BUFFER_TOKENS
+
+    on_vllm = any(str(v).startswith("vllm_capture") for v in cfg.get("variants") or [])
+    return bool(gpu_name) and on_vllm and cfg.get("settle_buffer_tokens") != SERVED_SETTLE_BUFFER_TOKENS

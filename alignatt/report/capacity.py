@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from alignatt.measure.load_configurations import served_default_label
 from alignatt.core.errors import AlignattError
 from alignatt.report.figures import Figure, new_figure, styled, svg_text
 from alignatt.report.inputs import ReportInputs
@@ -160,6 +161,7 @@ def capacity_targets(inputs: ReportInputs) -> list[dict[str, Any]]:
                 level = next((lv for lv in a.levels if lv.vllm_mode == mode and lv.speakers == target["speakers"]), None)
                 ok, said = _judge(level, target) if level is not None else (None, ["not measured"])
                 rows.append(dict(date=a.provenance.date, configuration=configuration(rel, a, mode),
+                                 served=mode == served_default_label(),
                                  speakers=target["speakers"], verdict={True: "met", False: "missed", None: "—"}[ok],
                                  measured="; ".join(said)))
     return rows

@@ -19,6 +19,7 @@ from typing import Any
 from alignatt.core.errors import AlignattError
 from alignatt.record.artifacts import FingerprintArtifact, measured_on_gpu, sha256_file
 from alignatt.report import capacity, figures as bench_figures
+from alignatt.measure.load_configurations import served_default_label
 from alignatt.report.capacity import (capacity_rows, capacity_targets, capture_cost_rows, verification_rows,
                                       verify_equality_notes, verify_equality_rows)
 from alignatt.report.figures import FIGURES_DIR, Figure, FigureFunction, render_figures
@@ -344,6 +345,7 @@ def build_context(inputs: ReportInputs, figures: list[Figure] | None = None) -> 
         verify_equality=verify_equality_rows(inputs),
         verify_equality_notes=verify_equality_notes(inputs),
         capacity_targets=capacity_targets(inputs),
+        served_default=served_default_label(),
         capture_cost=capture_cost_rows(inputs),
         exactness=exactness,
         served=served_criterion(exactness, scored_mode),
