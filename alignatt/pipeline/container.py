@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from alignatt.record.artifacts import sha256_file
 from alignatt.core.errors import AlignattError
-from alignatt.record.provenance import CONTAINER_DIGEST_ENV, CONTAINER_IMAGE_ENV
+from alignatt.record.provenance import CONTAINER_DIGEST_ENV, CONTAINER_ID_ENV, CONTAINER_IMAGE_ENV
 
 # Host variables a containerised stage still needs: offline switches, caches, device selection.
 DEFAULT_PASSTHROUGH = [
@@ -42,8 +42,8 @@ DEFAULT_PASSTHROUGH = [
 class ContainerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    engine: Literal["none", "docker", "apptainer"] = "none"
-    image: str = ""  # docker image reference, or path to an Apptainer .sif
+    engine: Literal["none", "docker", "podman", "apptainer"] = "none"
+    image: str = ""  # docker/podman image reference, or path to an Apptainer .sif
     mounts: list[str] = Field(default_factory=list)  # extra host paths bound at the same path
     env: list[str] = Field(default_factory=lambda: list(DEFAULT_PASSTHROUGH))
 
@@ -110,19 +110,38 @@ def _require(binary: str) -> str:
     return path
 
 
-def docker_digest(image: str) -> str:
-    """The registry digest of a pulled image, else the local image id (both sha256:...)."""
-    done = subprocess.run(
-        [_require("docker"), "image", "inspect", image], capture_output=True, text=True
-    )
+class ImageIdentity(BaseModel):
+    """What names one build of an image: its config id and its digest (a registry's, or podman's
+    manifest digest of a local build, which changes on every rebuild; the SIF's SHA-256 for
+    apptainer, where both are that)."""
+
+    image_id: str
+    digest: str
+
+
+def image_identity(engine: str, image: str, must_exist: bool = True) -> ImageIdentity | None:
+    """The identity of `image` as `engine` has it here; None if it is not there (and not must_exist)."""
+    if engine == "apptainer":
+        if not Path(image).is_file() and not must_exist:
+            return None
+        digest = file_digest(image)
+        return ImageIdentity(image_id=digest, digest=digest)
+    binary = shutil.which(engine) if not must_exist else _require(engine)
+    if binary is None:
+        return None
+    done = subprocess.run([binary, "image", "inspect", image], capture_output=True, text=True)
     if done.returncode != 0:
+        if not must_exist:
+            return None
         raise AlignattError(
-            f"docker image {image!r} not found: build it with "
-            f"`docker build -f containers/Dockerfile -t {image} .` (or pull it)"
+            f"{engine} image {image!r} not found: build it with `{engine} build -f containers/Containerfile "
+            f"-t {image} .` (docs/pipeline.md, In a container)"
         )
     info = json.loads(done.stdout)[0]
+    image_id = info["Id"] if info["Id"].startswith("sha256:") else f"sha256:{info['Id']}"
     repo_digests = info.get("RepoDigests") or []
-    return repo_digests[0].split("@", 1)[1] if repo_digests else info["Id"]
+    digest = repo_digests[0].split("@", 1)[1] if repo_digests else (info.get("Digest") or image_id)
+    return ImageIdentity(image_id=image_id, digest=digest)
 
 
 def file_digest(path: str) -> str:
@@ -144,24 +163,26 @@ def container_command(
     cfg: ContainerConfig,
     args: list[str],
     root: Path,
-    digest: str,
+    identity: ImageIdentity,
     environ: dict[str, str],
     gpus: bool = False,
     uid_gid: str | None = None,
 ) -> list[str]:
-    """The full docker/apptainer command line that runs `args` inside the image."""
+    """The full docker/podman/apptainer command line that runs `args` inside the image."""
     root_s = str(root)
     env = {
         **_passthrough(cfg.env, environ),
         CONTAINER_IMAGE_ENV: cfg.image,
-        CONTAINER_DIGEST_ENV: digest,
+        CONTAINER_DIGEST_ENV: identity.digest,
+        CONTAINER_ID_ENV: identity.image_id,
         "PYTHONPATH": root_s,
     }
     binds = [root_s, *cfg.mounts]
-    if cfg.engine == "docker":
-        cmd = ["docker", "run", "--rm", "--init"]
+    if cfg.engine in ("docker", "podman"):
+        # podman takes docker's command line; its GPUs come through CDI (nvidia-ctk cdi generate)
+        cmd = [cfg.engine, "run", "--rm", *(["--init"] if cfg.engine == "docker" else [])]
         if gpus:
-            cmd += ["--gpus", "all"]
+            cmd += ["--gpus", "all"] if cfg.engine == "docker" else ["--device", "nvidia.com/gpu=all"]
         if uid_gid:  # outputs in the checkout stay owned by the user, not root
             cmd += ["--user", uid_gid, "-e", "HOME=/tmp"]
         for b in binds:
@@ -187,6 +208,7 @@ def host_environment(environ: dict[str, str]) -> dict[str, str]:
     env = dict(environ)
     env.pop(CONTAINER_IMAGE_ENV, None)  # a host run must not inherit a stale image name
     env.pop(CONTAINER_DIGEST_ENV, None)
+    env.pop(CONTAINER_ID_ENV, None)
     bindir = str(Path(sys.executable).parent)
     env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
     return env
@@ -208,11 +230,10 @@ def stage_command(
         if args[0] == "alignatt":  # this interpreter's CLI: a console script may name another Python
             args = [sys.executable, "-m", "alignatt", *args[1:]]
         return args, host_environment(environ)
-    _require(cfg.engine)
-    digest = docker_digest(cfg.image) if cfg.engine == "docker" else file_digest(cfg.image)
+    identity = image_identity(cfg.engine, cfg.image)
     uid_gid = f"{os.getuid()}:{os.getgid()}" if hasattr(os, "getuid") else None
     gpus = profile.device.startswith("cuda")  # a GPU profile gets the GPUs in the container
-    return container_command(cfg, args, root, digest, environ, gpus, uid_gid), environ
+    return container_command(cfg, args, root, identity, environ, gpus, uid_gid), environ
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,6 +36,7 @@ NOT_INSTALLED = "not installed"
 HOST = "host"
 CONTAINER_IMAGE_ENV = "ALIGNATT_CONTAINER_IMAGE"
 CONTAINER_DIGEST_ENV = "ALIGNATT_CONTAINER_DIGEST"
+CONTAINER_ID_ENV = "ALIGNATT_CONTAINER_ID"
 # For a checkout copied to a host without its .git (e.g. a GPU host reached by file copy): the
 # commit (and "1"/"0" for uncommitted changes) as git reports them where the copy was made.
 GIT_COMMIT_ENV = "ALIGNATT_GIT_COMMIT"
@@ -97,6 +98,9 @@ class Provenance(BaseModel):
     # the lock file the environment was installed from, and its drift (record/lock.py); None in
     # artifacts written before locks existed, or where no install recorded one
     lock: LockState | None = None
+    # the image's config id (`podman/docker image inspect` Id; the SIF's SHA-256 for apptainer) beside
+    # container_digest; None on the host and in artifacts written before it was recorded
+    container_image_id: str | None = None
 
     @property
     def gpu_name(self) -> str | None:
@@ -313,6 +317,7 @@ def collect_provenance(
         dvc_experiment=os.environ.get(DVC_EXP_NAME_ENV) or None,
         params_changed=params_changes(repo),
         lock=installed_lock(repo),
+        container_image_id=(os.environ.get(CONTAINER_ID_ENV) or None) if image != HOST else None,
     )
 
 

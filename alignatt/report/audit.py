@@ -403,6 +403,8 @@ def run_audit(paths: list[str] | None = None, root: str | Path = ".", report: bo
     if (root / "params.yaml").exists():
         from alignatt.pipeline.params import load_params
 
+        audit_images(parsed, load_params(root / "params.yaml"), result)
+
         published = root / ((load_params(root / "params.yaml").get("report") or {})
                             .get("published", "outputs/published"))
         if published.is_dir() and not (published / MANIFEST).exists():
@@ -411,6 +413,29 @@ def run_audit(paths: list[str] | None = None, root: str | Path = ".", report: bo
             audit_report(root, result)
     apply_acceptances(root, result, targets)
     return result
+
+
+def audit_images(artifacts: list[tuple[Path, object]], params: dict, result: AuditResult) -> None:
+    """An artifact measured in the image that params.yaml names must name that image's build, when
+    the image is here to compare: a rebuilt image (another config id, or digest) no longer vouches
+    for it."""
+    from alignatt.pipeline.container import image_identity, load_container_config
+
+    cfg = load_container_config(params)
+    if cfg.engine == "none":
+        return
+    here = None
+    for path, artifact in artifacts:
+        p = getattr(artifact, "provenance", None)
+        if p is None or p.container_image != cfg.image:
+            continue
+        here = here or image_identity(cfg.engine, cfg.image, must_exist=False)
+        if here is None:
+            return  # not built here: nothing to compare
+        recorded, now = (p.container_image_id, here.image_id) if p.container_image_id else (p.container_digest, here.digest)
+        if recorded != now:
+            result.add(str(path), "container", f"measured in {cfg.image} {recorded}, but that image here is {now}: "
+                                               "rebuilt since; re-run the stage in it")
 
 
 def load_acceptances(path: Path) -> list[Acceptance]:

