@@ -16,6 +16,7 @@ which the `pipeline` extra pins.
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import date
@@ -78,7 +79,24 @@ def svg_text(fig) -> str:
     buf = io.StringIO()
     with matplotlib.rc_context(SVG_RC):
         fig.savefig(buf, format="svg", metadata=SVG_METADATA)
-    return buf.getvalue()
+    return stable_ids(buf.getvalue())
+
+
+# matplotlib names clip paths and markers by a hash of their path data ("p" / "m" + 10 hex digits),
+# whose float text differs between installs: the same picture came out as other bytes elsewhere.
+_HASHED_ID = re.compile(r'id="([pm][0-9a-f]{10})"')
+
+
+def stable_ids(svg: str) -> str:
+    """The SVG with each hashed id renamed by its kind and order of definition (clip1, marker1, ...),
+    so the bytes depend on what the figure shows, not on how an install prints floats."""
+    names: dict[str, str] = {}
+    for m in _HASHED_ID.finditer(svg):
+        kind = "clip" if m[1][0] == "p" else "marker"
+        names.setdefault(m[1], f"{kind}{sum(1 for v in names.values() if v.startswith(kind)) + 1}")
+    if not names:
+        return svg
+    return re.sub(r"\b(" + "|".join(names) + r")\b", lambda m: names[m[1]], svg)
 
 
 def styled(draw: Callable[[], Figure]) -> Figure:
