@@ -3,10 +3,10 @@
 With `container.engine: none` (params.yaml) the command runs on the host, with this Python's
 bin directory first on PATH, and `alignatt` itself runs as `python -m alignatt` with this Python
 (a GPU image's console script can name another interpreter than the one that has the packages). With
-`docker` or `apptainer` it runs inside the configured image, with the checkout bind-mounted at
-the same absolute path and first on PYTHONPATH (the code measured is the code committed, not an
-older copy baked into the image), and with the image reference and digest exported as
-`ALIGNATT_CONTAINER_IMAGE` / `ALIGNATT_CONTAINER_DIGEST`, which provenance records.
+`docker`, `podman` or `apptainer` it runs inside the configured image, with the checkout
+bind-mounted at the same absolute path and first on PYTHONPATH (the code measured is the code
+committed, not an older copy baked into the image), and with the image reference, digest and config
+id exported as `ALIGNATT_CONTAINER_IMAGE` / `_DIGEST` / `_ID`, which provenance records.
 
 Profile placeholders: an argument `{model}`, `{device}`, `{dtype}` or `{profile}` is replaced by
 the selected profile's value, and an argument that is exactly `{smoke}` expands to that
