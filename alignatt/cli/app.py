@@ -1,7 +1,8 @@
 """The typer app every command group registers on, its one error rule, and the shared options.
 
-Commands parse options, call one function, print. Expected failures (`AlignattError`) become one
-clear line on stderr and exit code 2.
+Commands parse options, check what can be checked (alignatt.cli.preflight), call one function,
+print. Expected failures (`AlignattError`, an options model's `ValidationError`) become one clear
+line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from typing import NoReturn
 
 import typer
+from pydantic import ValidationError
 from typer.core import TyperGroup
 
 from alignatt.capture.names import DEFAULT_SEAM
@@ -17,20 +19,30 @@ from alignatt.core.policy import DEFAULT_PRESET, PRESET_NAMES
 from alignatt.models.presets import DEFAULT_MODEL
 
 
-
 def fail(message: str) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(2)
 
 
+def one_line(error: ValidationError, prefix: str = "") -> str:
+    """A pydantic error as one line: the first bad field and why (the rest follow from fixing it)."""
+    first = error.errors()[0]
+    where = ".".join(map(str, first["loc"]))
+    why = first["msg"].removeprefix("Value error, ")  # a validator's own message says it all
+    return f"{prefix}{where}: {why}" if where else f"{prefix}{why}"
+
+
 class _Commands(TyperGroup):
-    """Every command's expected failure (`AlignattError`) becomes one line and exit code 2."""
+    """Every command's expected failure becomes one line and exit code 2: an `AlignattError`, or
+    a `ValidationError` of an options model built from the command's options."""
 
     def invoke(self, ctx):  # noqa: ANN001, ANN201 - click's signature
         try:
             return super().invoke(ctx)
         except AlignattError as e:
             fail(str(e))
+        except ValidationError as e:
+            fail(f"bad option {one_line(e)}")
 
 
 app = typer.Typer(cls=_Commands, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -38,13 +50,10 @@ app = typer.Typer(cls=_Commands, no_args_is_help=True, add_completion=False, pre
 
 def validated(options_cls, prefix: str = "", **fields):
     """`options_cls(**fields)`; a bad option is one line (AlignattError), not a traceback."""
-    from pydantic import ValidationError
-
     try:
         return options_cls(**fields)
     except ValidationError as e:
-        first = e.errors()[0]
-        raise AlignattError(f"{prefix}{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+        raise AlignattError(one_line(e, prefix)) from None
 
 
 # The options of the commands that serve a model (serve, smoke, load, soak, eval): declared once.

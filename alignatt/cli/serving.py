@@ -6,6 +6,7 @@ import typer
 
 from alignatt.capture.names import DEFAULT_SEAM
 from alignatt.cli.app import DEVICE, DTYPE, HEADS, MODEL, PRESET, SEAM, TOP_K, VLLM_MODE, app, validated
+from alignatt.cli.preflight import check_output, check_served, check_served_model
 from alignatt.core.policy import DEFAULT_PRESET, PRESET_NAMES
 
 
@@ -63,6 +64,7 @@ def serve_cmd(
     cfg = _server_config(config, host, port, model, seam, preset, direction, heads, top_k,
                          device, dtype, max_sessions, max_utterance_words, vllm_mode, engines, settle_buffer_tokens,
                          engine_process)
+    check_served(cfg)  # the models, head sets and port: before any model is loaded
     typer.echo(f"loading {', '.join(f'{d}: {r.model}/{r.seam}' for d, r in cfg.directions.items())} ...")
     serve(cfg, on_ready=lambda s: typer.echo(
         f"alignatt-mt-server listening on ws://{cfg.host}:{s.port} (preset {cfg.default_preset})"))
@@ -88,6 +90,8 @@ def smoke_cmd(
 
     options = validated(SmokeOptions, model=model, seam=seam, preset=preset, device=device, dtype=dtype,
                         top_k=top_k, heads=heads, speed=speed, client=client, stream=stream, vllm_mode=vllm_mode)
+    check_served_model(options.model, options.seam, options.heads)
+    check_output(out)
     artifact = run_smoke(options, out)
     typer.echo(summary_line(artifact))
     typer.echo(f"wrote {out}")
@@ -137,6 +141,9 @@ def load_cmd(
                         prefix_caching=prefix_caching, max_num_seqs=max_num_seqs, engines=engines,
                         capture_cost=capture_cost, capture_cost_batches=capture_cost_batches, profile_dir=profile_dir,
                         engine_profile_dir=engine_profile_dir)
+    check_served_model(options.model, options.seam, options.heads)
+    for path, option in ((out, "--out"), (metrics, "--metrics"), (plot, "--plot")):
+        check_output(path, option)
     run_load(options, out, metrics, plot)
     typer.echo(f"wrote {out}")
 
@@ -154,8 +161,11 @@ def soak_cmd(
     """Mixed well-formed and hostile sessions on loopback for N minutes; RSS, descriptors, targets."""
     from alignatt.measure.soak import SoakOptions, run_soak, summary_line
 
-    artifact = run_soak(SoakOptions(model=model, seam=seam, device=device, minutes=minutes, clients=clients,
-                                    seed=seed), out, progress=lambda m: typer.echo(m, err=True))
+    options = validated(SoakOptions, "soak option ", model=model, seam=seam, device=device, minutes=minutes,
+                        clients=clients, seed=seed)
+    check_served_model(options.model, options.seam, options.heads)
+    check_output(out)
+    artifact = run_soak(options, out, progress=lambda m: typer.echo(m, err=True))
     typer.echo(summary_line(artifact))
     typer.echo(f"wrote {out}")
     if not artifact.passed:
@@ -190,6 +200,8 @@ def failover_cmd(
                         dtype=dtype, top_k=top_k, heads=heads, vllm_mode=vllm_mode, engines=engines,
                         speakers=speakers, streams=streams, speed=speed, faults=faults,
                         step_deadline_s=step_deadline, heartbeat_s=heartbeat)
+    check_served_model(options.model, options.seam, options.heads)
+    check_output(out)
     artifact = run_failover(options, out)
     typer.echo(summary_line(artifact))
     typer.echo(f"wrote {out}")
@@ -251,6 +263,11 @@ def eval_cmd(
         bootstrap=bootstrap, significance=significance, significance_samples=significance_samples, purpose=purpose,
         concurrency=concurrency, engines=engines, load_levels=split(load_levels), load_sentences=load_sentences,
     )
+    from alignatt.models.presets import check_model_name
+
+    check_model_name(options.model)
+    for path, option in ((out, "--out"), (metrics, "--metrics"), (plot, "--plot"), (figure, "--figure")):
+        check_output(path, option)
     artifact = run_eval(options, out, progress=lambda m: typer.echo(m, err=True))
     write_derived(artifact, metrics, plot)
     if figure:

@@ -68,11 +68,37 @@ def bench_cmd(
         warmup=warmup, max_new_tokens=max_new_tokens, heads_k=heads_k, prompts_file=prompts,
         seams=[s.strip() for s in seams.split(",") if s.strip()] if seams else None,
     )
+    _check_bench_outputs(config, out, metrics, plot, add)
     artifact = bench.run_bench(config, bench.SubprocessRunner(progress=progress))
     bench.check_expected_seams(artifact)  # all expected seams skipped: one line, exit 2, nothing written
     artifact = bench.write_bench_outputs(artifact, out, metrics, plot, add)
     typer.echo(bench.format_summary(artifact))
     typer.echo(f"wrote {out}")
+
+
+def _check_bench_outputs(config, out: str, metrics: str | None, plot: str | None, add: bool) -> None:  # noqa: ANN001
+    """Before minutes of measuring: the outputs can be written and, with --add, `out` is a bench
+    artifact of this configuration to add to (its provenance is compared after, as it must be)."""
+    from alignatt.cli.preflight import check_existing_output, check_output
+    from alignatt.core.errors import AlignattError
+    from alignatt.measure.bench import BenchArtifact
+    from alignatt.record.artifacts import load_artifact
+
+    for path, option in ((out, "--out"), (metrics, "--metrics"), (plot, "--plot")):
+        check_output(path, option)
+    if not add:
+        return
+    check_existing_output(out)
+    try:
+        base = load_artifact(out)
+    except AlignattError as e:  # its pydantic detail follows on more lines
+        raise AlignattError(f"--add: {str(e).splitlines()[0]}") from None
+    if not isinstance(base, BenchArtifact):
+        raise AlignattError(f"{out} is a {base.kind} artifact, not a bench artifact: nothing to add to")
+    a, b = base.config.model_dump(exclude={"seams"}), config.model_dump(exclude={"seams"})
+    differ = sorted(k for k in a if a[k] != b.get(k))
+    if differ:
+        raise AlignattError(f"cannot add to {out}: its bench config differs in {', '.join(differ)}")
 
 
 @app.command("doctor")

@@ -86,6 +86,13 @@ class LoadOptions(ServedModelOptions):
             raise ValueError("give at least one count, each >= 1")
         return out
 
+    @field_validator("engines")
+    @classmethod
+    def _engines(cls, value: int | str) -> int | str:
+        if value != "auto" and value < 1:  # as ServerConfig says, but before any level is measured
+            raise ValueError("engines must be 'auto' or at least 1")
+        return value
+
     @field_validator("streams", mode="before")
     @classmethod
     def _names(cls, value: Any) -> list[str]:
