@@ -86,6 +86,7 @@ def test_serve_missing_config_is_one_line(tmp_path):
 def test_serve_unknown_model_says_unknown_model():
     line = one_line_error("serve", "--model", "gemma3-27m")
     assert "unknown model 'gemma3-27m'" in line and "head set" not in line
+    assert "did you mean gemma3-270m?" in line
 
 
 def test_serve_unknown_head_set_is_one_line():

@@ -199,10 +199,14 @@ def load_model(
 
 def check_model_name(name_or_path: str) -> ModelPreset | None:
     """The preset of that name, None for a local checkpoint dir; AlignattError for anything else."""
+    import difflib
+
     preset = MODEL_PRESETS.get(name_or_path)
     if preset is None and not Path(name_or_path).is_dir():
+        close = difflib.get_close_matches(name_or_path, list(MODEL_PRESETS), n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
         raise AlignattError(
-            f"unknown model {name_or_path!r}: use one of {', '.join(MODEL_PRESETS)} "
+            f"unknown model {name_or_path!r}: {hint}use one of {', '.join(MODEL_PRESETS)} "
             "or a local checkpoint directory"
         )
     return preset
