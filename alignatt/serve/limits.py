@@ -37,3 +37,7 @@ class UpdateRejected(ValueError):
 
 class BudgetExceeded(UpdateRejected):
     """An update whose draft would pass a token bound (the message names the bound)."""
+
+
+class DraftTooLarge(UpdateRejected):
+    """A draft whose work could not be bounded within the engine's `max_step_s` (refused before it runs)."""

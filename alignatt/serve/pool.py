@@ -28,7 +28,9 @@ from alignatt.core.draft import Draft, DraftRequest, Head, Seam
 from alignatt.serve.budget import PromptBudget
 from alignatt.serve.config import DirectionRoute, EngineCount, ReplicaConfig, SeamFactory, resolve_heads
 from alignatt.serve.gc_pauses import process_pauses
-from alignatt.serve.replicas import EngineSpec, ProcessBatchSeam, close_together, replica_devices, start_together
+from alignatt.serve.limits import DraftTooLarge
+from alignatt.serve.replicas import (EngineSpec, ProcessBatchSeam, close_together, draft_work, replica_devices,
+                                     start_together)
 from alignatt.serve.scheduler import DraftScheduler, EngineDied, EngineHung, SchedulerConfig, SessionSeam
 from alignatt.serve.session import SessionLimits
 
@@ -89,7 +91,8 @@ class Engine:
         if in_process:
             build = lambda: factory(served_route(route), heads)  # noqa: E731
         else:
-            spec = EngineSpec(factory, served_route(route, engines_on_gpu), heads, cuda_device)
+            spec = EngineSpec(factory, served_route(route, engines_on_gpu), heads, cuda_device,
+                              self.replicas.heartbeat_s)
             build = lambda: ProcessBatchSeam(spec, name)  # noqa: E731
         self.scheduler = DraftScheduler(build, config, name=name)
         self.seam: Seam = self.scheduler.seam
@@ -130,26 +133,41 @@ class Engine:
             notify(self.scheduler.dead)
 
     def _watch(self) -> None:
-        """Until the engine closes: its process exiting is a death; a call outstanding past the
-        deadline, or an idle process that does not answer a ping within it, is a hang."""
-        seam, cfg = self.seam, self.replicas
-        while not seam.wait_exited(cfg.heartbeat_s):
+        """Until the engine closes: its process exiting is a death; a hang is its heartbeat silent
+        past the deadline, a call outstanding past its work's bound, or an idle process that does
+        not answer a ping within the deadline. A slow step whose heartbeat beats is left to finish."""
+        seam = self.seam
+        while not seam.wait_exited(self.replicas.heartbeat_s):
             if self._closing:
                 return
-            late = seam.waiting_s()
             try:
-                answers = late <= cfg.step_deadline_s and (
-                    seam.idle_s() < cfg.heartbeat_s or seam.ping(cfg.step_deadline_s))
+                why = self._hung_because()
             except EngineDied:  # it exited while pinged: the loop's wait sees it
                 continue
-            if not answers:
-                waited = max(late, cfg.step_deadline_s)
-                self._taken_out(EngineHung(
-                    f"engine {self.name} (process {seam.pid}) answered nothing for {waited:.1f} s "
-                    f"(deadline {cfg.step_deadline_s:g} s): taken out"))
+            if why is not None:
+                self._taken_out(EngineHung(f"engine {self.name} (process {seam.pid}) {why}: taken out"))
                 seam.kill()  # frees its memory; whoever waits on its pipe gets EngineDied
         if not self._closing:
             self._taken_out(seam.died())
+
+    def _hung_because(self) -> str | None:
+        """Why the engine process counts as hung now (None: it does not)."""
+        seam, cfg = self.seam, self.replicas
+        silent = seam.heartbeat_age_s()
+        if silent > cfg.step_deadline_s:
+            return f"answered nothing, its heartbeat silent for {silent:.1f} s (deadline {cfg.step_deadline_s:g} s)"
+        late, work = seam.waiting_s(), seam.running_work
+        bound = self.step_bound_s(work)
+        if late > bound:
+            return (f"answered nothing for {late:.1f} s, past the bound of its work ({work} tokens: "
+                    f"{cfg.step_deadline_s:g} s + {cfg.step_token_s:g} s per token = {bound:.1f} s)")
+        if not late and seam.idle_s() >= cfg.heartbeat_s and not seam.ping(cfg.step_deadline_s):
+            return f"answered nothing to a ping for {cfg.step_deadline_s:g} s (deadline {cfg.step_deadline_s:g} s)"
+        return None
+
+    def step_bound_s(self, work: int) -> float:
+        """How long a step may run with `work` tokens of drafts in it before its engine is hung."""
+        return self.replicas.step_deadline_s + self.replicas.step_token_s * work
 
     def _taken_out(self, error: EngineDied) -> None:
         """Fail what the scheduler holds and tell every open session, once."""
@@ -190,7 +208,18 @@ class Engine:
 
     def submit(self, key: Hashable, request: DraftRequest) -> Future:
         """Queue a session's draft (a final in order, a partial superseding its stale one); the
-        future resolves to the `Draft`, `Superseded`, or the engine's error."""
+        future resolves to the `Draft`, `Superseded`, or the engine's error. On a watched engine
+        a draft whose step could not be bounded within `max_step_s` is refused here, before it
+        runs (`DraftTooLarge`), rather than taking its engine out as hung."""
+        if isinstance(self.seam, ProcessBatchSeam):
+            work = draft_work(request)
+            bound = self.step_bound_s(work)
+            if bound > self.replicas.max_step_s:
+                kind = "final" if request.final else "draft"
+                raise DraftTooLarge(
+                    f"{kind} too large for this engine: {work} tokens of work ({request.max_new_tokens} new, "
+                    f"{work - request.max_new_tokens} prompt words) need a step bound of {bound:.0f} s, past "
+                    f"max_step_s={self.replicas.max_step_s:g} s; send shorter utterances")
         return self.scheduler.submit(key, request)
 
     def supersede(self, key: Hashable) -> None:

@@ -12,9 +12,13 @@ step's drafts, instead of waiting for the server to read them and answer, which 
 process's interpreter lock (the event loop and the sessions' threads hold it most of the time
 under load). A reply read while waiting for another call's is kept for `step`. A child that
 is gone (end of pipe, broken pipe) is an `EngineDied`. A child that is alive but answers nothing
-(stopped, or stuck in a step) is noticed by its engine's watcher (`alignatt.serve.pool.Engine`): a
-call outstanding past `ReplicaConfig.step_deadline_s`, or an idle child that does not answer a
-`Ping` within it, is an `EngineHung`, and the child is killed.
+(stopped, or stuck in a step) is noticed by its engine's watcher (`alignatt.serve.pool.Engine`).
+Liveness and slowness are told apart: the child beats a heartbeat (a shared timestamp) from a
+thread of its own, which runs while its engine thread computes, and the server counts the work
+of the drafts running in it (`draft_work`). A heartbeat silent past `ReplicaConfig.step_deadline_s`,
+a call outstanding past its work's bound (`step_deadline_s + step_token_s` per token of work), or
+an idle child that does not answer a `Ping` within the deadline, is an `EngineHung`, and the child
+is killed.
 Several engines may share one GPU (`ReplicaConfig.engines_per_gpu`). A seam with a `preparer` (its
 `prepare` as a picklable object) hands it over in `Ready`: the server's threads then build and
 tokenise each draft's prompt and send it with `Submit`, and the child's one thread only steps.
@@ -123,6 +127,16 @@ class EngineSpec:
     route: DirectionRoute
     heads: list[Head]
     cuda_device: str | None = None  # the child's CUDA_VISIBLE_DEVICES; None: inherited
+    heartbeat_s: float = 1.0  # the child beats twice in this time
+
+
+def draft_work(request: DraftRequest) -> int:
+    """Tokens of work a draft may cost its step: the new tokens it may make, plus its prompt's
+    words (source, target prefix, context, history). Prefill costs far less per token than
+    decoding, so this over-counts: a bound, not an estimate."""
+    words = (len(request.source_words) + len(request.target_prefix.split()) + len(request.context_text.split())
+             + sum(len(s.split()) + len(t.split()) for s, t in request.history))
+    return request.max_new_tokens + words
 
 
 def _unwrapped(reply: Any) -> Any:
@@ -144,10 +158,22 @@ def _portable(error: BaseException) -> BaseException:
 # ---- the child ----
 
 
-def serve_engine(conn: multiprocessing.connection.Connection, spec: EngineSpec) -> None:
-    """The child's main: build the seam on its device, then answer one request at a time until
-    `Close` or until the server's end of the pipe is gone."""
+def _beat(heartbeat: Any, every_s: float) -> None:
+    """The child's heartbeat: the time now, in memory the server reads, every `every_s`. A thread
+    of its own, so it beats while the engine thread computes (whenever that thread lets the
+    interpreter switch, as Python code does every few milliseconds and native kernels do)."""
+    while True:
+        heartbeat.value = time.monotonic()  # one clock for all processes (Linux: CLOCK_MONOTONIC)
+        time.sleep(every_s)
+
+
+def serve_engine(conn: multiprocessing.connection.Connection, spec: EngineSpec, heartbeat: Any = None) -> None:
+    """The child's main: beat the heartbeat, build the seam on its device, then answer one request
+    at a time until `Close` or until the server's end of the pipe is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the server, which closes us
+    if heartbeat is not None:
+        threading.Thread(target=_beat, args=(heartbeat, spec.heartbeat_s / 2), name="engine-heartbeat",
+                         daemon=True).start()
     if spec.cuda_device is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = spec.cuda_device
     try:
@@ -251,7 +277,9 @@ class ProcessBatchSeam:
     def __init__(self, spec: EngineSpec, name: str, start_timeout_s: float = 1800.0) -> None:
         context = multiprocessing.get_context("spawn")
         self._conn, child_end = context.Pipe()
-        self.process = context.Process(target=serve_engine, args=(child_end, spec), name=f"alignatt-engine-{name}")
+        self._heartbeat = context.RawValue("d", time.monotonic())  # the child's last beat (shared memory)
+        self.process = context.Process(target=serve_engine, args=(child_end, spec, self._heartbeat),
+                                       name=f"alignatt-engine-{name}")
         try:
             self.process.start()
         except (pickle.PicklingError, AttributeError, TypeError) as e:  # what pickling a closure raises
@@ -277,6 +305,8 @@ class ProcessBatchSeam:
         self._ahead_took_work = False  # the step ahead carried submits (so the child will run drafts)
         self._sent_at: collections.deque[float] = collections.deque()  # unanswered calls, oldest first
         self._handles = itertools.count()
+        self._work_of: dict[int, int] = {}  # draft handle -> its work (`draft_work`), while in the child
+        self.running_work = 0  # their sum: what bounds a step (read by the watcher's thread)
         self.child_step_s = self.child_cpu_s = 0.0  # the child's own time in its steps, summed
         self.child_gc_s = 0.0  # its garbage collector's pauses so far, as of its last step
         self.step_phases_s: dict[str, float] | None = None  # the child's seam's, as of its last step
@@ -359,6 +389,10 @@ class ProcessBatchSeam:
         """How long since the child last answered anything."""
         return time.monotonic() - self._answered_at
 
+    def heartbeat_age_s(self) -> float:
+        """How long since the child's heartbeat thread last beat."""
+        return time.monotonic() - self._heartbeat.value
+
     def ping(self, timeout_s: float) -> bool:
         """True if the child answers a `Ping` within `timeout_s`, or is busy answering another call
         (whose wait `waiting_s` measures); False if it does not answer. Raises `EngineDied`."""
@@ -388,10 +422,13 @@ class ProcessBatchSeam:
         """Queued for the next step (no round trip); a request the seam refuses comes back from it."""
         handle = next(self._handles)
         self._work.append(Submit(handle, request, prepared))
+        self._work_of[handle] = work = draft_work(request)
+        self.running_work += work
         return handle
 
     def abort(self, handle: Hashable) -> None:
         self._work.append(Abort(handle))
+        self.running_work -= self._work_of.pop(handle, 0)
 
     def step(self) -> list[tuple[Hashable, Draft | BaseException]]:
         """The drafts of the child's next step. With a step already on its way ahead, the next one
@@ -416,6 +453,8 @@ class ProcessBatchSeam:
             if reply.unfinished and not (self._ahead or self._early):
                 self._send(Step(()))  # the child steps on while this process reads the reply
                 self._ahead += 1
+        for handle, _ in reply.finished:  # done, or refused: no longer work of the child's
+            self.running_work -= self._work_of.pop(handle, 0)
         self.child_step_s += reply.wall_s
         self.child_cpu_s += reply.cpu_s
         self.step_phases_s = reply.phases_s
