@@ -8,6 +8,7 @@ from alignatt.capture.names import DEFAULT_SEAM
 from alignatt.cli.app import DEVICE, DTYPE, HEADS, MODEL, PRESET, SEAM, TOP_K, VLLM_MODE, app, validated
 from alignatt.cli.preflight import check_output, check_served, check_served_model
 from alignatt.core.policy import DEFAULT_PRESET, PRESET_NAMES
+from alignatt.serve.config import ServerConfig
 
 
 # ---- server: serve, smoke (alignatt.serve.server / smoke) ----
@@ -17,7 +18,7 @@ def _server_config(
     config: str | None, host: str, port: int, model: str, seam: str, preset: str, direction: str,
     heads: str | None, top_k: int, device: str, dtype: str | None, max_sessions: int,
     max_utterance_words: int, vllm_mode: str | None, engines: str, settle_buffer_tokens: int | str | None = "auto",
-    engine_process: bool | None = None,
+    engine_process: bool | None = None, access: dict | None = None,
 ):
     from alignatt.serve.config import server_config
 
@@ -25,7 +26,7 @@ def _server_config(
         config_path=config, host=host, port=port, model=model, seam=seam, preset=preset,
         direction=direction, heads=heads, top_k=top_k, device=device, dtype=dtype,
         max_sessions=max_sessions, max_utterance_words=max_utterance_words, vllm_mode=vllm_mode,
-        engines=engines, settle_buffer_tokens=settle_buffer_tokens, engine_process=engine_process,
+        engines=engines, settle_buffer_tokens=settle_buffer_tokens, engine_process=engine_process, access=access,
     )
 
 
@@ -54,20 +55,34 @@ def serve_cmd(
         None, "--engine-process/--engine-in-server", help="the engine in a process of its own, or in the "
                                                            "server's; default: its own for vllm_capture on CUDA"),
     config: str = typer.Option(None, help="ServerConfig JSON (several directions); replaces the options above"),
+    allow_origin: list[str] = typer.Option(
+        ServerConfig.model_fields["allow_origins"].get_default(call_default_factory=True),
+        help="an Origin (browser page) to accept, repeatable; requests with any other Origin get 403"),
+    token_file: str = typer.Option(None, help="file with the token clients present (Bearer, or ?token= in the "
+                                              "URL); else $ALIGNATT_TOKEN"),
+    insecure_no_token: bool = typer.Option(False, "--insecure-no-token", help="listen beyond loopback without a token"),
+    ssl_certfile: str = typer.Option(None, help="TLS certificate chain (PEM): serve wss://"),
+    ssl_keyfile: str = typer.Option(None, help="TLS private key (PEM)"),
 ) -> None:
     """Run the MT server (WhisperLiveKit `alignatt` protocol v1) until interrupted."""
     import logging
 
+    from alignatt.serve.access import check_exposure, ssl_context
     from alignatt.serve.server import serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cfg = _server_config(config, host, port, model, seam, preset, direction, heads, top_k,
                          device, dtype, max_sessions, max_utterance_words, vllm_mode, engines, settle_buffer_tokens,
-                         engine_process)
+                         engine_process, access={k: v for k, v in {
+                             "allow_origins": allow_origin, "token_file": token_file,
+                             "insecure_no_token": insecure_no_token or None, "ssl_certfile": ssl_certfile,
+                             "ssl_keyfile": ssl_keyfile}.items() if v})
+    check_exposure(cfg)  # before any model is loaded: no token beyond loopback is refused at once
+    ssl_context(cfg)
     check_served(cfg)  # the models, head sets and port: before any model is loaded
     typer.echo(f"loading {', '.join(f'{d}: {r.model}/{r.seam}' for d, r in cfg.directions.items())} ...")
     serve(cfg, on_ready=lambda s: typer.echo(
-        f"alignatt-mt-server listening on ws://{cfg.host}:{s.port} (preset {cfg.default_preset})"))
+        f"alignatt-mt-server listening on {'wss' if s.ssl else 'ws'}://{cfg.host}:{s.port} (preset {cfg.default_preset})"))
 
 
 @app.command("smoke")

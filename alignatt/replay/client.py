@@ -83,11 +83,15 @@ class ProtocolClient:
 
     @classmethod
     def connect(cls, url: str, timeout: float = 600.0, open_timeout: float = 10.0, check: bool = True,
-                **options: Any) -> "ProtocolClient":
-        """`options` go to websockets' `connect`; the connection is opened directly (`legacy`), not as a
-        context manager, and takes frames of any size unless `max_size` says otherwise."""
+                token: str | None = None, **options: Any) -> "ProtocolClient":
+        """`options` go to websockets' `connect` (`ssl=` an SSLContext for a wss:// URL); the connection
+        is opened directly (`legacy`), not as a context manager, and takes frames of any size unless
+        `max_size` says otherwise. `token`: sent as `Authorization: Bearer`, never in the URL."""
         from websockets.sync.client import connect
 
+        if token is not None:
+            options["additional_headers"] = {**dict(options.get("additional_headers") or {}),
+                                             "Authorization": f"Bearer {token}"}
         options.setdefault("max_size", None)
         options.setdefault("legacy", True)
         return cls(connect(url, open_timeout=open_timeout, **options), timeout, check)

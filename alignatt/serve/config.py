@@ -91,11 +91,14 @@ class ServerLimits(SessionLimits):
     )
     max_pending_finals: int = Field(32, ge=1, description="finals queued for the engine per session (close 1008 past it)")
     send_stall_s: float = Field(30.0, gt=0, description="one reply blocked this long closes the session (1008)")
-    init_timeout_s: float = Field(30.0, gt=0, description="a connection without init this long is closed (1008)")
+    init_timeout_s: float = Field(10.0, gt=0, description="a connection without init this long is closed (1008)")
     # Before init a connection holds no session slot, so it is bounded on its own: how many wait at
     # once, and how large a frame it may send (an init with its context and history fits).
     max_connections_before_init: int = Field(
         32, ge=1, description="more connections without a session get `busy` and close 1013")
+    # One address holding idle sockets must not fill the bound above for everyone else.
+    max_connections_before_init_per_peer: int = Field(
+        4, ge=1, description="more connections without a session from one address are refused (503) at the handshake")
     max_init_frame_bytes: int = Field(
         64 * 1024, ge=1024, description="a larger frame before init gets bad_protocol, then close 1008")
     idle_timeout_s: float = Field(
@@ -133,20 +136,11 @@ class ReplicaConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    step_deadline_s: float = Field(20.0, gt=0, description="an engine process whose heartbeat stops this long, or "
-                                                          "that leaves a call without work (a ping, a count) "
-                                                          "unanswered this long, is hung: it is killed, its "
-                                                          "sessions get processing_failed and reconnect")
-    heartbeat_s: float = Field(1.0, gt=0, description="how often an engine process beats its heartbeat (from a "
-                                                     "thread of its own, so it beats while it computes), how "
-                                                     "often the watcher checks it, and pings one idle this long")
-    # A step is bounded by its work, not by one fixed time: a long honest final is slow, not dead.
-    step_token_s: float = Field(0.25, gt=0, description="a step may take step_deadline_s plus this per token of "
-                                                        "work of the drafts running in it (new tokens, plus prompt "
-                                                        "words); past that it is hung, heartbeat or not")
-    max_step_s: float = Field(600.0, gt=0, description="a draft whose own step bound (step_deadline_s + "
-                                                       "step_token_s x its work) passes this is refused before "
-                                                       "it runs (bad_protocol: send shorter utterances)")
+    step_deadline_s: float = Field(20.0, gt=0, description="an engine process that has not answered one call "
+                                                          "(a step, a submit, a ping) this long is hung: it is "
+                                                          "killed, its sessions get processing_failed and reconnect")
+    heartbeat_s: float = Field(1.0, gt=0, description="how often the watcher checks an engine process, and pings "
+                                                     "one that has been idle this long")
     engines_per_gpu: int = Field(1, ge=1, description="engine processes sharing one GPU; a vllm_capture route's "
                                                       "gpu_memory_utilization is split between them unless its "
                                                       "engine_kwargs set it")
@@ -171,6 +165,15 @@ class ServerConfig(BaseModel):
                                                    "cuda route, else 1")
     replicas: ReplicaConfig = Field(default_factory=ReplicaConfig, description="engine processes: hung-engine "
                                                                           "deadline, engines per GPU")
+    # Who may connect (alignatt.serve.access).
+    allow_origins: list[str] = Field(
+        default_factory=list, description="Origin header values accepted besides none (pages the operator "
+                                          "trusts); any other Origin is refused with 403 at the handshake")
+    token_file: str | None = Field(None, description="file holding the shared token clients must present "
+                                                     "(else $ALIGNATT_TOKEN; none: no token asked)")
+    insecure_no_token: bool = Field(False, description="listen beyond loopback without a token")
+    ssl_certfile: str | None = Field(None, description="TLS certificate chain (PEM): serve wss://")
+    ssl_keyfile: str | None = Field(None, description="TLS private key (PEM), if not in the certificate file")
     settle_buffer_tokens: int | None = Field(
         None, ge=0, description="every session's SessionConfig.settle_buffer_tokens: stop a partial draft once "
                                 "the policy's answer is known, N tokens past its first held token (None: never)")
@@ -224,11 +227,13 @@ def server_config(
     engines: EngineCount | str = "auto",
     settle_buffer_tokens: int | None | str = "auto",
     engine_process: bool | None = None,
+    access: dict[str, Any] | None = None,
 ) -> ServerConfig:
     """A ServerConfig from a JSON file, or from one direction's options (the CLI's). `engine_process`:
     the route's one engine in a process of its own; None: so for vllm_capture on CUDA, where the
     engine thread otherwise waits for the interpreter lock of the sessions' policy and the event loop
-    (docs/batching.md: on the H200 it is what took 64 speakers within their targets)."""
+    (docs/batching.md: on the H200 it is what took 64 speakers within their targets). `access`: the
+    ServerConfig fields of who may connect (origins, token file, TLS), set over a config file's too."""
     from pathlib import Path
 
     from pydantic import ValidationError
@@ -240,6 +245,8 @@ def server_config(
             except OSError as e:
                 raise AlignattError(f"cannot read server config {config_path}: {e.strerror}") from None
             cfg = ServerConfig.model_validate_json(text)
+            if access:
+                cfg = ServerConfig.model_validate({**cfg.model_dump(), **access})
         else:
             options = {"vllm_mode": vllm_mode} if vllm_mode else {}
             route = DirectionRoute(model=model, seam=seam, heads=heads, top_k=top_k, device=device,
@@ -254,6 +261,7 @@ def server_config(
                 settle_buffer_tokens=served_settle(settle_buffer_tokens, seam, device),
                 replicas=ReplicaConfig(own_process=(seam == VLLM_CAPTURE and device.startswith("cuda"))
                                        if engine_process is None else engine_process),
+                **(access or {}),
             )
     except ValidationError as e:
         first = e.errors()[0]

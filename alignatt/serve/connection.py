@@ -77,7 +77,8 @@ class Connection:
         self.closing: tuple[int, str] | None = None  # (code, reason) once the session is ending
         self._closer: asyncio.Task | None = None
         self.in_flight = False  # the worker is answering an update (the client may wait, silent)
-        self._before_init = False  # counted in `connections_before_init`
+        self._before_init = False  # counted in `connections_before_init` and `server.waiting`
+        self.peer = peer_of(ws)
 
     async def run(self) -> None:
         from websockets.exceptions import ConnectionClosed
@@ -86,6 +87,7 @@ class Connection:
         limits, stats = self.limits, self.server.stats
         stats.connections_before_init += 1
         self._before_init = True
+        self.server.waiting.enter(self.peer, self.id)
         try:
             if stats.connections_before_init > limits.max_connections_before_init:
                 # Connections without a session cost the loop and memory but hold no slot: bounded too.
@@ -149,6 +151,7 @@ class Connection:
         if self._before_init:
             self._before_init = False
             self.server.stats.connections_before_init -= 1
+            self.server.waiting.leave(self.peer, self.id)
 
     # ---- sending ----
 
@@ -379,6 +382,12 @@ class Connection:
             records.append(entry)
         except Exception:  # noqa: BLE001 - a record that cannot be kept loses nothing the client needs
             log.exception("connection %d: record not kept", self.id)
+
+
+def peer_of(ws) -> str:
+    """The peer's address (no port): what the per-peer bounds count."""
+    address = getattr(ws, "remote_address", None)
+    return str(address[0]) if address else "?"
 
 
 async def _draft_of(future: Future) -> Draft:

@@ -9,6 +9,7 @@ connection only to run it.
 from __future__ import annotations
 
 import collections
+import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -35,6 +36,32 @@ class ServerStats:
         return {k: dict(v) if isinstance(v, collections.Counter) else v for k, v in vars(self).items()}
 
 
+class WaitingPeers:
+    """Connections without a session yet, per peer address, with when each opened (never in
+    `/stats`: addresses stay private). An honest client sends init at once, so only those waiting
+    past a grace count against the peer's bound: a burst of honest connections from one host (a
+    WhisperLiveKit host reconnecting its sessions) is not refused."""
+
+    GRACE_S = 1.0
+
+    def __init__(self) -> None:
+        self.opened: dict[str, dict[int, float]] = {}
+
+    def enter(self, peer: str, connection_id: int) -> None:
+        self.opened.setdefault(peer, {})[connection_id] = time.monotonic()
+
+    def leave(self, peer: str, connection_id: int) -> None:
+        waiting = self.opened.get(peer, {})
+        waiting.pop(connection_id, None)
+        if not waiting:
+            self.opened.pop(peer, None)
+
+    def silent(self, peer: str) -> int:
+        """The peer's connections waiting past the grace."""
+        since = time.monotonic() - self.GRACE_S
+        return sum(1 for t in self.opened.get(peer, {}).values() if t <= since)
+
+
 class ConnectionHost(Protocol):
     """The server as its connections see it."""
 
@@ -43,6 +70,7 @@ class ConnectionHost(Protocol):
     registry: EngineRegistry
     step_log: ByteBoundedLog
     session_log: ByteBoundedLog
+    waiting: WaitingPeers
 
     async def budget_for(self, engine: Engine) -> PromptBudget | None:
         """The engine's token bounds, built once."""

@@ -8,7 +8,8 @@ is kept: each one carries the whole state of the open utterance) while finals ar
 or reordered; the client reads replies until one has its seq or a newer one. A connection's
 reader, worker and writer are `alignatt.serve.connection`. What is served (presets, limits,
 directions, engines per route) is `alignatt.serve.config`. Besides WebSocket upgrades the server
-answers two plain HTTP GETs, for load balancers and monitoring: `/health` and `/stats`.
+answers two plain HTTP GETs, for load balancers and monitoring: `/health` and `/stats`. Who may
+connect (Origin, token, TLS) is decided at the handshake: `alignatt.serve.access`.
 """
 
 from __future__ import annotations
@@ -23,17 +24,22 @@ import threading
 from typing import Callable
 
 from alignatt.core.errors import AlignattError
+from alignatt.serve import access
 from alignatt.serve.budget import PromptBudget
 from alignatt.serve.config import SeamFactory, ServerConfig, default_seam_factory, resolve_preset
-from alignatt.serve.connection import Connection, translation_frame  # noqa: F401 - translation_frame re-exported
+from alignatt.serve.connection import Connection, peer_of, translation_frame  # noqa: F401 - translation_frame re-exported
 from alignatt.serve.gc_pauses import freeze_startup_heap, process_pauses
-from alignatt.serve.host import ServerStats  # noqa: F401 - re-exported: the counters' home is serve.host
+from alignatt.serve.host import ServerStats, WaitingPeers  # noqa: F401 - re-exported: the counters' home is serve.host
 from alignatt.serve.pool import Engine, EngineRegistry, route_key
 from alignatt.serve.records import ByteBoundedLog
 from alignatt.serve.scheduler import SchedulerConfig
 from alignatt.serve.session import SessionConfig
 
 log = logging.getLogger("alignatt.serve.server")
+# websockets' own logger: one INFO line per connection (refusals too) and, at DEBUG, every request
+# line and header, a token among them. Kept at WARNING; the server logs what matters itself.
+wire_log = logging.getLogger("alignatt.serve.wire")
+wire_log.setLevel(logging.WARNING)
 
 
 # ---- the server ----
@@ -50,6 +56,10 @@ class MTServer:
                                        routes=self.config.directions, engines=self.config.engines,
                                        replicas=self.config.replicas)
         self.stats = ServerStats()
+        self.token = access.check_exposure(self.config)  # never logged, never echoed
+        self.ssl = access.ssl_context(self.config)
+        self.waiting = WaitingPeers()  # connections without a session yet, per peer address
+        self._refusals_logged = access.OncePerPeer()
         limits = self.config.limits
         # Recent translation steps, server-side (the smoke reads the fast-path latencies here).
         self.step_log = ByteBoundedLog(limits.step_log_bytes)
@@ -73,6 +83,10 @@ class MTServer:
             self.config.host,
             self.config.port,
             process_request=self._http,
+            process_response=self._refusal_logged,
+            origins=access.allowed_origins(self.config),
+            ssl=self.ssl,
+            logger=wire_log,
             max_size=limits.max_frame_bytes * limits.hard_frame_factor,
             ping_interval=limits.ping_interval_s,
             ping_timeout=limits.ping_timeout_s,
@@ -131,29 +145,64 @@ class MTServer:
         down = any(not engines for engines in live.values())
         no_room = any(not any(e.scheduler.has_room() for e in engines) for engines in live.values())
         active, limit = self.stats.sessions_active, self.config.limits.max_sessions
+        waiting = self.stats.connections_before_init
+        busy = waiting >= self.config.limits.max_connections_before_init  # a new connection gets `busy`
         lost = sum(len(engines) - len(live[key]) for key, engines in routes.items())
-        status = ("down" if down else "full" if active >= limit or no_room else "degraded" if lost else "ok")
+        status = ("down" if down else "full" if active >= limit or no_room else "busy" if busy
+                  else "degraded" if lost else "ok")
         states = [e.state for e in self.registry.engines]
         return {"status": status, "sessions_active": active, "max_sessions": limit,
-                "sessions_free": 0 if status in ("down", "full") else limit - active,
+                "sessions_free": 0 if status in ("down", "full", "busy") else limit - active,
+                "connections_before_init": waiting,
                 "engines": len(states), "engines_alive": states.count("live"),
                 "engines_hung": states.count("hung"), "engines_dead": states.count("dead")}
 
     def _http(self, connection, request):
-        """`GET /health` (200 when a new session is admitted: ok or degraded, else 503) and
-        `GET /stats`; anything else is a WebSocket."""
-        if request.path == "/health":
+        """`GET /health` (open to all: 200 when a new session is admitted, ok or degraded, else
+        503) and `GET /stats` (the token's, when there is one); anything else is a WebSocket,
+        refused here without the token (401) or past the peer's connections waiting for init (503)."""
+        path = access.path_of(request.path)
+        authorized = self.token is None or access.token_matches(self.token, access.presented_token(request))
+        if path == "/health":
             body = self.health()
             admitted = body["status"] in ("ok", "degraded")
             status = http.HTTPStatus.OK if admitted else http.HTTPStatus.SERVICE_UNAVAILABLE
-        elif request.path == "/stats":
+        elif path == "/stats" and authorized:
             body, status = self.snapshot(), http.HTTPStatus.OK
+        elif not authorized:
+            self.stats.closes["unauthorized"] += 1
+            self._log_refusal("token", peer_of(connection), f"no valid token for {path}")
+            response = connection.respond(http.HTTPStatus.UNAUTHORIZED, "a valid token is required\n")
+            response.headers["WWW-Authenticate"] = "Bearer"
+            return response
+        elif self.waiting.silent(peer_of(connection)) >= self.config.limits.max_connections_before_init_per_peer:
+            self.stats.closes["busy_before_init_peer"] += 1
+            self._log_refusal("waiting", peer_of(connection), "too many connections waiting for init")
+            return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE,
+                                      "too many connections from this address are waiting for init; retry later\n")
         else:
             return None
         response = connection.respond(status, json.dumps(body, default=str) + "\n")
         del response.headers["Content-Type"]
         response.headers["Content-Type"] = "application/json"
         return response
+
+
+    def _refusal_logged(self, connection, request, response):
+        """websockets' Origin check answered 403: counted, and logged once per peer."""
+        from websockets.exceptions import InvalidOrigin
+
+        if response.status_code == http.HTTPStatus.FORBIDDEN and isinstance(
+                connection.protocol.handshake_exc, InvalidOrigin):
+            self.stats.closes["origin_refused"] += 1
+            origin = request.headers.get("Origin", "")
+            self._log_refusal("origin", peer_of(connection), f"Origin {origin[:100]!r} is not allowed "
+                                                               "(--allow-origin to trust a page)")
+        return None
+
+    def _log_refusal(self, kind: str, peer: str, why: str) -> None:
+        if self._refusals_logged.first(kind, peer):
+            log.warning("refused %s at the handshake: %s (logged once per address)", peer, why)
 
 
 # ---- running it ----
@@ -172,7 +221,8 @@ class ServerThread:
 
     @property
     def url(self) -> str:
-        return f"ws://{self.server.config.host}:{self.server.port}"
+        scheme = "wss" if self.server.ssl is not None else "ws"
+        return f"{scheme}://{self.server.config.host}:{self.server.port}"
 
     def start(self, timeout: float = 600.0) -> "ServerThread":
         self._thread = threading.Thread(target=self._run, name="alignatt-server", daemon=True)
