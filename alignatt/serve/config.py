@@ -136,11 +136,20 @@ class ReplicaConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    step_deadline_s: float = Field(20.0, gt=0, description="an engine process that has not answered one call "
-                                                          "(a step, a submit, a ping) this long is hung: it is "
-                                                          "killed, its sessions get processing_failed and reconnect")
-    heartbeat_s: float = Field(1.0, gt=0, description="how often the watcher checks an engine process, and pings "
-                                                     "one that has been idle this long")
+    step_deadline_s: float = Field(20.0, gt=0, description="an engine process whose heartbeat stops this long, or "
+                                                          "that leaves a call without work (a ping, a count) "
+                                                          "unanswered this long, is hung: it is killed, its "
+                                                          "sessions get processing_failed and reconnect")
+    heartbeat_s: float = Field(1.0, gt=0, description="how often an engine process beats its heartbeat (from a "
+                                                     "thread of its own, so it beats while it computes), how "
+                                                     "often the watcher checks it, and pings one idle this long")
+    # A step is bounded by its work, not by one fixed time: a long honest final is slow, not dead.
+    step_token_s: float = Field(0.25, gt=0, description="a step may take step_deadline_s plus this per token of "
+                                                        "work of the drafts running in it (new tokens, plus prompt "
+                                                        "words); past that it is hung, heartbeat or not")
+    max_step_s: float = Field(600.0, gt=0, description="a draft whose own step bound (step_deadline_s + "
+                                                       "step_token_s x its work) passes this is refused before "
+                                                       "it runs (bad_protocol: send shorter utterances)")
     engines_per_gpu: int = Field(1, ge=1, description="engine processes sharing one GPU; a vllm_capture route's "
                                                       "gpu_memory_utilization is split between them unless its "
                                                       "engine_kwargs set it")
