@@ -5,6 +5,7 @@ and no place among the connections waiting for init. Loopback only; bounded loop
 """
 
 import datetime
+import importlib
 import ipaddress
 import json
 import logging
@@ -254,3 +255,27 @@ def test_health_says_busy_when_a_new_connection_would_be_refused(tmp_path, monke
             time.sleep(0.02)
         assert get(base)[0] == 200
 
+
+
+@pytest.mark.filterwarnings("ignore:connect\\(\\) must be used:DeprecationWarning")  # the WLK client's call
+def test_the_unmodified_whisperlivekit_client_with_a_token_url_over_tls(tmp_path, monkeypatch):
+    try:
+        from alignatt.replay.wlk_client import load_wlk_client
+
+        wlk = load_wlk_client()
+        timed = importlib.import_module("whisperlivekit.timed_objects")
+    except Exception as e:  # not installed here
+        pytest.skip(f"WhisperLiveKit client not importable ({e})")
+    cert, key = self_signed(tmp_path)
+    monkeypatch.setenv("SSL_CERT_FILE", cert)  # the client's default context trusts the test's certificate
+    words = "the causal encoder processes each block once.".split()
+    with server(tmp_path, token=TOKEN, ssl_certfile=cert, ssl_keyfile=key) as srv:
+        for url, served in ((f"{srv.url}/?token={TOKEN}", True), (f"{srv.url}/?token={SAME_LENGTH}", False)):
+            engine = wlk.AlignAttRemoteEngine(url=url, source_language="en", preset=None, latency="balanced")
+            client = engine.new_session("de")
+            client.insert_tokens([timed.ASRToken(start=0.4 * i, end=0.4 * i + 0.4, text=" " + w)
+                                  for i, w in enumerate(words)])
+            seg, _ = client.process()
+            assert (seg is not None and seg.text.endswith("once.")) is served
+            assert (client._ws is not None) is served
+        assert srv.call(lambda: srv.server.stats.sessions_opened) == 1
