@@ -176,31 +176,131 @@ def capture_cost_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
     return rows
 
 
+# Words for a recorded configuration (seam, vLLM mode, flags): the figure's labels say what ran.
+SEAM_WORDS = {"hf_eager": "HF eager attention", "hf_qk_fast": "HF sdpa, rows rebuilt from q/k",
+              "vllm_capture": "vLLM capture"}
+MODE_WORDS = {"eager": "eager", "cudagraph": "piecewise CUDA graphs", "fullgraph": "full CUDA graphs",
+              "compiled": "torch.compile"}
+
+
+def _flag_words(flag: str) -> str:
+    from alignatt.measure.load_configurations import ENGINES_FLAG, OWN_PROCESS_FLAG, SETTLE_FLAG
+
+    if flag == OWN_PROCESS_FLAG:
+        return "own engine process"
+    if m := SETTLE_FLAG.fullmatch(flag):
+        return f"settled {m[1]} tokens after a hold"
+    if m := ENGINES_FLAG.fullmatch(flag):
+        return f"{m[1]} engine processes"
+    return {"verify": "verified re-drafts", "batch_invariant": "batch-invariant kernels"}.get(flag, flag)
+
+
+def configuration_words(artifact: Any, vllm_mode: str | None = None) -> str:
+    """A load run's configuration in words, from its recorded config (seam, mode label, prefix caching)."""
+    from alignatt.measure.load_configurations import label_flags
+
+    c = artifact.config
+    seam = str(c.get("seam"))
+    label = vllm_mode or c.get("vllm_mode")
+    parts = [SEAM_WORDS.get(seam, seam)]
+    if label:
+        mode = label.split("+")[0]
+        parts.append(MODE_WORDS.get(mode, mode))
+        parts += [_flag_words(f) for f in label_flags(label)]
+    engine = (c.get("engines") or {}).get(str(vllm_mode)) or c
+    caching = (engine.get("seam_describe") or {}).get("enable_prefix_caching")
+    if caching is not None:
+        parts.append("prefix caching" if caching else "no prefix caching")
+    return ", ".join(parts)
+
+
+# Okabe & Ito's colour-blind-safe palette; black is kept for the served default.
+OKABE_ITO = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442")
+SERVED_COLOR = "#000000"
+MAX_SERIES = 6  # per panel; the capacity table has every level of every run
+RTT_PANELS = (("partial_rtt_ms_p50", "rtt_p50_ms", "RTT p50"), ("partial_rtt_ms_p95", "rtt_p95_ms", "RTT p95"))
+
+
+def _stage_runs(inputs: ReportInputs) -> list[tuple[str, Any]]:
+    """Each profile's `load` stage artifact (`<profile>/load.json`): the runs the figure draws."""
+    return [(rel, a) for rel, a in sorted(inputs.of_kind("load"), key=lambda t: t[0]) if rel.endswith("/load.json")]
+
+
 def rtt_against_speakers(inputs: ReportInputs) -> list[Figure]:
-    loads = sorted(inputs.of_kind("load"), key=lambda t: t[0])
-    points: dict[str, list[tuple[int, float]]] = {}
-    for rel, a in loads:
+    """Per profile's `load` stage run: RTT p50 and p95 against speakers, one line per configuration,
+    the served default in black and each target of the panel's bound marked. Other load runs
+    (exploratory, historical) are in the capacity table, not here."""
+    from alignatt.report.rows import machine_of
+
+    targets = (inputs.params.get("report") or {}).get("capacity_targets") or []
+    served = served_default_label()
+    runs = []
+    for rel, a in _stage_runs(inputs):
+        series: dict[str, dict] = {}
         for lv in a.levels:
-            if lv.partial_rtt_ms_p95 is not None:
-                points.setdefault(configuration(rel, a, lv.vllm_mode), []).append((lv.speakers, lv.partial_rtt_ms_p95))
-    series = sorted(points.items())
-    if not series:
+            key = lv.vllm_mode or ""
+            s = series.setdefault(key, dict(label=configuration_words(a, lv.vllm_mode),
+                                            served=lv.vllm_mode == served, points=[]))
+            s["points"].append(lv)
+        if not series:
+            continue
+        ordered = sorted(series.values(), key=lambda s: (not s["served"], s["label"]))[:MAX_SERIES]
+        vllm = str(a.config.get("seam", "")).startswith("vllm")
+        streams = ", ".join(dict.fromkeys(Path(s).stem for lv in a.levels for s in lv.streams))
+        model = f"{a.config.get('model')}{' (synthetic weights)' if a.synthetic_weights else ''}"
+        runs.append(dict(rel=rel, series=ordered, targets=targets if vllm else [],
+                         title=f"{machine_of(a)}: {model}, {streams} stream, {a.provenance.date}"))
+    if not runs:
         return []
+    runs.sort(key=lambda r: not r["targets"])  # the runs the targets judge first
 
     def draw() -> Figure:
-        fig, ax = new_figure(7.0, 4.0)
-        for label, pts in series:
-            xs, ys = zip(*sorted(pts))
-            ax.plot(xs, ys, marker="o", linewidth=1, label=label)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("concurrent real-time speakers")
-        ax.set_ylabel("partial-draft RTT p95 (ms)")
-        ax.axhline(300.0, color="#7f7f7f", linewidth=0.6, linestyle="--")
-        ax.grid(True, linewidth=0.3)
-        ax.legend(fontsize=8)
-        caption = ("Partial-draft round trip (p95, client side) against the number of concurrent real-time "
-                   "speakers, one line per configuration; the dashed line is the 300 ms target.")
-        return Figure("capacity_rtt_p95", "load", "Capacity: RTT p95 against speakers", caption, svg_text(fig))
+        from matplotlib.ticker import FuncFormatter
+
+        fig, _ = new_figure(7.5, 3.6 * len(runs))
+        fig.clear()
+        # per run: two panels, and under them a row that holds the legend (outside the data)
+        spec = fig.add_gridspec(2 * len(runs), 2, height_ratios=[3.0, 0.55] * len(runs))
+        for i, run in enumerate(runs):
+            row = [fig.add_subplot(spec[2 * i, 0]), fig.add_subplot(spec[2 * i, 1])]
+            for ax, (field, bound, name) in zip(row, RTT_PANELS):
+                colors = iter(OKABE_ITO)
+                for s in run["series"]:
+                    pts = sorted((lv.speakers, getattr(lv, field)) for lv in s["points"] if getattr(lv, field) is not None)
+                    if not pts:
+                        continue
+                    xs, ys = zip(*pts)
+                    label = ("served default: " if s["served"] else "") + s["label"]
+                    style = dict(color=SERVED_COLOR, linewidth=2.2, zorder=3) if s["served"] else dict(
+                        color=next(colors), linewidth=1.2)
+                    ax.plot(xs, ys, marker="o", markersize=4, label=label, **style)
+                speakers = sorted({lv.speakers for s in run["series"] for lv in s["points"]})
+                for t in run["targets"]:
+                    if bound in t:
+                        right = t["speakers"] == min(speakers)  # the label beside the marker, inside the panel
+                        ax.plot([t["speakers"]], [t[bound]], marker="v", markersize=9, color="#D55E00",
+                                linestyle="none", zorder=4)
+                        ax.annotate(f"target ≤ {t[bound]} ms", (t["speakers"], t[bound]), textcoords="offset points",
+                                    xytext=(6 if right else -6, 5), ha="left" if right else "right", va="bottom", fontsize=7, color="#D55E00")
+                low, high = ax.get_ylim()
+                ax.set_ylim(low, high * 1.3)  # room for a target's label above the highest point
+                ax.set_xscale("log", base=2)
+                ax.set_yscale("log")
+                ax.set_xticks(speakers, [str(n) for n in speakers])
+                ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+                ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if str(v)[0] in "236" else ""))
+                ax.set_xlabel("concurrent real-time speakers", fontsize=8)
+                ax.set_ylabel(f"partial-draft {name} (ms)", fontsize=8)
+                ax.tick_params(which="both", labelsize=7)
+                ax.grid(True, linewidth=0.3)
+            row[0].set_title(run["title"], fontsize=8, loc="left")
+            key = fig.add_subplot(spec[2 * i + 1, :])
+            key.axis("off")
+            key.legend(*row[0].get_legend_handles_labels(), fontsize=7, loc="upper left", frameon=False)
+        caption = ("Partial-draft round trip (client side), p50 and p95, against concurrent real-time speakers: "
+                   "one row per profile's `load` stage run, one line per configuration, the served default in "
+                   "black, each capacity target (`report.capacity_targets`) a ▼ at its speakers and bound. "
+                   "Exploratory and earlier load runs are in the capacity table, not drawn.")
+        return Figure("capacity_rtt_p95", "load", "Capacity: RTT against speakers", caption, svg_text(fig))
 
     return [styled(draw)]

@@ -29,7 +29,8 @@ FIGURES_DIR = "figures"  # under reports/, beside BENCHMARKS.md
 SVG_RC = {"svg.hashsalt": "alignatt-report", "svg.fonttype": "none", "svg.image_inline": True,
           "path.simplify": False}
 SVG_METADATA = {"Date": None, "Creator": "alignatt report", "Format": None, "Type": None}
-SEAM_COLORS = {HF_EAGER: "#d62728", HF_QK_FAST: "#1f77b4", VLLM_CAPTURE: "#2ca02c"}
+# Okabe & Ito's colour-blind-safe palette (vermillion, blue, bluish green)
+SEAM_COLORS = {HF_EAGER: "#D55E00", HF_QK_FAST: "#0072B2", VLLM_CAPTURE: "#009E73"}
 MODE_MARKERS = dict(zip(VLLM_MODES, ("o", "s", "D", "^"), strict=True))  # a new mode needs its marker
 
 
@@ -63,13 +64,14 @@ def render_figures(inputs: ReportInputs, functions: Sequence[FigureFunction]) ->
 # ---- drawing, byte-stable --------------------------------------------------------------------
 
 
-def new_figure(width: float = 7.0, height: float = 4.0):
+def new_figure(width: float = 7.0, height: float = 4.0, nrows: int = 1, ncols: int = 1):
+    """A figure and its axes (one, or an nrows x ncols array)."""
     try:
         from matplotlib.figure import Figure as MplFigure
     except ImportError:
         raise AlignattError("the report's figures need matplotlib: pip install 'alignatt[pipeline]'") from None
     fig = MplFigure(figsize=(width, height), layout="constrained")
-    return fig, fig.subplots()
+    return fig, fig.subplots(nrows, ncols, squeeze=nrows == ncols == 1)
 
 
 def svg_text(fig) -> str:
@@ -147,13 +149,13 @@ def latency_by_prompt_length(inputs: ReportInputs) -> list[Figure]:
             for seam, mode, points in series:
                 xs, ys = zip(*points)
                 ax.plot(xs, ys, marker=MODE_MARKERS.get(mode, "x"), linestyle="-", linewidth=1,
-                        color=SEAM_COLORS.get(seam, "#7f7f7f"), label=f"{seam} ({mode})")
+                        color=SEAM_COLORS.get(seam, "#000000"), label=f"{seam} ({mode})")
             ax.set_xlabel("prompt length (tokens)")
             ax.set_ylabel("ms per generated token (median)")
             ax.set_ylim(bottom=0)
             ax.grid(True, linewidth=0.3)
             ax.set_title(f"{profile}: {model}{synthetic} on {machine}, {day}", fontsize=9)
-            ax.legend(fontsize=8)
+            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # outside the data
             caption = (f"Per-seam latency by prompt length, profile `{profile}` ({day}): each point is one "
                        "prompt's median over its measured passes; `dvc plots show` has the same data by prompt.")
             return Figure(f"latency_by_prompt_length_{profile}", "bench", f"Latency by prompt length ({profile})",
@@ -178,7 +180,7 @@ def headline_ratio_history(inputs: ReportInputs) -> list[Figure]:
                 continue
             xs = [date.fromisoformat(r.date) for r in group]
             ys = [r.speedup for r in group]
-            color = "#d62728" if corrupt else ("#1f77b4" if historical else "#2ca02c")
+            color = "#D55E00" if corrupt else ("#0072B2" if historical else "#009E73")
             style = {"marker": "x", "color": color} if corrupt else {
                 "marker": "o", "edgecolors": color, "facecolors": "none" if historical else color}
             ax.scatter(xs, ys, s=36, label=label, **style)
@@ -190,7 +192,7 @@ def headline_ratio_history(inputs: ReportInputs) -> list[Figure]:
         ax.set_ylabel("HF eager ÷ vLLM (same row)")
         ax.set_ylim(bottom=0)
         ax.grid(True, linewidth=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # outside the data
         fig.autofmt_xdate()
         caption = ("The headline ratio over time: HF eager ms/token divided by vLLM ms/token within one "
                    "results row (one day, one machine); ✗ marks a row whose graphed capture was corrupt, "

@@ -333,3 +333,44 @@ def test_the_capacity_table_shows_how_busy_the_gpu_was_where_it_was_sampled():
                           by_kind={"load": [("outputs/h200/load.json", sampled)]})
     rows = capacity_rows(inputs)
     assert [r["gpu_busy"] for r in rows] == ["63%"] + ["—"] * len(rest)
+
+
+def test_a_changed_plotted_value_makes_its_figure_stale(tree):
+    """The check compares what a figure shows: one plotted value moved, with the page text kept as
+    it was rendered from the new data, is still caught by the figure's comparison."""
+    report.write_report(tree)
+    write_run(tree, "h200", {"cudagraph": bench_artifact("h200", "cudagraph", {"vllm_capture": 0.26}, True, True)})
+    fresh_text, fresh_figures = report.render_all(tree)
+    (tree / "reports" / "BENCHMARKS.md").write_text(fresh_text, encoding="utf-8")  # the page is current
+    assert report.stale_report(tree) == "reports/figures/latency_by_prompt_length_h200.svg is stale: run `alignatt report`"
+    result = CliRunner().invoke(app, ["report", "--check", "--root", str(tree)])
+    assert result.exit_code == 1 and "latency_by_prompt_length_h200.svg is stale" in result.output
+
+
+def _capacity_inputs(*extra: str):
+    from alignatt.report.inputs import ReportInputs
+
+    params = {"report": {"capacity_targets": [{"speakers": 1, "rtt_p50_ms": 40},
+                                              {"speakers": 64, "rtt_p95_ms": 300}, {"speakers": 128, "rtt_p95_ms": 600}]}}
+    loads = [(rel, load_artifact(ROOT / rel)) for rel in ("outputs/h200/load.json", *extra)]
+    return ReportInputs(root=ROOT, params=params, published=[], runs={}, smokes=[], envs=[], measurements=[],
+                        by_kind={"load": loads})
+
+
+def test_the_capacity_figure_marks_the_served_default_and_each_target_in_words():
+    import re
+
+    from alignatt.report.capacity import rtt_against_speakers
+
+    (figure,) = rtt_against_speakers(_capacity_inputs("outputs/h200/load_verify.json"))
+    svg = figure.svg
+    # the served default, named in words from its recorded configuration
+    assert "served default: vLLM capture, full CUDA graphs, settled 2 tokens after a hold, own engine process" in svg
+    for bound in (40, 300, 600):
+        assert f"target ≤ {bound} ms" in svg
+    # labels in words, not file names; the exploratory run (load_verify) is in the table, not drawn
+    assert "load_" not in svg and "fullgraph+" not in svg and "verified re-drafts" not in svg
+    legend_lines = re.findall(r">(?:served default: )?vLLM capture[^<]*</text>", svg)
+    assert len(legend_lines) == 2  # the stage run's two configurations (at most 6 per panel)
+    # Okabe-Ito colours and black: no colour of matplotlib's default cycle
+    assert "#1f77b4" not in svg.lower() and "#ff7f0e" not in svg.lower()
