@@ -67,14 +67,14 @@ def serve_cmd(
     """Run the MT server (WhisperLiveKit `alignatt` protocol v1) until interrupted."""
     import logging
 
-    from alignatt.serve.access import check_exposure, ssl_context
+    from alignatt.serve.access import TOKEN_ENV, check_exposure, ssl_context
     from alignatt.serve.server import serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cfg = _server_config(config, host, port, model, seam, preset, direction, heads, top_k,
                          device, dtype, max_sessions, max_utterance_words, vllm_mode, engines, settle_buffer_tokens,
                          engine_process, access={k: v for k, v in {
-                             "allow_origins": allow_origin, "token_file": token_file,
+                             "allow_origins": allow_origin, "token_file": token_file, "token_env": TOKEN_ENV,
                              "insecure_no_token": insecure_no_token or None, "ssl_certfile": ssl_certfile,
                              "ssl_keyfile": ssl_keyfile}.items() if v})
     check_exposure(cfg)  # before any model is loaded: no token beyond loopback is refused at once

@@ -21,11 +21,11 @@ from urllib.parse import parse_qs, urlsplit
 from alignatt.core.errors import AlignattError
 from alignatt.serve.config import ServerConfig
 
-TOKEN_ENV = "ALIGNATT_TOKEN"
+TOKEN_ENV = "ALIGNATT_TOKEN"  # what `alignatt serve` reads (ServerConfig.token_env)
 
 
 def load_token(config: ServerConfig) -> str | None:
-    """The shared secret: `token_file`'s first line, else `$ALIGNATT_TOKEN`, else None."""
+    """The shared secret: `token_file`'s content, else the variable `token_env` names, else None."""
     if config.token_file:
         try:
             token = Path(config.token_file).read_text().strip()
@@ -34,7 +34,9 @@ def load_token(config: ServerConfig) -> str | None:
         if not token:
             raise AlignattError(f"token file {config.token_file} is empty")
         return token
-    return os.environ.get(TOKEN_ENV, "").strip() or None
+    if not config.token_env:
+        return None
+    return os.environ.get(config.token_env, "").strip() or None
 
 
 def is_loopback(host: str) -> bool:
@@ -52,7 +54,7 @@ def check_exposure(config: ServerConfig) -> str | None:
     token = load_token(config)
     if token is None and not is_loopback(config.host) and not config.insecure_no_token:
         raise AlignattError(f"refusing to listen on {config.host} without a token: give --token-file or "
-                            f"${TOKEN_ENV}, or --insecure-no-token")
+                            f"${config.token_env or TOKEN_ENV}, or --insecure-no-token")
     return token
 
 

@@ -179,7 +179,10 @@ class ServerConfig(BaseModel):
         default_factory=list, description="Origin header values accepted besides none (pages the operator "
                                           "trusts); any other Origin is refused with 403 at the handshake")
     token_file: str | None = Field(None, description="file holding the shared token clients must present "
-                                                     "(else $ALIGNATT_TOKEN; none: no token asked)")
+                                                     "(else the variable token_env names; neither: no token)")
+    token_env: str | None = Field(None, description="environment variable holding the token when there is no "
+                                                    "token_file (`alignatt serve`: ALIGNATT_TOKEN; servers that "
+                                                    "measurements start read none)")
     insecure_no_token: bool = Field(False, description="listen beyond loopback without a token")
     ssl_certfile: str | None = Field(None, description="TLS certificate chain (PEM): serve wss://")
     ssl_keyfile: str | None = Field(None, description="TLS private key (PEM), if not in the certificate file")

@@ -130,7 +130,9 @@ def test_health_stays_open_and_stats_needs_the_token(tmp_path):
 
 def test_the_token_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("ALIGNATT_TOKEN", TOKEN)
-    with server(tmp_path) as srv:
+    with server(tmp_path) as srv:  # a server a measurement starts reads no variable
+        assert init_ok(srv.url)["type"] == "init_ok"
+    with server(tmp_path, token_env="ALIGNATT_TOKEN") as srv:  # `alignatt serve`'s
         assert refused_status(srv.url) == 401
         assert init_ok(srv.url, token=TOKEN)["type"] == "init_ok"
 
