@@ -25,6 +25,7 @@ from alignatt.report.capacity import (capacity_rows, capacity_targets, capture_c
 from alignatt.report.figures import FIGURES_DIR, Figure, FigureFunction, render_figures
 from alignatt.report.inputs import ReportInputs, collect_inputs, relative
 from alignatt.report.rows import ResultRow, load_note, machine_of
+from alignatt.report.headline import headline
 from alignatt.report.served import served_criterion
 
 TEMPLATE = "BENCHMARKS.md.j2"
@@ -350,6 +351,7 @@ def build_context(inputs: ReportInputs, figures: list[Figure] | None = None) -> 
         exactness=exactness,
         served=served_criterion(exactness, scored_mode),
         independence=load_independence(inputs),
+        headline=headline(inputs),  # the page's opening results (alignatt.report.headline)
         run_records=inputs.run_records,  # who signed which run (alignatt.report.inputs)
     )
 

@@ -1,0 +1,126 @@
+"""The Benchmarks page's opening lines: the headline results, each from its artifact.
+
+One line per result (the served configuration, speakers per GPU at the capacity targets, one
+speaker's round trip, the capture cost, quality at the low- and high-latency presets), each with
+the date, commit and machine of the artifact it comes from and a link to the page section that
+has the full table. A result with no artifact yet says so rather than disappearing.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from alignatt.record.artifacts import measured_on_gpu
+from alignatt.report.inputs import ReportInputs
+
+CAPACITY_SECTION = "Capacity (many speakers on one engine)"
+QUALITY_BANDS = ("low_latency", "high_latency")  # the presets at either end of the latency range
+QUALITY_TAIL = "noisy"  # the tail an ASR gives: seeded noise, not the gold source
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces to hyphens."""
+    return "#" + re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _stamp(a: Any) -> str:
+    from alignatt.report.rows import machine_of
+
+    commit = (a.provenance.git_commit or "no commit")[:7]
+    return f"{a.provenance.date}, `{commit}`, {machine_of(a)}"
+
+
+def _headline_profile_file(inputs: ReportInputs, name: str) -> tuple[str, Any] | None:
+    """`<profile>/<name>` of the first profile measured on a GPU, else of any profile."""
+    found = [(rel, a) for entries in inputs.by_kind.values() for rel, a in entries if rel.endswith(f"/{name}")
+             and rel.count("/") == 2]
+    found.sort(key=lambda t: (not measured_on_gpu(t[1]), t[0]))
+    return found[0] if found else None
+
+
+def _served_level(load: Any, speakers: int) -> Any:
+    from alignatt.measure.load_configurations import served_default_label
+
+    served = served_default_label()
+    return next((lv for lv in load.levels if lv.vllm_mode == served and lv.speakers == speakers), None)
+
+
+def headline(inputs: ReportInputs) -> list[dict[str, str]]:
+    """The opening results, as `what`, `result`, `stamp` (date, commit, machine) and `link`."""
+    from alignatt.measure.load_configurations import served_default_label
+    from alignatt.report.capacity import _judge, configuration_words
+
+    items = []
+    served = served_default_label()
+    capacity_link = anchor(CAPACITY_SECTION)
+    found = _headline_profile_file(inputs, "load.json")
+    if found is None:
+        items.append(dict(what="Capacity", result="no `load` stage artifact yet", stamp="", link=capacity_link))
+    else:
+        rel, load = found
+        stamp = _stamp(load)
+        words = configuration_words(load, served) if any(lv.vllm_mode == served for lv in load.levels) else None
+        items.append(dict(what="Served configuration", result=(f"{words} (`{served}`)" if words else
+                          f"`{served}`, not measured in `{rel}`"), stamp=stamp, link=capacity_link))
+        streams = ", ".join(dict.fromkeys(s.rsplit("/", 1)[-1].removesuffix(".json")
+                                          for lv in load.levels for s in lv.streams))
+        verdicts = []
+        for target in (inputs.params.get("report") or {}).get("capacity_targets") or []:
+            level = _served_level(load, target["speakers"])
+            if level is None:
+                verdicts.append(f"{target['speakers']}: not measured")
+                continue
+            ok, said = _judge(level, target)
+            verdicts.append(f"{target['speakers']} {'met' if ok else '**missed**'} ({', '.join(said[:-1])})")
+        met = [int(v.split(" ")[0]) for v in verdicts if v.split(" ")[1] == "met"]
+        items.append(dict(what=f"Speakers per {_machine_short(load)} at the targets, `{streams}` stream",
+                          result=(f"**{max(met)}** speakers meet their target" if met else "no target met")
+                          + f" (served default; by speakers: {'; '.join(verdicts)})",
+                          stamp=stamp, link=capacity_link))
+        one = _served_level(load, 1)
+        if one is not None:
+            items.append(dict(what="One speaker's round trip", result=(
+                f"partial-draft RTT p50 {one.partial_rtt_ms_p50:.0f} ms, p95 {one.partial_rtt_ms_p95:.0f} ms "
+                "(served default, alone on the engine)"), stamp=stamp, link=capacity_link))
+        if load.capture_cost:
+            costs = sorted(load.capture_cost, key=lambda c: c.batch)
+            span = [costs[0]] + ([costs[-1]] if len(costs) > 1 else [])
+            items.append(dict(what="Capture cost (captured ÷ uncaptured draft wall)", result=", ".join(
+                f"**{c.ratio:.2f}×** at batch {c.batch}" for c in span) + f" ({costs[0].vllm_mode})",
+                stamp=stamp, link=capacity_link))
+    items.extend(_quality(inputs))
+    return items
+
+
+def _machine_short(a: Any) -> str:
+    p = a.provenance
+    return p.gpus[0].name.removeprefix("NVIDIA ") if p.gpus else "CPU"
+
+
+def _quality(inputs: ReportInputs) -> list[dict[str, str]]:
+    found = _headline_profile_file(inputs, "eval.json")
+    if found is None:
+        return [dict(what="Quality", result="no `eval` stage artifact yet", stamp="",
+                     link=anchor("Translation quality and simultaneous latency"))]
+    rel, a = found
+    from alignatt.report.rows import machine_of
+
+    heading = (f"{a.config.get('test_set')}: {a.config.get('model')} on {machine_of(a)}, {a.provenance.date}"
+               + (" — latency only (synthetic weights: BLEU is not a translation score)" if a.synthetic_weights else ""))
+    rows = [r for r in a.rows if r.role == "quality" and r.form == "sentence" and r.driver == "inprocess"]
+    parts = []
+    for preset in QUALITY_BANDS:
+        r = next((r for r in rows if r.preset == preset and r.tail == QUALITY_TAIL), None)
+        if r is not None and r.bleu is not None:
+            laal = r.latency.get("ca_laal_ms")
+            parts.append(f"`{preset}` BLEU **{r.bleu:.1f}** at LAAL {laal / 1000:.2f} s (computation-aware)" if laal is not None
+                         else f"`{preset}` BLEU **{r.bleu:.1f}**")
+    offline = next((r for r in a.rows if r.role == "quality" and r.driver == "offline"), None)
+    if offline is not None and offline.bleu is not None:
+        parts.append(f"offline (whole sentence) {offline.bleu:.1f}")
+    model = a.config.get("model")
+    caveat = " — synthetic weights: not a translation score" if a.synthetic_weights else ""
+    return [dict(what=f"Quality, {a.config.get('test_set')} ({model}, {QUALITY_TAIL} ASR tail, N = "
+                      f"{rows[0].instances if rows else 0}){caveat}",
+                 result="; ".join(parts) or "no scored rows", stamp=_stamp(a), link=anchor(heading))]

@@ -1,0 +1,51 @@
+"""The page opens with its results: each rendered from its artifact, stamped, and linked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alignatt.record.artifacts import load_artifact
+from alignatt.report.headline import anchor, headline
+from alignatt.report.inputs import ReportInputs
+
+ROOT = Path(__file__).resolve().parents[2]
+TARGETS = {"report": {"capacity_targets": [{"speakers": 1, "rtt_p50_ms": 40},
+                                           {"speakers": 64, "rtt_p95_ms": 300, "lag_max_s": 1.0, "lag_steady": True},
+                                           {"speakers": 128, "rtt_p95_ms": 600, "lag_steady": True}]}}
+
+
+def _inputs(load=None, evaluation=None) -> ReportInputs:
+    load = load or load_artifact(ROOT / "outputs/h200/load.json")
+    evaluation = evaluation or load_artifact(ROOT / "outputs/h200/eval.json")
+    return ReportInputs(root=ROOT, params=TARGETS, published=[], runs={}, smokes=[], envs=[], measurements=[],
+                        by_kind={"load": [("outputs/h200/load.json", load)], "eval": [("outputs/h200/eval.json", evaluation)]})
+
+
+def test_each_headline_comes_from_its_artifact_with_date_commit_and_gpu():
+    load = load_artifact(ROOT / "outputs/h200/load.json")
+    items = {i["what"].split(",")[0]: i for i in headline(_inputs(load))}
+    assert set(items) == {"Served configuration", "Speakers per H200 at the targets", "One speaker's round trip",
+                          "Capture cost (captured ÷ uncaptured draft wall)", "Quality"}
+    stamp = f"{load.provenance.date}, `{load.provenance.git_commit[:7]}`, NVIDIA H200"
+    assert items["One speaker's round trip"]["stamp"] == stamp
+    # a moved measurement moves the headline
+    levels = [lv.model_copy(update={"partial_rtt_ms_p50": 12.4}) if lv.speakers == 1 else lv for lv in load.levels]
+    moved = {i["what"]: i for i in headline(_inputs(load.model_copy(update={"levels": levels})))}
+    assert "p50 12 ms" in moved["One speaker's round trip"]["result"]
+
+
+def test_the_committed_page_opens_with_its_headline_and_every_link_resolves():
+    page = (ROOT / "reports" / "BENCHMARKS.md").read_text(encoding="utf-8")
+    first = page.splitlines()[:25]
+    assert "## Results at a glance" in first
+    bullets = [line for line in first if line.startswith("- **")]
+    assert len(bullets) >= 5
+    anchors = {anchor(line.lstrip("#")) for line in page.splitlines() if line.startswith("#")}
+    for line in bullets:
+        link = line.rsplit("](", 1)[1].rstrip(")")
+        assert link in anchors, (link, line)
+
+
+def test_anchor_is_githubs():
+    assert anchor("Capacity (many speakers on one engine)") == "#capacity-many-speakers-on-one-engine"
+    assert anchor("en-de: gemma3-270m on NVIDIA H200, 2026-12-03") == "#en-de-gemma3-270m-on-nvidia-h200-2026-12-03"
