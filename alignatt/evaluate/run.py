@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from alignatt.capture.names import HF_QK_FAST
 from alignatt.core.errors import AlignattError
+from alignatt.core.progress import progress_bar
 from alignatt.evaluate import engines as eval_engines, scoring, uncertainty
 from alignatt.evaluate.instance_log import logs_dir, write_instance_logs
 from alignatt.evaluate.outputs import OFFLINE
@@ -141,6 +142,8 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
     engines = eval_engines.load_engines(factory, route, heads, options.engines)
     seam = engines.seams[0]  # the server's and the under-load rows' engine
     streams = None
+    bar = progress_bar(_streams_to_replay(options, presets, pairs, talks), f"eval {variant}", "stream")
+    tick = _ticker(bar)
     try:
         streams = stream_runner(engines.seams, concurrency)
         pair_ids = [p.id for p in pairs]
@@ -158,12 +161,12 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
                     sentence_outputs: dict[str, list[StreamOutput]] = {}
                     for driver_name in options.drivers:
                         if driver_name == "inprocess":
-                            outs = streams.map(lambda s, p: sentence_output(InProcessDriver(s, preset, src, tgt), p,
-                                                                             schedule, tails, tgt), pairs, pair_ids)
+                            outs = streams.map(lambda s, p: tick(sentence_output(InProcessDriver(s, preset, src, tgt),
+                                                                                  p, schedule, tails, tgt)), pairs, pair_ids)
                         else:  # through the server, one stream at a time
                             driver = (WebSocketDriver(server.url, preset, src, tgt) if driver_name == "websocket"
                                       else WlkDriver(server, preset, src, tgt, schedule.words_per_second))
-                            outs = [sentence_output(driver, p, schedule, tails, tgt) for p in pairs]
+                            outs = [tick(sentence_output(driver, p, schedule, tails, tgt)) for p in pairs]
                         sentence_outputs[driver_name] = outs
                         rows.append(sentence_row(pairs, outs, preset, variant, driver_name, label, ts, schedule,
                                                   tail, options.bootstrap,
@@ -176,8 +179,8 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
                                                         sentence_outputs["inprocess"], sentence_outputs[driver_name]))
                 for tail in options.longform_tails if talks else []:
                     tails = tail_models[tail]
-                    outs = streams.map(lambda s, t: talk_output(InProcessDriver(s, preset, src, tgt), t, schedule,
-                                                                 tails, tgt), talks, [talk_id(t) for t in talks])
+                    outs = streams.map(lambda s, t: tick(talk_output(InProcessDriver(s, preset, src, tgt), t, schedule,
+                                                                      tails, tgt)), talks, [talk_id(t) for t in talks])
                     rows.append(longform_row(talks, outs, preset, variant, "inprocess", label, ts, schedule, tail,
                                               options.bootstrap, concurrency))
                     progress(f"[{variant}] {preset} long form tail={tail}: LongYAAL "
@@ -186,8 +189,8 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
             if server is not None:
                 server.stop()
         if options.offline_baseline:
-            outs = streams.map(lambda s, p: offline_output(InProcessDriver(s, DEFAULT_PRESET, src, tgt),
-                                                            p.source_words, tgt, schedule), pairs, pair_ids)
+            outs = streams.map(lambda s, p: tick(offline_output(InProcessDriver(s, DEFAULT_PRESET, src, tgt),
+                                                                 p.source_words, tgt, schedule)), pairs, pair_ids)
             row = sentence_row(pairs, outs, OFFLINE, variant, OFFLINE, label, ts, schedule, "none",
                                 options.bootstrap, concurrency)
             rows.append(row)
@@ -199,8 +202,9 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
         streams.close()
         streams = None
         rows += _under_load_rows(options, seam, pairs[:options.load_sentences], variant, label, ts, schedule,
-                                 tail_models[LOAD_TAIL], progress)
+                                 tail_models[LOAD_TAIL], progress, tick)
     finally:
+        bar.close()
         try:
             if streams is not None:
                 streams.close()
@@ -212,8 +216,25 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
 LOAD_TAIL = "gold"
 
 
+def _streams_to_replay(options: EvalOptions, presets: list[str], pairs: list[TestPair],
+                       talks: list[list[TestPair]]) -> int:
+    """How many streams (sentences, talks) one variant replays: the progress bar's total."""
+    per_preset = (len(options.tails) * len(options.drivers) * len(pairs)
+                  + (len(options.longform_tails) * len(talks) if talks else 0))
+    return (len(presets) * per_preset + (len(pairs) if options.offline_baseline else 0)
+            + len(options.load_levels) * len(pairs[:options.load_sentences]))
+
+
+def _ticker(bar):
+    """`tick(out)`: one stream replayed (the bar advances), its output passed through."""
+    def tick(out):
+        bar.update(1)
+        return out
+    return tick
+
+
 def _under_load_rows(options: EvalOptions, seam, pairs: list[TestPair], variant: str, label: str, ts: TestSet,
-                     schedule: Schedule, tails: TailModel, progress) -> list:
+                     schedule: Schedule, tails: TailModel, progress, tick=lambda out: out) -> list:
     """Quality under load: the default preset's gold-tail replay of the same first sentences at each
     of `options.load_levels` streams at once, on the variant's first engine alone (its batch limit
     was raised to the highest level). Each level, 1 included, drafts through a draft scheduler of
@@ -223,8 +244,8 @@ def _under_load_rows(options: EvalOptions, seam, pairs: list[TestPair], variant:
     for level in options.load_levels:
         runner = ConcurrentStreams([seam], level)
         try:
-            outs = runner.map(lambda s, p: sentence_output(InProcessDriver(s, DEFAULT_PRESET, src, tgt), p,
-                                                            schedule, tails, tgt), pairs, [p.id for p in pairs])
+            outs = runner.map(lambda s, p: tick(sentence_output(InProcessDriver(s, DEFAULT_PRESET, src, tgt), p,
+                                                                 schedule, tails, tgt)), pairs, [p.id for p in pairs])
             described = runner.describe()
         finally:
             runner.close()

@@ -317,7 +317,7 @@ def calibrate(
     """Score every head of `model` (a preset name, path or `LoadedModel`) on word-aligned pairs."""
     import torch
     import transformers
-    from tqdm import tqdm
+    from alignatt.core.progress import track
 
     if max_pairs is not None and max_pairs < 1:
         raise AlignattError(f"--max-pairs must be >= 1, got {max_pairs}")
@@ -348,7 +348,7 @@ def calibrate(
     skip_reasons: dict[str, int] = {}
     t0 = time.perf_counter()
     with _EagerAttention(model.model) as hf_model:
-        for pair in tqdm(pairs, desc="calibrating heads", unit="pair", disable=not progress):
+        for pair in track(pairs, "calibrating heads", "pair", progress):
             try:
                 inputs = pair_inputs(model.tokenizer, pair)
             except PairSkipped as e:

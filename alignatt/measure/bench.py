@@ -121,9 +121,9 @@ def row_from_draft(draft, prompt: BenchPrompt, repeat: int, config: BenchConfig)
 
 
 def _bar(total: int, desc: str, enabled: bool):
-    from tqdm import tqdm
+    from alignatt.core.progress import progress_bar
 
-    return tqdm(total=total, desc=desc, unit="draft", disable=not enabled, file=sys.stderr)
+    return progress_bar(total, desc, "draft", enabled)  # a bar on a terminal, plain lines in a log
 
 
 def measure_seam(

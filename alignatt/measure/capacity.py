@@ -31,6 +31,7 @@ from pydantic import Field, field_validator
 from alignatt.capture.names import VLLM_CAPTURE
 from alignatt.core.draft import acceptance_level
 from alignatt.core.errors import AlignattError
+from alignatt.core.progress import progress_bar
 from alignatt.models.presets import preset_for
 from alignatt.replay.speakers import SpeakerPlan, run_speakers
 from alignatt.measure.gpu_busy import GpuBusy, route_gpu
@@ -191,6 +192,7 @@ def run_configuration(options: LoadOptions, mode: str | None, seam_factory=None)
         describe = getattr(engine.seam, "describe", None)
         totals = getattr(engine.seam, "acceptance_totals", None)  # verification counts (a child's over its pipe)
         profiled = _profiled_engines(options, mode, engines)
+        bar = progress_bar(len(set(options.speakers)), f"load {mode or options.seam}", "level")
         for n in sorted(set(options.speakers)):
             _wait_for_sessions_to_close(handle)  # the last level's sessions hold admission slots until closed
             before = [e.stats() for e in engines]
@@ -224,6 +226,8 @@ def run_configuration(options: LoadOptions, mode: str | None, seam_factory=None)
                         alone[streams[i % len(streams)][0]] = signature(run.events)
             levels.append(level)
             print(level_line(level), flush=True)
+            bar.update(1)
+        bar.close()
         # After the levels: the seam's counters (prefix-cache hits) cover the whole run. `scheduler` is
         # the first engine's (the only one, unless `engines` asked for more); `per_engine` lists them all.
         facts = {"seam_describe": describe() if callable(describe) else None,

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from alignatt.core.errors import AlignattError
+from alignatt.core.progress import timed_bar
 from alignatt.replay.events import RunRecord, count_retractions
 from alignatt.replay.lockstep import replay_native
 from alignatt.replay.stream import ends_sentence, load_stream
@@ -113,14 +114,16 @@ def run_smoke(options: SmokeOptions, out: str | Path | None = "outputs/server_sm
     with ServerThread(config, seam_factory) as handle:
         engine = handle.server.registry.engines[0]
         heads = [[h.layer, h.head] for h in engine.heads]
+        replay_s = (len(stream.words) / stream.words_per_second + stream.commit_lag_seconds) / speed
         for client in clients:
-            if client == "native":
-                runs.append(replay_native(handle.url, stream, speed, preset))
-            else:
-                conn = handle.server.stats.connections + 1
-                log = lambda: handle.call(  # noqa: E731
-                    lambda: [s for s in handle.server.step_log if s["connection"] >= conn])
-                runs.append(replay_wlk(handle.url, stream, speed, preset, options.wlk_latency, log))
+            with timed_bar(replay_s, f"smoke: {client} client replays the stream at {speed:g}x"):
+                if client == "native":
+                    runs.append(replay_native(handle.url, stream, speed, preset))
+                else:
+                    conn = handle.server.stats.connections + 1
+                    log = lambda: handle.call(  # noqa: E731
+                        lambda: [s for s in handle.server.step_log if s["connection"] >= conn])
+                    runs.append(replay_wlk(handle.url, stream, speed, preset, options.wlk_latency, log))
     summaries = [_summary(r) for r in runs]
     primary, head = runs[0], summaries[0]
     try:

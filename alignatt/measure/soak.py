@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from alignatt.capture.names import DEFAULT_SEAM
 from alignatt.core.policy import DEFAULT_PRESET
+from alignatt.core.progress import timed_bar
 from alignatt.measure.soak_sessions import HOSTILE_CASES, Tally, Timeouts, run_session, sentences_of
 from alignatt.models.presets import DEFAULT_MODEL
 
@@ -192,10 +193,11 @@ def run_soak(options: SoakOptions, out: str | Path | None = "outputs/cpu/soak.js
                     tallies[i].unexpected.append(f"{kind}: client failed: {type(e).__name__}: {e}"[:200])
 
         threads = [threading.Thread(target=client_loop, args=(i,), name=f"soak-client-{i}") for i in range(options.clients)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        with timed_bar(options.minutes * 60.0, "soak: hostile + well-formed sessions"):
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
         load_s = time.monotonic() - started
         if progress is not None:
             progress(f"soak: load ended after {load_s:.0f} s; settling {options.settle_s:g} s")

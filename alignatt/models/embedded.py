@@ -144,6 +144,8 @@ def convert_embedded_model(target: Path | None = None) -> Path:
     """
     from transformers import AutoModelForCausalLM
 
+    from alignatt.core.progress import timed_bar
+
     target = target or embedded_model_dir()
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".gemma3-270m.", dir=target.parent))
@@ -151,7 +153,8 @@ def convert_embedded_model(target: Path | None = None) -> Path:
     try:
         gguf_path = _assembled_gguf()
         tokenizer = gguf_tokenizer(gguf_path)
-        model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        with timed_bar(60.0, "converting the embedded Gemma-3-270M GGUF (once; cached after)"):  # ~1 min on 2 cores
+            model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / _STAMP_FILE).write_text(EMBEDDED_CACHE_STAMP + "\n")
