@@ -24,6 +24,23 @@ def fail(message: str) -> NoReturn:
     raise typer.Exit(2)
 
 
+SCRATCH = "runs"  # git-ignored: what a command run by hand writes, away from the audited outputs/
+
+
+def scratch_out(out: str | None, command: str, name: str) -> str:
+    """`out`, or where a command run by hand writes when no --out is given:
+    `runs/<command>-<UTC time>/<name>`, said on stderr. The DVC stages pass --out into outputs/."""
+    if out:
+        return out
+    from datetime import datetime, timezone
+    from pathlib import Path
+
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    path = Path(SCRATCH) / f"{command}-{stamp}" / name
+    typer.echo(f"no --out: writing to {path} (scratch, git-ignored; the pipeline writes outputs/)", err=True)
+    return str(path)
+
+
 def one_line(error: ValidationError, prefix: str = "") -> str:
     """A pydantic error as one line: the first bad field and why (the rest follow from fixing it)."""
     first = error.errors()[0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from alignatt.capture.names import DEFAULT_SEAM
-from alignatt.cli.app import DEVICE, DTYPE, HEADS, MODEL, PRESET, SEAM, TOP_K, VLLM_MODE, app, validated
+from alignatt.cli.app import DEVICE, DTYPE, HEADS, MODEL, PRESET, SEAM, TOP_K, VLLM_MODE, app, scratch_out, validated
 from alignatt.cli.preflight import check_output, check_served, check_served_model
 from alignatt.core.policy import DEFAULT_PRESET, PRESET_NAMES
 from alignatt.serve.config import ServerConfig
@@ -98,7 +98,7 @@ def smoke_cmd(
     client: str = typer.Option("auto", help="native | wlk | both | auto (both when WhisperLiveKit imports)"),
     vllm_mode: str = VLLM_MODE,
     stream: str = typer.Option(None, help="stream JSON (default: the bundled smoke stream)"),
-    out: str = typer.Option("outputs/server_smoke.json", help="where to write the smoke artifact"),
+    out: str = typer.Option(None, help="where to write the smoke artifact (default: runs/smoke-<time>/)"),
 ) -> None:
     """Start the server on loopback, replay the smoke stream through a real client, write the artifact."""
     from alignatt.measure.smoke import SmokeOptions, run_smoke, summary_line
@@ -106,6 +106,7 @@ def smoke_cmd(
     options = validated(SmokeOptions, model=model, seam=seam, preset=preset, device=device, dtype=dtype,
                         top_k=top_k, heads=heads, speed=speed, client=client, stream=stream, vllm_mode=vllm_mode)
     check_served_model(options.model, options.seam, options.heads)
+    out = scratch_out(out, "smoke", "server_smoke.json")
     check_output(out)
     artifact = run_smoke(options, out)
     typer.echo(summary_line(artifact))
@@ -143,7 +144,7 @@ def load_cmd(
                                             "batch (captured and uncaptured), a folder per configuration"),
     engine_profile_dir: str = typer.Option(None, help="cProfile each engine process over each level (engines in "
                                                    "processes of their own); slows what it profiles"),
-    out: str = typer.Option("outputs/load.json", help="where to write the load artifact"),
+    out: str = typer.Option(None, help="where to write the load artifact (default: runs/load-<time>/)"),
     metrics: str = typer.Option(None, help="DVC metrics JSON"),
     plot: str = typer.Option(None, help="plot CSV: RTT against speakers"),
 ) -> None:
@@ -157,6 +158,7 @@ def load_cmd(
                         capture_cost=capture_cost, capture_cost_batches=capture_cost_batches, profile_dir=profile_dir,
                         engine_profile_dir=engine_profile_dir)
     check_served_model(options.model, options.seam, options.heads)
+    out = scratch_out(out, "load", "load.json")
     for path, option in ((out, "--out"), (metrics, "--metrics"), (plot, "--plot")):
         check_output(path, option)
     run_load(options, out, metrics, plot)
@@ -171,7 +173,7 @@ def soak_cmd(
     minutes: float = typer.Option(30.0, help="how long sessions keep starting"),
     clients: int = typer.Option(3, help="concurrent client threads"),
     seed: int = typer.Option(0),
-    out: str = typer.Option("outputs/cpu/soak.json", help="where to write the soak artifact"),
+    out: str = typer.Option(None, help="where to write the soak artifact (default: runs/soak-<time>/)"),
 ) -> None:
     """Mixed well-formed and hostile sessions on loopback for N minutes; RSS, descriptors, targets."""
     from alignatt.measure.soak import SoakOptions, run_soak, summary_line
@@ -179,6 +181,7 @@ def soak_cmd(
     options = validated(SoakOptions, "soak option ", model=model, seam=seam, device=device, minutes=minutes,
                         clients=clients, seed=seed)
     check_served_model(options.model, options.seam, options.heads)
+    out = scratch_out(out, "soak", "soak.json")
     check_output(out)
     artifact = run_soak(options, out, progress=lambda m: typer.echo(m, err=True))
     typer.echo(summary_line(artifact))
@@ -205,7 +208,7 @@ def failover_cmd(
                                                       "stop = SIGSTOP, each on the live engine with most sessions"),
     step_deadline: float = typer.Option(10.0, help="the server's hung-engine deadline (s)"),
     heartbeat: float = typer.Option(1.0, help="the server's engine heartbeat (s)"),
-    out: str = typer.Option("outputs/failover.json", help="where to write the failover artifact"),
+    out: str = typer.Option(None, help="where to write the failover artifact (default: runs/failover-<time>/)"),
 ) -> None:
     """Engines killed and stopped under load: what the clients saw (nothing lost, told within a bound)."""
     from alignatt.measure.failover import FailoverOptions, run_failover
@@ -216,6 +219,7 @@ def failover_cmd(
                         speakers=speakers, streams=streams, speed=speed, faults=faults,
                         step_deadline_s=step_deadline, heartbeat_s=heartbeat)
     check_served_model(options.model, options.seam, options.heads)
+    out = scratch_out(out, "failover", "failover.json")
     check_output(out)
     artifact = run_failover(options, out)
     typer.echo(summary_line(artifact))
@@ -258,7 +262,7 @@ def eval_cmd(
     engines: int = typer.Option(1, help="engine processes sharing the device, each batching its share of the --concurrency streams (1: the engine in this process)"),
     load_levels: str = typer.Option("", help="quality under load: comma-separated concurrencies, each a row of the default preset on the first --load-sentences"),
     load_sentences: int = typer.Option(100, help="sentences of each quality-under-load row"),
-    out: str = typer.Option("outputs/eval.json", help="the eval artifact (SimulEval instance logs go beside it)"),
+    out: str = typer.Option(None, help="the eval artifact, SimulEval instance logs beside it (default: runs/eval-<time>/)"),
     metrics: str = typer.Option(None, help="also write DVC metrics JSON here"),
     plot: str = typer.Option(None, help="also write the quality-vs-latency CSV here"),
     figure: str = typer.Option(None, help="also write the quality-vs-latency SVG here (needs matplotlib)"),
@@ -281,6 +285,7 @@ def eval_cmd(
     from alignatt.models.presets import check_model_name
 
     check_model_name(options.model)
+    out = scratch_out(out, "eval", "eval.json")
     for path, option in ((out, "--out"), (metrics, "--metrics"), (plot, "--plot"), (figure, "--figure")):
         check_output(path, option)
     artifact = run_eval(options, out, progress=lambda m: typer.echo(m, err=True))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from alignatt.cli.app import app
+from alignatt.cli.app import app, scratch_out
 
 
 # ---- pipeline: env, bench, report, audit (alignatt.record.provenance / bench / report / audit) ----
@@ -14,13 +14,15 @@ from alignatt.cli.app import app
 
 @app.command("env")
 def env_cmd(
-    out: str = typer.Option("outputs/env.json", help="where to write the env artifact"),
+    out: str = typer.Option(None, help="where to write the env artifact (default: runs/env-<time>/)"),
     model: str = typer.Option(None, help="model preset / HF id / path whose identity to record"),
     fingerprint: bool = typer.Option(False, "--fingerprint", help="write only the machine fingerprint "
                                      "(no timestamp, load or git state): what the DVC stages depend on"),
 ) -> None:
     """Record this machine's provenance (GPU, driver, CUDA, torch, vLLM, git, container)."""
     from alignatt.record.artifacts import env_artifact, fingerprint_artifact, write_artifact
+
+    out = scratch_out(out, "env", "fingerprint.json" if fingerprint else "env.json")
 
     if fingerprint:
         written = fingerprint_artifact(model)
@@ -53,7 +55,7 @@ def bench_cmd(
     max_new_tokens: int = typer.Option(None),
     heads_k: int = typer.Option(None, help="top-k alignment heads"),
     prompts: str = typer.Option(None, help="prompts JSON (default: the 16 published prompts)"),
-    out: str = typer.Option("outputs/bench.json", help="the bench artifact"),
+    out: str = typer.Option(None, help="the bench artifact (default: runs/bench-<time>/)"),
     metrics: str = typer.Option(None, help="also write headline metrics JSON here"),
     plot: str = typer.Option(None, help="also write the per-seam latency CSV here"),
     add: bool = typer.Option(False, "--add", help="add these seams to the existing --out (same session)"),
@@ -62,6 +64,8 @@ def bench_cmd(
     """Measure the capture seams on the published protocol; each seam in its own subprocess."""
     from alignatt.measure import bench
     from alignatt.pipeline.params import bench_config
+
+    out = scratch_out(out, "bench", "bench.json")
 
     config = bench_config(
         params, mode, profile, model=model, device=device, dtype=dtype, repeats=repeats,
@@ -119,7 +123,7 @@ def doctor_cmd(
 @app.command("test-gpu", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def test_gpu_cmd(
     ctx: typer.Context,
-    out: str = typer.Option("outputs/h200/gpu_tests.json", help="the gpu_tests artifact"),
+    out: str = typer.Option(None, help="the gpu_tests artifact (default: runs/test-gpu-<time>/)"),
     verdict: str = typer.Option(None, help="also write the stable verdict the measuring stages depend on"),
     profile: str = typer.Option(None, help="params profile: one without a CUDA device records 'not run'"),
     params: str = typer.Option("params.yaml", help="params file (with --profile)"),
@@ -129,6 +133,8 @@ def test_gpu_cmd(
 
     Extra arguments go to pytest (e.g. `-x`). Exit 1 when any GPU test failed or none passed."""
     from alignatt.measure.gpu_suite import record_gpu_suite, summary_line
+
+    out = scratch_out(out, "test-gpu", "gpu_tests.json")
 
     device = None
     if profile is not None:

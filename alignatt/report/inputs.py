@@ -20,6 +20,7 @@ from alignatt.record.artifacts import (
     load_artifact,
 )
 from alignatt.record.published import PublishedArtifact, read_published
+from alignatt.report.declared import declared_paths, is_declared
 from alignatt.report.rows import ResultRow, our_rows, published_rows
 
 
@@ -96,9 +97,12 @@ def collect_inputs(root: Path, params: dict[str, Any]) -> ReportInputs:
     runs: dict[str, dict[str, tuple[str, BenchArtifact]]] = {}
     smokes, envs, measurements = [], [], []
     by_kind: dict[str, list[tuple[str, Any]]] = {}
+    declared = declared_paths(root, params)  # a file neither dvc.yaml nor a run record names is not read
     for path in sorted(outputs.rglob("*.json")):
         if path.parent == published_dir or path.name.endswith("_metrics.json"):
             continue  # historical (read above) / DVC metrics derived from a bench artifact
+        if not is_declared(relative(root, path), declared):
+            continue  # e.g. what a command run by hand left in outputs/: it must not change the page
         try:
             artifact = load_artifact(path)
         except AlignattError:

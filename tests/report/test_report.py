@@ -374,3 +374,31 @@ def test_the_capacity_figure_marks_the_served_default_and_each_target_in_words()
     assert len(legend_lines) == 2  # the stage run's two configurations (at most 6 per panel)
     # Okabe-Ito colours and black: no colour of matplotlib's default cycle
     assert "#1f77b4" not in svg.lower() and "#ff7f0e" not in svg.lower()
+
+
+def test_a_stray_artifact_in_outputs_does_not_change_the_page(tree):
+    """What `alignatt smoke` used to leave in outputs/ by default changed the page and failed the
+    audit. With a dvc.yaml the page reads only what it (or a run record) declares."""
+    import shutil
+
+    shutil.copy(ROOT / "dvc.yaml", tree / "dvc.yaml")
+    before = report.render_all(tree)
+    stray = load_artifact(tree / "outputs" / "cpu" / "server_smoke.json").model_copy(update={"retractions": 7})
+    for rel in ("outputs/server_smoke.json", "outputs/cpu/server_smoke_try.json", "outputs/h200/load_by_hand.json"):
+        write_artifact(tree / rel, stray)
+    after = report.render_all(tree)
+    assert after[0] == before[0] and [f.svg for f in after[1]] == [f.svg for f in before[1]]
+    # a declared stage output still reaches it
+    write_artifact(tree / "outputs" / "cpu" / "server_smoke.json", stray)
+    assert report.render_report(tree) != before[0]
+
+
+def test_without_a_dvc_yaml_every_artifact_is_read(tree):
+    from alignatt.report.declared import declared_paths, is_declared
+
+    assert declared_paths(tree, report_params(tree)) is None and is_declared("outputs/x.json", None)
+    declared = declared_paths(ROOT, report_params(ROOT))
+    for rel in ("outputs/cpu/server_smoke.json", "outputs/h200/bench_fullgraph.json", "outputs/cpu/eval_en-zh.json",
+                "outputs/h200/load_verify.json"):  # a stage output per profile and foreach item; a recorded import
+        assert is_declared(rel, declared), rel
+    assert not is_declared("outputs/server_smoke.json", declared)
