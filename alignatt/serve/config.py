@@ -94,11 +94,15 @@ class ServerLimits(SessionLimits):
     init_timeout_s: float = Field(10.0, gt=0, description="a connection without init this long is closed (1008)")
     # Before init a connection holds no session slot, so it is bounded on its own: how many wait at
     # once, and how large a frame it may send (an init with its context and history fits).
+    # At either bound the connection that has waited longest past a grace (1 s) is closed to make room
+    # (`serve.host.WaitingPeers`); only when none has, is the newcomer refused (503 at the handshake).
     max_connections_before_init: int = Field(
-        32, ge=1, description="more connections without a session get `busy` and close 1013")
-    # One address holding idle sockets must not fill the bound above for everyone else.
+        128, ge=1, description="connections without a session, in all (past it the longest-waiting makes room)")
+    # One address holding idle sockets must not fill the bound above for everyone else; a burst of
+    # honest connections from one host (a WhisperLiveKit host reconnecting its sessions) fits in it.
     max_connections_before_init_per_peer: int = Field(
-        4, ge=1, description="more connections without a session from one address are refused (503) at the handshake")
+        16, ge=1, description="connections without a session from one address (past it its longest-waiting "
+                              "makes room)")
     max_init_frame_bytes: int = Field(
         64 * 1024, ge=1024, description="a larger frame before init gets bad_protocol, then close 1008")
     idle_timeout_s: float = Field(

@@ -85,12 +85,16 @@ class Connection:
 
         self.writer = asyncio.create_task(self._write())
         limits, stats = self.limits, self.server.stats
-        stats.connections_before_init += 1
-        self._before_init = True
-        self.server.waiting.enter(self.peer, self.id)
+        # Connections without a session cost the loop and memory but hold no slot: bounded too, per
+        # address and in all; at a bound the longest-waiting idle one makes room (`WaitingPeers`).
+        admitted = self.server.waiting.enter(self.peer, self.id, self._make_room,
+                                             limits.max_connections_before_init_per_peer,
+                                             limits.max_connections_before_init)
+        if admitted:
+            stats.connections_before_init += 1
+            self._before_init = True
         try:
-            if stats.connections_before_init > limits.max_connections_before_init:
-                # Connections without a session cost the loop and memory but hold no slot: bounded too.
+            if not admitted:
                 stats.errors[BUSY] += 1
                 self._send(ErrorFrame(code=BUSY, message=f"{limits.max_connections_before_init} connections are "
                                                          "already waiting for init; retry later").to_json())
@@ -151,7 +155,12 @@ class Connection:
         if self._before_init:
             self._before_init = False
             self.server.stats.connections_before_init -= 1
-            self.server.waiting.leave(self.peer, self.id)
+            self.server.waiting.leave(self.id)
+
+    def _make_room(self) -> None:
+        """Closed without a session: it waited longest, and a newer connection needs its place."""
+        self._leave_before_init()
+        self._end(CLOSE_POLICY, "no init: closed to make room for a newer connection", "evicted_before_init")
 
     # ---- sending ----
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 from alignatt.serve.budget import PromptBudget
 from alignatt.serve.config import ServerConfig
@@ -37,29 +37,62 @@ class ServerStats:
 
 
 class WaitingPeers:
-    """Connections without a session yet, per peer address, with when each opened (never in
-    `/stats`: addresses stay private). An honest client sends init at once, so only those waiting
-    past a grace count against the peer's bound: a burst of honest connections from one host (a
-    WhisperLiveKit host reconnecting its sessions) is not refused."""
+    """Connections without a session yet: each one's peer address, when it opened, and how to close
+    it (never in `/stats`: addresses stay private).
+
+    When a bound is reached (the peer's, or the server's), the connection that has waited longest,
+    if it has waited past a grace, makes room: it is closed, and the newcomer is let in. An honest
+    client sends init at once, so it is never the one that has waited longest: sockets held idle,
+    from one address or many, displace each other, never an honest client, and one address cannot
+    hold more than its bound. Only when every waiting connection is within the grace (a burst) is a
+    newcomer refused."""
 
     GRACE_S = 1.0
 
     def __init__(self) -> None:
-        self.opened: dict[str, dict[int, float]] = {}
+        # connection id -> (peer, opened at, close it); in the order they opened, oldest first
+        self.opened: dict[int, tuple[str, float, Callable[[], None]]] = {}
 
-    def enter(self, peer: str, connection_id: int) -> None:
-        self.opened.setdefault(peer, {})[connection_id] = time.monotonic()
+    def count(self, peer: str | None = None) -> int:
+        """The peer's waiting connections (None: everyone's)."""
+        return len(self.opened) if peer is None else sum(1 for p, _, _ in self.opened.values() if p == peer)
 
-    def leave(self, peer: str, connection_id: int) -> None:
-        waiting = self.opened.get(peer, {})
-        waiting.pop(connection_id, None)
-        if not waiting:
-            self.opened.pop(peer, None)
-
-    def silent(self, peer: str) -> int:
-        """The peer's connections waiting past the grace."""
+    def _oldest_past_grace(self, peer: str | None = None) -> int | None:
         since = time.monotonic() - self.GRACE_S
-        return sum(1 for t in self.opened.get(peer, {}).values() if t <= since)
+        for cid, (p, opened, _) in self.opened.items():
+            if opened > since:
+                return None  # the rest opened later still
+            if peer is None or p == peer:
+                return cid
+        return None
+
+    def room_for(self, peer: str | None, per_peer: int, total: int) -> bool:
+        """Whether a new connection from `peer` (None: any peer) would be let in now."""
+        peer_full = peer is not None and self.count(peer) >= per_peer
+        if peer_full and self._oldest_past_grace(peer) is None:
+            return False
+        return self.count() - peer_full < total or self._oldest_past_grace() is not None
+
+    def enter(self, peer: str, connection_id: int, close: Callable[[], None], per_peer: int, total: int) -> bool:
+        """Let a new connection in, closing the longest-waiting one past the grace where a bound is
+        reached (`close` is how this one is closed in its turn); False: no room, refuse it."""
+        if self.count(peer) >= per_peer and not self._make_room(peer):
+            return False
+        if self.count() >= total and not self._make_room(None):
+            return False
+        self.opened[connection_id] = (peer, time.monotonic(), close)
+        return True
+
+    def _make_room(self, peer: str | None) -> bool:
+        oldest = self._oldest_past_grace(peer)
+        if oldest is None:
+            return False
+        _, _, close = self.opened.pop(oldest)
+        close()
+        return True
+
+    def leave(self, connection_id: int) -> None:
+        self.opened.pop(connection_id, None)
 
 
 class ConnectionHost(Protocol):

@@ -146,7 +146,9 @@ class MTServer:
         no_room = any(not any(e.scheduler.has_room() for e in engines) for engines in live.values())
         active, limit = self.stats.sessions_active, self.config.limits.max_sessions
         waiting = self.stats.connections_before_init
-        busy = waiting >= self.config.limits.max_connections_before_init  # a new connection gets `busy`
+        limits = self.config.limits  # busy: a new connection would be refused (no idle one makes room)
+        busy = not self.waiting.room_for(None, limits.max_connections_before_init_per_peer,
+                                         limits.max_connections_before_init)
         lost = sum(len(engines) - len(live[key]) for key, engines in routes.items())
         status = ("down" if down else "full" if active >= limit or no_room else "busy" if busy
                   else "degraded" if lost else "ok")
@@ -160,7 +162,7 @@ class MTServer:
     def _http(self, connection, request):
         """`GET /health` (open to all: 200 when a new session is admitted, ok or degraded, else
         503) and `GET /stats` (the token's, when there is one); anything else is a WebSocket,
-        refused here without the token (401) or past the peer's connections waiting for init (503)."""
+        refused here without the token (401), or when no connection waiting for init can make room (503)."""
         path = access.path_of(request.path)
         authorized = self.token is None or access.token_matches(self.token, access.presented_token(request))
         if path == "/health":
@@ -175,11 +177,13 @@ class MTServer:
             response = connection.respond(http.HTTPStatus.UNAUTHORIZED, "a valid token is required\n")
             response.headers["WWW-Authenticate"] = "Bearer"
             return response
-        elif self.waiting.silent(peer_of(connection)) >= self.config.limits.max_connections_before_init_per_peer:
-            self.stats.closes["busy_before_init_peer"] += 1
+        elif not self.waiting.room_for(peer_of(connection), self.config.limits.max_connections_before_init_per_peer,
+                                       self.config.limits.max_connections_before_init):
+            # Every waiting connection (this address's, or all of them) opened within the grace.
+            self.stats.closes["busy_before_init"] += 1
             self._log_refusal("waiting", peer_of(connection), "too many connections waiting for init")
             return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE,
-                                      "too many connections from this address are waiting for init; retry later\n")
+                                      "too many connections are waiting for init; retry later\n")
         else:
             return None
         response = connection.respond(status, json.dumps(body, default=str) + "\n")
