@@ -7,7 +7,9 @@ deadline, then stop by themselves (every session is bounded in updates and every
 time). A sampler records RSS, file descriptors and active sessions over time. The `soak`
 artifact records the targets and whether they were met: RSS back within 5% of its start once
 the load ends, 0 retractions, 0 silent sessions (a reply that never came, with no close), 0
-dropped finals, every hostile case answered as expected, file descriptors back.
+dropped finals, every hostile case answered as expected, file descriptors back. The server
+requires a token (a fresh one per soak, in a private file), as an exposed server does: every case
+presents it, but those about the token (`alignatt.measure.soak_access`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ from __future__ import annotations
 import json
 import multiprocessing
 import random
+import secrets
+import shutil
 import signal
+import tempfile
 import threading
 import urllib.request
 import time
@@ -51,6 +56,7 @@ class SoakOptions(BaseModel):
     settle_s: float = Field(20.0, ge=0, description="wait after the load before the final RSS")
     reply_timeout_s: float = Field(300.0, gt=0, description="a reply later than this is a silent session")
     init_timeout_s: float = Field(2.0, gt=0, description="the server's init timeout (idle sockets)")
+    idle_hold_s: float = Field(60.0, gt=0, description="how long the idle-flood case holds its 32 sockets")
     max_sessions_total: int = Field(100_000, ge=1, description="sessions started, at most")
     seed: int = 0
 
@@ -61,7 +67,8 @@ class SoakOptions(BaseModel):
 class _ServedProcess:
     """The server in a child process: its URL, and its RSS, descriptors and counters read from outside."""
 
-    def __init__(self, config, seam_factory) -> None:
+    def __init__(self, config, seam_factory, token: str | None = None) -> None:
+        self.token = token  # what /stats needs when the server requires one
         ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: nothing of this one's heap
         parent, child = ctx.Pipe()
         self.process = ctx.Process(target=_serve_child, args=(config, seam_factory, child), name="soak-server")
@@ -88,7 +95,9 @@ class _ServedProcess:
         return psutil.Process(self.process.pid).num_fds()
 
     def stats(self) -> dict:
-        with urllib.request.urlopen(self.http + "/stats", timeout=10) as response:
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token is not None else {}
+        with urllib.request.urlopen(urllib.request.Request(self.http + "/stats", headers=headers),
+                                    timeout=10) as response:
             return json.loads(response.read())
 
     def stop(self) -> None:
@@ -152,19 +161,28 @@ def run_soak(options: SoakOptions, out: str | Path | None = "outputs/cpu/soak.js
     # Recorded before the load: the code and the machine that ran it, not whatever is checked out after.
     provenance = collect_provenance(model_id=model_id, model_revision=revision)
     sentences = sentences_of(load_stream().words)
-    timeouts = Timeouts(reply_s=options.reply_timeout_s, init_s=options.init_timeout_s)
+    timeouts = Timeouts(reply_s=options.reply_timeout_s, init_s=options.init_timeout_s,
+                        idle_hold_s=options.idle_hold_s)
     route = DirectionRoute(model=options.model, seam=options.seam, device=options.device, dtype=options.dtype,
                            heads=options.heads)
     limits = ServerLimits(max_sessions=max(8, options.clients + 2), init_timeout_s=options.init_timeout_s)
+    token_dir = tempfile.mkdtemp(prefix="alignatt-soak-")  # mode 0700: the token file is private
+    token = secrets.token_urlsafe(24)
+    token_file = Path(token_dir) / "token"
+    token_file.write_text(token + "\n")
     config = ServerConfig(host="127.0.0.1", port=0, default_preset=options.preset, directions={"en-de": route},
-                          limits=limits)
+                          limits=limits, token_file=str(token_file))
     cases = ["well_formed", *HOSTILE_CASES]
-    handle = _ServedProcess(config, seam_factory)
+    try:
+        handle = _ServedProcess(config, seam_factory, token)
+    except BaseException:
+        shutil.rmtree(token_dir, ignore_errors=True)
+        raise
     try:
         warm = Tally()
         for kind in cases:  # every path once, so lazily built state exists before the start RSS
             run_session(handle.url, kind, warm, random.Random(options.seed), sentences, timeouts,
-                        deadline=time.monotonic() + 30.0)
+                        deadline=time.monotonic() + 30.0, token=token)
         time.sleep(min(options.settle_s, 2.0))
         rss_start, fds_start = handle.rss(), handle.fds()
         started = time.monotonic()
@@ -188,7 +206,7 @@ def run_soak(options: SoakOptions, out: str | Path | None = "outputs/cpu/soak.js
                 hostile = rng.random() < options.hostile_share
                 kind = rng.choice(HOSTILE_CASES) if hostile else "well_formed"
                 try:
-                    run_session(handle.url, kind, tallies[i], rng, sentences, timeouts, deadline)
+                    run_session(handle.url, kind, tallies[i], rng, sentences, timeouts, deadline, token)
                 except Exception as e:  # noqa: BLE001 - a client-side failure is recorded, the soak goes on
                     tallies[i].unexpected.append(f"{kind}: client failed: {type(e).__name__}: {e}"[:200])
 
@@ -210,6 +228,7 @@ def run_soak(options: SoakOptions, out: str | Path | None = "outputs/cpu/soak.js
                                           "engine_calls")}
     finally:
         handle.stop()
+        shutil.rmtree(token_dir, ignore_errors=True)
     total = Tally()
     for t in [warm, *tallies]:  # the warm-up's sessions are checked like the others
         total.add(t)

@@ -6,7 +6,8 @@ Well-formed sessions stream sentences word by word (tail arrival, commit, final)
 huge integers, lone surrogates, oversized frames, words with inner whitespace, token-bound
 breakers, control characters, seq replays, idle sockets, abandoned sessions, 256 KiB frames of
 nested arrays before and after init, 250 kB-prefix inits, a session pipelining finals) and check
-that the server answers each with the error or the close it owes.
+that the server answers each with the error or the close it owes. Who may connect (other origins,
+no or a wrong token, a flood of idle sockets beside honest clients) is `soak_access`'s.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from alignatt.core.policy import POLICY_PRESETS
+from alignatt.measure.soak_access import ACCESS_CASES, run_access_case
 from alignatt.replay.client import NoReply, ProtocolClient
 
 
@@ -26,6 +28,7 @@ from alignatt.replay.client import NoReply, ProtocolClient
 class Timeouts:
     reply_s: float  # a reply later than this is a silent session
     init_s: float  # the server's init timeout (idle sockets must be closed after it)
+    idle_hold_s: float = 60.0  # how long the idle flood holds its sockets (`soak_access`)
 
 
 @dataclass
@@ -61,8 +64,8 @@ class Silent(Exception):
 class _Client(ProtocolClient):
     """The protocol client that counts what it sees into the tally, and calls a late reply `Silent`."""
 
-    def __init__(self, url: str, tally: Tally, timeout: float) -> None:
-        client = ProtocolClient.connect(url, timeout=timeout)
+    def __init__(self, url: str, tally: Tally, timeout: float, token: str | None = None) -> None:
+        client = ProtocolClient.connect(url, timeout=timeout, token=token)
         super().__init__(client.ws, timeout)
         self.tally = tally
         self.shown: dict[int, str] = {}  # utterance id -> committed_text last seen
@@ -273,7 +276,7 @@ def _abandoned(c: _Client) -> None:
     c.close()  # gone before the reply
 
 
-def _connection_cases(url: str, tally: Tally, init_timeout_s: float, name: str) -> None:
+def _connection_cases(url: str, tally: Tally, init_timeout_s: float, name: str, token: str | None) -> None:
     """Cases that need no protocol client: idle sockets, raw TCP, frames past the hard cap."""
     from websockets.exceptions import ConnectionClosed
     from websockets.sync.client import connect
@@ -282,7 +285,8 @@ def _connection_cases(url: str, tally: Tally, init_timeout_s: float, name: str) 
     if name == "raw_tcp":
         socket.create_connection((host, int(port)), timeout=5).close()
         return
-    with connect(url, open_timeout=10.0, max_size=None) as ws:
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    with connect(url, open_timeout=10.0, max_size=None, additional_headers=headers) as ws:
         try:
             if name == "frame_past_hard_cap":
                 ws.send("x" * (5 * 256 * 1024))
@@ -307,19 +311,23 @@ _BEFORE_INIT: dict[str, Callable[[], str]] = {
     "huge_prefix_init": lambda: _INIT + ', "accepted_target_prefix": "' + "Wort " * 50_000 + '"}',
 }
 _CONNECTION_CASES = ("raw_tcp", "idle_no_init", "frame_past_hard_cap", *_BEFORE_INIT)
-HOSTILE_CASES = sorted([*_hostile_frames(), *_CONNECTION_CASES])
+HOSTILE_CASES = sorted([*_hostile_frames(), *_CONNECTION_CASES, *ACCESS_CASES])
 
 
 def run_session(url: str, kind: str, tally: Tally, rng: random.Random, sentences, timeouts: "Timeouts",
-                deadline: float = float("inf")) -> None:
-    """One session of `kind` ("well_formed" or a hostile case), its outcome counted in `tally`."""
+                deadline: float = float("inf"), token: str | None = None) -> None:
+    """One session of `kind` ("well_formed" or a hostile case), its outcome counted in `tally`;
+    `token`: the one the server requires (every case presents it, but those about the token)."""
     tally.sessions[kind] = tally.sessions.get(kind, 0) + 1
     if kind in _CONNECTION_CASES:
-        _connection_cases(url, tally, timeouts.init_s, kind)
+        _connection_cases(url, tally, timeouts.init_s, kind, token)
+        return
+    if kind in ACCESS_CASES:
+        run_access_case(url, kind, token, timeouts.idle_hold_s, tally.unexpected)
         return
     from websockets.exceptions import ConnectionClosed
 
-    c = _Client(url, tally, timeouts.reply_s)
+    c = _Client(url, tally, timeouts.reply_s, token)
     try:
         if kind == "well_formed":
             well_formed(c, rng, sentences, deadline)

@@ -27,7 +27,7 @@ def hold_idle(url: str, stop: float, opened: list) -> None:
 
     while time.monotonic() < stop:
         try:
-            ws = connect(url, open_timeout=5.0, source_address=(ATTACKER, 0))
+            ws = connect(url, open_timeout=5.0, source_address=(ATTACKER, 0), legacy=True)
         except Exception:  # noqa: BLE001 - refused (503) or reset: try again
             time.sleep(0.05)
             continue
