@@ -83,9 +83,8 @@ def configuration_settle(label: str | None) -> int | None:
 
 def served_default_label() -> str:
     """The label of what `alignatt serve` serves on a vllm_capture route on CUDA by default (its mode,
-    settling and own engine process: serve/config.py, serve/pool.py), so that the page can mark the
+    settling and own engine process: serve/config.py), so that the page can mark the
     capacity row of the served default and a load run can measure it."""
-    from alignatt.serve.config import SERVED_SETTLE_BUFFER_TOKENS
-    from alignatt.serve.pool import SERVED_VLLM_OPTIONS
+    from alignatt.serve.config import SERVED_SETTLE_BUFFER_TOKENS, SERVED_VLLM_OPTIONS
 
     return f"{SERVED_VLLM_OPTIONS['vllm_mode']}+settle{SERVED_SETTLE_BUFFER_TOKENS}+{OWN_PROCESS_FLAG}"

@@ -202,6 +202,14 @@ class ServerConfig(BaseModel):
         return value
 
 
+# What a served vLLM engine gets unless the route says otherwise: a growing utterance re-drafts a
+# prompt whose prefix is already cached, the batch holds every admitted session, and every step is
+# graphed (fullgraph: with many speakers most steps hold a prefill, which cudagraph runs eager, and
+# an eager E4B step costs several graphed ones). Its padded prefills cost bitwise equality with
+# eager, so the page scores cudagraph and says so; the measured gap is on the page and in
+# docs/batching.md.
+SERVED_VLLM_OPTIONS = {"enable_prefix_caching": True, "max_num_seqs": 128, "vllm_mode": "fullgraph"}
+
 # What `alignatt serve` serves on a vllm_capture route on CUDA unless told otherwise: drafts settled
 # 2 tokens past their first held token, the engine in a process of its own. It is the configuration
 # that met the capacity targets on the H200 (the page's capacity table marks its row); whole drafts

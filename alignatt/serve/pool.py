@@ -26,7 +26,7 @@ from typing import Callable, Hashable, Sequence
 from alignatt.capture.names import VLLM_CAPTURE
 from alignatt.core.draft import Draft, DraftRequest, Head, Seam
 from alignatt.serve.budget import PromptBudget
-from alignatt.serve.config import DirectionRoute, EngineCount, ReplicaConfig, SeamFactory, resolve_heads
+from alignatt.serve.config import SERVED_VLLM_OPTIONS, DirectionRoute, EngineCount, ReplicaConfig, SeamFactory, resolve_heads
 from alignatt.serve.gc_pauses import process_pauses
 from alignatt.serve.limits import DraftTooLarge
 from alignatt.serve.replicas import (EngineSpec, ProcessBatchSeam, close_together, draft_work, replica_devices,
@@ -35,14 +35,6 @@ from alignatt.serve.scheduler import DraftScheduler, EngineDied, EngineHung, Sch
 from alignatt.serve.session import SessionLimits
 
 log = logging.getLogger("alignatt.serve.server")
-
-# What a served vLLM engine gets unless the route says otherwise: a growing utterance re-drafts a
-# prompt whose prefix is already cached, the batch holds every admitted session, and every step is
-# graphed (fullgraph: with many speakers most steps hold a prefill, which cudagraph runs eager, and
-# an eager E4B step costs several graphed ones). Its padded prefills cost bitwise equality with
-# eager, so the page scores cudagraph and says so; the measured gap is on the page and in
-# docs/batching.md.
-SERVED_VLLM_OPTIONS = {"enable_prefix_caching": True, "max_num_seqs": 128, "vllm_mode": "fullgraph"}
 
 
 # The share of a GPU's memory that vLLM's start-up check may ask for, split between the engines on it
