@@ -262,6 +262,10 @@ def eval_cmd(
     engines: int = typer.Option(1, help="engine processes sharing the device, each batching its share of the --concurrency streams (1: the engine in this process)"),
     load_levels: str = typer.Option("", help="quality under load: comma-separated concurrencies, each a row of the default preset on the first --load-sentences"),
     load_sentences: int = typer.Option(100, help="sentences of each quality-under-load row"),
+    settle_buffer_tokens: str = typer.Option(
+        "auto", help="drafts settled as `alignatt serve --settle-buffer-tokens` settles them: N tokens past the "
+                     "first held token; none: whole drafts; auto: the served default (2 for vllm_capture on CUDA, "
+                     "else none)"),
     out: str = typer.Option(None, help="the eval artifact, SimulEval instance logs beside it (default: runs/eval-<time>/)"),
     metrics: str = typer.Option(None, help="also write DVC metrics JSON here"),
     plot: str = typer.Option(None, help="also write the quality-vs-latency CSV here"),
@@ -281,6 +285,7 @@ def eval_cmd(
         tail_noise={"seed": tail_noise_seed, "p_wrong": tail_p_wrong, "p_drop": tail_p_drop, "p_split": tail_p_split},
         bootstrap=bootstrap, significance=significance, significance_samples=significance_samples, purpose=purpose,
         concurrency=concurrency, engines=engines, load_levels=split(load_levels), load_sentences=load_sentences,
+        settle_buffer_tokens=settle_buffer_tokens,
     )
     from alignatt.models.presets import check_model_name
 

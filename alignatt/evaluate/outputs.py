@@ -195,7 +195,8 @@ def report_section(root: Path, paths: list[tuple[str, Any]]) -> list[dict[str, A
                         f"{cfg['concurrency']} streams at once through one draft scheduler"
                         if (cfg.get("concurrency") or 1) > 1 else "one stream at a time"),
                     "limit": cfg.get("limit"), "max_source_words": cfg.get("max_source_words")},
-            "settle": cfg.get("settle_buffer_tokens"),  # None: every draft whole (the eval's only mode today)
+            "settle": cfg.get("settle_buffer_tokens"),  # None: every draft whole (all evals before the knob)
+            "scored": scored_configuration(cfg),
             "not_served": _not_served_default(cfg, p.gpu_name),
             "negative_whys": negative_whys(a),
             "checks": [("✓" if c.passed else "✗", c.name, c.detail) for c in a.checks],
@@ -231,9 +232,35 @@ def under_load_rows(artifact) -> list[dict[str, str]]:
     return out
 
 
-def _not_served_default(cfg: dict, gpu_name: str | None) -> bool:
-    """Whether a GPU eval of vllm_capture scored another draft length than `alignatt serve` serves there."""
-    from alignatt.serve.config import SERVED_SETTLE_BUFFER_TOKENS
+def _settle_of(cfg: dict, variant: str) -> int | None:
+    """The settle_buffer_tokens a variant's drafts were scored with (None: whole drafts; an artifact
+    of before the knob recorded none: whole drafts)."""
+    value = cfg.get("settle_buffer_tokens")
+    return value.get(variant) if isinstance(value, dict) else value
 
-    on_vllm = any(str(v).startswith("vllm_capture") for v in cfg.get("variants") or [])
-    return bool(gpu_name) and on_vllm and cfg.get("settle_buffer_tokens") != SERVED_SETTLE_BUFFER_TOKENS
+
+def _served_of(cfg: dict, variant: str, gpu_name: str | None) -> int | None:
+    """What `alignatt serve` serves by default on the variant's seam and the eval's device."""
+    from alignatt.serve.config import served_settle
+
+    device = cfg.get("device") or ("cuda" if gpu_name else "cpu")
+    return served_settle("auto", str(variant).partition(":")[0], device)
+
+
+def _drafts(settle: int | None) -> str:
+    return "whole drafts (max_new_tokens)" if settle is None else f"drafts settled {settle} tokens past the first held token"
+
+
+def scored_configuration(cfg: dict) -> str:
+    """Which server configuration the rows scored, per variant when they differ."""
+    variants = cfg.get("variants") or []
+    said = {v: _drafts(_settle_of(cfg, v)) for v in variants}
+    if len(set(said.values())) <= 1:
+        return next(iter(said.values()), _drafts(_settle_of(cfg, "")))
+    return "; ".join(f"{v}: {d}" for v, d in said.items())
+
+
+def _not_served_default(cfg: dict, gpu_name: str | None) -> bool:
+    """Whether the eval scored another draft length than `alignatt serve` serves by default for one of
+    its variants on its device (the recorded settle_buffer_tokens against `served_settle("auto", ...)`)."""
+    return any(_settle_of(cfg, v) != _served_of(cfg, v, gpu_name) for v in cfg.get("variants") or [])

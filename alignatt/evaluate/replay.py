@@ -93,20 +93,25 @@ class Driver(Protocol):
     def close(self) -> None: ...
 
 
-def session_config(preset: str, limits: ServerLimits | None = None) -> SessionConfig:
-    """The `SessionConfig` the server gives a session of this preset (serve/connection.py `_init`)."""
+def session_config(preset: str, limits: ServerLimits | None = None,
+                   settle_buffer_tokens: int | None = None) -> SessionConfig:
+    """The `SessionConfig` the server gives a session of this preset (serve/admission.py `_open`),
+    `settle_buffer_tokens` its `ServerConfig.settle_buffer_tokens` (`serve.config.served_settle`)."""
     p = resolve_preset(preset)
     limits = limits or ServerLimits()
-    return SessionConfig(policy=p.policy, max_new_tokens=p.max_new_tokens, limits=limits)
+    return SessionConfig(policy=p.policy, max_new_tokens=p.max_new_tokens, limits=limits,
+                         settle_buffer_tokens=settle_buffer_tokens)
 
 
 class InProcessDriver:
     name = "inprocess"
 
-    def __init__(self, seam: Seam, preset: str, source_lang: str = "en", target_lang: str = "de") -> None:
+    def __init__(self, seam: Seam, preset: str, source_lang: str = "en", target_lang: str = "de",
+                 settle_buffer_tokens: int | None = None) -> None:
+        """`settle_buffer_tokens`: drafts settled as the server settles them (None: whole drafts)."""
         self.seam, self.preset = seam, preset
         self.source_lang, self.target_lang = source_lang, target_lang
-        self.config = session_config(preset)
+        self.config = session_config(preset, settle_buffer_tokens=settle_buffer_tokens)
         self.session: Session | None = None
 
     def open(self) -> None:

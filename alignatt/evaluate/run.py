@@ -82,6 +82,22 @@ class EvalOptions(BaseModel):
     load_levels: list[int] = Field(default_factory=list, description="quality under load: the default preset, "
                                    "gold tail, on the first load_sentences sentences, at each of these concurrencies")
     load_sentences: int = Field(100, ge=1, description="sentences of each quality-under-load row")
+    settle_buffer_tokens: int | Literal["auto", "none"] | None = Field(
+        "auto", description="drafts settled as `alignatt serve` settles them (its --settle-buffer-tokens): N tokens "
+                            "past the first held token; none: whole drafts; auto: the served default of the "
+                            "variant's seam and device (serve.config.served_settle)")
+
+    @field_validator("settle_buffer_tokens", mode="before")
+    @classmethod
+    def _settle(cls, value: Any) -> Any:
+        if value is None or value in ("auto", "none"):
+            return value
+        from alignatt.serve.config import served_settle
+
+        try:
+            return served_settle(value, "", "")  # N as serve parses it (at least 0)
+        except AlignattError as e:
+            raise ValueError(str(e)) from None
 
     @field_validator("load_levels")
     @classmethod
@@ -131,6 +147,11 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
 
     direction = f"{ts.source_lang}-{ts.target_lang}"
     src, tgt, concurrency = ts.source_lang, ts.target_lang, options.concurrency
+    settle = variant_settle(options, seam_name)  # what `alignatt serve` gives its sessions on this route
+
+    def driver_of(seam, preset: str) -> InProcessDriver:
+        return InProcessDriver(seam, preset, src, tgt, settle)
+
     rows, checks = [], []
     route = DirectionRoute(model=options.model, seam=seam_name, heads=options.heads, top_k=options.top_k,
                            device=options.device, dtype=options.dtype,
@@ -138,7 +159,8 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
                                                             max([concurrency, *options.load_levels])))
     heads = resolve_heads(route, direction)
     progress(f"[{variant}] loading the seam"
-             + (f" in {options.engines} engine processes" if options.engines > 1 else ""))
+             + (f" in {options.engines} engine processes" if options.engines > 1 else "")
+             + f"; drafts {settle_words(settle)}")
     engines = eval_engines.load_engines(factory, route, heads, options.engines)
     seam = engines.seams[0]  # the server's and the under-load rows' engine
     streams = None
@@ -152,7 +174,8 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
             from alignatt.serve.server import ServerThread
 
             # One engine, in this process: the server drafts with the seam loaded above.
-            config = ServerConfig(host="127.0.0.1", port=0, directions={direction: route}, engines=1)
+            config = ServerConfig(host="127.0.0.1", port=0, directions={direction: route}, engines=1,
+                                  settle_buffer_tokens=settle)
             server = ServerThread(config, lambda r, h: _Borrowed(seam)).start()
         try:
             for preset in presets:
@@ -161,7 +184,7 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
                     sentence_outputs: dict[str, list[StreamOutput]] = {}
                     for driver_name in options.drivers:
                         if driver_name == "inprocess":
-                            outs = streams.map(lambda s, p: tick(sentence_output(InProcessDriver(s, preset, src, tgt),
+                            outs = streams.map(lambda s, p: tick(sentence_output(driver_of(s, preset),
                                                                                   p, schedule, tails, tgt)), pairs, pair_ids)
                         else:  # through the server, one stream at a time
                             driver = (WebSocketDriver(server.url, preset, src, tgt) if driver_name == "websocket"
@@ -179,7 +202,7 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
                                                         sentence_outputs["inprocess"], sentence_outputs[driver_name]))
                 for tail in options.longform_tails if talks else []:
                     tails = tail_models[tail]
-                    outs = streams.map(lambda s, t: tick(talk_output(InProcessDriver(s, preset, src, tgt), t, schedule,
+                    outs = streams.map(lambda s, t: tick(talk_output(driver_of(s, preset), t, schedule,
                                                                       tails, tgt)), talks, [talk_id(t) for t in talks])
                     rows.append(longform_row(talks, outs, preset, variant, "inprocess", label, ts, schedule, tail,
                                               options.bootstrap, concurrency))
@@ -189,7 +212,7 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
             if server is not None:
                 server.stop()
         if options.offline_baseline:
-            outs = streams.map(lambda s, p: tick(offline_output(InProcessDriver(s, DEFAULT_PRESET, src, tgt),
+            outs = streams.map(lambda s, p: tick(offline_output(driver_of(s, DEFAULT_PRESET),
                                                                  p.source_words, tgt, schedule)), pairs, pair_ids)
             row = sentence_row(pairs, outs, OFFLINE, variant, OFFLINE, label, ts, schedule, "none",
                                 options.bootstrap, concurrency)
@@ -202,7 +225,7 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
         streams.close()
         streams = None
         rows += _under_load_rows(options, seam, pairs[:options.load_sentences], variant, label, ts, schedule,
-                                 tail_models[LOAD_TAIL], progress, tick)
+                                 tail_models[LOAD_TAIL], progress, tick, settle)
     finally:
         bar.close()
         try:
@@ -214,6 +237,32 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
 
 
 LOAD_TAIL = "gold"
+
+
+def variant_settle(options: EvalOptions, seam_name: str) -> int | None:
+    """The variant's settle_buffer_tokens, resolved as `alignatt serve` resolves its option for a route of
+    this seam and device (`auto`: its served default there)."""
+    from alignatt.serve.config import served_settle
+
+    return served_settle(options.settle_buffer_tokens, seam_name, options.device)
+
+
+def settle_words(settle: int | None) -> str:
+    return "whole (max_new_tokens)" if settle is None else f"settled {settle} tokens past the first held token"
+
+
+def settle_config(options: EvalOptions, variants: list[tuple[str, str, dict[str, Any]]]) -> dict[str, Any]:
+    """The artifact config's record of the drafts scored: `settle_buffer_tokens` resolved (one value when
+    every variant resolves alike, else one per variant), the option as given, and per variant what
+    `alignatt serve` serves there by default (the page says whether the eval scored it)."""
+    from alignatt.serve.config import served_settle
+
+    resolved = {v: variant_settle(options, seam) for v, seam, _ in variants}
+    served = {v: served_settle("auto", seam, options.device) for v, seam, _ in variants}
+    values = set(resolved.values())
+    return {"settle_buffer_tokens": values.pop() if len(values) == 1 else resolved,
+            "settle_buffer_tokens_option": options.settle_buffer_tokens,
+            "served_settle_buffer_tokens": served}
 
 
 def _streams_to_replay(options: EvalOptions, presets: list[str], pairs: list[TestPair],
@@ -234,7 +283,8 @@ def _ticker(bar):
 
 
 def _under_load_rows(options: EvalOptions, seam, pairs: list[TestPair], variant: str, label: str, ts: TestSet,
-                     schedule: Schedule, tails: TailModel, progress, tick=lambda out: out) -> list:
+                     schedule: Schedule, tails: TailModel, progress, tick=lambda out: out,
+                     settle: int | None = None) -> list:
     """Quality under load: the default preset's gold-tail replay of the same first sentences at each
     of `options.load_levels` streams at once, on the variant's first engine alone (its batch limit
     was raised to the highest level). Each level, 1 included, drafts through a draft scheduler of
@@ -244,7 +294,7 @@ def _under_load_rows(options: EvalOptions, seam, pairs: list[TestPair], variant:
     for level in options.load_levels:
         runner = ConcurrentStreams([seam], level)
         try:
-            outs = runner.map(lambda s, p: tick(sentence_output(InProcessDriver(s, DEFAULT_PRESET, src, tgt), p,
+            outs = runner.map(lambda s, p: tick(sentence_output(InProcessDriver(s, DEFAULT_PRESET, src, tgt, settle), p,
                                                                  schedule, tails, tgt)), pairs, [p.id for p in pairs])
             described = runner.describe()
         finally:
@@ -355,7 +405,7 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
     artifact = EvalArtifact(
         schema_version=ARTIFACT_SCHEMA_VERSION,
         provenance=collect_provenance(model_id=model_id, model_revision=revision),
-        config={**options.model_dump(), "schedule": {"words_per_second": options.words_per_second,
+        config={**options.model_dump(), **settle_config(options, variants), "schedule": {"words_per_second": options.words_per_second,
                                                       "commit_lag_seconds": options.commit_lag_seconds},
                 "computation_aware_clock": "engine serves updates one at a time: start = max(event time, "
                                            "previous reply), ready = start + measured round trip",
