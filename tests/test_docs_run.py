@@ -135,8 +135,8 @@ def test_documented_server_configs_validate():
 
 
 def test_a_documented_option_that_does_not_exist_fails_the_parse():
-    with pytest.raises(Exception, match="No such option: --settle-s"):
-        _parse(["soak", "--settle-s", "0"])
+    with pytest.raises(Exception, match="No such option: --settle-seconds"):
+        _parse(["soak", "--settle-seconds", "0"])
     with pytest.raises(Exception, match="No such command"):
         _parse(["heads", "shw", "x"])
     with pytest.raises(Exception, match="valid number"):

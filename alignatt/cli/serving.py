@@ -6,8 +6,10 @@ import typer
 
 from alignatt.capture.names import DEFAULT_SEAM
 from alignatt.cli.app import DEVICE, DTYPE, HEADS, MODEL, PRESET, SEAM, TOP_K, VLLM_MODE, app, scratch_out, validated
+from alignatt.cli.options import model_options
 from alignatt.cli.preflight import check_output, check_served, check_served_model
 from alignatt.core.policy import DEFAULT_PRESET, PRESET_NAMES
+from alignatt.measure.soak import SoakOptions
 from alignatt.serve.config import ServerConfig
 
 
@@ -166,20 +168,15 @@ def load_cmd(
 
 
 @app.command("soak")
+@model_options(SoakOptions)
 def soak_cmd(
-    model: str = MODEL,
-    seam: str = SEAM,
-    device: str = DEVICE,
-    minutes: float = typer.Option(30.0, help="how long sessions keep starting"),
-    clients: int = typer.Option(3, help="concurrent client threads"),
-    seed: int = typer.Option(0),
     out: str = typer.Option(None, help="where to write the soak artifact (default: runs/soak-<time>/)"),
+    **fields,
 ) -> None:
     """Mixed well-formed and hostile sessions on loopback for N minutes; RSS, descriptors, targets."""
-    from alignatt.measure.soak import SoakOptions, run_soak, summary_line
+    from alignatt.measure.soak import run_soak, summary_line
 
-    options = validated(SoakOptions, "soak option ", model=model, seam=seam, device=device, minutes=minutes,
-                        clients=clients, seed=seed)
+    options = validated(SoakOptions, "soak option ", **fields)
     check_served_model(options.model, options.seam, options.heads)
     out = scratch_out(out, "soak", "soak.json")
     check_output(out)

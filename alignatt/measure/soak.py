@@ -43,22 +43,22 @@ FD_SLACK = 2  # descriptors the runtime may open lazily (e.g. a thread pool's wa
 class SoakOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    model: str = DEFAULT_MODEL
-    seam: str = DEFAULT_SEAM
-    device: str = "cpu"
-    dtype: str | None = None
+    model: str = Field(DEFAULT_MODEL, description="model preset or local checkpoint")
+    seam: str = Field(DEFAULT_SEAM, description="capture seam: hf_eager | hf_qk_fast | vllm_capture")
+    device: str = Field("cpu", description="torch device of the served engine (cpu, cuda, cuda:N)")
+    dtype: str | None = Field(None, description="float32 | bfloat16 (default: the model's)")
     heads: str | None = Field(None, description="head-set file or bundled name (default: the model's)")
-    preset: str = DEFAULT_PRESET
+    preset: str = Field(DEFAULT_PRESET, description="latency preset of the well-formed sessions")
     minutes: float = Field(30.0, gt=0, description="how long sessions keep starting")
     clients: int = Field(3, ge=1, le=8, description="client threads (concurrent sessions)")
-    hostile_share: float = Field(0.5, ge=0, le=1)
+    hostile_share: float = Field(0.5, ge=0, le=1, description="share of sessions that are hostile")
     sample_s: float = Field(5.0, gt=0, description="RSS / descriptor sampling period")
     settle_s: float = Field(20.0, ge=0, description="wait after the load before the final RSS")
     reply_timeout_s: float = Field(300.0, gt=0, description="a reply later than this is a silent session")
     init_timeout_s: float = Field(2.0, gt=0, description="the server's init timeout (idle sockets)")
     idle_hold_s: float = Field(60.0, gt=0, description="how long the idle-flood case holds its 32 sockets")
     max_sessions_total: int = Field(100_000, ge=1, description="sessions started, at most")
-    seed: int = 0
+    seed: int = Field(0, description="seed of the session mix (which case, which sentence)")
 
 
 # ---- measuring ----

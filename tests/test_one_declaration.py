@@ -1,0 +1,111 @@
+"""Every knob declared once (issue 43): a command's options are its options model's fields.
+
+A command built by `alignatt.cli.options.model_options` takes one option per field, with the
+field's default and description; its own parameters are the options that are no field (`--out`,
+`--config`), listed here so that a new one is a decision. The checker below fails when an option's
+default or help differs from its field, when an option names a field it does not come from, or when
+a command declares an option that neither its model nor this list knows; it is itself tested on a
+command that breaks each rule. params.yaml's stage sections may hold only keys their models know.
+"""
+
+from __future__ import annotations
+
+import pytest
+import typer
+
+from alignatt.cli import app
+from alignatt.cli.options import CommandKnobs, knob_option, model_options
+from alignatt.core.options import knob_names, knob_type
+
+# Each converted command and its options that are no field of its models (why, in the command).
+NOT_FIELDS = {
+    "soak": {"out"},
+}
+
+
+def _commands(typer_app: typer.Typer) -> dict[str, tuple[object, object]]:
+    """name -> (the registered callback, its click command)."""
+    group = typer.main.get_command(typer_app)
+    return {info.name: (info.callback, group.commands[info.name])
+            for info in typer_app.registered_commands if info.name in group.commands}
+
+
+def problems(name: str, callback, command, not_fields: set[str]) -> list[str]:  # noqa: ANN001
+    knobs: CommandKnobs | None = getattr(callback, "alignatt_knobs", None)
+    if knobs is None:
+        return [f"{name}: its options are not built from its model (alignatt.cli.options.model_options)"]
+    out = []
+    known = {n: (s.model, f) for s in knobs.sources for f in s.fields() for n in knob_names(s.model, f)}
+    for param in command.params:
+        if param.name == "help" or param.name is None:
+            continue
+        if param.name in knobs.own:
+            if param.name in known:
+                out.append(f"{name} --{param.name}: declared by the command but a field of {known[param.name][0].__name__}")
+            elif param.name not in not_fields:
+                out.append(f"{name} --{param.name}: an option its model does not know")
+            continue
+        field_of = knobs.field_of(param.name)
+        if field_of is None:
+            out.append(f"{name} --{param.name}: an option its model does not know")
+            continue
+        model, field = field_of
+        expected, _ = knob_option(model, field, knobs.shown.get(field))
+        if param.help != model.model_fields[field].description:
+            out.append(f"{name} --{param.name}: help {param.help!r} is not {model.__name__}.{field}'s description")
+        if param.default != expected.default:
+            out.append(f"{name} --{param.name}: default {param.default!r} is not {model.__name__}.{field}'s "
+                       f"{expected.default!r}")
+        if f"--{field.replace('_', '-')}" not in param.opts:
+            out.append(f"{name} --{param.name}: not named after {model.__name__}.{field}")
+    return out
+
+
+def test_every_converted_command_is_its_models_options():
+    commands = _commands(app)
+    found = [p for name in NOT_FIELDS for p in problems(name, *commands[name], NOT_FIELDS[name])]
+    assert not found, "\n".join(found)
+
+
+def test_the_checker_fails_a_drifted_option_and_an_unknown_one():
+    from pydantic import BaseModel, Field
+
+    class Opts(BaseModel):
+        minutes: float = Field(30.0, description="how long")
+
+    bad = typer.Typer()
+
+    @bad.command("drifted")
+    @model_options(Opts)
+    def drifted(out: str = typer.Option(None), bogus: int = typer.Option(1), **fields) -> None: ...
+
+    @bad.command("other")  # two commands: a group, as the app is
+    def other() -> None: ...
+
+    callback, command = _commands(bad)["drifted"]
+    next(p for p in command.params if p.name == "minutes").default = 20.0  # as a hand-written option drifts
+    next(p for p in command.params if p.name == "minutes").help = "how long sessions keep starting"
+    found = problems("drifted", callback, command, {"out"})
+    assert any("--minutes: default" in p for p in found)
+    assert any("--minutes: help" in p for p in found)
+    assert any("--bogus: an option its model does not know" in p for p in found)
+    assert not any("--out" in p for p in found)
+
+
+def test_an_option_declared_by_hand_beside_its_field_is_refused():
+    from alignatt.measure.soak import SoakOptions
+
+    with pytest.raises(TypeError, match="declared twice"):
+        @model_options(SoakOptions)
+        def twice(minutes: float = typer.Option(30.0), **fields) -> None: ...
+
+
+def test_every_field_of_an_options_model_is_described_and_can_be_an_option():
+    models = {s.model for name in NOT_FIELDS for s in _commands(app)[name][0].alignatt_knobs.sources}
+    for model in models:
+        for field, info in model.model_fields.items():
+            assert info.description, f"{model.__name__}.{field} has no description"
+        for source in (s for name in NOT_FIELDS for s in _commands(app)[name][0].alignatt_knobs.sources
+                       if s.model is model):
+            for field in source.fields():
+                knob_type(model, field)  # TypeError for a field no command line can give
