@@ -20,6 +20,9 @@ from alignatt.core.options import knob_names, knob_type
 # Each converted command and its options that are no field of its models (why, in the command).
 NOT_FIELDS = {
     "soak": {"out"},
+    "smoke": {"out"},
+    "load": {"out", "metrics", "plot"},
+    "failover": {"out"},
 }
 
 

@@ -18,7 +18,7 @@ import functools
 import inspect
 import typing
 from dataclasses import dataclass, field as dataclass_field
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 import typer
 from pydantic import BaseModel
@@ -74,7 +74,9 @@ def knob_option(model: type[BaseModel], field: str, shown: str | None = None) ->
     else:
         default = shown_default(model, field)
     option = typer.Option(default, *decls, help=model.model_fields[field].description)
-    return option, (Literal[tuple(choices)] if choices else kind)  # typer makes a Literal a choice
+    # A Literal is parsed as a string: the model refuses a bad value in one line (exit 2), where a
+    # click choice would print its usage box.
+    return option, kind
 
 
 def model_options(*sources: type[BaseModel] | Knobs, shown: dict[str, str] | None = None) -> Callable:

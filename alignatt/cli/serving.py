@@ -6,9 +6,12 @@ import typer
 
 from alignatt.capture.names import DEFAULT_SEAM
 from alignatt.cli.app import DEVICE, DTYPE, HEADS, MODEL, PRESET, SEAM, TOP_K, VLLM_MODE, app, scratch_out, validated
-from alignatt.cli.options import model_options
+from alignatt.cli.options import Knobs, model_options
 from alignatt.cli.preflight import check_output, check_served, check_served_model
 from alignatt.core.policy import DEFAULT_PRESET, PRESET_NAMES
+from alignatt.measure.capacity import LoadOptions
+from alignatt.measure.failover import FailoverOptions
+from alignatt.measure.smoke import SmokeOptions
 from alignatt.measure.soak import SoakOptions
 from alignatt.serve.config import ServerConfig
 
@@ -88,25 +91,15 @@ def serve_cmd(
 
 
 @app.command("smoke")
+@model_options(SmokeOptions)
 def smoke_cmd(
-    model: str = MODEL,
-    seam: str = SEAM,
-    preset: str = PRESET,
-    device: str = DEVICE,
-    dtype: str = DTYPE,
-    top_k: int = TOP_K,
-    heads: str = HEADS,
-    speed: float = typer.Option(None, help="replay speed (default: the stream file's, 4x)"),
-    client: str = typer.Option("auto", help="native | wlk | both | auto (both when WhisperLiveKit imports)"),
-    vllm_mode: str = VLLM_MODE,
-    stream: str = typer.Option(None, help="stream JSON (default: the bundled smoke stream)"),
     out: str = typer.Option(None, help="where to write the smoke artifact (default: runs/smoke-<time>/)"),
+    **fields,
 ) -> None:
     """Start the server on loopback, replay the smoke stream through a real client, write the artifact."""
-    from alignatt.measure.smoke import SmokeOptions, run_smoke, summary_line
+    from alignatt.measure.smoke import run_smoke, summary_line
 
-    options = validated(SmokeOptions, model=model, seam=seam, preset=preset, device=device, dtype=dtype,
-                        top_k=top_k, heads=heads, speed=speed, client=client, stream=stream, vllm_mode=vllm_mode)
+    options = validated(SmokeOptions, **fields)
     check_served_model(options.model, options.seam, options.heads)
     out = scratch_out(out, "smoke", "server_smoke.json")
     check_output(out)
@@ -116,49 +109,17 @@ def smoke_cmd(
 
 
 @app.command("load")
+@model_options(LoadOptions)
 def load_cmd(
-    model: str = MODEL,
-    seam: str = SEAM,
-    preset: str = PRESET,
-    device: str = DEVICE,
-    dtype: str = DTYPE,
-    top_k: int = TOP_K,
-    heads: str = HEADS,
-    vllm_mode: str = typer.Option(None, help="vllm_capture: configurations, comma-separated, each a mode with "
-                                             "optional +flags: verify, batch_invariant, engines<N> (N engine processes "
-                                             "on the GPU), process (the one engine in a process of its own), settle<N> "
-                                             "(stop drafts N tokens past the answer), e.g. "
-                                             "fullgraph,fullgraph+settle2+process,fullgraph+settle2+process+verify"),
-    speakers: str = typer.Option("1,2,4", help="load levels: concurrent speakers, comma-separated"),
-    streams: str = typer.Option("smoke,long", help="streams speakers replay in turn: smoke, long or paths"),
-    speed: float = typer.Option(1.0, help="replay speed (1.0: real time)"),
-    stagger: float = typer.Option(0.14, help="seconds between speakers' starts"),
-    pacing: str = typer.Option("lockstep", help="lockstep (an update waits for its reply) | realtime (sent when due)"),
-    clients: str = typer.Option("processes", help="speakers in client processes of their own | threads of the "
-                                                  "server's process"),
-    prefix_caching: bool = typer.Option(None, "--prefix-caching/--no-prefix-caching",
-                                        help="vllm_capture: vLLM prefix caching (default on for the server)"),
-    max_num_seqs: int = typer.Option(None, help="vllm_capture: engine batch limit (server default 128)"),
-    engines: str = typer.Option("1", help="the server's engines: a number, or auto (one per visible GPU on cuda)"),
-    capture_cost: str = typer.Option("auto", help="captured vs uncaptured wall per batch: auto | on | off"),
-    capture_cost_batches: str = typer.Option("1,8,32,64", help="batch sizes of the capture-cost measurement"),
-    profile_dir: str = typer.Option(None, help="capture cost: torch-profile drafts at batch 1 and the largest "
-                                            "batch (captured and uncaptured), a folder per configuration"),
-    engine_profile_dir: str = typer.Option(None, help="cProfile each engine process over each level (engines in "
-                                                   "processes of their own); slows what it profiles"),
     out: str = typer.Option(None, help="where to write the load artifact (default: runs/load-<time>/)"),
     metrics: str = typer.Option(None, help="DVC metrics JSON"),
     plot: str = typer.Option(None, help="plot CSV: RTT against speakers"),
+    **fields,
 ) -> None:
     """N concurrent real-time speakers on one server per load level; writes the load artifact."""
-    from alignatt.measure.capacity import LoadOptions, run_load
+    from alignatt.measure.capacity import run_load
 
-    options = validated(LoadOptions, "load option ", model=model, seam=seam, preset=preset, device=device,
-                        dtype=dtype, top_k=top_k, heads=heads, vllm_mode=vllm_mode, speakers=speakers,
-                        streams=streams, speed=speed, stagger_s=stagger, pacing=pacing, clients=clients,
-                        prefix_caching=prefix_caching, max_num_seqs=max_num_seqs, engines=engines,
-                        capture_cost=capture_cost, capture_cost_batches=capture_cost_batches, profile_dir=profile_dir,
-                        engine_profile_dir=engine_profile_dir)
+    options = validated(LoadOptions, "load option ", **fields)
     check_served_model(options.model, options.seam, options.heads)
     out = scratch_out(out, "load", "load.json")
     for path, option in ((out, "--out"), (metrics, "--metrics"), (plot, "--plot")):
@@ -188,33 +149,16 @@ def soak_cmd(
 
 
 @app.command("failover")
+@model_options(Knobs(FailoverOptions, exclude=("seam_factory", "seam_options")))  # the tests' stand-ins
 def failover_cmd(
-    model: str = MODEL,
-    seam: str = SEAM,
-    preset: str = PRESET,
-    device: str = DEVICE,
-    dtype: str = DTYPE,
-    top_k: int = TOP_K,
-    heads: str = HEADS,
-    vllm_mode: str = VLLM_MODE,
-    engines: int = typer.Option(3, help="engine processes on the one device (3: one survives a kill and a stop)"),
-    speakers: int = typer.Option(16, help="concurrent real-time speakers, each reconnecting when told"),
-    streams: str = typer.Option("long", help="streams speakers replay in turn: smoke, long or paths"),
-    speed: float = typer.Option(1.5, help="replay speed (1.0: real time)"),
-    faults: str = typer.Option("kill@25,stop@50", help="action@seconds after the speakers start; kill = SIGKILL, "
-                                                      "stop = SIGSTOP, each on the live engine with most sessions"),
-    step_deadline: float = typer.Option(10.0, help="the server's hung-engine deadline (s)"),
-    heartbeat: float = typer.Option(1.0, help="the server's engine heartbeat (s)"),
     out: str = typer.Option(None, help="where to write the failover artifact (default: runs/failover-<time>/)"),
+    **fields,
 ) -> None:
     """Engines killed and stopped under load: what the clients saw (nothing lost, told within a bound)."""
-    from alignatt.measure.failover import FailoverOptions, run_failover
+    from alignatt.measure.failover import run_failover
     from alignatt.measure.failover_record import summary_line
 
-    options = validated(FailoverOptions, "failover option ", model=model, seam=seam, preset=preset, device=device,
-                        dtype=dtype, top_k=top_k, heads=heads, vllm_mode=vllm_mode, engines=engines,
-                        speakers=speakers, streams=streams, speed=speed, faults=faults,
-                        step_deadline_s=step_deadline, heartbeat_s=heartbeat)
+    options = validated(FailoverOptions, "failover option ", **fields)
     check_served_model(options.model, options.seam, options.heads)
     out = scratch_out(out, "failover", "failover.json")
     check_output(out)

@@ -26,7 +26,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import AliasChoices, Field, field_validator
 
 from alignatt.capture.names import VLLM_CAPTURE
 from alignatt.core.draft import acceptance_level
@@ -56,24 +56,34 @@ def _int_list(value: Any) -> list[int]:
 
 
 class LoadOptions(ServedModelOptions):
-    # vllm_mode: the run's configurations, comma-separated, each a mode with optional +flags
-    speakers: list[int] = Field(default_factory=lambda: [1, 2, 4])
-    streams: list[str] = Field(default_factory=lambda: ["smoke", "long"], description="'smoke', 'long' or paths")
-    speed: float = Field(1.0, gt=0, description="1.0: real time")
-    stagger_s: float = Field(0.14, ge=0, description="start of speaker i: i * stagger_s")
+    vllm_mode: str | None = Field(None, description="vllm_capture: configurations, comma-separated, each a mode "
+                                                    "with optional +flags: verify, batch_invariant, engines<N> (N "
+                                                    "engine processes on the GPU), process (the one engine in a "
+                                                    "process of its own), settle<N> (stop drafts N tokens past the "
+                                                    "answer), e.g. fullgraph,fullgraph+settle2+process")
+    speakers: list[int] = Field(default_factory=lambda: [1, 2, 4],
+                                description="load levels: concurrent speakers, comma-separated")
+    streams: list[str] = Field(default_factory=lambda: ["smoke", "long"],
+                               description="streams speakers replay in turn: smoke, long or paths")
+    speed: float = Field(1.0, gt=0, description="replay speed (1.0: real time)")
+    stagger_s: float = Field(0.14, ge=0, validation_alias=AliasChoices("stagger_s", "stagger"),
+                             description="seconds between speakers' starts (speaker i starts at i x this)")
     pacing: Literal["lockstep", "realtime"] = Field(
         "lockstep", description="lockstep: an update waits for its reply; realtime: sent when due, never waits")
     clients: Literal["processes", "threads"] = Field(
         "processes", description="processes: speakers in client processes of their own (alignatt.replay."
                                  "speakers); threads: in the server's process (contends for its GIL)")
     speakers_per_process: int = Field(16, ge=1, description="speaker threads per client process")
-    prefix_caching: bool | None = Field(None, description="vllm_capture: None = the server's default (on)")
+    prefix_caching: bool | None = Field(None, description="vllm_capture: vLLM prefix caching (default: the server's, on)")
     max_num_seqs: int | None = Field(None, ge=1, description="vllm_capture: the engine's batch limit")
-    engines: int | Literal["auto"] = Field(1, description="the server's engines per route (ServerConfig.engines)")
-    capture_cost: Literal["auto", "on", "off"] = "auto"  # auto: on CUDA with vllm_capture
-    capture_cost_batches: list[int] = Field(default_factory=lambda: [1, 8, 32, 64])
-    capture_cost_tokens: int = Field(16, ge=1)
-    capture_cost_repeats: int = Field(3, ge=1)
+    engines: int | Literal["auto"] = Field(1, description="the server's engines per route: a number, or auto (one "
+                                                          "per visible GPU on cuda) (ServerConfig.engines)")
+    capture_cost: Literal["auto", "on", "off"] = Field(
+        "auto", description="captured vs uncaptured wall per batch (auto: on CUDA with vllm_capture)")
+    capture_cost_batches: list[int] = Field(default_factory=lambda: [1, 8, 32, 64],
+                                            description="batch sizes of the capture-cost measurement")
+    capture_cost_tokens: int = Field(16, ge=1, description="tokens each capture-cost draft decodes (fixed length)")
+    capture_cost_repeats: int = Field(3, ge=1, description="timed passes per capture-cost batch size (their median is kept)")
     profile_dir: str | None = Field(None, description="capture cost: torch-profile batch 1 and the largest "
                                                       "batch, captured and uncaptured, a folder per configuration")
     engine_profile_dir: str | None = Field(None, description="cProfile each engine process over each level "

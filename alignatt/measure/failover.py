@@ -32,7 +32,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import AliasChoices, Field, field_validator
 
 from alignatt.core.errors import AlignattError
 from alignatt.measure.smoke import ServedModelOptions
@@ -41,31 +41,39 @@ HEALTH_EVERY_S = 0.25
 
 
 class FailoverOptions(ServedModelOptions):
-    engines: int = Field(3, ge=2, description="engine processes (one survives a kill and a stop with 3)")
-    speakers: int = Field(16, ge=1)
-    streams: list[str] = Field(default_factory=lambda: ["long"], description="'smoke', 'long' or paths")
+    engines: int = Field(3, ge=2, description="engine processes on the one device (3: one survives a kill and "
+                                              "a stop)")
+    speakers: int = Field(16, ge=1, description="concurrent real-time speakers, each reconnecting when told")
+    streams: list[str] = Field(default_factory=lambda: ["long"],
+                               description="streams speakers replay in turn: smoke, long or paths")
     speed: float = Field(1.5, gt=0, description="replay speed (1.0: real time)")
-    stagger_s: float = Field(0.1, ge=0)
+    stagger_s: float = Field(0.1, ge=0, description="seconds between speakers' starts")
     faults: list[tuple[Literal["kill", "stop"], float]] = Field(
         default_factory=lambda: [("kill", 25.0), ("stop", 50.0)],
-        description="(action, seconds after the speakers start)")
-    step_deadline_s: float = Field(10.0, gt=0)
-    heartbeat_s: float = Field(1.0, gt=0)
-    start_timeout_s: float = Field(600.0, gt=0, description="engines loaded and listening within this")
+        description="action@seconds after the speakers start; kill = SIGKILL, stop = SIGSTOP, each on the "
+                    "live engine with most sessions")
+    step_deadline_s: float = Field(10.0, gt=0, validation_alias=AliasChoices("step_deadline_s", "step_deadline"),
+                                   description="the server's hung-engine deadline (s)")
+    heartbeat_s: float = Field(1.0, gt=0, validation_alias=AliasChoices("heartbeat_s", "heartbeat"),
+                               description="the server's engine heartbeat (s)")
+    start_timeout_s: float = Field(600.0, gt=0, description="engines loaded and listening within this (s)")
     seam_factory: str | None = Field(None, description="module:function building the seams (tests: stand-ins); "
                                                        "None: `alignatt serve`'s own")
-    seam_options: dict[str, Any] = Field(default_factory=dict)
+    seam_options: dict[str, Any] = Field(default_factory=dict, description="the route's seam options "
+                                                                           "(vllm_mode joins them)")
 
     @field_validator("faults", mode="before")
     @classmethod
     def _faults(cls, value: Any) -> Any:
         if isinstance(value, str):  # "kill@25,stop@50"
-            out = []
-            for item in value.split(","):
+            value = value.split(",")
+        out = []
+        for item in value:
+            if isinstance(item, str):  # "kill@25"
                 action, _, at = item.strip().partition("@")
-                out.append((action, float(at)))
-            return out
-        return value
+                item = (action, float(at))
+            out.append(item)
+        return out
 
     @field_validator("streams", mode="before")
     @classmethod

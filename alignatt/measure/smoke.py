@@ -41,21 +41,24 @@ class ServedModelOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str = DEFAULT_MODEL
-    seam: str = DEFAULT_SEAM
-    preset: str = "balanced"
-    device: str = "cpu"
-    dtype: str | None = None
-    top_k: int = Field(4, ge=1)
-    heads: str | None = None
-    vllm_mode: str | None = None  # vllm_capture's mode (its default: cudagraph)
+    model: str = Field(DEFAULT_MODEL, description="model preset or local checkpoint")
+    seam: str = Field(DEFAULT_SEAM, description="capture seam: hf_eager | hf_qk_fast | vllm_capture")
+    preset: str = Field("balanced", description="latency preset of the sessions")
+    device: str = Field("cpu", description="torch device of the served engine (cpu, cuda, cuda:N)")
+    dtype: str | None = Field(None, description="float32 | bfloat16 (default: the model's)")
+    top_k: int = Field(4, ge=1, description="alignment heads used")
+    heads: str | None = Field(None, description="head-set file or bundled name (default: the model's)")
+    vllm_mode: str | None = Field(None, description="vllm_capture only: eager | cudagraph | fullgraph | compiled "
+                                                    "(default: the served one, serve/config.py SERVED_VLLM_OPTIONS)")
 
 
 class SmokeOptions(ServedModelOptions):
-    speed: float | None = Field(None, gt=0, description="None: the stream file's replay speed")
-    client: Literal["auto", "native", "wlk", "both"] = "auto"
-    wlk_latency: Literal["quality", "balanced", "low"] = "balanced"
-    stream: str | None = None
+    speed: float | None = Field(None, gt=0, description="replay speed (default: the stream file's, 4x)")
+    client: Literal["auto", "native", "wlk", "both"] = Field(
+        "auto", description="native | wlk | both | auto (both when WhisperLiveKit imports)")
+    wlk_latency: Literal["quality", "balanced", "low"] = Field(
+        "balanced", description="the WhisperLiveKit client's latency name (its --alignatt-latency)")
+    stream: str | None = Field(None, description="stream JSON (default: the bundled smoke stream)")
 
 
 def _summary(run: RunRecord) -> dict[str, Any]:
