@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from alignatt.core.errors import AlignattError
 from alignatt.core.progress import timed_bar
-from alignatt.replay.events import RunRecord, count_retractions
+from alignatt.replay.events import RunRecord, count_retractions, normalized_erasure, shown_buffer_units_mean
 from alignatt.replay.lockstep import replay_native
 from alignatt.replay.stream import ends_sentence, load_stream
 from alignatt.replay.wlk_client import load_wlk_client, replay_wlk, wlk_available, wlk_version
@@ -74,6 +74,11 @@ def _summary(run: RunRecord) -> dict[str, Any]:
         "errors": sum(1 for e in ev if e.error),
         "disconnects": disconnects,
         "retractions": count_retractions(ev),
+        # what the client showed (committed + held draft), in words of the en-de stream's target:
+        # the held buffer's mean length per partial and its flicker (Normalized Erasure, Simulstream's);
+        # None where the client's events keep no buffer (wlk). Absent from artifacts before them.
+        "shown_buffer_words_mean": shown_buffer_units_mean(ev),
+        "normalized_erasure": normalized_erasure(ev),
         "partial_drafts": len(partial_drafts),
         "partial_draft_rtt_ms_p50": percentile([getattr(e, rtt_key) for e in partial_drafts], 0.5),
         "partial_draft_rtt_ms_p95": percentile([getattr(e, rtt_key) for e in partial_drafts], 0.95),
@@ -178,6 +183,7 @@ def summary_line(artifact) -> str:
             f"{s['partial_draft_rtt_ms_p95']} ms; fast path {s['fast_path_events']} events, "
             f"{s['fast_path_releases']} releases, p50 {s['fast_path_server_ms_p50']} ms server-side, "
             f"{s['fast_path_engine_calls']} engine calls; engine calls {s['engine_calls']}; "
+            f"shown buffer {s.get('shown_buffer_words_mean')} words, normalized erasure {s.get('normalized_erasure')}; "
             f"wall {s['wall_s']} s, max lag {s['max_lag_s']} s"
         )
     return "\n".join(parts)

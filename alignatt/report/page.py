@@ -27,6 +27,7 @@ from alignatt.report.inputs import ReportInputs, collect_inputs, relative
 from alignatt.report.rows import ResultRow, load_note, machine_of
 from alignatt.report.headline import headline
 from alignatt.report.served import served_criterion
+from alignatt.replay.events import normalized_erasure, shown_buffer_units_mean
 
 TEMPLATE = "BENCHMARKS.md.j2"
 # Every figure on the page, in page order: a new figure is one function here.
@@ -43,6 +44,56 @@ def ms(value: float | None) -> str:
 
 def ratio(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}×"
+
+
+def drafts_setting(a) -> str:
+    """Whole or settled drafts, as the smoke's server ran them (artifacts before the field: whole,
+    the only setting the server had then)."""
+    if "settle_buffer_tokens" not in a.config:
+        return "whole drafts"
+    n = a.config["settle_buffer_tokens"]
+    return "whole drafts" if n is None else f"settled, {n} tokens past the first held"
+
+
+def shown_text_flicker(a) -> tuple[float | None, float | None]:
+    """The headline client's shown buffer (mean words per partial) and Normalized Erasure: from its
+    summary, else from its recorded events (artifacts before the summary kept them)."""
+    s = (a.config.get("summaries") or [{}])[0]
+    if "normalized_erasure" in s:
+        return s.get("shown_buffer_words_mean"), s.get("normalized_erasure")
+    client = a.config.get("headline_client")
+    events = [e for e in a.events if e.client == client]
+    return shown_buffer_units_mean(events), normalized_erasure(events)
+
+
+def flicker_notes(inputs: ReportInputs, rows: list[dict[str, Any]]) -> list[str]:
+    """Per model and machine: whole against settled drafts where both were replayed, else which
+    setting the flicker figure is for (and the buffer lengths a capacity run compared, if any)."""
+    notes = []
+    measured = [r for r in rows if r["erasure"] != "—"]
+    for key in sorted({(r["model_id"], r["machine"]) for r in measured}):
+        got = {r["setting"]: r for r in measured if (r["model_id"], r["machine"]) == key}
+        if len(got) > 1:
+            notes.append(f"{key[0]} on {key[1]}: " + "; ".join(
+                f"{k}: shown buffer {r['buffer_words']} words, normalized erasure {r['erasure']}"
+                for k, r in sorted(got.items())))
+            continue
+        (setting, _), = got.items()
+        other = "settled" if setting == "whole drafts" else "whole"
+        note = (f"{key[0]} on {key[1]}: {setting} only; {other} drafts were not replayed in a smoke there, "
+                "so their flicker was not measured")
+        for rel, a in sorted(inputs.of_kind("load"), key=lambda t: t[0]):
+            if (a.config.get("model"), machine_of(a)) != key:
+                continue
+            first = (a.config.get("vllm_modes") or [None])[0]
+            for lv in a.levels:
+                if lv.speakers == 1 and lv.buffer_words_mean is not None:
+                    note += (f" (`{rel}` served one speaker as `{first}` and as `{lv.vllm_mode}`: buffers of "
+                             f"{lv.first_configuration_buffer_words_mean:.1f} and {lv.buffer_words_mean:.1f} words "
+                             "on average over every reply, finals included; a load artifact keeps no per-update "
+                             "text, so no erasure)")
+        notes.append(note)
+    return notes
 
 
 def smoke_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
@@ -63,10 +114,11 @@ def smoke_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
                          seam="vllm (published)", updates=s.events, finals=s.finals,
                          retractions=s.retractions, p50=ms(s.commit_rtt_ms_median), p95=ms(s.rtt_ms_p95),
                          fast_events=s.fast_path_events, fast_p50="—", fast_calls="—", source=rel,
-                         note=note))
+                         setting="not recorded", buffer_words="—", erasure="—", model_id=None, note=note))
     for rel, a in inputs.smokes:
         latencies = [e.latency_ms for e in a.fast_path_events]
         synthetic = a.provenance.synthetic_weights
+        buffer_words, erasure = shown_text_flicker(a)
         rows.append(dict(
             date=a.provenance.date, machine=machine_of(a),
             model=str(a.config.get("model", "—")) + (" (synthetic weights)" if synthetic else ""),
@@ -77,6 +129,8 @@ def smoke_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
             fast_events=f"{len(a.fast_path_events)} ({sum(bool(e.released_text) for e in a.fast_path_events)})",
             fast_p50=ms(statistics.median(latencies) if latencies else None),
             fast_calls=str(sum(e.engine_calls for e in a.fast_path_events)), source=rel,
+            setting=drafts_setting(a), buffer_words="—" if buffer_words is None else f"{buffer_words:.2f}",
+            erasure="—" if erasure is None else f"{erasure:.2f}", model_id=a.config.get("model"),
             note="; ".join(["fast-path releases measured server-side" if a.fast_path_events
                             else "no commit-only updates released held text", *load_note(a)]),
         ))
@@ -326,6 +380,7 @@ def build_context(inputs: ReportInputs, figures: list[Figure] | None = None) -> 
     report = params.get("report") or {}
     scored_mode = report.get("scored_vllm_mode", "cudagraph")
     exactness = graph_exactness(inputs)
+    smoke = smoke_rows(inputs)
     return dict(
         profile=params.get("profile"),
         profiles=list(params.get("profiles") or {}),
@@ -335,7 +390,8 @@ def build_context(inputs: ReportInputs, figures: list[Figure] | None = None) -> 
         method=methodology(inputs),
         rows=rows,
         cross_day=cross_day_note(rows),
-        smoke_rows=smoke_rows(inputs),
+        smoke_rows=smoke,
+        smoke_flicker=flicker_notes(inputs, smoke),
         measurements=measurement_items(inputs),
         gpu_suites=gpu_suites(inputs),
         evals=eval_sections(inputs),

@@ -9,7 +9,7 @@ from alignatt.record.artifacts import ServerSmokeArtifact, load_artifact
 from alignatt.cli import app
 from alignatt.core.errors import AlignattError
 from alignatt.record.events import ReplayEvent
-from alignatt.replay.events import count_retractions
+from alignatt.replay.events import count_retractions, normalized_erasure, shown_buffer_units_mean
 from alignatt.replay.stream import asr_events, ends_sentence, load_stream
 from alignatt.measure.smoke import SmokeOptions, percentile, run_smoke
 from alignatt.replay.wlk_client import wlk_available
@@ -64,6 +64,9 @@ def test_smoke_artifact_with_a_fake_engine(tmp_path):
     assert len(releases) > 10 and all(e.engine_calls == 0 for e in a.fast_path_events)
     s = a.config["summaries"][0]
     assert s["engine_calls"] == factory.seams[0].calls and s["errors"] == 0
+    native = [e for e in a.events if e.client == "native"]
+    assert s["normalized_erasure"] == normalized_erasure(native) and s["normalized_erasure"] >= 0
+    assert s["shown_buffer_words_mean"] == shown_buffer_units_mean(native) > 0
     assert a.config["heads"] == [[11, 3], [6, 5], [17, 3], [20, 0]] and a.config["replay_speed"] == 60.0
     finals = [e.committed_text for e in a.events if e.final]
     assert finals[0].endswith("W8:once.") and finals[-1].startswith("W0:This W1:design")

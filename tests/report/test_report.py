@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from alignatt.report import page as report
 from alignatt.record.artifacts import load_artifact, write_artifact
+from alignatt.record.events import ReplayEvent
 from alignatt.cli import app
 from tests.support.report_fixtures import bench_artifact, build_tree, write_run
 
@@ -123,6 +124,31 @@ def test_smoke_section_reads_published_and_ours(tree):
     text = report.render_report(tree)
     assert "fast_path_events: 0" in text and "empty-source update" in text
     assert "| 2026-12-01 | CPU: Test CPU (2 cores) | gemma3-270m | hf_qk_fast | 42 | 6 | 0 | 180.50 | 420.25 | 3 (3) | 0.40 | 0 |" in text
+
+
+def test_smoke_section_shows_the_buffer_and_its_flicker(tree):
+    """From the recorded events of an artifact older than the summary's fields (whole drafts then),
+    else from the summary; which drafts a figure is for, and that the other setting was not replayed."""
+    assert "No smoke artifact here recorded the buffers it showed." in report.render_report(tree)
+    smoke = tree / "outputs" / "cpu" / "server_smoke.json"
+    art = load_artifact(smoke)
+    events = [  # 2 words erased ("ist", "schön") over 4 + 1 final words; buffers 3, 2, 2, 1 words
+        ReplayEvent(client="native", utterance_id=0, final=False, committed_text="", buffer_text=" Das Haus ist"),
+        ReplayEvent(client="native", utterance_id=0, final=False, committed_text="Das", buffer_text=" Haus war"),
+        ReplayEvent(client="native", utterance_id=0, final=False, committed_text="Das Haus", buffer_text=" war schön"),
+        ReplayEvent(client="native", utterance_id=0, final=True, committed_text="Das Haus war gut.", buffer_text=""),
+        ReplayEvent(client="native", utterance_id=1, final=False, committed_text="", buffer_text=" Ja"),
+        ReplayEvent(client="native", utterance_id=1, final=True, committed_text="Ja.", buffer_text=""),
+    ]
+    write_artifact(smoke, art.model_copy(update={"events": events, "config": {**art.config, "headline_client": "native"}}))
+    text = report.render_report(tree)
+    assert "| 2026-12-01 | CPU: Test CPU (2 cores) | gemma3-270m | whole drafts | 2.00 | 0.40 |" in text
+    assert "gemma3-270m on CPU: Test CPU (2 cores): whole drafts only; settled drafts were not replayed" in text
+    summary = {"client": "native", "shown_buffer_words_mean": 1.25, "normalized_erasure": 0.125}
+    write_artifact(smoke, art.model_copy(update={"events": events, "config": {
+        **art.config, "headline_client": "native", "settle_buffer_tokens": 2, "summaries": [summary]}}))
+    text = report.render_report(tree)
+    assert "| gemma3-270m | settled, 2 tokens past the first held | 1.25 | 0.12 |" in text
 
 
 def test_check_detects_a_stale_document(tree):
