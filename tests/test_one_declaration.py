@@ -23,6 +23,8 @@ NOT_FIELDS = {
     "smoke": {"out"},
     "load": {"out", "metrics", "plot"},
     "failover": {"out"},
+    # the direction is a key of `directions`; the rest are resolved for the route serve builds
+    "serve": {"direction", "vllm_mode", "settle_buffer_tokens", "engine_process", "config"},
 }
 
 

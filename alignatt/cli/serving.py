@@ -5,69 +5,39 @@ from __future__ import annotations
 import typer
 
 from alignatt.capture.names import DEFAULT_SEAM
-from alignatt.cli.app import DEVICE, DTYPE, HEADS, MODEL, PRESET, SEAM, TOP_K, VLLM_MODE, app, scratch_out, validated
+from alignatt.cli.app import DEVICE, DTYPE, HEADS, MODEL, TOP_K, app, scratch_out, validated
 from alignatt.cli.options import Knobs, model_options
 from alignatt.cli.preflight import check_output, check_served, check_served_model
-from alignatt.core.policy import DEFAULT_PRESET, PRESET_NAMES
 from alignatt.measure.capacity import LoadOptions
 from alignatt.measure.failover import FailoverOptions
 from alignatt.measure.smoke import SmokeOptions
 from alignatt.measure.soak import SoakOptions
-from alignatt.serve.config import ServerConfig
+from alignatt.serve.config import (SERVE_CONFIG_FIELDS, SERVE_LIMIT_FIELDS, SERVE_ROUTE_FIELDS, DirectionRoute,
+                                   ServerConfig, ServerLimits, server_config)
 
 
 # ---- server: serve, smoke (alignatt.serve.server / smoke) ----
 
 
-def _server_config(
-    config: str | None, host: str, port: int, model: str, seam: str, preset: str, direction: str,
-    heads: str | None, top_k: int, device: str, dtype: str | None, max_sessions: int,
-    max_utterance_words: int, vllm_mode: str | None, engines: str, settle_buffer_tokens: int | str | None = "auto",
-    engine_process: bool | None = None, access: dict | None = None,
-):
-    from alignatt.serve.config import server_config
-
-    return server_config(
-        config_path=config, host=host, port=port, model=model, seam=seam, preset=preset,
-        direction=direction, heads=heads, top_k=top_k, device=device, dtype=dtype,
-        max_sessions=max_sessions, max_utterance_words=max_utterance_words, vllm_mode=vllm_mode,
-        engines=engines, settle_buffer_tokens=settle_buffer_tokens, engine_process=engine_process, access=access,
-    )
-
-
 @app.command("serve")
+@model_options(Knobs(ServerConfig, only=SERVE_CONFIG_FIELDS), Knobs(DirectionRoute, only=SERVE_ROUTE_FIELDS),
+               Knobs(ServerLimits, only=SERVE_LIMIT_FIELDS))
 def serve_cmd(
-    host: str = typer.Option("127.0.0.1", help="interface to listen on"),
-    port: int = typer.Option(8765, help="TCP port (0 = any free port)"),
-    model: str = MODEL,
-    seam: str = SEAM,
-    preset: str = typer.Option(DEFAULT_PRESET, help=f"default latency preset: {' | '.join(PRESET_NAMES)}"),
+    # What is no one field of ServerConfig: the direction (a key of `directions`), and what the
+    # command resolves for the route it builds (serve/config.py server_config).
     direction: str = typer.Option("en-de", help="the direction served (source-target)"),
-    heads: str = HEADS,
-    top_k: int = TOP_K,
-    device: str = DEVICE,
-    dtype: str = DTYPE,
-    max_sessions: int = typer.Option(8, help="concurrent sessions; more get `busy`"),
-    max_utterance_words: int = typer.Option(80, help="longer utterances are forced final"),
-    vllm_mode: str = VLLM_MODE,
-    engines: str = typer.Option("auto", help="engines per route: auto (one process per visible GPU with "
-                                             "--device cuda, else 1) or a number (more than 1: a process each)"),
+    vllm_mode: str = typer.Option(None, help="vllm_capture only: eager | cudagraph | fullgraph | compiled "
+                                             "(default: fullgraph, serve/config.py SERVED_VLLM_OPTIONS)"),
     settle_buffer_tokens: str = typer.Option(
-        "auto", help="stop a partial draft once the policy's answer is known, N tokens past its first held "
-                     "token (the shown buffer); none: whole drafts; auto: 2 for vllm_capture on CUDA (the "
-                     "measured best), else none"),
+        "auto", help="ServerConfig.settle_buffer_tokens: stop a partial draft once the policy's answer is known, "
+                     "N tokens past its first held token (the shown buffer); none: whole drafts; auto: 2 for "
+                     "vllm_capture on CUDA (the measured best), else none"),
     engine_process: bool = typer.Option(
         None, "--engine-process/--engine-in-server", help="the engine in a process of its own, or in the "
                                                            "server's; default: its own for vllm_capture on CUDA"),
-    config: str = typer.Option(None, help="ServerConfig JSON (several directions); replaces the options above"),
-    allow_origin: list[str] = typer.Option(
-        ServerConfig.model_fields["allow_origins"].get_default(call_default_factory=True),
-        help="an Origin (browser page) to accept, repeatable; requests with any other Origin get 403"),
-    token_file: str = typer.Option(None, help="file with the token clients present (Bearer, or ?token= in the "
-                                              "URL); else $ALIGNATT_TOKEN"),
-    insecure_no_token: bool = typer.Option(False, "--insecure-no-token", help="listen beyond loopback without a token"),
-    ssl_certfile: str = typer.Option(None, help="TLS certificate chain (PEM): serve wss://"),
-    ssl_keyfile: str = typer.Option(None, help="TLS private key (PEM)"),
+    config: str = typer.Option(None, help="ServerConfig JSON (several directions); replaces the options above "
+                                          "but those of who may connect (origins, token, TLS)"),
+    **fields,
 ) -> None:
     """Run the MT server (WhisperLiveKit `alignatt` protocol v1) until interrupted."""
     import logging
@@ -76,12 +46,8 @@ def serve_cmd(
     from alignatt.serve.server import serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    cfg = _server_config(config, host, port, model, seam, preset, direction, heads, top_k,
-                         device, dtype, max_sessions, max_utterance_words, vllm_mode, engines, settle_buffer_tokens,
-                         engine_process, access={k: v for k, v in {
-                             "allow_origins": allow_origin, "token_file": token_file, "token_env": TOKEN_ENV,
-                             "insecure_no_token": insecure_no_token or None, "ssl_certfile": ssl_certfile,
-                             "ssl_keyfile": ssl_keyfile}.items() if v})
+    cfg = server_config(config, direction=direction, vllm_mode=vllm_mode, settle_buffer_tokens=settle_buffer_tokens,
+                        engine_process=engine_process, token_env=TOKEN_ENV, **fields)
     check_exposure(cfg)  # before any model is loaded: no token beyond loopback is refused at once
     ssl_context(cfg)
     check_served(cfg)  # the models, head sets and port: before any model is loaded

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 from alignatt.capture.names import DEFAULT_SEAM, VLLM_CAPTURE
 from alignatt.core.draft import Head, Seam
@@ -119,12 +119,12 @@ class DirectionRoute(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    model: str = DEFAULT_MODEL
-    seam: str = DEFAULT_SEAM
-    heads: str | None = Field(None, description="head-set file or bundled name; None: the model's default")
-    top_k: int = Field(4, ge=1)
-    device: str = "cpu"
-    dtype: str | None = None
+    model: str = Field(DEFAULT_MODEL, description="model preset or local checkpoint")
+    seam: str = Field(DEFAULT_SEAM, description="capture seam: hf_eager | hf_qk_fast | vllm_capture")
+    heads: str | None = Field(None, description="head-set file or bundled name (default: the model's)")
+    top_k: int = Field(4, ge=1, description="alignment heads used")
+    device: str = Field("cpu", description="torch device of the engine (cpu, cuda, cuda:N)")
+    dtype: str | None = Field(None, description="float32 | bfloat16 (default: the model's)")
     seam_options: dict[str, Any] = Field(default_factory=dict, description="e.g. {'vllm_mode': 'eager'}")
 
 
@@ -166,11 +166,13 @@ class ReplicaConfig(BaseModel):
 class ServerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    host: str = "127.0.0.1"
-    port: int = Field(8765, ge=0, le=65535)
-    default_preset: str = "balanced"
-    directions: dict[str, DirectionRoute] = Field(default_factory=lambda: {"en-de": DirectionRoute()})
-    limits: ServerLimits = Field(default_factory=ServerLimits)
+    host: str = Field("127.0.0.1", description="interface to listen on")
+    port: int = Field(8765, ge=0, le=65535, description="TCP port (0 = any free port)")
+    default_preset: str = Field("balanced", validation_alias=AliasChoices("default_preset", "preset"),
+                                description="latency preset of a session whose init names none")
+    directions: dict[str, DirectionRoute] = Field(default_factory=lambda: {"en-de": DirectionRoute()},
+                                                  description="direction (source-target) -> what serves it")
+    limits: ServerLimits = Field(default_factory=ServerLimits, description="every bound the server enforces")
     preload: bool = Field(True, description="load every direction's engine before listening")
     context: ContextConfig = Field(default_factory=ContextConfig, description="context/history bounds")
     engines: EngineCount = Field("auto", description="engines per route: 1 runs in this process; more run one "
@@ -180,8 +182,9 @@ class ServerConfig(BaseModel):
                                                                           "deadline, engines per GPU")
     # Who may connect (alignatt.serve.access).
     allow_origins: list[str] = Field(
-        default_factory=list, description="Origin header values accepted besides none (pages the operator "
-                                          "trusts); any other Origin is refused with 403 at the handshake")
+        default_factory=list, validation_alias=AliasChoices("allow_origins", "allow_origin"),
+        description="Origin header values accepted besides none (pages the operator trusts), comma-separated; "
+                    "any other Origin is refused with 403 at the handshake")
     token_file: str | None = Field(None, description="file holding the shared token clients must present "
                                                      "(else the variable token_env names; neither: no token)")
     token_env: str | None = Field(None, description="environment variable holding the token when there is no "
@@ -233,31 +236,31 @@ def served_settle(requested: int | None | str, seam: str, device: str) -> int | 
     return tokens
 
 
+# `alignatt serve`'s options (cli/serving.py builds them from these fields, with their defaults and
+# descriptions): one direction's route, two limits, and these of the config.
+SERVE_ROUTE_FIELDS = ("model", "seam", "heads", "top_k", "device", "dtype")
+SERVE_LIMIT_FIELDS = ("max_sessions", "max_utterance_words")
+SERVE_CONFIG_FIELDS = ("host", "port", "default_preset", "engines", "allow_origins", "token_file",
+                       "insecure_no_token", "ssl_certfile", "ssl_keyfile")
+# Who may connect: laid over a config file's too.
+ACCESS_FIELDS = ("allow_origins", "token_file", "token_env", "insecure_no_token", "ssl_certfile", "ssl_keyfile")
+
+
 def server_config(
     config_path: str | None = None,
-    host: str = "127.0.0.1",
-    port: int = 8765,
-    model: str = DEFAULT_MODEL,
-    seam: str = DEFAULT_SEAM,
-    preset: str = "balanced",
+    *,
     direction: str = "en-de",
-    heads: str | None = None,
-    top_k: int = 4,
-    device: str = "cpu",
-    dtype: str | None = None,
-    max_sessions: int = 8,
-    max_utterance_words: int = 80,
     vllm_mode: str | None = None,
-    engines: EngineCount | str = "auto",
     settle_buffer_tokens: int | None | str = "auto",
     engine_process: bool | None = None,
-    access: dict[str, Any] | None = None,
+    **fields: Any,
 ) -> ServerConfig:
-    """A ServerConfig from a JSON file, or from one direction's options (the CLI's). `engine_process`:
-    the route's one engine in a process of its own; None: so for vllm_capture on CUDA, where the
-    engine thread otherwise waits for the interpreter lock of the sessions' policy and the event loop
-    (docs/batching.md: on the H200 it is what took 64 speakers within their targets). `access`: the
-    ServerConfig fields of who may connect (origins, token file, TLS), set over a config file's too."""
+    """A ServerConfig from a JSON file, or from one direction's options (the CLI's): `fields` are
+    fields of `DirectionRoute`, `ServerLimits` or `ServerConfig` by name, the rest their defaults.
+    With a file, only the fields of who may connect (`ACCESS_FIELDS`: origins, token, TLS) are laid
+    over it. `settle_buffer_tokens`: "auto" (`served_settle`), "none" or N. `engine_process`: the
+    route's one engine in a process of its own; None: so for vllm_capture on CUDA, where the engine
+    thread otherwise waits for the interpreter lock of the sessions' policy and the event loop."""
     from pathlib import Path
 
     from pydantic import ValidationError
@@ -269,23 +272,22 @@ def server_config(
             except OSError as e:
                 raise AlignattError(f"cannot read server config {config_path}: {e.strerror}") from None
             cfg = ServerConfig.model_validate_json(text)
+            access = {k: v for k, v in fields.items() if k in ACCESS_FIELDS}
             if access:
                 cfg = ServerConfig.model_validate({**cfg.model_dump(), **access})
         else:
-            options = {"vllm_mode": vllm_mode} if vllm_mode else {}
-            route = DirectionRoute(model=model, seam=seam, heads=heads, top_k=top_k, device=device,
-                                   dtype=dtype, seam_options=options)
+            route_fields = {k: fields.pop(k) for k in list(fields) if k in DirectionRoute.model_fields}
+            limit_fields = {k: fields.pop(k) for k in list(fields) if k in ServerLimits.model_fields}
+            if vllm_mode:
+                route_fields["seam_options"] = {"vllm_mode": vllm_mode}
+            route = DirectionRoute(**route_fields)
+            on_cuda = route.seam == VLLM_CAPTURE and route.device.startswith("cuda")
             cfg = ServerConfig(
-                host=host,
-                port=port,
-                default_preset=preset,
                 directions={direction.strip().lower(): route},
-                limits=ServerLimits(max_sessions=max_sessions, max_utterance_words=max_utterance_words),
-                engines=engines,
-                settle_buffer_tokens=served_settle(settle_buffer_tokens, seam, device),
-                replicas=ReplicaConfig(own_process=(seam == VLLM_CAPTURE and device.startswith("cuda"))
-                                       if engine_process is None else engine_process),
-                **(access or {}),
+                limits=ServerLimits(**limit_fields),
+                settle_buffer_tokens=served_settle(settle_buffer_tokens, route.seam, route.device),
+                replicas=ReplicaConfig(own_process=on_cuda if engine_process is None else engine_process),
+                **fields,
             )
     except ValidationError as e:
         first = e.errors()[0]
