@@ -114,3 +114,36 @@ def test_every_field_of_an_options_model_is_described_and_can_be_an_option():
                        if s.model is model):
             for field in source.fields():
                 knob_type(model, field)  # TypeError for a field no command line can give
+
+
+def test_every_profile_of_params_yaml_holds_only_options_its_stage_commands_know():
+    from pathlib import Path
+
+    from alignatt.pipeline.doctor import check_stage_options
+    from alignatt.pipeline.params import load_params
+
+    params = load_params(Path(__file__).resolve().parents[1] / "params.yaml")
+    for profile in params["profiles"]:
+        check_stage_options(params, profile)
+
+
+@pytest.mark.parametrize("section, key, value, said", [
+    ("load", "stagger_seconds", 0.05, "unknown profiles.cpu.load option 'stagger_seconds'"),
+    ("eval", "tails", "gold,loud", "bad profiles.cpu.eval option tails"),
+])
+def test_doctor_names_a_bad_stage_option_in_one_line_before_anything_else(tmp_path, section, key, value, said):
+    from pathlib import Path
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from alignatt.pipeline.params import load_params
+
+    params = load_params(Path(__file__).resolve().parents[1] / "params.yaml")
+    params["profiles"]["cpu"][section][key] = value
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    result = CliRunner().invoke(app, ["doctor", "--params", str(path), "--profile", "cpu"])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {said}"), result.stderr

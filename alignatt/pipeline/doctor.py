@@ -193,11 +193,36 @@ def seam_gaps(seam: str, model: str, device: str) -> list[str]:
     return [g for g in gaps if g]
 
 
+def stage_option_models() -> dict[str, type]:
+    """Each stage section of a profile and the options model of the command dvc.yaml splices it
+    into (`alignatt <command> --model {model} --device {device} --dtype {dtype} {section}`)."""
+    from alignatt.evaluate.run import EvalOptions
+    from alignatt.measure.capacity import LoadOptions
+    from alignatt.measure.smoke import SmokeOptions
+
+    return {"smoke": SmokeOptions, "load": LoadOptions, "eval": EvalOptions, "eval_directions": EvalOptions}
+
+
+def check_stage_options(params: dict, profile: str | None = None) -> None:
+    """Every stage section of the profile is its command's options (what `alignatt doctor` checks
+    in the env stage, before anything is measured): AlignattError, one line, naming a key no field
+    knows or the first bad value."""
+    from alignatt.core.options import validate_flat
+
+    from alignatt.pipeline.params import profile_of
+
+    name, prof = profile_of(params, profile)
+    for section, model in stage_option_models().items():
+        values = {"model": prof.model, "device": prof.device, "dtype": prof.dtype, **getattr(prof, section)}
+        validate_flat(model, values, where=f"profiles.{name}.{section} option")
+
+
 def diagnose(params_path: str | Path = "params.yaml", profile: str | None = None) -> Diagnosis:
     from alignatt.pipeline.params import load_params, profile_of, profile_seams
 
     params = load_params(params_path)
     name, prof = profile_of(params, profile)
+    check_stage_options(params, name)  # a stage section with a key its command does not know fails here
     seams = [
         SeamReadiness(seam=s, expected_to_run=s not in prof.expect_skipped,
                       missing=seam_gaps(s, prof.model, prof.device))
