@@ -25,6 +25,9 @@ NOT_FIELDS = {
     "failover": {"out"},
     # the direction is a key of `directions`; the rest are resolved for the route serve builds
     "serve": {"direction", "vllm_mode", "settle_buffer_tokens", "engine_process", "config"},
+    # the tail-noise knobs are TailNoise's fields, nested in EvalOptions.tail_noise, given flat
+    # (test_eval_tail_noise_options_are_tail_noise_fields holds them to TailNoise)
+    "eval": {"out", "metrics", "plot", "figure", "tail_noise_seed", "tail_p_wrong", "tail_p_drop", "tail_p_split"},
 }
 
 
@@ -116,6 +119,43 @@ def test_every_field_of_an_options_model_is_described_and_can_be_an_option():
                 knob_type(model, field)  # TypeError for a field no command line can give
 
 
+def test_eval_tail_noise_options_are_tail_noise_fields():
+    from alignatt.evaluate.tails import TAIL_NOISE_KNOBS, TailNoise
+
+    callback, command = _commands(app)["eval"]
+    params = {p.name: p for p in command.params}
+    for name, field in TAIL_NOISE_KNOBS.items():
+        assert name in callback.alignatt_knobs.own
+        expected, _ = knob_option(TailNoise, field, names=[name])
+        assert params[name].default == expected.default == TailNoise.model_fields[field].default
+        assert params[name].help == TailNoise.model_fields[field].description
+        assert params[name].opts == [f"--{name.replace('_', '-')}"]
+
+
+def test_eval_keeps_its_documented_option_names(monkeypatch, tmp_path):
+    """README's --commit-lag and --tail-p-*, the tests' --no-offline: older names of EvalOptions' knobs."""
+    from typer.testing import CliRunner
+
+    from alignatt.core.errors import AlignattError
+    from alignatt.evaluate import run
+
+    got = {}
+
+    def fake_run_eval(options, out, progress=None):  # noqa: ANN001, ANN202 - the options, then stop
+        got["options"] = options
+        raise AlignattError("stopped before any model loads")
+
+    monkeypatch.setattr(run, "run_eval", fake_run_eval)
+    result = CliRunner().invoke(app, ["eval", "--commit-lag", "1.5", "--no-offline", "--tail-p-wrong", "0.1",
+                                      "--tail-noise-seed", "7", "--load-levels", "1,4", "--settle-buffer-tokens",
+                                      "2", "--out", str(tmp_path / "eval.json")])
+    options = got.get("options")
+    assert options is not None, result.output
+    assert options.commit_lag_seconds == 1.5 and options.offline_baseline is False
+    assert (options.tail_noise.p_wrong, options.tail_noise.seed, options.tail_noise.p_drop) == (0.1, 7, 0.05)
+    assert options.load_levels == [1, 4] and options.settle_buffer_tokens == 2
+
+
 def test_every_profile_of_params_yaml_holds_only_options_its_stage_commands_know():
     from pathlib import Path
 
@@ -127,9 +167,23 @@ def test_every_profile_of_params_yaml_holds_only_options_its_stage_commands_know
         check_stage_options(params, profile)
 
 
+def test_doctor_takes_the_eval_commands_older_names_and_flat_tail_noise():
+    from pathlib import Path
+
+    from alignatt.pipeline.doctor import check_stage_options
+    from alignatt.pipeline.params import load_params
+
+    params = load_params(Path(__file__).resolve().parents[1] / "params.yaml")
+    params["profiles"]["cpu"]["eval"].update({"commit_lag": 1.0, "offline": False, "tail_p_drop": 0.1,
+                                              "tail_noise_seed": 3})
+    params["profiles"]["cpu"]["eval_directions"].update({"commit_lag_seconds": 1.0, "settle_buffer_tokens": "none"})
+    check_stage_options(params, "cpu")
+
+
 @pytest.mark.parametrize("section, key, value, said", [
     ("load", "stagger_seconds", 0.05, "unknown profiles.cpu.load option 'stagger_seconds'"),
     ("eval", "tails", "gold,loud", "bad profiles.cpu.eval option tails"),
+    ("eval", "tail_p_wrong", 2.0, "bad profiles.cpu.eval option tail_noise.p_wrong"),
 ])
 def test_doctor_names_a_bad_stage_option_in_one_line_before_anything_else(tmp_path, section, key, value, said):
     from pathlib import Path

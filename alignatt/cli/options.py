@@ -61,11 +61,14 @@ def _dashed(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def knob_option(model: type[BaseModel], field: str, shown: str | None = None) -> tuple[Any, type]:
+def knob_option(model: type[BaseModel], field: str, shown: str | None = None,
+                names: list[str] | None = None) -> tuple[Any, type]:
     """(the typer option of one field, the type typer parses it as). Its default is the field's
-    (`shown` where the command resolves its own), as the command line writes it."""
+    (`shown` where the command resolves its own), as the command line writes it. `names`: the
+    option's names where they are not the field's (a nested model's field, flat: eval's
+    `--tail-p-wrong` for TailNoise.p_wrong)."""
     kind, choices = knob_type(model, field)
-    names = knob_names(model, field)
+    names = names or knob_names(model, field)
     decls = [f"{_dashed(n)}/--no-{n.replace('_', '-')}" for n in names] if kind is bool else [_dashed(n) for n in names]
     if shown is not None:
         default = shown

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import typer
 
-from alignatt.capture.names import DEFAULT_SEAM
-from alignatt.cli.app import DEVICE, DTYPE, HEADS, MODEL, TOP_K, app, scratch_out, validated
-from alignatt.cli.options import Knobs, model_options
+from alignatt.cli.app import app, scratch_out, validated
+from alignatt.cli.options import Knobs, knob_option, model_options
 from alignatt.cli.preflight import check_output, check_served, check_served_model
+from alignatt.evaluate.run import EvalOptions
+from alignatt.evaluate.tails import TAIL_NOISE_KNOBS, TailNoise, fold_tail_noise
 from alignatt.measure.capacity import LoadOptions
 from alignatt.measure.failover import FailoverOptions
 from alignatt.measure.smoke import SmokeOptions
@@ -135,65 +136,31 @@ def failover_cmd(
         raise typer.Exit(1)
 
 
+# The noisy tail's knobs: fields of TailNoise, nested in EvalOptions.tail_noise, given flat (their
+# defaults and help are TailNoise's; alignatt.evaluate.tails.TAIL_NOISE_KNOBS folds them back).
+_TAIL_NOISE = {name: knob_option(TailNoise, field, names=[name])[0] for name, field in TAIL_NOISE_KNOBS.items()}
+
+
 @app.command("eval")
+@model_options(Knobs(EvalOptions, exclude=("tail_noise",)))  # nested: its own options below
 def eval_cmd(
-    test_set: str = typer.Option("en-de", "--test-set", help="named set (en-de), .jsonl, word-alignment .json, or SOURCE:TARGET files"),
-    direction: str = typer.Option(None, help="source-target, e.g. cs-en (default: the test set's, else en-de)"),
-    model: str = MODEL,
-    variants: str = typer.Option(DEFAULT_SEAM, help="comma-separated seam[:vllm_mode], e.g. vllm_capture:cudagraph,vllm_capture:eager"),
-    presets: str = typer.Option("low_latency,balanced,high_latency", help="comma-separated latency presets"),
-    drivers: str = typer.Option("inprocess", help="comma-separated: inprocess, websocket (alignatt serve, native client), wlk (alignatt serve, WhisperLiveKit client)"),
-    limit: int = typer.Option(None, help="first N sentences of the test set"),
-    max_source_words: int = typer.Option(None, help="only sentences with at most this many words"),
-    longform_talks: int = typer.Option(0, help="long-form talks of consecutive pairs (0: none)"),
-    pairs_per_talk: int = typer.Option(5, help="pairs concatenated into one talk"),
-    words_per_second: float = typer.Option(2.4, help="ASR word rate"),
-    commit_lag: float = typer.Option(2.0, "--commit-lag", help="seconds from a word's arrival to its commit"),
-    device: str = DEVICE,
-    dtype: str = DTYPE,
-    top_k: int = TOP_K,
-    heads: str = HEADS,
-    comet_model: str = typer.Option(None, "--comet-model", help="local COMET checkpoint (unbabel-comet); else skipped"),
-    offline: bool = typer.Option(True, help="also the offline full-sentence baseline"),
-    tails: str = typer.Option("gold,noisy,none", help="comma-separated ASR tails, a row each: gold, noisy (seeded noise), none (no lookahead)"),
-    longform_tails: str = typer.Option("gold", help="comma-separated tails of the long-form rows"),
-    tail_noise_seed: int = typer.Option(0, help="seed of the noisy tail"),
-    tail_p_wrong: float = typer.Option(0.2, help="noisy tail: P(a tail word is another vocabulary word)"),
-    tail_p_drop: float = typer.Option(0.05, help="noisy tail: P(a tail word is missing)"),
-    tail_p_split: float = typer.Option(0.05, help="noisy tail: P(a tail word is split in two)"),
-    bootstrap: int = typer.Option(1000, help="sacrebleu bootstrap resamples for the 95% intervals"),
-    significance: str = typer.Option("bs", help="paired test against offline: bs (bootstrap) or ar (approximate randomization)"),
-    significance_samples: int = typer.Option(0, help="resamples/trials of the paired test (0: sacrebleu's default)"),
-    purpose: str = typer.Option("quality", help="quality, or scorer_smoke: too few sentences for a result (labelled so)"),
-    concurrency: int = typer.Option(1, help="in-process streams replayed at once, their drafts batched by the engine (--engines: spread over several) (1: one at a time)"),
-    engines: int = typer.Option(1, help="engine processes sharing the device, each batching its share of the --concurrency streams (1: the engine in this process)"),
-    load_levels: str = typer.Option("", help="quality under load: comma-separated concurrencies, each a row of the default preset on the first --load-sentences"),
-    load_sentences: int = typer.Option(100, help="sentences of each quality-under-load row"),
-    settle_buffer_tokens: str = typer.Option(
-        "auto", help="drafts settled as `alignatt serve --settle-buffer-tokens` settles them: N tokens past the "
-                     "first held token; none: whole drafts; auto: the served default (2 for vllm_capture on CUDA, "
-                     "else none)"),
+    tail_noise_seed: int = _TAIL_NOISE["tail_noise_seed"],
+    tail_p_wrong: float = _TAIL_NOISE["tail_p_wrong"],
+    tail_p_drop: float = _TAIL_NOISE["tail_p_drop"],
+    tail_p_split: float = _TAIL_NOISE["tail_p_split"],
     out: str = typer.Option(None, help="the eval artifact, SimulEval instance logs beside it (default: runs/eval-<time>/)"),
     metrics: str = typer.Option(None, help="also write DVC metrics JSON here"),
     plot: str = typer.Option(None, help="also write the quality-vs-latency CSV here"),
     figure: str = typer.Option(None, help="also write the quality-vs-latency SVG here (needs matplotlib)"),
+    **fields,
 ) -> None:
     """Replay a test set ASR-style through the server's Session per preset; score quality and latency."""
     from alignatt.evaluate.outputs import write_derived
-    from alignatt.evaluate.run import EvalOptions, run_eval
+    from alignatt.evaluate.run import run_eval
 
-    split = lambda s: [x.strip() for x in s.split(",") if x.strip()]  # noqa: E731
-    options = validated(
-        EvalOptions, model=model, variants=split(variants), presets=split(presets), drivers=split(drivers),
-        test_set=test_set, direction=direction, limit=limit, max_source_words=max_source_words,
-        longform_talks=longform_talks, pairs_per_talk=pairs_per_talk, words_per_second=words_per_second,
-        commit_lag_seconds=commit_lag, device=device, dtype=dtype, top_k=top_k, heads=heads,
-        comet_model=comet_model, offline_baseline=offline, tails=split(tails), longform_tails=split(longform_tails),
-        tail_noise={"seed": tail_noise_seed, "p_wrong": tail_p_wrong, "p_drop": tail_p_drop, "p_split": tail_p_split},
-        bootstrap=bootstrap, significance=significance, significance_samples=significance_samples, purpose=purpose,
-        concurrency=concurrency, engines=engines, load_levels=split(load_levels), load_sentences=load_sentences,
-        settle_buffer_tokens=settle_buffer_tokens,
-    )
+    tail_noise = {"tail_noise_seed": tail_noise_seed, "tail_p_wrong": tail_p_wrong, "tail_p_drop": tail_p_drop,
+                  "tail_p_split": tail_p_split}
+    options = validated(EvalOptions, **fold_tail_noise({**fields, **tail_noise}))
     from alignatt.models.presets import check_model_name
 
     check_model_name(options.model)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from alignatt.capture.names import HF_QK_FAST
 from alignatt.core.errors import AlignattError
@@ -43,42 +43,61 @@ RETRACTION_CHECK = "0 retractions in every replay"
 
 
 class EvalOptions(BaseModel):
+    """The eval's knobs: `alignatt eval`'s options (`--field-name`, or an older name its
+    validation_alias lists) and a params.yaml `eval:`/`eval_directions:` section's keys. The noisy
+    tail's model (`tail_noise`) is nested: its knobs are `--tail-noise-seed` and `--tail-p-*`
+    (`alignatt.evaluate.tails.TAIL_NOISE_KNOBS`)."""
+
     model_config = ConfigDict(extra="forbid")
 
-    model: str = "gemma3-270m"
+    model: str = Field("gemma3-270m", description="model preset or local checkpoint")
     variants: list[str] = Field(default_factory=lambda: [HF_QK_FAST],
-                                description="seam[:vllm_mode], e.g. vllm_capture:cudagraph")
-    presets: list[str] = Field(default_factory=lambda: list(PRESETS))
+                                description="seam[:vllm_mode] variants scored on the same sentences, e.g. "
+                                            "vllm_capture:cudagraph,vllm_capture:eager")
+    presets: list[str] = Field(default_factory=lambda: list(PRESETS), description="latency presets, a row each")
     drivers: list[Literal["inprocess", "websocket", "wlk"]] = Field(
-        default_factory=lambda: ["inprocess"], description="wlk: through the server by WhisperLiveKit's own client")
-    test_set: str = "en-de"
-    direction: str | None = None
-    limit: int | None = Field(None, ge=1, description="sentences (first N of the test set)")
-    max_source_words: int | None = Field(None, ge=1, description="only sentences this short")
-    longform_talks: int = Field(0, ge=0, description="talks of consecutive pairs (0: no long form)")
-    pairs_per_talk: int = Field(5, ge=1)
-    words_per_second: float = Field(2.4, gt=0)
-    commit_lag_seconds: float = Field(2.0, ge=0)
-    device: str = "cpu"
-    dtype: str | None = None
-    top_k: int = Field(4, ge=1)
-    heads: str | None = None
-    comet_model: str | None = None
-    offline_baseline: bool = True
+        default_factory=lambda: ["inprocess"],
+        description="inprocess; websocket: through alignatt serve, native client; wlk: through alignatt serve "
+                    "by WhisperLiveKit's own client")
+    test_set: str = Field("en-de", description="named set (en-de), .jsonl, word-alignment .json, or SOURCE:TARGET files")
+    direction: str | None = Field(None, description="source-target, e.g. cs-en (default: the test set's, else en-de)")
+    limit: int | None = Field(None, ge=1, description="first N sentences of the test set")
+    max_source_words: int | None = Field(None, ge=1, description="only sentences with at most this many words")
+    longform_talks: int = Field(0, ge=0, description="long-form talks of consecutive pairs (0: no long form)")
+    pairs_per_talk: int = Field(5, ge=1, description="pairs concatenated into one talk")
+    words_per_second: float = Field(2.4, gt=0, description="ASR word rate")
+    commit_lag_seconds: float = Field(2.0, ge=0, validation_alias=AliasChoices("commit_lag_seconds", "commit_lag"),
+                                      description="seconds from a word's arrival to its commit")
+    device: str = Field("cpu", description="torch device of the seam (cpu, cuda)")
+    dtype: str | None = Field(None, description="float32 | bfloat16 (default: the model's)")
+    top_k: int = Field(4, ge=1, description="alignment heads used")
+    heads: str | None = Field(None, description="head-set file or bundled name (default: the model's)")
+    comet_model: str | None = Field(None, description="local COMET checkpoint (unbabel-comet); else COMET is skipped")
+    offline_baseline: bool = Field(True, validation_alias=AliasChoices("offline_baseline", "offline"),
+                                   description="also the offline full-sentence baseline")
     tails: list[TailKind] = Field(default_factory=lambda: ["gold", "noisy", "none"],
-                                  description="one row per preset and tail: gold, noisy (seeded ASR noise), none")
-    longform_tails: list[TailKind] = Field(default_factory=lambda: ["gold"], description="tails of the long form")
-    tail_noise: TailNoise = Field(default_factory=TailNoise)
-    bootstrap: int = Field(uncertainty.DEFAULT_BOOTSTRAP, ge=1, description="sacrebleu bootstrap resamples (intervals)")
-    significance: Literal["ar", "bs"] = Field("bs", description="paired test against offline: sacrebleu's ar or bs")
-    significance_samples: int = Field(0, ge=0, description="0: sacrebleu's default (ar 10000, bs 1000)")
+                                  description="ASR tails, a row each per preset: gold, noisy (seeded ASR noise), "
+                                              "none (no lookahead)")
+    longform_tails: list[TailKind] = Field(default_factory=lambda: ["gold"], description="tails of the long-form rows")
+    tail_noise: TailNoise = Field(default_factory=TailNoise,
+                                  description="the noisy tail's seeded noise model (flat knobs: --tail-noise-seed, "
+                                              "--tail-p-wrong, --tail-p-drop, --tail-p-split)")
+    bootstrap: int = Field(uncertainty.DEFAULT_BOOTSTRAP, ge=1,
+                           description="sacrebleu bootstrap resamples for the 95% intervals")
+    significance: Literal["ar", "bs"] = Field(
+        "bs", description="paired test against offline: bs (bootstrap) or ar (approximate randomization)")
+    significance_samples: int = Field(0, ge=0, description="resamples/trials of the paired test (0: sacrebleu's "
+                                                           "default, ar 10000, bs 1000)")
     purpose: Literal["quality", "scorer_smoke"] = Field(
-        "quality", description="scorer_smoke: a few sentences that exercise the scorer (CPU CI), not a quality result")
-    isolate_variants: bool | None = Field(None, description="each variant in its own process (None: when vLLM runs several)")
-    concurrency: int = Field(1, ge=1, description="in-process streams replayed at once through the engines' "
-                                                   "draft schedulers (1: one after another)")
+        "quality", description="quality, or scorer_smoke: a few sentences that exercise the scorer (CPU CI), "
+                               "labelled so, not a quality result")
+    isolate_variants: bool | None = Field(None, description="each variant in its own process (default: when vLLM "
+                                                            "runs several)")
+    concurrency: int = Field(1, ge=1, description="in-process streams replayed at once, their drafts batched by the "
+                                                   "engines' draft schedulers (--engines: spread over several) (1: "
+                                                   "one after another)")
     engines: int = Field(1, ge=1, description="engine processes sharing the device, a draft scheduler each, the "
-                                              "in-process streams spread over them (1: the seam in this process)")
+                                              "--concurrency streams spread over them (1: the seam in this process)")
     load_levels: list[int] = Field(default_factory=list, description="quality under load: the default preset, "
                                    "gold tail, on the first load_sentences sentences, at each of these concurrencies")
     load_sentences: int = Field(100, ge=1, description="sentences of each quality-under-load row")

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -46,10 +46,10 @@ class TailNoise(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    seed: int = Field(0, description="seeds every draw, with the stream id and the event number")
-    p_wrong: float = Field(0.2, ge=0, le=1, description="a tail word is shown as another vocabulary word")
-    p_drop: float = Field(0.05, ge=0, le=1, description="a tail word is missing from the tail")
-    p_split: float = Field(0.05, ge=0, le=1, description="a tail word is shown as two pieces")
+    seed: int = Field(0, description="noisy tail: seeds every draw, with the stream id and the event number")
+    p_wrong: float = Field(0.2, ge=0, le=1, description="noisy tail: P(a tail word is shown as another vocabulary word)")
+    p_drop: float = Field(0.05, ge=0, le=1, description="noisy tail: P(a tail word is missing from the tail)")
+    p_split: float = Field(0.05, ge=0, le=1, description="noisy tail: P(a tail word is shown as two pieces)")
     confusion: Literal["test_set_vocabulary"] = Field(
         "test_set_vocabulary", description="a wrong word is drawn uniformly from the test set's distinct "
                                            "source tokens, the true word excluded")
@@ -59,6 +59,24 @@ class TailNoise(BaseModel):
         if self.p_wrong + self.p_drop + self.p_split > 1:
             raise ValueError("p_wrong + p_drop + p_split must be at most 1 (the outcomes exclude each other)")
         return self
+
+
+# The eval's flat knobs of its nested `tail_noise` (EvalOptions.tail_noise): `alignatt eval
+# --tail-p-wrong 0.1`, a params.yaml eval section's `tail_p_wrong: 0.1`. Flat name -> TailNoise field.
+TAIL_NOISE_KNOBS = {"tail_noise_seed": "seed", "tail_p_wrong": "p_wrong", "tail_p_drop": "p_drop",
+                    "tail_p_split": "p_split"}
+
+
+def fold_tail_noise(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Flat eval knobs with the tail-noise ones (`tail_p_wrong`, ...) folded into `tail_noise`,
+    over the fields a `tail_noise` value there gives."""
+    flat = {k: v for k, v in values.items() if k.replace("-", "_") not in TAIL_NOISE_KNOBS}
+    noise = {TAIL_NOISE_KNOBS[k.replace("-", "_")]: v for k, v in values.items()
+             if k.replace("-", "_") in TAIL_NOISE_KNOBS}
+    if noise:
+        given = flat.get("tail_noise")
+        flat["tail_noise"] = {**(given.model_dump() if isinstance(given, TailNoise) else dict(given or {})), **noise}
+    return flat
 
 
 @dataclass(frozen=True)

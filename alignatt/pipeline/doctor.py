@@ -208,12 +208,16 @@ def check_stage_options(params: dict, profile: str | None = None) -> None:
     in the env stage, before anything is measured): AlignattError, one line, naming a key no field
     knows or the first bad value."""
     from alignatt.core.options import validate_flat
+    from alignatt.evaluate.run import EvalOptions
+    from alignatt.evaluate.tails import fold_tail_noise
 
     from alignatt.pipeline.params import profile_of
 
     name, prof = profile_of(params, profile)
     for section, model in stage_option_models().items():
         values = {"model": prof.model, "device": prof.device, "dtype": prof.dtype, **getattr(prof, section)}
+        if model is EvalOptions:  # its flat tail-noise knobs (tail_p_wrong, ...), as `alignatt eval` folds them
+            values = fold_tail_noise(values)
         validate_flat(model, values, where=f"profiles.{name}.{section} option")
 
 
