@@ -136,28 +136,87 @@ def _interval(row, name: str) -> str:
     return "—" if c is None else f"[{c.low:.1f}, {c.high:.1f}]"
 
 
+MARK = "†"  # a lag with negative instances inside its mean, or a negative figure
+
+
+def _lag(value, digits: int, negative: bool) -> str:
+    """A lag as the page prints it: marked where instances below 0 are inside it or it is below 0."""
+    return _fmt(value, digits) + (MARK if negative or (value is not None and value < 0) else "")
+
+
+def _negative_keys(row) -> set[str]:
+    return {n.metric for n in row.negative_latency}
+
+
+def holm_section(artifact) -> dict[int, dict]:
+    """Row index -> its paired test's Holm verdict, recomputed from the recorded raw p: one family per
+    artifact (every row's test against offline, BLEU and chrF). The same as a new artifact records
+    (`uncertainty.holm_verdicts`), so an artifact written before the correction reads the same way."""
+    from alignatt.evaluate.uncertainty import holm_verdicts
+
+    tested = [(i, r.significance) for i, r in enumerate(artifact.rows)
+              if r.role == "quality" and r.significance is not None]
+    verdicts = holm_verdicts([{"bleu_p": s.bleu_p, "chrf_p": s.chrf_p, "resolvable": s.resolvable} for _, s in tested],
+                             level=tested[0][1].level if tested else 0.05)
+    return {i: v for (i, _), v in zip(tested, verdicts)}
+
+
+def _offline_of(artifact, row):
+    return next((b for b in artifact.rows if b.driver == OFFLINE and b.variant == row.variant
+                 and b.role == "quality" and b.form == "sentence"), None)
+
+
+def _verdict(artifact, row, holm: dict) -> str:
+    """Significant after Holm in both metrics: above or below offline; otherwise not significant."""
+    if not holm["significant"]:
+        return "not significant"
+    base = _offline_of(artifact, row)
+    if base is None:
+        return "significant"
+    up = [row.bleu > base.bleu, row.chrf > base.chrf]
+    return "**above offline**" if all(up) else "**below offline**" if not any(up) else "significant, BLEU and chrF disagree"
+
+
+def _p_cell(artifact, row, holm: dict | None) -> str:
+    sig = row.significance
+    if sig is None:
+        return "—"
+    text = f"{sig.bleu_p:.3g} / {sig.chrf_p:.3g} (raw); {holm['bleu_p_holm']:.3g} / {holm['chrf_p_holm']:.3g} (Holm)"
+    return (text + f" ({sig.method}, N={sig.n}" + ("" if sig.resolvable else ": too few sentences to resolve p < 0.05")
+            + f"): {_verdict(artifact, row, holm)}")
+
+
+def brevity_penalties(artifact) -> list[str]:
+    """BLEU's brevity penalty per sentence-form quality row, where the artifact recorded it."""
+    out = []
+    for r in artifact.rows:
+        ci = r.quality_intervals.get("bleu")
+        if r.form == "sentence" and r.role == "quality" and ci is not None and ci.bp is not None:
+            name = OFFLINE if r.driver == OFFLINE else f"{r.preset} tail={r.tail}"
+            out.append(f"{r.variant} {name} {ci.bp:.3f} ({ci.sys_len}/{ci.ref_len})")
+    return out
+
+
 def report_section(root: Path, paths: list[tuple[str, Any]]) -> list[dict[str, Any]]:
     """One entry per eval artifact: its tables (one per preset) and its quality-vs-latency points."""
     sections = []
     for rel, a in paths:
         p = a.provenance
         presets: dict[str, list[dict[str, str]]] = {}
-        for r in a.rows:
+        holm = holm_section(a)
+        for index, r in enumerate(a.rows):
             if r.role != "quality":
                 continue
             lat = r.latency
-            neg = {n.metric: n for n in r.negative_latency}
+            neg = _negative_keys(r)
 
             def fig(key, digits, fallback=None):
                 value = lat.get(key, lat.get(fallback) if fallback else None)
-                mark = "†" if key in neg else ""
-                return _fmt(value, digits) + mark
+                return _lag(value, digits, key in neg or (fallback is not None and key not in lat and fallback in neg))
 
-            sig = r.significance
             presets.setdefault(r.preset, []).append({
                 "tail": r.tail, "bleu_ci": _interval(r, "bleu"), "chrf_ci": _interval(r, "chrf"),
-                "p_offline": "—" if sig is None else f"{sig.bleu_p:.3g} / {sig.chrf_p:.3g} ({sig.method}, N={sig.n}"
-                             + ("" if sig.resolvable else ": too few sentences to resolve p < 0.05") + ")",
+                "p_offline": _p_cell(a, r, holm.get(index)),
                 "al_read": fig("al_words_read", 2), "laal_read": fig("laal_words_read", 2),
                 "laal_committed": fig("laal_words_committed", 2, "laal_words"),
                 "negatives": ", ".join(f"{n.metric} {n.instances}/{n.scored} (min {n.min:.2f})"
@@ -165,10 +224,10 @@ def report_section(root: Path, paths: list[tuple[str, Any]]) -> list[dict[str, A
                 "variant": r.variant, "driver": r.driver, "form": r.form, "label": r.label,
                 "instances": str(r.instances), "bleu": _fmt(r.bleu), "chrf": _fmt(r.chrf),
                 "laal_words": _fmt(lat.get("laal_words"), 2), "al_words": _fmt(lat.get("al_words"), 2),
-                "laal_ms": _fmt(lat.get("laal_ms"), 0), "ca_laal_ms": _fmt(lat.get("ca_laal_ms"), 0),
-                "al_ms": _fmt(lat.get("al_ms"), 0), "ca_al_ms": _fmt(lat.get("ca_al_ms"), 0),
-                "long_yaal": _fmt(lat.get("long_yaal"), 0), "ca_long_yaal": _fmt(lat.get("ca_long_yaal"), 0),
-                "stream_laal": _fmt(lat.get("stream_laal"), 0), "ca_stream_laal": _fmt(lat.get("ca_stream_laal"), 0),
+                "laal_ms": fig("laal_ms", 0), "ca_laal_ms": fig("ca_laal_ms", 0),
+                "al_ms": fig("al_ms", 0), "ca_al_ms": fig("ca_al_ms", 0),
+                "long_yaal": fig("long_yaal", 0), "ca_long_yaal": fig("ca_long_yaal", 0),
+                "stream_laal": fig("stream_laal", 0), "ca_stream_laal": fig("ca_stream_laal", 0),
                 "retractions": str(r.retractions),
                 "replaced": "—" if r.buffer_replaced_share is None else f"{100 * r.buffer_replaced_share:.0f}%",
             })
@@ -186,8 +245,9 @@ def report_section(root: Path, paths: list[tuple[str, Any]]) -> list[dict[str, A
             "target_units": counting_note(a.test_set.get("direction") or ""),
             "wps": cfg.get("words_per_second"), "lag": cfg.get("commit_lag_seconds"),
             "presets": [(name, presets[name]) for name in ROW_PRESETS if name in presets],
-            "points": [{k: (_fmt(v, 2) if isinstance(v, float) or v is None else v) for k, v in pt.items()}
-                       for pt in quality_latency_points(a)],
+            "points": point_rows(a),
+            "holm_note": holm_note(a, holm),
+            "brevity_penalties": brevity_penalties(a),
             "under_load": under_load_rows(a), "under_load_note": cfg.get("under_load"),
             "ran": {"variants": ", ".join(cfg.get("variants") or []), "presets": ", ".join(cfg.get("presets") or []),
                     "tails": ", ".join(cfg.get("tails") or ["gold"]),
@@ -206,11 +266,46 @@ def report_section(root: Path, paths: list[tuple[str, Any]]) -> list[dict[str, A
     return sections
 
 
+LAG_POINT_KEYS = {"laal_words_read": ("laal_words_read",), "laal_words_committed": ("laal_words_committed", "laal_words"),
+                  "laal_ms": ("laal_ms",), "ca_laal_ms": ("ca_laal_ms",)}
+
+
+def point_rows(artifact) -> list[dict[str, Any]]:
+    """The quality-latency points as the page prints them, each lag marked as in the preset tables."""
+    negs = {(r.variant, r.driver, r.preset, r.tail): _negative_keys(r) for r in artifact.rows
+            if r.form == "sentence" and r.role == "quality"}
+    out = []
+    for pt in quality_latency_points(artifact):
+        neg = negs.get((pt["variant"], pt["driver"], pt["preset"], pt["tail"]), set())
+        row = {k: (_fmt(v, 2) if isinstance(v, float) or v is None else v) for k, v in pt.items()}
+        for key, metrics in LAG_POINT_KEYS.items():
+            row[key] = _lag(pt[key], 2, any(m in neg for m in metrics))
+        out.append(row)
+    return out
+
+
+def holm_note(artifact, holm: dict[int, dict]) -> str | None:
+    """How the p column is corrected: the family and the rule."""
+    if not holm:
+        return None
+    level = next(r.significance.level for r in artifact.rows if r.significance is not None)
+    family = next(iter(holm.values()))["family"]
+    return (f"p corrected for multiple comparisons by Holm–Bonferroni over the artifact's family (every preset "
+            f"row's test against offline, BLEU and chrF: {family} tests); a row is significant only when both "
+            f"its adjusted p are below {level:g}, recomputed here from the recorded raw p")
+
+
 def negative_whys(artifact) -> list[str]:
-    """Why a lag falls below 0, said once per artifact rather than once per figure; a reason that
-    another one extends (the long form's adds a clause) is left out."""
-    whys = {n.why for r in artifact.rows if r.role == "quality" for n in r.negative_latency}
-    return sorted(w for w in whys if not any(o != w and o.startswith(w) for o in whys))
+    """Why a lag falls below 0, said once per artifact rather than once per figure: what a negative
+    lag is, then one clause per unit that has one (words read, words committed, ms, long form). The
+    wording is the page's, from the metric names, not the `why` an older artifact recorded."""
+    from alignatt.evaluate.scoring import NEGATIVE_UNITS, NEGATIVE_WHY, NEGATIVE_WHY_BY_UNIT, negative_unit
+
+    units = {negative_unit(n.metric) for r in artifact.rows if r.role in ("quality", "under_load")
+             for n in r.negative_latency}
+    if not units:
+        return []
+    return [NEGATIVE_WHY, *(NEGATIVE_WHY_BY_UNIT[u] for u in NEGATIVE_UNITS if u in units)]
 
 
 def under_load_rows(artifact) -> list[dict[str, str]]:
@@ -222,10 +317,12 @@ def under_load_rows(artifact) -> list[dict[str, str]]:
         first = next(x for x in rows if x.variant == r.variant)
         differ = sum(a != b for a, b in zip(r.hypotheses, first.hypotheses))
         lat = r.latency
+        neg = _negative_keys(r)
         out.append({"variant": r.variant, "level": str(r.concurrency), "preset": r.preset, "tail": r.tail,
                     "n": str(r.instances), "bleu": _fmt(r.bleu), "bleu_ci": _interval(r, "bleu"),
-                    "chrf": _fmt(r.chrf), "laal_read": _fmt(lat.get("laal_words_read"), 2),
-                    "laal_ms": _fmt(lat.get("laal_ms"), 0), "ca_laal_ms": _fmt(lat.get("ca_laal_ms"), 0),
+                    "chrf": _fmt(r.chrf), "laal_read": _lag(lat.get("laal_words_read"), 2, "laal_words_read" in neg),
+                    "laal_ms": _lag(lat.get("laal_ms"), 0, "laal_ms" in neg),
+                    "ca_laal_ms": _lag(lat.get("ca_laal_ms"), 0, "ca_laal_ms" in neg),
                     "retractions": str(r.retractions),
                     "rtt_ms": _fmt(r.wall_ms / r.updates if r.updates else None, 0),
                     "differ": "—" if r is first else f"{differ}/{r.instances} (vs {first.concurrency} at once)"})

@@ -63,15 +63,43 @@ def _r(x: float) -> float | None:
     return None if x != x else round(float(x), 4)  # NaN (no scorable instance) -> None
 
 
-NEGATIVE_WHY = ("a lag below 0 means target units were written ahead of the ideal simultaneous "
-                "translator, who writes unit i once (i-1)/gamma source units are in: the output ran "
-                "ahead of the source it translates, from the tail's lookahead (a gold tail is the "
-                "answer) or an over-long or hallucinated output{longform}")
-LONGFORM_WHY = (", or, in long form, output the resegmenter aligned to a segment that it was emitted "
-                "before (delays are taken from the segment's start)")
+NEGATIVE_WHY = ("a lag below 0 means target unit i was written before the ideal simultaneous translator "
+                "writes it, once (i-1)/gamma source units are in")
+# Why, per unit the lag is counted in. A gold tail is the answer, but a metric that counts the tail
+# as read cannot put a negative down to it (issue 39).
+NEGATIVE_WHY_BY_UNIT = {
+    "read": ("in words read (committed + tail shown) the tail's lookahead is already counted, so every "
+             "negative there is output written ahead of what had been read: more target units than the "
+             "source shown accounts for (an over-long or hallucinated output, or a guess at words not yet shown)"),
+    "committed": ("in words committed, which leave the tail out, a negative can be the tail's lookahead "
+                  "(a gold tail is the answer) as well as output written ahead of what had been read"),
+    "ms": ("in ms (stream time against the source's duration) a negative is output written before its "
+           "proportional share of the source had arrived; the tail shows words only once they arrive, so "
+           "the lookahead does not explain it"),
+    "longform": ("in long form (LongYAAL, StreamLAAL) a negative can also be output the resegmenter aligned "
+                 "to a segment that it was emitted before (delays are taken from the segment's start)"),
+}
+NEGATIVE_UNITS = tuple(NEGATIVE_WHY_BY_UNIT)  # the page's order
 
 
-def negatives(name: str, scorer, instances, longform: bool = False) -> dict | None:
+def negative_unit(metric: str) -> str:
+    """The unit a latency key counts in, for `NEGATIVE_WHY_BY_UNIT`: al_words_read -> read,
+    laal_ms -> ms, ca_long_yaal -> longform; the words committed (and the `laal_words` of artifacts
+    written before words read were) -> committed."""
+    if "long_" in metric or "stream_" in metric:
+        return "longform"
+    if metric.endswith("_words_read"):
+        return "read"
+    if metric.endswith("_ms"):
+        return "ms"
+    return "committed"
+
+
+def negative_why(metric: str) -> str:
+    return f"{NEGATIVE_WHY}: {NEGATIVE_WHY_BY_UNIT[negative_unit(metric)]}"
+
+
+def negatives(name: str, scorer, instances) -> dict | None:
     """Per-instance scores from the same OmniSTEval scorer: how many are below 0, and why. The
     figure is still the mean over all instances; this says that negative lags are inside it."""
     scores = [x for x in (scorer.compute(ins) for ins in instances
@@ -82,7 +110,7 @@ def negatives(name: str, scorer, instances, longform: bool = False) -> dict | No
         return None
     return {"metric": name, "instances": len(below), "scored": len(scores), "min": round(min(below), 4),
             "mean": round(sum(scores) / len(scores), 4),
-            "why": NEGATIVE_WHY.format(longform=LONGFORM_WHY if longform else "")}
+            "why": negative_why(name)}
 
 
 def sentence_latency(items: list[SentenceLatencyInput], target_lang: str) -> tuple[dict[str, float | None], list]:
@@ -149,8 +177,8 @@ def longform(talks: list[TalkInput], target_lang: str) -> tuple[dict[str, float 
     out.update(stream_laal(talks, target_lang))
     from omnisteval.scoring import YAALScorer
 
-    notes = [negatives(f"{prefix}long_yaal", YAALScorer(computation_aware=aware, is_longform=True), instances,
-                       longform=True) for aware, prefix in ((False, ""), (True, "ca_"))]
+    notes = [negatives(f"{prefix}long_yaal", YAALScorer(computation_aware=aware, is_longform=True), instances)
+             for aware, prefix in ((False, ""), (True, "ca_"))]
     return out, [i.prediction for i in instances], [n for n in notes if n]
 
 

@@ -23,6 +23,9 @@ def test_the_interval_is_sacrebleus_bootstrap_with_n():
     assert b["score"] == pytest.approx(own.score, abs=1e-4) and b["mean"] == pytest.approx(own._mean, abs=1e-3)
     assert b["half_width"] == pytest.approx(own._ci, abs=1e-3)
     assert b["low"] <= b["score"] <= b["high"] <= 100 and b["n"] == 40 and b["resamples"] == 200
+    # why a row can beat offline: BLEU's brevity penalty, recorded as sacrebleu gives it
+    assert (b["bp"], b["sys_len"], b["ref_len"]) == (pytest.approx(own.bp, abs=1e-4), own.sys_len, own.ref_len)
+    assert "bp" not in got["chrf"]
     assert got["chrf"]["low"] <= got["chrf"]["score"] <= got["chrf"]["high"]
     assert got == uncertainty.intervals(GOOD, REFS, "de", resamples=200)  # seeded: the same again
 
@@ -62,3 +65,30 @@ def test_two_sentences_cannot_be_significant():
     got = uncertainty.paired_tests(GOOD[:2], {"bad": BAD[:2]}, REFS[:2], "de", "bs")
     # sacrebleu gives p = 1/1001 here, but 2 sentences have only 3 distinct resamples
     assert got["bad"]["bleu_p"] < 0.05 and not got["bad"]["resolvable"] and not got["bad"]["significant"]
+
+
+def test_holm_on_a_hand_computed_example():
+    # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06, 0.04 -> non-decreasing: 0.04 -> 0.06
+    assert uncertainty.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert uncertainty.holm([0.5, 0.6]) == [1.0, 1.0]  # capped at 1
+    assert uncertainty.holm([]) == []
+    # the en-it H200 artifact (issue 39): its high_latency BLEU p 0.018 is 0.09 after Holm, its chrF 0.002 is 0.012
+    got = uncertainty.holm([0.0929, 0.2717, 0.1608, 0.1329, 0.018, 0.002])
+    assert got == pytest.approx([0.3716, 0.3987, 0.3987, 0.3987, 0.09, 0.012])
+
+
+def test_significant_needs_both_metrics_after_holm():
+    one = uncertainty.holm_verdicts([{"bleu_p": 0.001, "chrf_p": 0.3}])
+    assert one == [{"bleu_p_holm": 0.002, "chrf_p_holm": 0.3, "family": 2, "significant": False}]
+    both = uncertainty.holm_verdicts([{"bleu_p": 0.001, "chrf_p": 0.01}, {"bleu_p": 0.5, "chrf_p": 0.9}])
+    assert [v["significant"] for v in both] == [True, False] and both[0]["chrf_p_holm"] == pytest.approx(0.03)
+    # each below 0.05 alone, not after the family's correction (4 tests)
+    assert not uncertainty.holm_verdicts([{"bleu_p": 0.02, "chrf_p": 0.02}, {"bleu_p": 0.9, "chrf_p": 0.9}])[0]["significant"]
+    assert not uncertainty.holm_verdicts([{"bleu_p": 0.001, "chrf_p": 0.001, "resolvable": False}])[0]["significant"]
+
+
+def test_a_paired_test_is_significant_only_when_both_metrics_are():
+    # before the family's correction (`holm_verdicts`), `significant` is both metrics' p below the level
+    got = uncertainty.paired_tests(GOOD, {"bad": BAD, "close": GOOD[:-1] + [REFS[-1]]}, REFS, "de", "bs", samples=200)
+    for result in got.values():
+        assert result["significant"] == (result["resolvable"] and result["bleu_p"] < 0.05 and result["chrf_p"] < 0.05)

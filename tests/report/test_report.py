@@ -319,24 +319,87 @@ def test_each_artifact_kind_reaches_its_page_section(tree, kind):
 
 def test_an_eval_section_says_once_why_a_lag_falls_below_zero_and_counts_each_figure():
     from alignatt.evaluate.outputs import report_section
-    from alignatt.evaluate.scoring import LONGFORM_WHY, NEGATIVE_WHY
+    from alignatt.evaluate.scoring import NEGATIVE_WHY, NEGATIVE_WHY_BY_UNIT
     from alignatt.record.artifacts import EvalNegativeLatency
 
     base = load_artifact(ROOT / "outputs" / "cpu" / "eval.json")
-    short, long = NEGATIVE_WHY.format(longform=""), NEGATIVE_WHY.format(longform=LONGFORM_WHY)
+    old = "an older artifact's own reason, lookahead first"  # the page words it from the metric, not this
     rows = [r.model_copy(update={"negative_latency": []}) for r in base.rows]
     first, second = [i for i, r in enumerate(rows) if r.role == "quality"][:2]
     rows[first] = rows[first].model_copy(update={"negative_latency": [
-        EvalNegativeLatency(metric="al_words_read", instances=3, scored=7, min=-1.5, mean=2.0, why=short),
-        EvalNegativeLatency(metric="al_ms", instances=1, scored=7, min=-20.0, mean=900.0, why=short)]})
+        EvalNegativeLatency(metric="al_words_read", instances=3, scored=7, min=-1.5, mean=2.0, why=old),
+        EvalNegativeLatency(metric="al_ms", instances=1, scored=7, min=-20.0, mean=900.0, why=old)]})
     rows[second] = rows[second].model_copy(update={"negative_latency": [
-        EvalNegativeLatency(metric="long_yaal", instances=2, scored=5, min=-4.0, mean=800.0, why=long)]})
+        EvalNegativeLatency(metric="long_yaal", instances=2, scored=5, min=-4.0, mean=800.0, why=old)]})
     artifact = base.model_copy(update={"rows": rows})
 
     (section,) = report_section(ROOT, [("outputs/cpu/eval.json", artifact)])
-    assert section["negative_whys"] == [long]  # the long-form reason extends the sentence one
+    by_unit = NEGATIVE_WHY_BY_UNIT
+    assert section["negative_whys"] == [NEGATIVE_WHY, by_unit["read"], by_unit["ms"], by_unit["longform"]]
+    # in words read the lookahead is counted: a negative there is never put down to it (issue 39)
+    assert "already counted" in by_unit["read"] and "a gold tail is the answer" not in by_unit["read"]
     marked = [r["negatives"] for table in dict(section["presets"]).values() for r in table if r["negatives"]]
     assert sorted(marked) == ["al_words_read 3/7 (min -1.50), al_ms 1/7 (min -20.00)", "long_yaal 2/5 (min -4.00)"]
+
+
+LAG_CELLS = ("al_read", "laal_read", "laal_committed", "laal_ms", "ca_laal_ms", "long_yaal", "ca_long_yaal",
+             "stream_laal", "ca_stream_laal")
+POINT_LAGS = ("laal_words_read", "laal_words_committed", "laal_ms", "ca_laal_ms")
+
+
+def _lag_cells(section):
+    for table in dict(section["presets"]).values():
+        for r in table:
+            yield from (r[k] for k in LAG_CELLS)
+    for p in section["points"]:
+        yield from (p[k] for k in POINT_LAGS)
+    for r in section["under_load"]:
+        yield from (r[k] for k in ("laal_read", "laal_ms", "ca_laal_ms"))
+
+
+def test_every_table_marks_every_negative_lag():
+    """A lag below 0, or with negative instances inside its mean, carries † in every table that prints
+    it: the preset tables, the quality-latency points and quality under load (issue 39: the points
+    printed low_latency / none LAAL 0.43 bare)."""
+    from alignatt.evaluate.outputs import report_section
+
+    (section,) = report_section(ROOT, [("outputs/h200/eval.json", load_artifact(ROOT / "outputs/h200/eval.json"))])
+    point = next(p for p in section["points"] if (p["preset"], p["tail"]) == ("low_latency", "none"))
+    assert point["laal_words_read"] == "0.43†" and point["laal_words_committed"] == "0.43†"
+    cells = list(_lag_cells(section))
+    assert all(c.endswith("†") for c in cells if c.startswith("-")) and any(c.startswith("-") for c in cells)
+
+    # a negative figure is marked even where no instance note says so
+    base = load_artifact(ROOT / "outputs" / "cpu" / "eval.json")
+    rows = [r.model_copy(update={"negative_latency": [], "latency": {**r.latency, "laal_words_read": -0.5,
+                                                                      "ca_laal_ms": -3.0}})
+            for r in base.rows]
+    (section,) = report_section(ROOT, [("outputs/cpu/eval.json", base.model_copy(update={"rows": rows}))])
+    quality = [r for table in dict(section["presets"]).values() for r in table]
+    assert {r["laal_read"] for r in quality} == {"-0.50†"} and {r["ca_laal_ms"] for r in quality} == {"-3†"}
+    assert {p["laal_words_read"] for p in section["points"]} == {"-0.50†"}
+    assert all(c.endswith("†") for c in _lag_cells(section) if c.startswith("-"))
+
+
+def test_the_page_calls_offline_a_reference_and_corrects_its_p_by_holm():
+    from alignatt.evaluate.outputs import report_section
+
+    page = (ROOT / "reports" / "BENCHMARKS.md").read_text(encoding="utf-8")
+    assert "ceiling" not in page.lower()
+    offline = next(line for line in page.splitlines() if line.startswith("update (same model and prompt)"))
+    assert "a reference" in offline
+    assert "brevity penalty" in page and "Holm" in page
+
+    def verdicts(name):
+        (section,) = report_section(ROOT, [(name, load_artifact(ROOT / name))])
+        return {r["p_offline"].rsplit(": ", 1)[1] for table in dict(section["presets"]).values() for r in table
+                if r["p_offline"] != "—"}
+
+    # cs-en: every preset above offline, after Holm too; en-it high_latency BLEU p 0.018 -> 0.09: no longer
+    # significant; en-zh: BLEU alone (low_latency p 0.045) once made a row significant, both metrics now must
+    assert verdicts("outputs/h200/eval_cs-en.json") == {"**above offline**"}
+    assert verdicts("outputs/h200/eval_en-it.json") == {"not significant"}
+    assert verdicts("outputs/h200/eval_en-zh.json") == {"not significant"}
 
 
 @pytest.mark.parametrize("direction, unit, tokenizer", [("en-zh", "characters", "zh"), ("en-de", "words", "13a"),

@@ -22,6 +22,11 @@ class EvalInterval(_Strict):
     n: int  # sentences resampled
     seed: str  # SACREBLEU_SEED
     distinct_resamples: int | None = None  # C(2n-1, n): 3 for n = 2
+    # BLEU only (sacrebleu's BLEUScore): brevity penalty, hypothesis and reference lengths in the
+    # BLEU tokenizer's units; None in artifacts written before they were recorded
+    bp: float | None = None
+    sys_len: int | None = None
+    ref_len: int | None = None
 
 
 class EvalPairedTest(_Strict):
@@ -35,8 +40,14 @@ class EvalPairedTest(_Strict):
     seed: str
     bleu_p: float
     chrf_p: float
-    significant: bool  # BLEU p < level
+    # resolvable and both metrics' Holm-adjusted p < level (the family: every row's test against
+    # offline, both metrics, in the artifact); artifacts written before the correction recorded BLEU
+    # p < level alone: the page recomputes the verdict from bleu_p and chrf_p
+    significant: bool
     level: float = 0.05
+    bleu_p_holm: float | None = None  # Holm-Bonferroni adjusted; None in artifacts written before
+    chrf_p_holm: float | None = None
+    family: int | None = None  # the tests in the family (rows x 2 metrics)
     no_difference: list[str] = Field(default_factory=list)  # metrics with the baseline's exact score: p = 1
     resolvable: bool = True  # False: too few sentences for any p below the level (N = 2: 3 resamples)
 
@@ -57,7 +68,7 @@ class EvalRow(_Strict):
     variant, a driver, a tail (what the replayed ASR showed beyond the committed words), and
     sentence-level or long-form streams."""
 
-    preset: str  # low_latency | balanced | high_latency | offline (the full-sentence ceiling)
+    preset: str  # low_latency | balanced | high_latency | offline (the full-sentence reference)
     variant: str  # the seam as run, e.g. hf_qk_fast or vllm_capture:cudagraph
     driver: Literal["inprocess", "websocket", "wlk", "offline"]
     form: Literal["sentence", "longform"]
