@@ -478,3 +478,7 @@ def _paired_tests(rows, target_lang: str, options: EvalOptions, references: list
                                        options.significance, options.significance_samples)
         for i, result in got.items():
             rows[i].significance = EvalPairedTest(against=f"offline ({base.variant})", **result)
+    # one family per artifact (one direction): every row's test, both metrics, Holm-adjusted
+    tested = [r for r in rows if r.significance is not None]
+    for r, verdict in zip(tested, uncertainty.holm_verdicts([r.significance.model_dump() for r in tested])):
+        r.significance = r.significance.model_copy(update=verdict)

@@ -112,6 +112,12 @@ def test_eval_on_the_fake_seam_writes_an_artifact_the_audit_accepts(tmp_path, mo
     for r in a.rows:
         assert r.quality_intervals["bleu"].n == r.instances and r.quality_intervals["chrf"].low <= r.chrf
     assert all(r.significance is not None for r in a.rows if r.form == "sentence" and r.driver != "offline")
+    # one Holm family per artifact: every row's test, both metrics; significant only if both pass after it
+    tested = [r.significance for r in a.rows if r.significance is not None]
+    assert {s.family for s in tested} == {2 * len(tested)}
+    assert all(s.bleu_p_holm >= s.bleu_p and s.chrf_p_holm >= s.chrf_p for s in tested)
+    assert all(s.significant == (s.resolvable and s.bleu_p_holm < s.level and s.chrf_p_holm < s.level) for s in tested)
+    assert all(r.quality_intervals["bleu"].bp is not None for r in a.rows)
     assert a.instance_logs == "eval_instances" and (out.parent / "eval_instances" / "index.jsonl").exists()
     assert a.comet["status"] == "skipped" and a.synthetic_weights is False
     assert a.test_set["sentence_ids"] == [p.id for p in select(load_test_set("en-de"), 2, 8)]
