@@ -299,7 +299,7 @@ def negative_whys(artifact) -> list[str]:
     """Why a lag falls below 0, said once per artifact rather than once per figure: what a negative
     lag is, then one clause per unit that has one (words read, words committed, ms, long form). The
     wording is the page's, from the metric names, not the `why` an older artifact recorded."""
-    from alignatt.evaluate.scoring import NEGATIVE_UNITS, NEGATIVE_WHY, NEGATIVE_WHY_BY_UNIT, negative_unit
+    from alignatt.evaluate.units import NEGATIVE_UNITS, NEGATIVE_WHY, NEGATIVE_WHY_BY_UNIT, negative_unit
 
     units = {negative_unit(n.metric) for r in artifact.rows if r.role in ("quality", "under_load")
              for n in r.negative_latency}

@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass
 
 from alignatt.evaluate.emissions import Emission
-from alignatt.evaluate.units import CHAR_LANGS, bleu_tokenizer
+from alignatt.evaluate.units import CHAR_LANGS, NEGATIVE_WHY, NEGATIVE_WHY_BY_UNIT, bleu_tokenizer, negative_unit
 
 log = logging.getLogger(__name__)
 
@@ -61,38 +61,6 @@ def _instances(items: list[SentenceLatencyInput], target_lang: str, unit: str):
 
 def _r(x: float) -> float | None:
     return None if x != x else round(float(x), 4)  # NaN (no scorable instance) -> None
-
-
-NEGATIVE_WHY = ("a lag below 0 means target unit i was written before the ideal simultaneous translator "
-                "writes it, once (i-1)/gamma source units are in")
-# Why, per unit the lag is counted in. A gold tail is the answer, but a metric that counts the tail
-# as read cannot put a negative down to it (issue 39).
-NEGATIVE_WHY_BY_UNIT = {
-    "read": ("in words read (committed + tail shown) the tail's lookahead is already counted, so every "
-             "negative there is output written ahead of what had been read: more target units than the "
-             "source shown accounts for (an over-long or hallucinated output, or a guess at words not yet shown)"),
-    "committed": ("in words committed, which leave the tail out, a negative can be the tail's lookahead "
-                  "(a gold tail is the answer) as well as output written ahead of what had been read"),
-    "ms": ("in ms (stream time against the source's duration) a negative is output written before its "
-           "proportional share of the source had arrived; the tail shows words only once they arrive, so "
-           "the lookahead does not explain it"),
-    "longform": ("in long form (LongYAAL, StreamLAAL) a negative can also be output the resegmenter aligned "
-                 "to a segment that it was emitted before (delays are taken from the segment's start)"),
-}
-NEGATIVE_UNITS = tuple(NEGATIVE_WHY_BY_UNIT)  # the page's order
-
-
-def negative_unit(metric: str) -> str:
-    """The unit a latency key counts in, for `NEGATIVE_WHY_BY_UNIT`: al_words_read -> read,
-    laal_ms -> ms, ca_long_yaal -> longform; the words committed (and the `laal_words` of artifacts
-    written before words read were) -> committed."""
-    if "long_" in metric or "stream_" in metric:
-        return "longform"
-    if metric.endswith("_words_read"):
-        return "read"
-    if metric.endswith("_ms"):
-        return "ms"
-    return "committed"
 
 
 def negative_why(metric: str) -> str:

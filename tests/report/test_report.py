@@ -319,7 +319,7 @@ def test_each_artifact_kind_reaches_its_page_section(tree, kind):
 
 def test_an_eval_section_says_once_why_a_lag_falls_below_zero_and_counts_each_figure():
     from alignatt.evaluate.outputs import report_section
-    from alignatt.evaluate.scoring import NEGATIVE_WHY, NEGATIVE_WHY_BY_UNIT
+    from alignatt.evaluate.units import NEGATIVE_WHY, NEGATIVE_WHY_BY_UNIT
     from alignatt.record.artifacts import EvalNegativeLatency
 
     base = load_artifact(ROOT / "outputs" / "cpu" / "eval.json")
