@@ -491,3 +491,18 @@ def test_without_a_dvc_yaml_every_artifact_is_read(tree):
                 "outputs/h200/load_verify.json"):  # a stage output per profile and foreach item; a recorded import
         assert is_declared(rel, declared), rel
     assert not is_declared("outputs/server_smoke.json", declared)
+
+
+def test_the_artifacts_table_names_the_image_an_artifact_ran_in(tree):
+    """An artifact measured inside a container says which image (digest, id) on the page; one
+    measured on the host says host (issue 38: the committed CPU artifacts name their image)."""
+    ran_in = sorted((tree / "outputs").glob("*/bench_eager.json"))[0]
+    data = json.loads(ran_in.read_text())
+    data["provenance"].update(container_image="localhost/alignatt:cpu", container_digest="sha256:" + "ab" * 32,
+                              container_image_id="sha256:" + "cd" * 32)
+    ran_in.write_text(json.dumps(data))
+    rel = ran_in.relative_to(tree).as_posix()
+    lines = {line.split(" | ")[0].strip("| `"): line for line in report.render_report(tree).splitlines()
+             if line.startswith("| `outputs/")}
+    assert "| `localhost/alignatt:cpu` sha256:abababababab, id sha256:cdcdcdcdcdcd |" in lines[rel]
+    assert any("| host |" in line for path, line in lines.items() if path != rel)
