@@ -257,7 +257,7 @@ def report_section(root: Path, paths: list[tuple[str, Any]]) -> list[dict[str, A
                     "limit": cfg.get("limit"), "max_source_words": cfg.get("max_source_words")},
             "settle": cfg.get("settle_buffer_tokens"),  # None: every draft whole (all evals before the knob)
             "scored": scored_configuration(cfg),
-            "not_served": _not_served_default(cfg, p.gpu_name),
+            "not_served": not_served_default(cfg, p.gpu_name),
             "negative_whys": negative_whys(a),
             "checks": [("✓" if c.passed else "✗", c.name, c.detail) for c in a.checks],
             "comet": a.comet.get("system_score") if a.comet.get("status") == "ok" else
@@ -357,7 +357,7 @@ def scored_configuration(cfg: dict) -> str:
     return "; ".join(f"{v}: {d}" for v, d in said.items())
 
 
-def _not_served_default(cfg: dict, gpu_name: str | None) -> bool:
+def not_served_default(cfg: dict, gpu_name: str | None) -> bool:
     """Whether the eval scored another draft length than `alignatt serve` serves by default for one of
     its variants on its device (the recorded settle_buffer_tokens against `served_settle("auto", ...)`)."""
     return any(_settle_of(cfg, v) != _served_of(cfg, v, gpu_name) for v in cfg.get("variants") or [])

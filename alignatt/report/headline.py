@@ -119,6 +119,10 @@ def _quality(inputs: ReportInputs) -> list[dict[str, str]]:
     offline = next((r for r in a.rows if r.role == "quality" and r.driver == "offline"), None)
     if offline is not None and offline.bleu is not None:
         parts.append(f"offline (whole sentence) {offline.bleu:.1f}")
+    from alignatt.evaluate.outputs import not_served_default
+
+    if not_served_default(a.config, a.provenance.gpu_name):  # the page scores what is served, or says not
+        parts.append("**not the served default**: its section says which server configuration was scored")
     model = a.config.get("model")
     caveat = " — synthetic weights: not a translation score" if a.synthetic_weights else ""
     return [dict(what=f"Quality, {a.config.get('test_set')} ({model}, {QUALITY_TAIL} ASR tail, N = "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from alignatt.cli import app  # noqa: E402
 from alignatt.core.draft import DraftRequest  # noqa: E402
 from alignatt.core.policy import PolicyConfig  # noqa: E402
 from alignatt.core.settle import SETTLED, cut, rule_for  # noqa: E402
-from alignatt.evaluate.outputs import _not_served_default, report_section, scored_configuration  # noqa: E402
+from alignatt.evaluate.outputs import not_served_default, report_section, scored_configuration  # noqa: E402
 from alignatt.evaluate.run import EvalOptions, run_eval, variant_settle  # noqa: E402
 from alignatt.record.artifacts import EvalArtifact, load_artifact  # noqa: E402
 from alignatt.serve.config import SERVED_SETTLE_BUFFER_TOKENS  # noqa: E402
@@ -116,11 +117,11 @@ def test_the_recorded_configuration_round_trips_and_the_page_says_what_was_score
     assert section["not_served"]  # settled on the CPU, where serve drafts whole
     # on CUDA, vllm_capture: 2 is the served default, whole drafts are not; auto records what it resolved to
     gpu = {**cfg, "device": "cuda"}
-    assert not _not_served_default(gpu, "NVIDIA H200")
-    assert _not_served_default({**gpu, "settle_buffer_tokens": None}, "NVIDIA H200")
+    assert not not_served_default(gpu, "NVIDIA H200")
+    assert not_served_default({**gpu, "settle_buffer_tokens": None}, "NVIDIA H200")
     mixed = {**gpu, "variants": ["vllm_capture", "hf_qk_fast"],
              "settle_buffer_tokens": {"vllm_capture": 2, "hf_qk_fast": None}}
-    assert not _not_served_default(mixed, "NVIDIA H200")
+    assert not not_served_default(mixed, "NVIDIA H200")
     assert scored_configuration(mixed) == ("vllm_capture: drafts settled 2 tokens past the first held token; "
                                            "hf_qk_fast: whole drafts (max_new_tokens)")
 
@@ -144,3 +145,29 @@ def test_committed_eval_artifacts_still_load_and_say_what_they_scored(path):
         str(v).startswith("vllm_capture") for v in artifact.config.get("variants") or [])
     # whole drafts on the CPU are what serve serves there; on CUDA vllm_capture it settles 2 tokens
     assert section["not_served"] == (on_gpu_vllm and settle != SERVED_SETTLE_BUFFER_TOKENS)
+
+
+def test_the_headline_quality_line_says_when_the_eval_did_not_score_the_served_default(tmp_path):
+    """The page's first lines score what the server serves, or say they do not (the brief)."""
+    import shutil
+
+    import yaml
+
+    from alignatt.report.headline import headline
+    from alignatt.report.inputs import collect_inputs
+
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "outputs" / "h200").mkdir(parents=True)
+    shutil.copy(root / "outputs" / "h200" / "eval.json", tmp_path / "outputs" / "h200" / "eval.json")
+    (tmp_path / "outputs" / "published").mkdir()
+    params = yaml.safe_load((root / "params.yaml").read_text())
+
+    def quality_line() -> str:
+        return next(i["result"] for i in headline(collect_inputs(tmp_path, params)) if i["what"].startswith("Quality"))
+
+    assert "not the served default" in quality_line()  # whole drafts scored on the H200
+    path = tmp_path / "outputs" / "h200" / "eval.json"
+    data = json.loads(path.read_text())
+    data["config"]["settle_buffer_tokens"] = 2  # as if re-run with --settle-buffer-tokens auto
+    path.write_text(json.dumps(data))
+    assert "not the served default" not in quality_line()
