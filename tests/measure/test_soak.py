@@ -9,7 +9,7 @@ def test_a_short_soak_on_the_fake_engine_meets_its_targets(tmp_path):
     out = tmp_path / "soak.json"
     heads = head_set_file(tmp_path, "en-de", [(0, 0), (0, 1), (1, 2), (2, 3)])
     options = SoakOptions(model="fake", seam="fake", heads=heads, minutes=0.25, clients=3, sample_s=1.0, settle_s=1.0,
-                          reply_timeout_s=20.0, init_timeout_s=0.5, idle_hold_s=2.0)
+                          reply_timeout_s=20.0, init_timeout_s=0.5, idle_hold_s=5.0)
     artifact = run_soak(options, out, seam_factory=FakeFactory(delay_s=0.005))
     assert isinstance(load_artifact(out), SoakArtifact)
     assert artifact.load_s >= 15 and len(artifact.samples) >= 10
