@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from alignatt.core.errors import AlignattError
-from alignatt.record.artifacts import FingerprintArtifact, measured_on_gpu, sha256_file
-from alignatt.record.provenance import HOST
+from alignatt.record.artifacts import measured_on_gpu
 from alignatt.report import capacity, figures as bench_figures
 from alignatt.measure.load_configurations import served_default_label
 from alignatt.report.capacity import (capacity_rows, capacity_targets, capture_cost_rows, verification_rows,
@@ -26,6 +25,7 @@ from alignatt.report.capacity import (capacity_rows, capacity_targets, capture_c
 from alignatt.report.figures import FIGURES_DIR, Figure, FigureFunction, render_figures
 from alignatt.report.inputs import ReportInputs, collect_inputs, relative
 from alignatt.report.rows import ResultRow, load_note, machine_of
+from alignatt.report.artifact_table import artifact_list
 from alignatt.report.headline import headline
 from alignatt.report.served import served_criterion
 from alignatt.replay.events import normalized_erasure, shown_buffer_units_mean
@@ -136,37 +136,6 @@ def smoke_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
                             else "no commit-only updates released held text", *load_note(a)]),
         ))
     return sorted(rows, key=lambda r: (r["date"], r["source"]))
-
-
-def container_words(image: str, digest: str | None, image_id: str | None) -> str:
-    """Where an artifact was measured: `host`, or the image with its digest and id (short)."""
-    if image == HOST or not digest:
-        return image
-    return f"`{image}` {digest[:19]}" + (f", id {image_id[:19]}" if image_id else "")
-
-
-def artifact_list(inputs: ReportInputs) -> list[dict[str, str]]:
-    items = []
-    for rel, a in inputs.published:
-        items.append(dict(path=rel, kind=a.kind, schema="published (pre-schema)", date=a.date or "—",
-                          torch=a.versions.get("torch") or "not recorded",
-                          vllm=a.versions.get("vllm") or "not recorded", transformers="not recorded",
-                          container="not recorded", sha256=sha256_file(inputs.root / rel)[:12]))
-    ours = [v for kind in sorted(inputs.by_kind) for v in inputs.by_kind[kind]]
-    for rel, a in sorted(ours, key=lambda t: t[0]):
-        if isinstance(a, FingerprintArtifact):  # undated by design: what the stages depend on
-            f = a.fingerprint
-            items.append(dict(path=rel, kind=a.kind, schema=f"v{a.schema_version}", date="— (undated)",
-                              torch=f.torch, vllm=f.vllm, transformers=f.transformers,
-                              container=container_words(f.container_image, f.container_digest, None),
-                              sha256=sha256_file(inputs.root / rel)[:12]))
-            continue
-        p = a.provenance
-        items.append(dict(path=rel, kind=a.kind, schema=f"v{a.schema_version}", date=p.date,
-                          torch=p.torch, vllm=p.vllm, transformers=p.transformers,
-                          container=container_words(p.container_image, p.container_digest, p.container_image_id),
-                          sha256=sha256_file(inputs.root / rel)[:12]))
-    return items
 
 
 def soak_item(rel: str, artifact, machine: str) -> dict:
