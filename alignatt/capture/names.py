@@ -16,3 +16,6 @@ PINNED_VLLM = "0.22.1"
 # eager; cudagraph: full graphs for decode steps only; fullgraph: full graphs for every step,
 # prefill and mixed ones too; compiled: vLLM's default torch.compile + graphs.
 VLLM_MODES = ("eager", "cudagraph", "fullgraph", "compiled")
+# The profiler range the vllm seam's fetch runs in: a kernel profile (serve.step_anatomy) tells
+# the capture's own GPU work from the model's by it.
+FETCH_RANGE = "alignatt.capture_fetch"

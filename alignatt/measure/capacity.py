@@ -36,6 +36,7 @@ from alignatt.models.presets import preset_for
 from alignatt.replay.speakers import SpeakerPlan, run_speakers
 from alignatt.measure.gpu_busy import GpuBusy, route_gpu
 from alignatt.measure.host_cpu import cpu_times, shares
+from alignatt.measure.kernel_profiles import KernelProfiles
 from alignatt.measure.smoke import ServedModelOptions
 from alignatt.measure.capacity_levels import (LAG_GROWTH_S, configuration_difference, level_line, signature,
                                               summarise_level)
@@ -88,6 +89,15 @@ class LoadOptions(ServedModelOptions):
                                                       "batch, captured and uncaptured, a folder per configuration")
     engine_profile_dir: str | None = Field(None, description="cProfile each engine process over each level "
                                                              "(alignatt.serve.engine_profile); slows what it profiles")
+    kernel_profile_speakers: list[int] = Field(default_factory=list, description="at these levels, trace the GPU "
+                                               "kernels of each engine process's steps (alignatt.serve.step_anatomy)")
+    kernel_profile_steps: int = Field(300, ge=1, description="steps the kernel profile traces")
+    kernel_profile_after_s: float = Field(60.0, ge=0, description="seconds into the level the kernel profile starts")
+
+    @field_validator("kernel_profile_speakers", mode="before")
+    @classmethod
+    def _levels(cls, value: Any) -> list[int]:
+        return _int_list(value) if value not in (None, "") else []
 
     @field_validator("speakers", "capture_cost_batches", mode="before")
     @classmethod
@@ -213,7 +223,8 @@ def run_configuration(options: LoadOptions, mode: str | None, seam_factory=None)
             for name, seam in profiled.items():
                 seam.profile(str(Path(options.engine_profile_dir) / f"{name}_{n}.pstats"))
             cpu_before = cpu_times()
-            with GpuBusy(gpu) if gpu is not None else nullcontext() as busy:
+            with GpuBusy(gpu) if gpu is not None else nullcontext() as busy, \
+                    KernelProfiles(options, mode, engines, n) as kernels:
                 runs, wall = run_speakers(plan, n, options.clients, options.speakers_per_process)
             host = shares(cpu_before, cpu_times())
             for seam in profiled.values():
@@ -227,6 +238,8 @@ def run_configuration(options: LoadOptions, mode: str | None, seam_factory=None)
             level = summarise_level(n, runs, streams, wall, before, after, delta, memory, alone)
             level["vllm_mode"] = mode
             level["gpu_busy_share"] = busy.share() if busy is not None else None
+            if kernels.armed:
+                level["step_anatomy"] = kernels.results()
             level.update(host)
             if accepted_before is not None:
                 level["verification"] = acceptance_level(accepted_before, totals())

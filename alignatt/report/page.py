@@ -18,7 +18,7 @@ from typing import Any
 
 from alignatt.core.errors import AlignattError
 from alignatt.record.artifacts import measured_on_gpu
-from alignatt.report import capacity, figures as bench_figures
+from alignatt.report import capacity, figures as bench_figures, step_anatomy
 from alignatt.measure.load_configurations import served_default_label
 from alignatt.report.capacity import (capacity_rows, capacity_targets, capture_cost_rows, verification_rows,
                                       verify_equality_notes, verify_equality_rows)
@@ -33,7 +33,7 @@ from alignatt.replay.events import normalized_erasure, shown_buffer_units_mean
 TEMPLATE = "BENCHMARKS.md.j2"
 # Every figure on the page, in page order: a new figure is one function here.
 FIGURES: tuple[FigureFunction, ...] = (bench_figures.latency_by_prompt_length, bench_figures.headline_ratio_history,
-                                       capacity.rtt_against_speakers)
+                                       capacity.rtt_against_speakers, step_anatomy.step_anatomy_figure)
 
 
 # ---- view model for the template -------------------------------------------------------------
@@ -383,6 +383,7 @@ def build_context(inputs: ReportInputs, figures: list[Figure] | None = None) -> 
         capacity_targets=capacity_targets(inputs),
         served_default=served_default_label(),
         capture_cost=capture_cost_rows(inputs),
+        step_anatomy=step_anatomy.step_anatomy_rows(inputs),
         exactness=exactness,
         served=served_criterion(exactness, scored_mode),
         independence=load_independence(inputs),

@@ -332,6 +332,9 @@ class Connection:
             finally:
                 self.in_flight = False
 
+    def _fit_and_submit(self, wanted: list) -> list:
+        return [(t, self.engine.submit(self.key_of[t], request)) for t, request in self.targets.fit(wanted)]
+
     def _worker_done(self, task: asyncio.Task) -> None:
         if task.cancelled() or self.closing is not None:
             return
@@ -347,14 +350,15 @@ class Connection:
         stats.updates += 1
         try:
             # Planned on the event loop: a cached path (the commit fast path) costs no thread and
-            # no engine call; a refused update raises here, before any target's draft is queued.
+            # no engine call; an utterance id going back raises here.
             wanted = self.targets.plan(source)
-            # Queued together, so the scheduler batches them; on the engine's tokenizing threads,
-            # since queueing builds and tokenises each prompt (the seam's `prepare`), which must
-            # block neither the event loop nor the engine thread.
+            # Fitted to the token budget, then queued together (so the scheduler batches them), on
+            # the engine's tokenizing threads: fitting may count a prompt's tokens exactly (in an
+            # engine process: over its pipe) and queueing builds and tokenises each prompt (the
+            # seam's `prepare`); neither may block the event loop or the engine thread. A refused
+            # update raises before any target's draft is queued.
             futures = (await asyncio.get_running_loop().run_in_executor(
-                self.engine.tokenizing, lambda: [(t, self.engine.submit(self.key_of[t], request))
-                                                 for t, request in wanted])) if wanted else []
+                self.engine.tokenizing, self._fit_and_submit, wanted)) if wanted else []
             drafts = {t: await _draft_of(f) for t, f in futures}
             steps = self.targets.apply(source, drafts)
             frames = []

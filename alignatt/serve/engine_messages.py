@@ -63,6 +63,15 @@ class Profile:
 
 
 @dataclass(frozen=True)
+class KernelProfile:
+    """Trace the kernels of the child's next `steps` steps and write their anatomy to `path`
+    (`alignatt.serve.engine_profile.KernelWindow`); `None`: drop a window not yet written."""
+
+    path: str | None
+    steps: int
+
+
+@dataclass(frozen=True)
 class Close:
     pass
 

@@ -1,4 +1,5 @@
-"""A profile of an engine process's own thread (its steps, submits and replies), on request.
+"""Profiles of an engine process, on request: its own thread's (cProfile), and its steps'
+kernels (`KernelWindow`, torch's profiler reduced by `alignatt.serve.step_anatomy`).
 
 The load benchmark asks for one around a level (`alignatt load --engine-profile-dir`): the child
 runs `cProfile` from `Profile(path)` to `Profile(None)`, then writes the statistics to `path` (for
@@ -46,3 +47,87 @@ class StepProfiler:
         pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(TOP)
         written.with_name(written.name + ".txt").write_text(text.getvalue())
         return Profiled(str(written), text.getvalue())
+
+
+class KernelWindow:
+    """torch's profiler (CPU and CUDA) over the child's next `steps` steps, reduced to a step
+    anatomy (`alignatt.serve.step_anatomy`) and written as JSON to `path` when the last one ends.
+
+    `facts()` gives what the seam knows of itself: the tokens its steps computed so far and the
+    bytes of weights a forward reads (`step_token_counts`, `weight_bytes`; absent on a seam that
+    does not count them)."""
+
+    def __init__(self, seam) -> None:  # noqa: ANN001
+        self._seam = seam
+        self._armed: Optional[tuple[Path, int]] = None
+        self._profile = None
+        self._left = 0
+        self._tokens_before: dict[str, int] = {}
+
+    def arm(self, path: Optional[str], steps: int) -> Profiled:
+        """Trace the next `steps` steps into `path`; None: drop a window still armed or running."""
+        if path is None:
+            if self._profile is not None:
+                self._profile.__exit__(None, None, None)
+            self._profile = self._armed = None
+            return Profiled(None, "")
+        if self._armed is not None or self._profile is not None:
+            raise RuntimeError("engine process: a kernel profile is already armed")
+        if steps < 1:
+            raise ValueError("a kernel profile needs at least one step")
+        self._armed = (Path(path), steps)
+        return Profiled(None, "")
+
+    def _tokens(self) -> dict[str, int]:
+        counts = getattr(self._seam, "step_token_counts", None)
+        return dict(counts) if counts is not None else {}
+
+    def step(self, run):  # noqa: ANN001, ANN201
+        """Run one step (`run()`), inside the profile while one is armed or running."""
+        if self._armed is None and self._profile is None:
+            return run()
+        import torch
+        from torch.profiler import ProfilerActivity, profile, record_function
+
+        from alignatt.serve.step_anatomy import STEP_RANGE
+
+        if self._profile is None:
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+            self._profile = profile(activities=activities, record_shapes=False)
+            self._profile.__enter__()
+            self._left = self._armed[1]
+            self._tokens_before = self._tokens()
+        with record_function(STEP_RANGE):
+            result = run()
+        self._left -= 1
+        if self._left <= 0:
+            self._write()
+        return result
+
+    def _write(self) -> None:
+        import json
+        import tempfile
+
+        import torch
+
+        from alignatt.serve.step_anatomy import anatomy, device_peaks
+
+        prof, (path, _), self._profile, self._armed = self._profile, self._armed, None, None
+        prof.__exit__(None, None, None)
+        after = self._tokens()
+        tokens = {k: after[k] - self._tokens_before.get(k, 0) for k in after}
+        with tempfile.TemporaryDirectory() as tmp:
+            trace = Path(tmp) / "trace.json"
+            prof.export_chrome_trace(str(trace))
+            events = json.loads(trace.read_text()).get("traceEvents", [])
+        weights = getattr(self._seam, "weight_bytes", None)
+        weights = weights() if callable(weights) else {}
+        name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+        bandwidth, tflops = device_peaks(name)
+        result = anatomy(events, tokens, weights.get("streamed"), bandwidth, tflops, weights.get("active_params"))
+        result["device"] = name
+        result["weights"] = weights
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp_path = path.with_name(path.name + ".tmp")
+        tmp_path.write_text(json.dumps(result, indent=1))
+        tmp_path.replace(path)

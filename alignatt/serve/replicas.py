@@ -47,9 +47,10 @@ from alignatt.serve.budget import PromptBudget, seam_positions, token_counting
 from alignatt.serve.config import DirectionRoute, EngineCount, SeamFactory
 from alignatt.serve.batch_seam import as_batch_seam
 from alignatt.serve.gc_pauses import freeze_startup_heap, process_pauses
-from alignatt.serve.engine_messages import (Abort, Close, Closed, Count, Counted, Described, Describe, Failed, Ping,
-                                            Pong, Profile, Profiled, Ready, Step, Stepped, Submit, Totalled, Totals)
-from alignatt.serve.engine_profile import StepProfiler
+from alignatt.serve.engine_messages import (Abort, Close, Closed, Count, Counted, Described, Describe, Failed,
+                                            KernelProfile, Ping, Pong, Profile, Profiled, Ready, Step, Stepped,
+                                            Submit, Totalled, Totals)
+from alignatt.serve.engine_profile import KernelWindow, StepProfiler
 from alignatt.serve.scheduler import EngineDied
 from alignatt.serve.session import SessionLimits
 
@@ -195,6 +196,7 @@ def serve_engine(conn: multiprocessing.connection.Connection, spec: EngineSpec, 
         return
 
     profiler = StepProfiler()
+    kernels = KernelWindow(seam)
     to_seam: dict[int, Hashable] = {}  # the server's handle -> the seam's, while the draft runs
     to_server: dict[Hashable, int] = {}
 
@@ -221,7 +223,7 @@ def serve_engine(conn: multiprocessing.connection.Connection, spec: EngineSpec, 
             started, cpu = time.perf_counter(), time.thread_time()
             finished: list[tuple[int, Any]] = take_work(message.work)
             if engine.has_unfinished():
-                for handle, draft in engine.step():
+                for handle, draft in kernels.step(engine.step):
                     if handle in to_server:
                         del to_seam[to_server[handle]]
                         finished.append((to_server.pop(handle), draft))
@@ -239,6 +241,8 @@ def serve_engine(conn: multiprocessing.connection.Connection, spec: EngineSpec, 
             return Described(describe() if callable(describe) else None)
         if isinstance(message, Profile):
             return profiler.toggle(message.path)
+        if isinstance(message, KernelProfile):
+            return kernels.arm(message.path, message.steps)
         if isinstance(message, Totals):
             totals = getattr(seam, "acceptance_totals", None)
             return Totalled(totals() if callable(totals) else None)
@@ -491,6 +495,11 @@ class ProcessBatchSeam:
     def profile(self, path: str | None) -> Profiled:
         """Profile the child's thread from now on, to be written to `path`; None: stop and write it."""
         return self._call(Profile(path))
+
+    def kernel_profile(self, path: str | None, steps: int = 0) -> Profiled:
+        """Trace the kernels of the child's next `steps` steps; their anatomy is written to `path`
+        (None: drop a window the child has not written yet)."""
+        return self._call(KernelProfile(path, steps))
 
     def close(self, timeout_s: float = 120.0) -> None:
         """Close the child's seam and wait for the child; one that does not stop is killed."""

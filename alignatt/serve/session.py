@@ -251,11 +251,11 @@ class Session:
         return None
 
     def plan(self, update: SourceUpdate) -> DraftRequest | None:
-        """The draft `apply(update, ...)` needs (None: a cached path answers, no engine call).
+        """The draft `apply(update, ...)` needs (None: a cached path answers, no engine call), not
+        yet fitted to the token budget: `fit` does that, off the event loop (it may count tokens).
 
         Changes nothing but the clock `apply` measures from. An update `apply` would refuse raises
-        here, before any draft is made: `UpdateRejected` (an utterance id going back) or
-        `BudgetExceeded` (a token bound, named)."""
+        here, before any draft is made: `UpdateRejected` (an utterance id going back)."""
         self._planned = (update, time.perf_counter())
         self._check_order(update.utterance_id)
         u = self._open
@@ -361,7 +361,13 @@ class Session:
         engine's exception with the state unchanged."""
         update = SourceUpdate.of(committed_words, tail_words, is_final, utterance_id)
         request = self.plan(update)
-        return self.apply(update, None if request is None else self.seam.draft(request))
+        return self.apply(update, None if request is None else self.seam.draft(self.fit(request)))
+
+    def fit(self, request: DraftRequest) -> DraftRequest:
+        """`request` within the token budget (`PromptBudget.fit`): as planned, or without its oldest
+        history turns; else `BudgetExceeded`, naming the bound. It may count the prompt's tokens
+        exactly, in an engine process over its pipe: never call it on the event loop."""
+        return request if self.budget is None else self.budget.fit(request)
 
     # ---- internals ----
 
@@ -410,9 +416,7 @@ class Session:
 
     def _request(self, source: list[str], committed: int, prefix: str, max_new: int,
                  history: list[tuple[str, str]], proposal: DraftProposal | None, final: bool) -> DraftRequest:
-        """The draft's request, within the token budget (`PromptBudget.fit`: BudgetExceeded before
-        any engine work, naming the bound)."""
-        request = DraftRequest(
+        return DraftRequest(
             source_words=source,
             committed_words=committed,
             target_prefix=prefix,
@@ -425,7 +429,6 @@ class Session:
             final=final,
             settle=None if final else rule_for(self.config.policy, self.config.settle_buffer_tokens),
         )
-        return request if self.budget is None else self.budget.fit(request)
 
     def _final_budget(self, n_words: int, covered: int) -> int:
         # The committed text already covers part of the source: budget only the rest, so a final

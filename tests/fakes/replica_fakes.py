@@ -27,11 +27,17 @@ from tests.fakes.mt_fakes import FakeSeam
 
 class RecordingSeam(FakeSeam):
     def __init__(self, heads: list[Head], record_dir: str | None = None, fail_word: str = "", hang_word: str = "",
-                 **options) -> None:
+                 slow_count_word: str = "", slow_count_s: float = 0.0, **options) -> None:
         super().__init__(heads=heads, **options)
         self.record = Path(record_dir) / f"{os.getpid()}.log" if record_dir else None
         self.fail_word = fail_word
         self.hang_word = hang_word
+        self.slow_count_word, self.slow_count_s = slow_count_word, slow_count_s
+
+    def count_prompt_tokens(self, request: DraftRequest) -> int:
+        if self.slow_count_word and self.slow_count_word in request.source_words:
+            time.sleep(self.slow_count_s)  # an engine process slow to answer a token count
+        return super().count_prompt_tokens(request)
 
     def draft(self, request: DraftRequest) -> Draft:
         if self.fail_word and self.fail_word in request.source_words:

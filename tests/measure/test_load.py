@@ -528,3 +528,27 @@ def test_the_page_judges_the_capacity_targets_and_shows_verification_against_pla
     (site / "params.yaml").write_text(yaml.safe_dump(params))
     with pytest.raises(AlignattError, match="known bounds are rtt_p50_ms, rtt_p95_ms, lag_max_s"):
         render_all(site)
+
+
+def test_a_kernel_profile_traces_each_engine_process_at_its_level(short_stream, tmp_path):
+    from tests.fakes.replica_fakes import vllm_route_factory
+
+    site = tmp_path / "site"
+    options = LoadOptions(seam="vllm_capture", vllm_mode="fullgraph+process", speakers="1,2", streams=[short_stream],
+                          speed=3.0, stagger_s=0.0, capture_cost="off", clients="threads",
+                          kernel_profile_speakers="2", kernel_profile_steps=3, kernel_profile_after_s=0.0)
+    artifact = run_load(options, site / "outputs" / "cpu" / "load.json", seam_factory=vllm_route_factory)
+    alone, two = artifact.levels
+    assert alone.step_anatomy is None
+    (anatomy,) = two.step_anatomy.values()
+    # no CUDA here: the steps are traced, no kernel is; the whole window is idle GPU time
+    assert anatomy.steps == 3 and anatomy.gpu_busy_ms == 0 and anatomy.idle_ms > 0 and anatomy.device == "cpu"
+    text, figures = render_site(site)
+    (row,) = [line for line in text.splitlines() if line.startswith("| ") and "fullgraph+process | 2 | 0 | 3 |" in line]
+    assert "step_anatomy" in [f.name for f in figures]
+    too_long = run_load(options.model_copy(update={"kernel_profile_steps": 10**6}), None,
+                        seam_factory=vllm_route_factory)
+    (missing,) = too_long.levels[1].step_anatomy.values()
+    assert "ended before 1000000 steps" in missing.missing
+    with pytest.raises(AlignattError, match="no engine in a process of its own"):
+        run_load(options.model_copy(update={"vllm_mode": "fullgraph"}), None, seam_factory=vllm_route_factory)

@@ -49,7 +49,7 @@ class Multi:
 
     def update(self, words, tail, final, uid=None):
         update = SourceUpdate.of(words, tail, final, uid)
-        wanted = self.targets_.plan(update)  # what the server does: plan all, one batch, apply all
+        wanted = self.targets_.fit(self.targets_.plan(update))  # as the server: plan and fit all, one batch, apply all
         drafts = dict(zip((t for t, _ in wanted), self.engine.draft_together(wanted))) if wanted else {}
         return self.targets_.apply(update, drafts)
 

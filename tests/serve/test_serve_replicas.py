@@ -255,6 +255,30 @@ def test_one_engine_in_a_process_of_its_own_when_the_replicas_ask(tmp_path):
     assert set(drafts_by_process(record_dir)) == {stats["pid"]}
 
 
+def test_a_slow_token_count_in_an_engine_process_blocks_no_other_connection(tmp_path):
+    """A prompt's exact token count goes over the engine process's pipe: counted off the event
+    loop, so a child slow to answer holds up only the update that waits for it."""
+    config = fake_config(tmp_path, max_sessions=2)
+    config.directions = {d: r.model_copy(update={"seam_options": {"slow_count_word": "slowcount", "slow_count_s": 3.0}})
+                         for d, r in config.directions.items()}
+    config.engines = 1
+    config.replicas.own_process = True
+    with ServerThread(config, recording_factory) as srv:
+        slow, other = Client(srv.url), Client(srv.url)
+        try:
+            assert slow.init()["type"] == "init_ok" and other.init()["type"] == "init_ok"
+            seq = slow.update(["a", "slowcount"], final=True)
+            time.sleep(0.5)  # the slow update is being counted now
+            started = time.perf_counter()
+            other.ws.ping().wait(5.0)  # answered by the server's event loop
+            assert time.perf_counter() - started < 1.0
+            reply = slow.recv(timeout=10.0)
+            assert reply["seq"] == seq and reply["final"]
+        finally:
+            slow.close()
+            other.close()
+
+
 def test_sessions_spread_least_loaded_stick_to_their_engine_and_stats_add_up(tmp_path):
     n, utterances = 6, 2
     with replica_server(tmp_path, engines=3, max_sessions=n, delay_s=0.002) as srv:

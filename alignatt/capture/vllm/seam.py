@@ -38,7 +38,9 @@ from typing import Any, Optional, Sequence
 
 import torch
 from pydantic import ValidationError
+from torch.profiler import record_function
 
+from alignatt.capture.names import FETCH_RANGE
 from alignatt.capture.vllm.engine import (  # noqa: F401  (VLLM_MODES, engine_options: the mode names' home)
     VLLM_MODES,
     StartedEngine,
@@ -148,6 +150,8 @@ class VllmCaptureSeam:
         # Verified re-drafts (docs/batching.md): off leaves the engine without a speculative config.
         # Drafts with a settle rule leave the engine once their rows hold the answer (settling.py).
         self.step_phases_s = dict.fromkeys(STEP_PHASES, 0.0)
+        # Tokens the steps computed (uncached prompt tokens, decoded tokens): a profile's FLOP count.
+        self.step_token_counts = {"prefill": 0, "decode": 0}
         self.settler = Settler(self.fetcher, self.config.settle_every, self.step_phases_s)
         if self.config.verify:
             self.book = vllm_verify.ProposalBook(self.config.verify_tokens)
@@ -159,6 +163,20 @@ class VllmCaptureSeam:
         if hooks is not None and hooks.runner is not None:
             return hooks.runner
         return self.engine.llm.llm_engine.model_executor.driver_worker.worker.model_runner
+
+    def weight_bytes(self) -> dict:
+        """Bytes of the model's weights on the device, and of those one forward streams (all but
+        per-layer embedding tables, of which a forward gathers a few rows), with the parameters a
+        token multiplies by (the streamed ones): a kernel profile's roofline."""
+        total = streamed = params = 0
+        for name, p in self._runner().get_model().named_parameters():
+            size = p.numel() * p.element_size()
+            total += size
+            if "per_layer" in name and "embed" in name:
+                continue
+            streamed += size
+            params += p.numel()
+        return {"total": total, "streamed": streamed, "active_params": params}
 
     def acceptance_totals(self) -> dict:
         """Verification figures summed over finished drafts (the load benchmark takes differences)."""
@@ -249,10 +267,15 @@ class VllmCaptureSeam:
                 if out.request_id in self._aborted:
                     continue
                 raise RuntimeError(f"alignatt: output for unknown request {out.request_id}")
-            state.tokens.extend(out.outputs[0].token_ids)
-            state.step_tokens.append(len(out.outputs[0].token_ids))
             if state.cached_tokens is None and getattr(out, "num_cached_tokens", None) is not None:
                 state.cached_tokens = int(out.num_cached_tokens)
+            new = len(out.outputs[0].token_ids)
+            if state.tokens:
+                self.step_token_counts["decode"] += new
+            elif new:  # its prefill step (its first token is sampled there)
+                self.step_token_counts["prefill"] += len(state.prompt.input_ids) - (state.cached_tokens or 0)
+            state.tokens.extend(out.outputs[0].token_ids)
+            state.step_tokens.append(new)
             if state.first_token_at is None and state.tokens:
                 state.first_token_at = now
             if out.finished:
@@ -288,7 +311,8 @@ class VllmCaptureSeam:
         finishes = done.items if done is not None else []
         if not checks and not finishes:
             return
-        fetch = self.fetcher.enqueue([*checks, *finishes], running=[True] * len(checks) + [False] * len(finishes))
+        with record_function(FETCH_RANGE):  # a kernel profile tells the capture's fetch from the model's kernels
+            fetch = self.fetcher.enqueue([*checks, *finishes], running=[True] * len(checks) + [False] * len(finishes))
         self.settler.queued(due, fetch)
         if finishes:
             done.fetch, done.offset = fetch, len(checks)

@@ -48,6 +48,40 @@ class LoadVerification(_Strict):
     extend_ms_mean: float | None  # the steps after it, per draft
 
 
+class KernelTime(_Strict):
+    name: str
+    ms_per_step: float
+    calls: int
+
+
+class StepAnatomy(_Strict):
+    """Where an engine's GPU step time went over a traced window (alignatt.serve.step_anatomy)."""
+
+    steps: int
+    window_s: float
+    step_wall_ms: float  # the engine thread's time in a step, mean
+    gpu_busy_ms: float  # kernels and copies per step, overlaps counted once
+    idle_ms: float  # per step, the window's time that no kernel or copy covers (between steps too)
+    parts_ms: dict[str, float]  # GPU time per step by part (step_anatomy.ORDER)
+    kernels: dict[str, int]  # kernels by part over the window
+    tokens: dict[str, int]  # prefill (uncached prompt) and decode tokens the window computed
+    top_kernels: list[KernelTime]
+    weight_bytes: int | None = None  # what one forward streams of the weights
+    weights_gb_per_s: float | None = None  # weight_bytes x steps / window: a floor on the traffic
+    bandwidth_share: float | None = None  # of the device's peak
+    weight_read_floor_ms: float | None = None  # weight_bytes at peak bandwidth: the fastest a step can be
+    tflops: float | None = None  # 2 x active parameters x tokens / window
+    flops_share: float | None = None
+    largest_part: str | None = None
+    peaks: dict[str, float | None]
+    device: str
+    weights: dict[str, int]  # the seam's weight_bytes(): total, streamed, active_params
+
+
+class MissingAnatomy(_Strict):
+    missing: str  # why the engine has no anatomy (the level ended first, or the engine refused)
+
+
 class LoadLevel(_Strict):
     """N concurrent real-time speakers on one server: what they saw."""
 
@@ -95,6 +129,8 @@ class LoadLevel(_Strict):
     buffers_differing_from_first_configuration: int | None = None  # None: the artifact predates the field
     buffer_words_mean: float | None = None
     first_configuration_buffer_words_mean: float | None = None
+    # By engine: the kernel profile of this level (`kernel_profile_speakers`); None: not profiled.
+    step_anatomy: dict[str, StepAnatomy | MissingAnatomy] | None = None
 
 
 class CaptureCostRow(_Strict):

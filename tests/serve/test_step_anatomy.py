@@ -1,0 +1,59 @@
+"""A kernel trace cut into a step's parts: what `alignatt load --kernel-profile-speakers` records."""
+
+import pytest
+
+from alignatt.serve.step_anatomy import (CAPTURE_FETCH, COPIES, FETCH_RANGE, OTHER, STEP_RANGE, anatomy,
+                                         device_peaks, part_of)
+
+
+def _x(name, ts, dur, cat="kernel"):
+    return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur}
+
+
+def test_kernel_names_of_the_stack_fall_in_their_parts():
+    assert part_of("kernel_unified_attention_3d") == "attention, decode (split-KV)"
+    assert part_of("reduce_segments") == "attention, decode (split-KV)"
+    assert part_of("kernel_unified_attention_2d") == "attention, prefill or mixed"
+    assert part_of("nvjet_tst_128x64_64x4_1x2_h_bz_coopB_TNT") == "GEMM"
+    assert part_of("sm90_xmma_gemm_bf16bf16_bf16f32") == "GEMM"
+    assert part_of("reshape_and_cache_flash_kernel") == "KV-cache write"
+    assert part_of("void at::native::index_put_kernel_impl<...>") == "capture: q writes"
+    assert part_of("void at::native::reduce_kernel<ArgMaxOps<float>>") == "sampling"
+    assert part_of("triton_poi_fused_rms_norm_0") == OTHER
+
+
+def test_a_window_of_two_steps_is_cut_into_parts_idle_time_and_its_roofline():
+    events = [
+        _x(STEP_RANGE, 0, 1000, "user_annotation"), _x(STEP_RANGE, 1500, 1000, "user_annotation"),
+        _x("nvjet_gemm", 100, 400), _x("kernel_unified_attention_3d", 500, 200),
+        _x("nvjet_gemm", 1600, 400), _x("kernel_unified_attention_2d", 2000, 100),
+        _x("Memcpy DtoH (Device -> Pinned)", 2100, 50, "gpu_memcpy"),
+        _x(FETCH_RANGE, 2200, 100, "gpu_user_annotation"), _x("index_select_kernel", 2210, 50),
+        _x("nvjet_gemm", 2450, 100),  # runs past the window's end: only its part inside counts
+        _x("nvjet_gemm", 9000, 100),  # after the window: not counted
+    ]
+    a = anatomy(events, {"prefill": 200, "decode": 40}, weight_bytes=8_000_000_000,
+                peak_bandwidth_gbs=4800.0, peak_tflops=989.0, active_params=4_000_000_000)
+    assert a["steps"] == 2 and a["window_s"] == 0.0025 and a["step_wall_ms"] == 1.0
+    parts = a["parts_ms"]
+    assert parts["GEMM"] == pytest.approx((400 + 400 + 50) / 2 / 1e3)
+    assert parts["attention, decode (split-KV)"] == 0.1 and parts["attention, prefill or mixed"] == 0.05
+    assert parts[CAPTURE_FETCH] == 0.025 and parts[COPIES] == 0.025  # by its range, not by its name
+    busy_us = 400 + 200 + 400 + 100 + 50 + 50 + 50
+    assert a["gpu_busy_ms"] == pytest.approx(busy_us / 2 / 1e3) and a["idle_ms"] == pytest.approx((2500 - busy_us) / 2 / 1e3)
+    assert a["largest_part"] == "GEMM" and a["kernels"]["GEMM"] == 3
+    # 2 forwards of 8 GB in 2.5 ms: 6,400 GB/s, past the 4,800 GB/s peak (a synthetic trace)
+    assert a["weights_gb_per_s"] == 6400.0 and a["bandwidth_share"] == pytest.approx(6400 / 4800, abs=1e-4)
+    assert a["weight_read_floor_ms"] == pytest.approx(8e9 / 4800e9 * 1e3, abs=1e-4)
+    assert a["tflops"] == pytest.approx(2 * 4e9 * 240 / 0.0025 / 1e12, abs=1e-3)
+    assert a["top_kernels"][0]["name"] == "nvjet_gemm" and a["top_kernels"][0]["calls"] == 3
+
+
+def test_a_trace_without_a_step_says_so():
+    with pytest.raises(ValueError, match="no step was profiled"):
+        anatomy([_x("nvjet_gemm", 0, 10)], {}, None, None, None, None)
+
+
+def test_peaks_come_from_the_device_table_or_not_at_all():
+    assert device_peaks("NVIDIA H200") == (4800.0, 989.0)
+    assert device_peaks("cpu") == (None, None)
