@@ -77,7 +77,9 @@ def anatomy(events: list[dict[str, Any]], tokens: dict[str, int], weight_bytes: 
     `tokens`: the prefill and decode tokens the window's steps computed; `weight_bytes`: what one
     forward reads of the weights (the lower bound of a step's traffic); `active_params`: the
     parameters a token multiplies by (2 FLOP each). Peaks: the device's, for the shares."""
-    steps = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == STEP_RANGE and "dur" in e]
+    # The CPU's ranges (a range also has a GPU twin, `gpu_user_annotation`, over its kernels).
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in events
+             if e.get("name") == STEP_RANGE and e.get("cat") == "user_annotation" and "dur" in e]
     if not steps:
         raise ValueError(f"the trace holds no {STEP_RANGE} range: no step was profiled")
     lo, hi = min(a for a, _ in steps), max(b for _, b in steps)

@@ -25,6 +25,7 @@ def test_kernel_names_of_the_stack_fall_in_their_parts():
 def test_a_window_of_two_steps_is_cut_into_parts_idle_time_and_its_roofline():
     events = [
         _x(STEP_RANGE, 0, 1000, "user_annotation"), _x(STEP_RANGE, 1500, 1000, "user_annotation"),
+        _x(STEP_RANGE, 100, 600, "gpu_user_annotation"),  # a range's GPU twin: not a step of its own
         _x("nvjet_gemm", 100, 400), _x("kernel_unified_attention_3d", 500, 200),
         _x("nvjet_gemm", 1600, 400), _x("kernel_unified_attention_2d", 2000, 100),
         _x("Memcpy DtoH (Device -> Pinned)", 2100, 50, "gpu_memcpy"),
