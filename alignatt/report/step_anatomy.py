@@ -12,7 +12,6 @@ from typing import Any
 from alignatt.record.artifacts.load import StepAnatomy
 from alignatt.report.figures import Figure, new_figure, styled, svg_text
 from alignatt.report.inputs import ReportInputs
-from alignatt.serve.step_anatomy import ORDER
 
 IDLE = "GPU idle (no kernel, no copy)"
 
@@ -65,7 +64,8 @@ def step_anatomy_figure(inputs: ReportInputs) -> list[Figure]:
 
         fig, ax = new_figure(7.5, 1.2 + 0.5 * len(bars))
         colors = list(OKABE_ITO) + ["#999999", "#444444"]
-        names = ORDER + [IDLE]
+        # the parts in the order the engine recorded them (serve.step_anatomy.ORDER), then idle
+        names = list(dict.fromkeys(p for _, s in bars for p in s.parts_ms)) + [IDLE]
         for i, (_, s) in enumerate(bars):
             left = 0.0
             for j, part in enumerate(names):
