@@ -34,6 +34,15 @@ def configuration(rel: str, artifact: Any, vllm_mode: str | None = None) -> str:
     return f"{folder}: {c.get('seam')}{f' {mode}' if mode else ''}{extra}{profiled}"
 
 
+def kernel_profiled(level: Any) -> str:
+    """A level whose engines were kernel-profiled: its figures are not capacity (the engine stopped
+    stepping while it wrote the trace out)."""
+    if not level.step_anatomy:
+        return ""
+    return (", kernel-profiled (the engine stepped under the profiler, then stopped to write the trace: "
+            "where a step's time goes, not capacity)")
+
+
 def capacity_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
     from alignatt.report.rows import machine_of
 
@@ -42,7 +51,8 @@ def capacity_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
         for lv in a.levels:
             rows.append(dict(
                 source=rel, date=a.provenance.date, machine=machine_of(a), model=a.config.get("model"),
-                synthetic=a.synthetic_weights, configuration=configuration(rel, a, lv.vllm_mode),
+                synthetic=a.synthetic_weights,
+                configuration=configuration(rel, a, lv.vllm_mode) + kernel_profiled(lv),
                 streams=", ".join(dict.fromkeys(Path(s).stem for s in lv.streams)), speakers=lv.speakers,
                 p50=_fmt(lv.partial_rtt_ms_p50), p95=_fmt(lv.partial_rtt_ms_p95), p99=_fmt(lv.partial_rtt_ms_p99),
                 final_p95=_fmt(lv.final_rtt_ms_p95), lag=f"{lv.lag_s_max:.2f}",
