@@ -183,7 +183,7 @@ async def _open(host: ConnectionHost, frame: InitFrame, routes: Routes, directio
         sessions: dict[str, Session] = {}
         described = []
         for key, (target, (d, r)) in zip(keys, routes.items()):
-            view = engine.open_view(key, resolve_heads(r, d))
+            view = engine.view(key, resolve_heads(r, d))  # `place` admitted it
             # The client's prefix and history are in its target_lang: they seed that target only.
             seeded = target == primary
             sessions[target] = Session(

@@ -198,6 +198,12 @@ class Engine:
         """Admit a session that drafts with `heads` (a subset of the engine's): its seam view."""
         return HeadRows(self.open_session(key), self.heads, heads)
 
+    def view(self, key: Hashable, heads: list[Head]) -> "HeadRows":
+        """The seam view of a session already admitted (`EngineRegistry.place`), drafting with `heads`."""
+        if not self.scheduler.admitted(key):
+            raise ValueError(f"session {key!r} is not admitted to engine {self.name}")
+        return HeadRows(SessionSeam(self.scheduler, key), self.heads, heads)
+
     def submit(self, key: Hashable, request: DraftRequest) -> Future:
         """Queue a session's draft (a final in order, a partial superseding its stale one); the
         future resolves to the `Draft`, `Superseded`, or the engine's error. On a watched engine

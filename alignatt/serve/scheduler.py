@@ -147,6 +147,10 @@ class DraftScheduler:
 
     # ---- sessions ----
 
+    def admitted(self, session: Hashable) -> bool:
+        with self._cond:
+            return session in self._slot_of
+
     def open_session(self, session: Hashable, slot: Hashable | None = None) -> None:
         """Admit `session` (a key drafts are submitted under) in `slot` (default: its own): keys of
         one slot are one client session, which takes one place of `capacity` and one turn."""
@@ -154,8 +158,8 @@ class DraftScheduler:
         with self._cond:
             if self.dead is not None:
                 raise EngineDied(str(self.dead))
-            if session in self._slot_of:
-                return
+            if session in self._slot_of:  # a session is admitted once (admission.py views it after)
+                raise ValueError(f"session {session!r} is already admitted to engine {self.name}")
             if slot not in self._served:
                 if len(self._served) >= self.config.capacity:
                     self.stats.refused += 1

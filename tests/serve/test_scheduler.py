@@ -182,6 +182,9 @@ def test_sessions_past_capacity_are_refused_and_a_closed_one_frees_its_place(mak
     sched.close_session(1)
     sched.open_session(3)
     assert sched.sessions == 2 and sched.stats.refused == 1
+    with pytest.raises(ValueError, match="already admitted"):  # a session is admitted once
+        sched.open_session(3)
+    assert sched.stats.admitted == 3
 
 
 def test_a_slow_reader_is_bounded_and_does_not_slow_the_others(make):
