@@ -16,7 +16,8 @@ from typing import Sequence
 from alignatt.core.draft import Head, Seam
 from alignatt.serve.config import DirectionRoute, SeamFactory
 from alignatt.serve.pool import shared_gpu_route
-from alignatt.serve.replicas import EngineSpec, ProcessBatchSeam, close_together, replica_devices, start_together
+from alignatt.serve.engine_process import EngineSpec
+from alignatt.serve.replicas import ProcessBatchSeam, close_together, replica_devices, start_together
 
 
 def check_engines(engines: int, concurrency: int, drivers: Sequence[str]) -> int:

@@ -29,8 +29,8 @@ from alignatt.serve.budget import PromptBudget
 from alignatt.serve.config import SERVED_VLLM_OPTIONS, DirectionRoute, EngineCount, ReplicaConfig, SeamFactory, resolve_heads
 from alignatt.serve.gc_pauses import process_pauses
 from alignatt.serve.limits import DraftTooLarge
-from alignatt.serve.replicas import (EngineSpec, ProcessBatchSeam, close_together, draft_work, replica_devices,
-                                     start_together)
+from alignatt.serve.engine_process import EngineSpec
+from alignatt.serve.replicas import ProcessBatchSeam, close_together, draft_work, replica_devices, start_together
 from alignatt.serve.scheduler import DraftScheduler, EngineDied, EngineHung, SchedulerConfig, SessionSeam
 from alignatt.serve.session import SessionLimits
 

@@ -176,7 +176,8 @@ def test_a_process_engine_takes_a_steps_submits_and_aborts_in_one_message_and_st
     one the server reads, so the child steps on without waiting for the server; a reply read by
     another call on its way comes back from `step`, in order. A request the child's seam refuses
     comes back from its step in place of its draft, and through a scheduler it fails alone."""
-    from alignatt.serve.replicas import EngineSpec, ProcessBatchSeam
+    from alignatt.serve.engine_process import EngineSpec
+    from alignatt.serve.replicas import ProcessBatchSeam
 
     route = DirectionRoute(model="fake", seam="fake", heads=None, seam_options={"steps": 3, "refuse_word": "boom"})
     seam = ProcessBatchSeam(EngineSpec(preparing_factory, route, []), "trips")
@@ -464,7 +465,8 @@ def test_an_engine_process_profiles_its_thread_between_two_profile_messages(tmp_
     name the child seam's step. A second start, or a stop with none running, fails loudly."""
     import pstats
 
-    from alignatt.serve.replicas import EngineSpec, ProcessBatchSeam
+    from alignatt.serve.engine_process import EngineSpec
+    from alignatt.serve.replicas import ProcessBatchSeam
 
     route = DirectionRoute(model="fake", seam="fake", heads=None, seam_options={"steps": 2})
     seam = ProcessBatchSeam(EngineSpec(preparing_factory, route, []), "profiled")
