@@ -91,7 +91,8 @@ class LoadOptions(ServedModelOptions):
                                                              "(alignatt.serve.engine_profile); slows what it profiles")
     kernel_profile_speakers: list[int] = Field(default_factory=list, description="at these levels, trace the GPU "
                                                "kernels of each engine process's steps (alignatt.serve.step_anatomy)")
-    kernel_profile_steps: int = Field(300, ge=1, description="steps the kernel profile traces")
+    kernel_profile_steps: int = Field(100, ge=1, description="steps the kernel profile traces (the engine stops "
+                                      "stepping while their trace is reduced)")
     kernel_profile_after_s: float = Field(60.0, ge=0, description="seconds into the level the kernel profile starts")
 
     @field_validator("kernel_profile_speakers", mode="before")

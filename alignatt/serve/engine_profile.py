@@ -13,6 +13,7 @@ from __future__ import annotations
 import cProfile
 import io
 import pstats
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -53,9 +54,10 @@ class KernelWindow:
     """torch's profiler (CPU and CUDA) over the child's next `steps` steps, reduced to a step
     anatomy (`alignatt.serve.step_anatomy`) and written as JSON to `path` when the last one ends.
 
-    `facts()` gives what the seam knows of itself: the tokens its steps computed so far and the
-    bytes of weights a forward reads (`step_token_counts`, `weight_bytes`; absent on a seam that
-    does not count them)."""
+    The seam tells what it knows of itself: the tokens its steps computed so far and the bytes of
+    weights a forward reads (`step_token_counts`, `weight_bytes`; absent on a seam that does not
+    count them). The engine stops stepping while torch post-processes the trace and the anatomy
+    is reduced (`write_s` records how long): a profiled level's latency is not capacity."""
 
     def __init__(self, seam) -> None:  # noqa: ANN001
         self._seam = seam
@@ -112,6 +114,7 @@ class KernelWindow:
 
         from alignatt.serve.step_anatomy import anatomy, device_peaks
 
+        started = time.perf_counter()  # the engine does not step until the anatomy is written
         prof, (path, _), self._profile, self._armed = self._profile, self._armed, None, None
         prof.__exit__(None, None, None)
         after = self._tokens()
@@ -127,6 +130,7 @@ class KernelWindow:
         result = anatomy(events, tokens, weights.get("streamed"), bandwidth, tflops, weights.get("active_params"))
         result["device"] = name
         result["weights"] = weights
+        result["write_s"] = round(time.perf_counter() - started, 3)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp_path = path.with_name(path.name + ".tmp")
         tmp_path.write_text(json.dumps(result, indent=1))

@@ -543,6 +543,7 @@ def test_a_kernel_profile_traces_each_engine_process_at_its_level(short_stream, 
     (anatomy,) = two.step_anatomy.values()
     # no CUDA here: the steps are traced, no kernel is; the whole window is idle GPU time
     assert anatomy.steps == 3 and anatomy.gpu_busy_ms == 0 and anatomy.idle_ms > 0 and anatomy.device == "cpu"
+    assert anatomy.write_s >= 0  # how long the engine stopped stepping to write it
     text, figures = render_site(site)
     (row,) = [line for line in text.splitlines() if line.startswith("| ") and "fullgraph+process | 2 | 0 | 3 |" in line]
     assert "step_anatomy" in [f.name for f in figures]

@@ -76,6 +76,7 @@ class StepAnatomy(_Strict):
     peaks: dict[str, float | None]
     device: str
     weights: dict[str, int]  # the seam's weight_bytes(): total, streamed, active_params
+    write_s: float | None = None  # how long the engine stopped to write it (None: the artifact predates the field)
 
 
 class MissingAnatomy(_Strict):
