@@ -1,8 +1,8 @@
 """The kernel profile of one load level: where the engine's GPU step time goes, at that level's load.
 
 `alignatt load --kernel-profile-speakers N,M` arms a `KernelWindow` in every engine process some
-seconds into each of those levels (so the batch is at its steady size); each child traces its next steps and
-writes their anatomy (`alignatt.serve.step_anatomy`), which the level's record then holds.
+seconds into each of those levels (so the batch is at its steady size); each child traces its next
+steps and writes their anatomy (`alignatt.serve.step_anatomy`), which the level's record holds.
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 
 `Targets` holds one `Session` per target, so each target keeps its own append-only committed
 text, cached draft and commit fast path. An update is planned and fitted to the token budget for
-every target first (a refusal raises before any draft is made); the drafts the targets need are made together, in one engine
-batch (on the server: queued on the engine's scheduler at once), and each target applies the
-update with its own draft, narrowed to its own heads by its `HeadRows` view.
+every target first (a refusal raises before any draft is made); the drafts the targets need are
+made together, in one engine batch (on the server: queued on the engine's scheduler at once), and
+each target applies the update with its own draft, narrowed to its own heads by its `HeadRows`
+view.
 """
 
 from __future__ import annotations
