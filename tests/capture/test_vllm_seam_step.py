@@ -61,6 +61,7 @@ def scripted_seam(script):
     seam._states, seam._pending, seam._aborted, seam._warned = {}, [], set(), set()
     seam.prompt_tokens = seam.cached_prompt_tokens = 0
     seam.step_phases_s = dict.fromkeys(STEP_PHASES, 0.0)
+    seam.step_token_counts = {"prefill": 0, "decode": 0}
     seam.settler = Settler(engine.fetcher, 3, seam.step_phases_s)
     for rid, (_, n_prompt, n, source, prefix_start) in REQUESTS.items():
         prompt = PromptLayout("", list(range(n_prompt)), source, [0] * len(source), prefix_start, "chat", False)
@@ -88,6 +89,8 @@ def test_every_step_is_timed_in_its_parts():
     phases = seam.step_phases_s
     assert set(phases) == set(STEP_PHASES) and 0 < sum(phases.values()) <= took
     assert phases["finish"] > 0 and phases["drafts"] > 0  # fetches queued, drafts built
+    # each request's whole draft came in its first output: its uncached prompt counts as prefill
+    assert seam.step_token_counts == {"prefill": sum(r[1] for r in REQUESTS.values()), "decode": 0}
 
 
 def test_drafts_finishing_while_others_run_arrive_one_step_later_and_the_last_at_once():

@@ -86,6 +86,8 @@ def test_a_draft_without_a_held_token_runs_to_its_end():
     assert draft.stop_reason == "max_new_tokens" and len(draft.tokens) == REQUESTS["b"][2]
     np.testing.assert_allclose(np.stack([t.rows for t in draft.tokens]), reference_rows("b"), atol=1e-6)
     assert seam.engine.core.aborted == [] and seam.engine.core.steps == REQUESTS["b"][2]
+    # one token a step: the first came with the prompt's prefill, every later one was decoded
+    assert seam.step_token_counts == {"prefill": REQUESTS["b"][1], "decode": REQUESTS["b"][2] - 1}
 
 
 def test_checks_come_every_settle_every_tokens_until_the_buffer_is_drafted():
