@@ -52,6 +52,19 @@ def step_anatomy_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
     return rows
 
 
+SMALL = "smaller parts (each under 5 % of the GPU time)"
+SMALL_SHARE = 0.05  # parts below this share of every bar's GPU time draw as one (the table lists each)
+SHORT = {"other kernels (norms, activations, rotary, elementwise)": "other kernels (norms, activations, ...)"}
+
+
+def _drawn_parts(bars: list[tuple[str, StepAnatomy]]) -> list[str]:
+    """The parts drawn on their own, in the order the engine recorded them (serve.step_anatomy.ORDER):
+    those that reach SMALL_SHARE of some bar's GPU time; the rest draw as SMALL."""
+    recorded = dict.fromkeys(p for _, s in bars for p in s.parts_ms)
+    return [p for p in recorded
+            if any(s.parts_ms.get(p, 0.0) >= SMALL_SHARE * max(sum(s.parts_ms.values()), 1e-9) for _, s in bars)]
+
+
 def step_anatomy_figure(inputs: ReportInputs) -> list[Figure]:
     """One stacked bar per profiled engine: ms per step by part, then the idle time."""
     bars = [(f"{a.provenance.date} {lv.vllm_mode or a.config.get('seam')}, {lv.speakers} speakers, engine {engine}", s)
@@ -62,29 +75,37 @@ def step_anatomy_figure(inputs: ReportInputs) -> list[Figure]:
     def draw() -> Figure:
         from alignatt.report.capacity import OKABE_ITO
 
-        fig, ax = new_figure(7.5, 1.2 + 0.5 * len(bars))
-        colors = list(OKABE_ITO) + ["#999999", "#444444"]
-        # the parts in the order the engine recorded them (serve.step_anatomy.ORDER), then idle
-        names = list(dict.fromkeys(p for _, s in bars for p in s.parts_ms)) + [IDLE]
+        drawn = _drawn_parts(bars)
+        names = drawn + [SMALL, IDLE]
+        colors = dict(zip(drawn, OKABE_ITO)) | {SMALL: "#999999"}
+        fig, ax = new_figure(7.5, 1.7 + 0.5 * len(bars))
         for i, (_, s) in enumerate(bars):
             left = 0.0
-            for j, part in enumerate(names):
-                ms = s.idle_ms if part == IDLE else s.parts_ms.get(part, 0.0)
-                ax.barh(i, ms, left=left, color="#FFFFFF" if part == IDLE else colors[j % len(colors)],
-                        edgecolor="#000000" if part == IDLE else "none", hatch="//" if part == IDLE else None,
-                        linewidth=0.5, label=part if i == 0 else None)
+            for part in names:
+                if part == IDLE:
+                    ms = s.idle_ms
+                elif part == SMALL:
+                    ms = sum(v for p, v in s.parts_ms.items() if p not in drawn)
+                else:
+                    ms = s.parts_ms.get(part, 0.0)
+                idle = part == IDLE
+                ax.barh(i, ms, left=left, color="#FFFFFF" if idle else colors[part],
+                        edgecolor="#000000" if idle else "none", hatch="//" if idle else None,
+                        linewidth=0.5, label=SHORT.get(part, part) if i == 0 else None)
                 left += ms
             if s.weight_read_floor_ms:
                 ax.plot([s.weight_read_floor_ms] * 2, [i - 0.4, i + 0.4], color="#000000", linewidth=1.5,
                         label="weights read once at peak bandwidth" if i == 0 else None)
         ax.set_yticks(range(len(bars)), [label for label, _ in bars], fontsize=7)
         ax.invert_yaxis()
-        ax.set_xlabel("ms per engine step (GPU time by part; idle: the window's time no kernel covers)", fontsize=8)
+        ax.set_xlabel("ms per engine step", fontsize=8)
         ax.tick_params(labelsize=7)
-        ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=3, frameon=False)
+        fig.legend(*ax.get_legend_handles_labels(), fontsize=7, loc="outside lower center", ncol=3, frameon=False)
         caption = ("Where an engine step's time went at a profiled load level (torch profiler, CUDA kernels, "
-                   "kernels sorted into parts by name, `alignatt/serve/step_anatomy.py`), against the time the "
-                   "step's weights take to read once at the device's peak bandwidth (the black tick).")
+                   "kernels sorted into parts by name, `alignatt/serve/step_anatomy.py`; parts under 5 % of the "
+                   "GPU time drawn as one, each listed in the table; idle: the traced window's time that no "
+                   "kernel or copy covers, between steps too), against the time the step's weights take to read "
+                   "once at the device's peak bandwidth (the black tick).")
         return Figure("step_anatomy", "load", "GPU step anatomy", caption, svg_text(fig))
 
     return [styled(draw)]
