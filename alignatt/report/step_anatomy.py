@@ -48,7 +48,7 @@ def step_anatomy_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
             bandwidth="—" if s.weights_gb_per_s is None else f"{s.weights_gb_per_s:.0f} GB/s ({_share(s.bandwidth_share)})",
             floor="—" if s.weight_read_floor_ms is None else f"{s.weight_read_floor_ms:.2f}",
             flops="—" if s.tflops is None else f"{s.tflops:.1f} ({_share(s.flops_share)})",
-            largest=s.largest_part or "—", stopped="—" if s.write_s is None else f"{s.write_s:.1f}"))
+            stopped="—" if s.write_s is None else f"{s.write_s:.1f}"))
     return rows
 
 

@@ -30,6 +30,8 @@ def test_a_window_of_two_steps_is_cut_into_parts_idle_time_and_its_roofline():
         _x("nvjet_gemm", 1600, 400), _x("kernel_unified_attention_2d", 2000, 100),
         _x("Memcpy DtoH (Device -> Pinned)", 2100, 50, "gpu_memcpy"),
         _x(FETCH_RANGE, 2200, 100, "gpu_user_annotation"), _x("index_select_kernel", 2210, 50),
+        _x("index_select_kernel", 2350, 20),  # between two fetch ranges: not the capture's
+        _x(FETCH_RANGE, 2400, 40, "gpu_user_annotation"), _x("index_select_kernel", 2405, 10),
         _x("nvjet_gemm", 2450, 100),  # runs past the window's end: only its part inside counts
         _x("nvjet_gemm", 9000, 100),  # after the window: not counted
     ]
@@ -39,8 +41,9 @@ def test_a_window_of_two_steps_is_cut_into_parts_idle_time_and_its_roofline():
     parts = a["parts_ms"]
     assert parts["GEMM"] == pytest.approx((400 + 400 + 50) / 2 / 1e3)
     assert parts["attention, decode (split-KV)"] == 0.1 and parts["attention, prefill or mixed"] == 0.05
-    assert parts[CAPTURE_FETCH] == 0.025 and parts[COPIES] == 0.025  # by its range, not by its name
-    busy_us = 400 + 200 + 400 + 100 + 50 + 50 + 50
+    assert parts[CAPTURE_FETCH] == 0.03 and parts[COPIES] == 0.025  # by its range, not by its name
+    assert parts[OTHER] == 0.01
+    busy_us = 400 + 200 + 400 + 100 + 50 + 50 + 50 + 20 + 10
     assert a["gpu_busy_ms"] == pytest.approx(busy_us / 2 / 1e3) and a["idle_ms"] == pytest.approx((2500 - busy_us) / 2 / 1e3)
     assert a["largest_part"] == "GEMM" and a["kernels"]["GEMM"] == 3
     # 2 forwards of 8 GB in 2.5 ms: 6,400 GB/s, past the 4,800 GB/s peak (a synthetic trace)
