@@ -1,4 +1,5 @@
-"""Commands that serve a model or measure one served: serve, smoke, load, soak, failover, eval."""
+"""Commands that serve a model or measure one served: serve, smoke, load, soak, failover, replicas, eval,
+and deploy haproxy (the balancer's configuration)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from alignatt.evaluate.run import EvalOptions
 from alignatt.evaluate.tails import TAIL_NOISE_KNOBS, TailNoise, fold_tail_noise
 from alignatt.measure.capacity import LoadOptions
 from alignatt.measure.failover import FailoverOptions
+from alignatt.measure.replicas import ReplicasOptions
 from alignatt.measure.smoke import SmokeOptions
 from alignatt.measure.soak import SoakOptions
+from alignatt.serve.balancer import BalancerOptions
 from alignatt.serve.config import (SERVE_CONFIG_FIELDS, SERVE_LIMIT_FIELDS, SERVE_ROUTE_FIELDS, DirectionRoute,
                                    ServerConfig, ServerLimits, server_config)
 
@@ -134,6 +137,51 @@ def failover_cmd(
     typer.echo(f"wrote {out}")
     if not artifact.passed:
         raise typer.Exit(1)
+
+
+@app.command("replicas")
+@model_options(Knobs(ReplicasOptions, exclude=("seam_factory", "seam_options")))  # the tests' stand-ins
+def replicas_cmd(
+    out: str = typer.Option(None, help="where to write the replicas artifact (default: runs/replicas-<time>/)"),
+    **fields,
+) -> None:
+    """Replicas behind HAProxy, one killed and one drained under load: what the clients saw through it."""
+    from alignatt.measure.replicas import run_replicas
+    from alignatt.measure.replicas_record import summary_line
+
+    options = validated(ReplicasOptions, "replicas option ", **fields)
+    check_served_model(options.model, options.seam, options.heads)
+    out = scratch_out(out, "replicas", "replicas.json")
+    check_output(out)
+    artifact = run_replicas(options, out)
+    typer.echo(summary_line(artifact))
+    typer.echo(f"wrote {out}")
+    if not artifact.passed:
+        raise typer.Exit(1)
+
+
+deploy_app = typer.Typer(no_args_is_help=True, help="What runs alignatt past one machine: the balancer's config.")
+app.add_typer(deploy_app, name="deploy")
+
+
+@deploy_app.command("haproxy")
+@model_options(BalancerOptions)
+def deploy_haproxy_cmd(
+    out: str = typer.Option(None, help="write the configuration here (default: print it)"),
+    **fields,
+) -> None:
+    """HAProxy's configuration for `alignatt serve` replicas (least connections, /health checks, retries)."""
+    from pathlib import Path
+
+    from alignatt.serve.balancer import haproxy_config
+
+    text = haproxy_config(validated(BalancerOptions, "balancer option ", **fields))
+    if out is None:
+        typer.echo(text, nl=False)
+        return
+    check_output(out)
+    Path(out).write_text(text)
+    typer.echo(f"wrote {out}")
 
 
 # The noisy tail's knobs: fields of TailNoise, nested in EvalOptions.tail_noise, given flat (their

@@ -18,23 +18,18 @@ fault to the notice and to the next translation, and the checks:
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import AliasChoices, Field, field_validator
 
 from alignatt.core.errors import AlignattError
+from alignatt.measure.server_process import ServerProcess, free_port, http_json
 from alignatt.measure.smoke import ServedModelOptions
 
 HEALTH_EVERY_S = 0.25
@@ -65,31 +60,47 @@ class FailoverOptions(ServedModelOptions):
     @field_validator("faults", mode="before")
     @classmethod
     def _faults(cls, value: Any) -> Any:
-        if isinstance(value, str):  # "kill@25,stop@50"
-            value = value.split(",")
-        out = []
-        for item in value:
-            if isinstance(item, str):  # "kill@25"
-                action, _, at = item.strip().partition("@")
-                item = (action, float(at))
-            out.append(item)
-        return out
+        return parse_faults(value)
 
     @field_validator("streams", mode="before")
     @classmethod
     def _streams(cls, value: Any) -> Any:
-        return [s.strip() for s in value.split(",") if s.strip()] if isinstance(value, str) else value
+        return split_streams(value)
+
+
+def parse_faults(value: Any) -> Any:
+    """`action@seconds` items, comma-separated or a list ("kill@25,stop@50")."""
+    if isinstance(value, str):
+        value = value.split(",")
+    out = []
+    for item in value:
+        if isinstance(item, str):  # "kill@25"
+            action, _, at = item.strip().partition("@")
+            item = (action, float(at))
+        out.append(item)
+    return out
+
+
+def split_streams(value: Any) -> Any:
+    return [s.strip() for s in value.split(",") if s.strip()] if isinstance(value, str) else value
+
+
+def route_of(options: ServedModelOptions, seam_options: dict[str, Any]):
+    """The one direction's DirectionRoute a measurement's server serves."""
+    from alignatt.serve.config import DirectionRoute
+
+    seam_options = dict(seam_options)
+    if options.vllm_mode:
+        seam_options["vllm_mode"] = options.vllm_mode
+    return DirectionRoute(model=options.model, seam=options.seam, heads=options.heads, top_k=options.top_k,
+                          device=options.device, dtype=options.dtype, seam_options=seam_options)
 
 
 def server_config(options: FailoverOptions, port: int) -> dict:
     """The ServerConfig (as JSON data) the server process is started with."""
-    from alignatt.serve.config import DirectionRoute, ReplicaConfig, ServerConfig, ServerLimits
+    from alignatt.serve.config import ReplicaConfig, ServerConfig, ServerLimits
 
-    seam_options = dict(options.seam_options)
-    if options.vllm_mode:
-        seam_options["vllm_mode"] = options.vllm_mode
-    route = DirectionRoute(model=options.model, seam=options.seam, heads=options.heads, top_k=options.top_k,
-                           device=options.device, dtype=options.dtype, seam_options=seam_options)
+    route = route_of(options, options.seam_options)
     on_gpu = options.device.startswith("cuda")
     config = ServerConfig(
         port=port, default_preset=options.preset, directions={"en-de": route},
@@ -101,69 +112,10 @@ def server_config(options: FailoverOptions, port: int) -> dict:
     return config.model_dump(mode="json")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(port: int, path: str) -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
-class ServerProcess:
-    """`alignatt serve --config` (or this module's main, with a seam factory) in a process."""
-
-    def __init__(self, options: FailoverOptions, workdir: Path) -> None:
-        self.port = _free_port()
-        config = workdir / "server.json"
-        config.write_text(json.dumps(server_config(options, self.port)))
-        self.log = workdir / "server.log"
-        if options.seam_factory:
-            command = [sys.executable, "-m", "alignatt.measure.failover", str(config), options.seam_factory]
-        else:
-            command = [sys.executable, "-m", "alignatt.cli", "serve", "--config", str(config)]
-        with self.log.open("wb") as out:
-            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + options.start_timeout_s
-        while True:
-            if self.process.poll() is not None:
-                raise AlignattError(f"the server exited ({self.process.returncode}) before listening:\n{self.tail()}")
-            try:
-                if _get(self.port, "/health")[0] == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise AlignattError(f"the server was not listening within {options.start_timeout_s:.0f} s:\n{self.tail()}")
-            time.sleep(0.5)
-        self.started_s = options.start_timeout_s - (deadline - time.monotonic())
-
-    def tail(self, chars: int = 3000) -> str:
-        return self.log.read_text(errors="replace")[-chars:]
-
-    def engines(self) -> list[dict]:
-        return _get(self.port, "/stats")[1]["engines"]
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-
-
 def _health_sampler(port: int, t0: float, samples: list[dict], stop: threading.Event) -> None:
     while not stop.is_set():
         try:
-            code, body = _get(port, "/health")
+            code, body = http_json(port, "/health")
             samples.append({"t_s": round(time.time() - t0, 3), "http": code, **{k: body.get(k) for k in (
                 "status", "sessions_active", "engines_alive", "engines_hung", "engines_dead")}})
         except OSError as e:
@@ -193,7 +145,9 @@ def run_failover(options: FailoverOptions, out: str | Path | None = "outputs/fai
     streams = [s for _, s in resolve_streams(options.streams)]
     with tempfile.TemporaryDirectory(prefix="alignatt-failover-") as tmp:
         started = time.perf_counter()
-        server = ServerProcess(options, Path(tmp))
+        port = free_port()
+        server = ServerProcess(server_config(options, port), Path(tmp), options.seam_factory,
+                               options.start_timeout_s).wait_listening()
         load_s = time.perf_counter() - started
         try:
             engines_before = server.engines()
@@ -223,21 +177,3 @@ def run_failover(options: FailoverOptions, out: str | Path | None = "outputs/fai
 
         write_artifact(out, artifact)
     return artifact
-
-
-def _serve_with_factory(config_path: str, factory: str) -> None:
-    """The server process when a seam factory is given (`module:function`)."""
-    import importlib
-    import logging
-
-    from alignatt.serve.config import ServerConfig
-    from alignatt.serve.server import serve
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    module, _, name = factory.partition(":")
-    serve(ServerConfig.model_validate_json(Path(config_path).read_text()),
-          seam_factory=getattr(importlib.import_module(module), name))
-
-
-if __name__ == "__main__":
-    _serve_with_factory(sys.argv[1], sys.argv[2])

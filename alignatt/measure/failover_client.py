@@ -58,14 +58,16 @@ class Speaker:
     # ---- one connection ----
 
     def _connect(self) -> bool:
+        from websockets.exceptions import InvalidStatus
+
         with self.lock:
             pending = sorted(u for u in self.final_frames if u not in self.record.finals)
             prefix = self.record.shown.get(pending[0], "") if pending else self._open_prefix
         for _ in range(RECONNECT_TRIES):
             try:
                 ws = ProtocolClient.connect(self.url, timeout=60)
-            except OSError as e:
-                self.record.refused.append(f"connect: {e}")
+            except (OSError, InvalidStatus) as e:  # down, or refused at the handshake (503): try again
+                self.record.refused.append(f"connect: {e}"[:200])
                 time.sleep(0.25)
                 continue
             try:

@@ -184,10 +184,41 @@ def failover_item(rel: str, artifact, machine: str) -> dict:
     )
 
 
+def replicas_item(rel: str, artifact, machine: str) -> dict:
+    """`alignatt replicas` as an item of "Other measurements": replicas behind HAProxy, one killed and
+    one drained under load."""
+    cfg, rtt = artifact.config, artifact.rtt
+    worst = max(artifact.reconnect_s, default=0.0)
+    return dict(
+        path=rel, name="server_replicas", date=artifact.provenance.date, machine=machine,
+        description=(f"`alignatt replicas`: {len(artifact.replicas)} `alignatt serve` replicas of {cfg.get('model')}/"
+                     f"{cfg.get('seam')} on {cfg.get('device')} behind {artifact.balancer.get('version', '').split(' - ')[0]}"
+                     f" ({'with' if cfg.get('health_check') else 'WITHOUT'} its /health check), "
+                     f"{cfg.get('speakers')} real-time speakers through it; "
+                     + ", ".join(f"{f['action']} {f['replica']} at {f['t_s']:.0f} s ({f['sessions']} sessions)"
+                                 for f in artifact.faults)
+                     + f"; targets {'met' if artifact.passed else 'MISSED'}"),
+        synthetic=artifact.synthetic_weights,
+        results=[f"finals = {sum(s.finals_delivered for s in artifact.sessions)}/"
+                 f"{sum(s.utterances for s in artifact.sessions)}",
+                 f"committed text lost = {sum(s.committed_lost for s in artifact.sessions)}, retractions = "
+                 f"{sum(s.retractions for s in artifact.sessions)}",
+                 f"reconnects = {len(artifact.reconnect_s)}, notice -> answered again: worst {worst:.2f} s "
+                 f"(bound {artifact.bounds_s.get('reconnect', 0):g} s)",
+                 f"balancer's added round trip (WebSocket ping, p50 of {rtt.probes}) = {rtt.ping_added_ms_p50:.3f} ms "
+                 f"({rtt.ping_direct_ms_p50:.3f} direct, {rtt.ping_balanced_ms_p50:.3f} balanced)",
+                 f"session open p50 = {rtt.open_direct_ms_p50:.1f} ms direct, {rtt.open_balanced_ms_p50:.1f} ms "
+                 f"balanced", f"load_s = {artifact.load_s}"],
+        checks=[("✓" if c.passed else "✗", c.name, c.detail) for c in artifact.checks],
+    )
+
+
 def measurement_items(inputs: ReportInputs) -> list[dict[str, Any]]:
     items = []
     for rel, a in inputs.of_kind("failover"):
         items.append(failover_item(rel, a, machine_of(a)))
+    for rel, a in inputs.of_kind("replicas"):
+        items.append(replicas_item(rel, a, machine_of(a)))
     # the soak is not a MeasurementArtifact, but the page shows it with them
     for rel, a in sorted(inputs.measurements + inputs.of_kind("soak"), key=lambda t: t[0]):
         if a.kind == "soak":  # its own fields, shown like a measurement

@@ -193,6 +193,9 @@ class ServerConfig(BaseModel):
     insecure_no_token: bool = Field(False, description="listen beyond loopback without a token")
     ssl_certfile: str | None = Field(None, description="TLS certificate chain (PEM): serve wss://")
     ssl_keyfile: str | None = Field(None, description="TLS private key (PEM), if not in the certificate file")
+    drain_s: float = Field(30.0, ge=0, description="on SIGTERM: no new sessions; an open utterance may finish for "
+                                                   "this long, then its session is told to reconnect (1012), "
+                                                   "and the server exits")
     settle_buffer_tokens: int | None = Field(
         None, ge=0, description="every session's SessionConfig.settle_buffer_tokens: stop a partial draft once "
                                 "the policy's answer is known, N tokens past its first held token (None: never)")
@@ -241,7 +244,7 @@ def served_settle(requested: int | None | str, seam: str, device: str) -> int | 
 SERVE_ROUTE_FIELDS = ("model", "seam", "heads", "top_k", "device", "dtype")
 SERVE_LIMIT_FIELDS = ("max_sessions", "max_utterance_words")
 SERVE_CONFIG_FIELDS = ("host", "port", "default_preset", "engines", "allow_origins", "token_file",
-                       "insecure_no_token", "ssl_certfile", "ssl_keyfile")
+                       "insecure_no_token", "ssl_certfile", "ssl_keyfile", "drain_s")
 # Who may connect: laid over a config file's too.
 ACCESS_FIELDS = ("allow_origins", "token_file", "token_env", "insecure_no_token", "ssl_certfile", "ssl_keyfile")
 

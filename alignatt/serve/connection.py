@@ -79,6 +79,7 @@ class Connection:
         self.in_flight = False  # the worker is answering an update (the client may wait, silent)
         self._before_init = False  # counted in `connections_before_init` and `server.waiting`
         self.peer = peer_of(ws)
+        self.utterance_open = False  # the last update received was a partial: its utterance is open
 
     async def run(self) -> None:
         from websockets.exceptions import ConnectionClosed
@@ -253,6 +254,23 @@ class Connection:
         self.pending.clear()
         self._end(CLOSE_RESTART, "engine stopped: reconnect", "engine_died")
 
+    def between_utterances(self) -> bool:
+        """Nothing of the client's is waiting or open: handing the session over loses no work."""
+        return not self.pending and not self.in_flight and not self.utterance_open
+
+    def hand_over(self) -> None:
+        """The server is draining: the session goes on elsewhere. Told as an engine's death is (the
+        client resumes on another replica with `accepted_target_prefix`), then closed with 1012."""
+        if self.closing is not None:
+            return
+        if self.session is None:
+            self._end(CLOSE_RESTART, "server draining: connect again", "drained")
+            return
+        message = "server draining; reconnect to continue (send the text shown as accepted_target_prefix)"
+        self._send(ErrorFrame(code=PROCESSING_FAILED, message=message).to_json())
+        self.pending.clear()
+        self._end(CLOSE_RESTART, "server draining: reconnect", "drained")
+
     def _fail(self, stage: str, error: BaseException) -> None:
         """An unexpected error: tell the client if a frame can still be sent, else close with a reason."""
         log.exception("connection %d: %s failed", self.id, stage, exc_info=error)
@@ -302,6 +320,7 @@ class Connection:
                 seq=update.seq,
             )
         self.last_seq = update.seq
+        self.utterance_open = not update.is_final
         for key in self.keys:  # a draft still running for an older partial is stale now
             self.engine.supersede(key)
         # Every update carries the open utterance's whole state: queued partials are stale now.
@@ -331,6 +350,8 @@ class Connection:
                 self._fail(f"answering seq {update.seq}", e)
             finally:
                 self.in_flight = False
+            if self.server.draining and self.between_utterances():  # its last final is answered
+                self.hand_over()
 
     def _fit_and_submit(self, wanted: list) -> list:
         return [(t, self.engine.submit(self.key_of[t], request)) for t, request in self.targets.fit(wanted)]

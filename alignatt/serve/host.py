@@ -104,6 +104,7 @@ class ConnectionHost(Protocol):
     step_log: ByteBoundedLog
     session_log: ByteBoundedLog
     waiting: WaitingPeers
+    draining: bool  # SIGTERM: sessions are handed over between utterances
 
     async def budget_for(self, engine: Engine) -> PromptBudget | None:
         """The engine's token bounds, built once."""

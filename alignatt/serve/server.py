@@ -65,6 +65,8 @@ class MTServer:
         self.step_log = ByteBoundedLog(limits.step_log_bytes)
         self.session_log = ByteBoundedLog(limits.session_log_bytes)  # accepted inits
         self._budgets: dict[str, PromptBudget | None] = {}
+        self.connections: set[Connection] = set()
+        self.draining = False  # SIGTERM: no new session; open ones handed over between utterances
         self._server = None
         self.port: int | None = None
 
@@ -121,7 +123,36 @@ class MTServer:
 
     async def _handle(self, ws) -> None:
         self.stats.connections += 1
-        await Connection(self, ws, self.stats.connections).run()
+        connection = Connection(self, ws, self.stats.connections)
+        self.connections.add(connection)
+        try:
+            if self.draining:  # let in before the drain began, after the handshake's check
+                connection.hand_over()
+            await connection.run()
+        finally:
+            self.connections.discard(connection)
+
+    async def drain(self) -> None:
+        """Stop taking sessions (`/health` says `draining`, 503; new handshakes get 503), let every
+        open utterance finish for up to `drain_s` (a session is handed over as soon as its last
+        final is answered), then hand over the rest and wait for their sockets to close. What a
+        rolling restart sends (SIGTERM): the clients reconnect through the balancer elsewhere."""
+        loop = asyncio.get_running_loop()
+        self.draining = True
+        log.info("draining: %d connections; open utterances may finish for %g s", len(self.connections),
+                 self.config.drain_s)
+        deadline = loop.time() + self.config.drain_s
+        while self.connections and loop.time() < deadline:
+            for connection in list(self.connections):
+                if connection.session is None or connection.between_utterances():
+                    connection.hand_over()
+            await asyncio.sleep(0.05)
+        for connection in list(self.connections):
+            connection.hand_over()
+        deadline = loop.time() + self.config.limits.send_stall_s
+        while self.connections and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        log.info("drained (%d connections left open)", len(self.connections))
 
     # ---- health and stats ----
 
@@ -133,6 +164,7 @@ class MTServer:
         """What a new session would get, in the one count of capacity (client sessions, a
         multi-target session is one; `max_sessions`, as `busy` is decided):
 
+        - draining: SIGTERM came; no new session (`drain`);
         - down: some served route has engines but none of them live (dead, or hung: taken out);
         - full: `max_sessions` sessions are open, or no live engine of a loaded route has room;
         - degraded: admitted, but some engine is dead or hung (fewer engines serve the sessions);
@@ -150,11 +182,11 @@ class MTServer:
         busy = not self.waiting.room_for(None, limits.max_connections_before_init_per_peer,
                                          limits.max_connections_before_init)
         lost = sum(len(engines) - len(live[key]) for key, engines in routes.items())
-        status = ("down" if down else "full" if active >= limit or no_room else "busy" if busy
-                  else "degraded" if lost else "ok")
+        status = ("draining" if self.draining else "down" if down else "full" if active >= limit or no_room
+                  else "busy" if busy else "degraded" if lost else "ok")
         states = [e.state for e in self.registry.engines]
         return {"status": status, "sessions_active": active, "max_sessions": limit,
-                "sessions_free": 0 if status in ("down", "full", "busy") else limit - active,
+                "sessions_free": 0 if status in ("draining", "down", "full", "busy") else limit - active,
                 "connections_before_init": waiting,
                 "engines": len(states), "engines_alive": states.count("live"),
                 "engines_hung": states.count("hung"), "engines_dead": states.count("dead")}
@@ -177,6 +209,10 @@ class MTServer:
             response = connection.respond(http.HTTPStatus.UNAUTHORIZED, "a valid token is required\n")
             response.headers["WWW-Authenticate"] = "Bearer"
             return response
+        elif self.draining:
+            self.stats.closes["draining"] += 1
+            return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE,
+                                      "this server is draining (a restart); connect to another\n")
         elif not self.waiting.room_for(peer_of(connection), self.config.limits.max_connections_before_init_per_peer,
                                        self.config.limits.max_connections_before_init):
             # Every waiting connection (this address's, or all of them) opened within the grace.
@@ -263,6 +299,10 @@ class ServerThread:
 
         return asyncio.run_coroutine_threadsafe(wrapped(), self._loop).result(10)
 
+    def drain(self, timeout: float = 120.0) -> None:
+        """What SIGTERM does to `serve`: `MTServer.drain`, waited for (the server keeps listening)."""
+        asyncio.run_coroutine_threadsafe(self.server.drain(), self._loop).result(timeout)
+
     def stop(self) -> None:
         if self._loop is not None and self._stopped is not None and self._loop.is_running():
             self._loop.call_soon_threadsafe(self._stopped.set)
@@ -278,16 +318,27 @@ class ServerThread:
 
 def serve(config: ServerConfig, seam_factory: SeamFactory | None = None,
           on_ready: Callable[[MTServer], None] | None = None) -> None:
-    """Run the server in the foreground until Ctrl-C or SIGTERM (what a service manager or
-    `docker stop` sends), then stop it cleanly: sessions closed, seams closed."""
+    """Run the server in the foreground until Ctrl-C or SIGTERM (what a service manager,
+    `podman stop` or a rolling restart sends), then stop it cleanly. SIGTERM drains first
+    (`MTServer.drain`: no new session, open utterances finish or are handed over); a second SIGTERM,
+    or Ctrl-C, stops at once: sessions closed, seams closed."""
 
     async def main() -> None:
         server = MTServer(config, seam_factory)
         await server.start()
-        stopped = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        stopped, terms = loop.create_future(), []
+
+        def on_term() -> None:
+            terms.append(loop.time())
+            if len(terms) == 1:
+                drain = loop.create_task(server.drain())
+                drain.add_done_callback(lambda _: stopped.done() or stopped.set_result(None))
+            elif not stopped.done():
+                stopped.set_result(None)
+
         try:
-            asyncio.get_running_loop().add_signal_handler(
-                signal.SIGTERM, lambda: stopped.done() or stopped.set_result(None))
+            loop.add_signal_handler(signal.SIGTERM, on_term)
         except (NotImplementedError, RuntimeError):  # not the main thread, or no signals here
             pass
         if on_ready is not None:

@@ -283,6 +283,7 @@ KIND_SECTIONS = {
     "gpu_tests": ("tests/golden/gpu_tests.json",  # a CPU run of `alignatt test-gpu -- -k budget`: every test skips
                   "## The GPU suite these figures stand on"),
     "failover": ("outputs/cpu/failover.json", "## Other measurements"),
+    "replicas": ("outputs/cpu/replicas.json", "## Other measurements"),
 }
 UNIQUE_DATE = "2031-07-19"  # no fixture artifact is of this day: where it appears, the added one is shown
 

@@ -17,8 +17,9 @@ from alignatt.record.artifacts.bench import (BenchArtifact, BenchConfig, BenchPr
                                              ServerSmokeArtifact)
 from alignatt.record.artifacts.evaluation import (EvalArtifact, EvalInterval, EvalNegativeLatency, EvalPairedTest,
                                                   EvalRow)
-from alignatt.record.artifacts.load import (CaptureCostRow, FailoverArtifact, FailoverSession, LoadArtifact,
-                                            LoadEngine, LoadLevel, LoadVerification, SoakArtifact, VerifyEquality)
+from alignatt.record.artifacts.load import (BalancerRtt, CaptureCostRow, FailoverArtifact, FailoverSession,
+                                            LoadArtifact, LoadEngine, LoadLevel, LoadVerification, ReplicasArtifact,
+                                            SoakArtifact, VerifyEquality)
 from alignatt.record.artifacts.suite import GpuTestCase, GpuTestsArtifact, measured_on_gpu
 from alignatt.record.digest import sha256_file
 
@@ -27,7 +28,7 @@ __all__ = [  # the schema's public names, wherever they are defined
     "FingerprintArtifact", "MeasurementArtifact", "BenchArtifact", "BenchConfig", "BenchPrompt", "BenchRow",
     "Divergence", "FastPathEvent", "MedianSummary", "PromptSummary", "SeamResult", "ServerSmokeArtifact",
     "EvalArtifact", "EvalInterval", "EvalNegativeLatency", "EvalPairedTest", "EvalRow", "CaptureCostRow",
-    "FailoverArtifact", "FailoverSession", "LoadArtifact", "LoadEngine", "LoadLevel", "LoadVerification", "VerifyEquality",
+    "FailoverArtifact", "FailoverSession", "ReplicasArtifact", "BalancerRtt", "LoadArtifact", "LoadEngine", "LoadLevel", "LoadVerification", "VerifyEquality",
     "SoakArtifact", "GpuTestCase", "GpuTestsArtifact", "measured_on_gpu", "Artifact", "AnyArtifact",
     "parse_artifact", "sha256_file", "load_json", "load_artifact", "artifact_json", "env_artifact",
     "fingerprint_artifact", "measurement_artifact", "write_artifact",
@@ -35,11 +36,11 @@ __all__ = [  # the schema's public names, wherever they are defined
 
 Artifact = Annotated[
     Union[EnvArtifact, FingerprintArtifact, BenchArtifact, ServerSmokeArtifact, MeasurementArtifact, SoakArtifact,
-          EvalArtifact, LoadArtifact, GpuTestsArtifact, FailoverArtifact],
+          EvalArtifact, LoadArtifact, GpuTestsArtifact, FailoverArtifact, ReplicasArtifact],
     Field(discriminator="kind"),
 ]
 AnyArtifact = Union[EnvArtifact, FingerprintArtifact, BenchArtifact, ServerSmokeArtifact, MeasurementArtifact,
-                    SoakArtifact, EvalArtifact, LoadArtifact, GpuTestsArtifact, FailoverArtifact]
+                    SoakArtifact, EvalArtifact, LoadArtifact, GpuTestsArtifact, FailoverArtifact, ReplicasArtifact]
 _ARTIFACT = TypeAdapter(Artifact)
 
 

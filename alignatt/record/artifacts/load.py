@@ -225,3 +225,37 @@ class FailoverArtifact(_Artifact):
     engines: list[dict[str, Any]]  # per engine at the end: engine, pid, state, sessions admitted, failed
     checks: list[Check]
     passed: bool
+
+
+class BalancerRtt(_Strict):
+    """Round trips to one replica directly and through the balancer, interleaved in the same run."""
+
+    probes: int
+    ping_direct_ms_p50: float  # WebSocket ping -> pong on an open session
+    ping_balanced_ms_p50: float
+    ping_added_ms_p50: float  # balanced - direct: the balancer's hop
+    ping_direct_ms_p95: float
+    ping_balanced_ms_p95: float
+    open_direct_ms_p50: float  # connect + handshake + init -> init_ok (what a reconnect costs)
+    open_balanced_ms_p50: float
+
+
+class ReplicasArtifact(_Artifact):
+    """`alignatt replicas`: `alignatt serve` replicas behind HAProxy, one killed and one drained under
+    load, and what the clients saw through the balancer."""
+
+    kind: Literal["replicas"] = "replicas"
+    config: dict[str, Any]  # ReplicasOptions
+    synthetic_weights: bool
+    balancer: dict[str, Any]  # {version, config_sha256, health_check}
+    load_s: float  # every replica listening, engines loaded
+    faults: list[dict[str, Any]]  # {t_s, action, replica, pid, sessions, exit_code, exited_after_s}
+    bounds_s: dict[str, float]  # notice bound per action, and `reconnect`: notice -> answered again
+    sessions: list[FailoverSession]
+    reconnect_s: list[float]  # per loss: the notice -> the first translation on the new connection
+    rtt: BalancerRtt
+    rotation: list[dict[str, Any]]  # {t_s, replica: the balancer's status of it (UP, DOWN, ...)}
+    replicas: list[dict[str, Any]]  # per replica: {replica, port, sessions_opened, fate}
+    checks: list[Check]
+    passed: bool
+

@@ -1,0 +1,110 @@
+"""The replicas artifact from what `alignatt replicas` saw: sessions, reconnects, rotation, checks.
+
+A speaker's loss is put down to the latest fault before it (`failover_record.session_of`). Bounds:
+a killed replica's sessions learn it at once (their sockets close through the balancer:
+`KILL_NOTICE_S`); a drained one's within `drain_s` plus `NOTICE_SLACK_S`; every told session must
+answer again within `reconnect_bound_s` of its notice; a drained replica must exit 0 within `drain_s`
+plus `EXIT_SLACK_S`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from alignatt.measure.failover_client import SpeakerRecord
+from alignatt.measure.failover_record import KILL_NOTICE_S, NOTICE_SLACK_S, session_of
+from alignatt.models.presets import SYNTHETIC_REVISION
+from alignatt.record.artifacts import ARTIFACT_SCHEMA_VERSION, BalancerRtt, Check, ReplicasArtifact
+
+EXIT_SLACK_S = 5.0  # a drained replica: past drain_s, its sockets' close and the engine's shutdown
+
+
+def _reconnects(record: SpeakerRecord) -> list[float]:
+    """Per loss that was resumed: the notice -> the first translation on the new connection (s)."""
+    return [round(resumed - lost, 3) for lost, resumed in zip(record.lost_at, record.resumed_at)]
+
+
+def _rotation_check(options: Any, t0: float, faults: list[dict], rotation: list[dict]) -> Check:
+    """Every faulted replica is out of rotation from its fault + the checks' time on."""
+    settle_s = options.check_interval_ms / 1000.0 + 1.0  # fall 1: one check, plus its own time and sampling
+    wrong = []
+    for f in faults:
+        after = [s for s in rotation if t0 + s["t_s"] >= f["t"] + settle_s]
+        in_rotation = [s["t_s"] for s in after if s.get(f["replica"]) in ("UP", "no check")]
+        if not after or in_rotation:
+            wrong.append(f"{f['replica']} ({f['action']}): "
+                         + (f"in rotation at t={in_rotation[0]} s ({after[0].get(f['replica'])})" if in_rotation
+                            else "not sampled after its fault"))
+    return Check(name="the balancer takes each faulted replica out of rotation",
+                 passed=bool(faults) and not wrong,
+                 detail=f"within {settle_s:g} s of the fault; {len(rotation)} samples"
+                        + (f"; {'; '.join(wrong)}" if wrong else ""))
+
+
+def replicas_artifact(options: Any, load_s: float, t0: float, faults: list[dict], records: list[SpeakerRecord],
+                      rtt: dict[str, Any], rotation: list[dict], replicas: list[dict],
+                      balancer: dict[str, Any]) -> ReplicasArtifact:
+    from alignatt.record.provenance import collect_provenance, model_identity
+
+    bounds = {"kill": KILL_NOTICE_S, "drain": options.drain_s + NOTICE_SLACK_S, "reconnect": options.reconnect_bound_s}
+    sessions, losses, reconnects = [], [], []
+    for r in records:
+        s, lost = session_of(r, faults)
+        sessions.append(s)
+        losses += lost
+        reconnects += _reconnects(r)
+    delivered = sum(s.finals_delivered for s in sessions)
+    expected = sum(s.utterances for s in sessions)
+    errors = [f"{s.speaker}: {s.error}" for s in sessions if s.error]
+    committed_lost = sum(s.committed_lost for s in sessions)
+    retractions = sum(s.retractions for s in sessions)
+    told = sum(s.losses for s in sessions)
+    late = [(f["action"], round(d, 2)) for f, d, _ in losses if d > bounds[f["action"]]]
+    slow = [t for t in reconnects if t > options.reconnect_bound_s]
+    unresumed = [s.speaker for s in sessions if s.losses and s.resumed_after_fault_s is None]
+    drained = [f for f in faults if f["action"] == "drain"]
+    checks = [
+        Check(name="every speaker finishes its stream", passed=expected > 0 and delivered == expected and not errors,
+              detail=f"finals {delivered}/{expected}" + (f"; errors {errors[:3]}" if errors else "")),
+        Check(name="nothing committed lost or retracted", passed=not committed_lost and not retractions,
+              detail=f"texts not extended {committed_lost}, retractions {retractions}"),
+        Check(name=f"every told session answers again within {options.reconnect_bound_s:g} s of its notice",
+              passed=told > 0 and not slow and not unresumed and not late,
+              detail=f"{told} losses, {len(reconnects)} resumed, worst {max(reconnects, default=0):.2f} s"
+                     + (f"; over the bound {slow[:5]}" if slow else "") + (f"; not resumed {unresumed[:5]}" if unresumed
+                                                                           else "")
+                     + (f"; told late {late[:5]}" if late else "")),
+        _rotation_check(options, t0, faults, rotation),
+        Check(name="a drained replica exits cleanly within drain_s",
+              passed=bool(drained) and all(f["exit_code"] == 0 and f["exited_after_s"] is not None and
+                                           f["exited_after_s"] <= options.drain_s + EXIT_SLACK_S for f in drained),
+              detail=", ".join(f"{f['replica']}: exit {f['exit_code']} after {f['exited_after_s']} s" for f in drained)
+              or "no drain"),
+    ]
+    try:
+        model_id, revision = model_identity(options.model)
+    except Exception:  # noqa: BLE001 - a stand-in model has no identity
+        model_id, revision = options.model, None
+    text = balancer.pop("config")
+    return ReplicasArtifact(
+        schema_version=ARTIFACT_SCHEMA_VERSION,
+        provenance=collect_provenance(model_id=model_id, model_revision=revision),
+        config=options.model_dump(mode="json"), synthetic_weights=revision == SYNTHETIC_REVISION,
+        balancer={**balancer, "config_sha256": hashlib.sha256(text.encode()).hexdigest(), "config": text},
+        load_s=round(load_s, 2),
+        faults=[{**{k: v for k, v in f.items() if k != "t"}, "t_s": round(f["t"] - t0, 3)} for f in faults],
+        bounds_s=bounds, sessions=sessions, reconnect_s=sorted(reconnects), rtt=BalancerRtt(**rtt),
+        rotation=rotation, replicas=replicas, checks=checks, passed=all(c.passed for c in checks),
+    )
+
+
+def summary_line(artifact: ReplicasArtifact) -> str:
+    worst = max(artifact.reconnect_s, default=0.0)
+    return (f"replicas: {len(artifact.replicas)} behind {artifact.balancer.get('version', 'haproxy').split(' - ')[0]}, "
+            f"{len(artifact.sessions)} speakers, "
+            + ", ".join(f"{f['action']} {f['replica']} at {f['t_s']:.0f} s" for f in artifact.faults)
+            + f"; finals {sum(s.finals_delivered for s in artifact.sessions)}/"
+              f"{sum(s.utterances for s in artifact.sessions)}, {len(artifact.reconnect_s)} reconnects (worst "
+              f"{worst:.2f} s), balancer adds {artifact.rtt.ping_added_ms_p50:.3f} ms a round trip; "
+            + ", ".join(f"{c.name}: {'ok' if c.passed else 'FAILED'}" for c in artifact.checks))

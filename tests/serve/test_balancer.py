@@ -1,0 +1,73 @@
+"""`alignatt deploy haproxy`: the generated configuration is one HAProxy accepts, balances by least
+connections, checks /health (unless told not to), and a replica list that is not host:port is refused."""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+from pydantic import ValidationError
+
+from alignatt.serve.balancer import BalancerOptions, haproxy_config
+
+
+def _haproxy_accepts(tmp_path, text: str) -> subprocess.CompletedProcess:
+    path = tmp_path / "haproxy.cfg"
+    path.write_text(text)
+    return subprocess.run(["haproxy", "-c", "-f", str(path)], capture_output=True, text=True)
+
+
+@pytest.mark.skipif(shutil.which("haproxy") is None and not os.environ.get("CI"), reason="needs HAProxy")
+@pytest.mark.parametrize("health_check", [True, False])
+def test_the_generated_config_is_valid_haproxy(tmp_path, health_check):
+    options = BalancerOptions(replicas="replica-1:8765, replica-2:8765,10.0.0.3:8765", bind=":8765",
+                              stats_bind="127.0.0.1:8404", health_check=health_check)
+    text = haproxy_config(options)
+    checked = _haproxy_accepts(tmp_path, text)
+    assert checked.returncode == 0, checked.stderr  # names that do not resolve yet are fine (init-addr none)
+    assert "balance leastconn" in text and text.count("\n    server replica") == 3
+    assert ("option httpchk GET /health" in text) is health_check
+    assert "retry-on conn-failure empty-response response-timeout 503" in text
+    broken = _haproxy_accepts(tmp_path, text.replace("balance leastconn", "balance leastconnections"))
+    assert broken.returncode != 0  # the check above can fail
+
+
+def test_a_replica_that_is_not_host_port_is_refused():
+    with pytest.raises(ValidationError, match="not host:port: nohost"):
+        BalancerOptions(replicas="127.0.0.1:8765,nohost")
+    with pytest.raises(ValidationError):
+        BalancerOptions(replicas="")
+
+
+def test_the_compose_file_runs_what_the_balancer_config_names():
+    """deploy/compose.yaml, linted: its replicas are the generator's servers, each runs `alignatt serve`
+    with options the command takes, is checked on /health and drains on SIGTERM within its grace."""
+    from pathlib import Path
+
+    import typer.main
+    import yaml
+
+    from alignatt.cli.app import app
+
+    root = Path(__file__).resolve().parents[2]
+    compose = yaml.safe_load((root / "deploy/compose.yaml").read_text())
+    services = compose["services"]
+    replicas = sorted(name for name in services if name.startswith("replica-"))
+    assert len(replicas) == 3 and "balancer" in services
+    expected = haproxy_config(BalancerOptions(replicas=[f"{r}:8765" for r in replicas], bind=":8765",
+                                              stats_bind=":8404"))
+    assert (root / "deploy/haproxy.cfg").read_text() == expected  # regenerate it when the generator changes
+    serve = typer.main.get_command(app).commands["serve"]
+    known = {opt for p in serve.params for opt in p.opts}
+    for name in replicas:
+        service = services[name]
+        command = service["command"]
+        assert command[:2] == ["alignatt", "serve"]
+        assert {c for c in command[2:] if c.startswith("--")} <= known
+        drain_s = float(command[command.index("--drain-s") + 1])
+        assert "--token-file" in command and "token" in service["secrets"]
+        assert service["stop_signal"] == "SIGTERM" and float(service["stop_grace_period"].rstrip("s")) > drain_s
+        assert any("/health" in part for part in service["healthcheck"]["test"])
+    balancer = services["balancer"]
+    assert "./haproxy.cfg:/etc/haproxy/haproxy.cfg:ro" in balancer["volumes"]
+    assert {r: {"condition": "service_healthy"} for r in replicas} == balancer["depends_on"]
