@@ -30,6 +30,7 @@ class SpeakerRecord:
     connections: int = 0
     notices: list[dict[str, Any]] = field(default_factory=list)  # {t, code, message, close_code}
     resumed_at: list[float] = field(default_factory=list)  # first translation on each new connection
+    reopened_at: list[float] = field(default_factory=list)  # init_ok on each new connection (a session again)
     shown: dict[int, str] = field(default_factory=dict)  # utterance -> committed text shown last
     lost_at: list[float] = field(default_factory=list)  # when each loss was told (time.time())
     shown_at_notice: list[dict[int, str]] = field(default_factory=list)  # `shown` at each loss
@@ -77,6 +78,8 @@ class Speaker:
             ws.timeout = None  # the reader waits until the server speaks or closes
             if ok.get("type") == "init_ok":
                 self.ws = ws
+                if self.record.connections:
+                    self.record.reopened_at.append(time.time())
                 self.record.connections += 1
                 self.broken.clear()
                 self.reader = threading.Thread(target=self._read, args=(ws,), daemon=True)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import signal
 import statistics
 import subprocess
@@ -89,6 +90,15 @@ def replica_config(options: ReplicasOptions, port: int) -> dict:
     config = ServerConfig(port=port, directions={"en-de": route_of(options, options.seam_options)}, limits=limits,
                           engines=1, drain_s=options.drain_s)
     return config.model_dump(mode="json")
+
+
+def _threads_env(options: ReplicasOptions) -> dict[str, str]:
+    """Replicas on one host's CPU split its cores: each torch takes its share, not all of them (on two
+    cores, three replicas of two threads each spend their time preempting one another)."""
+    if not options.device.startswith("cpu"):
+        return {}
+    share = str(max(1, (os.cpu_count() or 1) // options.replicas))
+    return {"OMP_NUM_THREADS": share, "MKL_NUM_THREADS": share}
 
 
 class Balancer:
@@ -240,7 +250,8 @@ def run_replicas(options: ReplicasOptions, out: str | Path | None = "outputs/rep
         try:
             for i in range(options.replicas):  # started together, loaded in parallel
                 servers.append(ServerProcess(replica_config(options, free_port()), workdir, options.seam_factory,
-                                             options.start_timeout_s, name=f"replica{i + 1}"))
+                                             options.start_timeout_s, name=f"replica{i + 1}",
+                                             env=_threads_env(options)))
             for server in servers:
                 server.wait_listening()
             load_s = time.perf_counter() - started

@@ -3,7 +3,9 @@
 A speaker's loss is put down to the latest fault before it (`failover_record.session_of`). Bounds:
 a killed replica's sessions learn it at once (their sockets close through the balancer:
 `KILL_NOTICE_S`); a drained one's within `drain_s` plus `NOTICE_SLACK_S`; every told session must
-answer again within `reconnect_bound_s` of its notice; a drained replica must exit 0 within `drain_s`
+be in session again (init_ok on another replica) within `reconnect_bound_s` of its notice, and get a
+translation there (how long that takes is recorded: it adds the engine's queue, which on an
+overloaded host is the larger part); a drained replica must exit 0 within `drain_s`
 plus `EXIT_SLACK_S`.
 """
 
@@ -20,9 +22,9 @@ from alignatt.record.artifacts import ARTIFACT_SCHEMA_VERSION, BalancerRtt, Chec
 EXIT_SLACK_S = 5.0  # a drained replica: past drain_s, its sockets' close and the engine's shutdown
 
 
-def _reconnects(record: SpeakerRecord) -> list[float]:
-    """Per loss that was resumed: the notice -> the first translation on the new connection (s)."""
-    return [round(resumed - lost, 3) for lost, resumed in zip(record.lost_at, record.resumed_at)]
+def _after_notice(record: SpeakerRecord, times: list[float]) -> list[float]:
+    """Per loss that was followed by `times` (a new session, or its first translation): seconds after the notice."""
+    return [round(t - lost, 3) for lost, t in zip(record.lost_at, times)]
 
 
 def _rotation_check(options: Any, t0: float, faults: list[dict], rotation: list[dict]) -> Check:
@@ -48,12 +50,13 @@ def replicas_artifact(options: Any, load_s: float, t0: float, faults: list[dict]
     from alignatt.record.provenance import collect_provenance, model_identity
 
     bounds = {"kill": KILL_NOTICE_S, "drain": options.drain_s + NOTICE_SLACK_S, "reconnect": options.reconnect_bound_s}
-    sessions, losses, reconnects = [], [], []
+    sessions, losses, reopened, answered = [], [], [], []
     for r in records:
         s, lost = session_of(r, faults)
         sessions.append(s)
         losses += lost
-        reconnects += _reconnects(r)
+        reopened += _after_notice(r, r.reopened_at)
+        answered += _after_notice(r, r.resumed_at)
     delivered = sum(s.finals_delivered for s in sessions)
     expected = sum(s.utterances for s in sessions)
     errors = [f"{s.speaker}: {s.error}" for s in sessions if s.error]
@@ -61,7 +64,7 @@ def replicas_artifact(options: Any, load_s: float, t0: float, faults: list[dict]
     retractions = sum(s.retractions for s in sessions)
     told = sum(s.losses for s in sessions)
     late = [(f["action"], round(d, 2)) for f, d, _ in losses if d > bounds[f["action"]]]
-    slow = [t for t in reconnects if t > options.reconnect_bound_s]
+    slow = [t for t in reopened if t > options.reconnect_bound_s]
     unresumed = [s.speaker for s in sessions if s.losses and s.resumed_after_fault_s is None]
     drained = [f for f in faults if f["action"] == "drain"]
     checks = [
@@ -69,10 +72,12 @@ def replicas_artifact(options: Any, load_s: float, t0: float, faults: list[dict]
               detail=f"finals {delivered}/{expected}" + (f"; errors {errors[:3]}" if errors else "")),
         Check(name="nothing committed lost or retracted", passed=not committed_lost and not retractions,
               detail=f"texts not extended {committed_lost}, retractions {retractions}"),
-        Check(name=f"every told session answers again within {options.reconnect_bound_s:g} s of its notice",
-              passed=told > 0 and not slow and not unresumed and not late,
-              detail=f"{told} losses, {len(reconnects)} resumed, worst {max(reconnects, default=0):.2f} s"
-                     + (f"; over the bound {slow[:5]}" if slow else "") + (f"; not resumed {unresumed[:5]}" if unresumed
+        Check(name=f"every told session is in session again within {options.reconnect_bound_s:g} s of its "
+                   "notice, and answered there",
+              passed=told > 0 and len(reopened) == told and not slow and not unresumed and not late,
+              detail=f"{told} losses, {len(reopened)} sessions again (worst {max(reopened, default=0):.2f} s), "
+                     f"{len(answered)} answered again (worst {max(answered, default=0):.2f} s)"
+                     + (f"; over the bound {slow[:5]}" if slow else "") + (f"; not answered {unresumed[:5]}" if unresumed
                                                                            else "")
                      + (f"; told late {late[:5]}" if late else "")),
         _rotation_check(options, t0, faults, rotation),
@@ -94,17 +99,18 @@ def replicas_artifact(options: Any, load_s: float, t0: float, faults: list[dict]
         balancer={**balancer, "config_sha256": hashlib.sha256(text.encode()).hexdigest(), "config": text},
         load_s=round(load_s, 2),
         faults=[{**{k: v for k, v in f.items() if k != "t"}, "t_s": round(f["t"] - t0, 3)} for f in faults],
-        bounds_s=bounds, sessions=sessions, reconnect_s=sorted(reconnects), rtt=BalancerRtt(**rtt),
+        bounds_s=bounds, sessions=sessions, reopen_s=sorted(reopened), answered_again_s=sorted(answered),
+        rtt=BalancerRtt(**rtt),
         rotation=rotation, replicas=replicas, checks=checks, passed=all(c.passed for c in checks),
     )
 
 
 def summary_line(artifact: ReplicasArtifact) -> str:
-    worst = max(artifact.reconnect_s, default=0.0)
+    worst = max(artifact.reopen_s, default=0.0)
     return (f"replicas: {len(artifact.replicas)} behind {artifact.balancer.get('version', 'haproxy').split(' - ')[0]}, "
             f"{len(artifact.sessions)} speakers, "
             + ", ".join(f"{f['action']} {f['replica']} at {f['t_s']:.0f} s" for f in artifact.faults)
             + f"; finals {sum(s.finals_delivered for s in artifact.sessions)}/"
-              f"{sum(s.utterances for s in artifact.sessions)}, {len(artifact.reconnect_s)} reconnects (worst "
-              f"{worst:.2f} s), balancer adds {artifact.rtt.ping_added_ms_p50:.3f} ms a round trip; "
+              f"{sum(s.utterances for s in artifact.sessions)}, {len(artifact.reopen_s)} reconnects (worst "
+              f"{worst:.2f} s to a session, {max(artifact.answered_again_s, default=0.0):.2f} s to a translation), balancer adds {artifact.rtt.ping_added_ms_p50:.3f} ms a round trip; "
             + ", ".join(f"{c.name}: {'ok' if c.passed else 'FAILED'}" for c in artifact.checks))

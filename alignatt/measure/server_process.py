@@ -41,7 +41,7 @@ class ServerProcess:
     """A server listening on `config["port"]` (a ServerConfig as JSON data), started and waited for."""
 
     def __init__(self, config: dict, workdir: Path, seam_factory: str | None, start_timeout_s: float,
-                 name: str = "server") -> None:
+                 name: str = "server", env: dict[str, str] | None = None) -> None:
         self.name, self.port = name, config["port"]
         path = workdir / f"{name}.json"
         path.write_text(json.dumps(config))
@@ -51,7 +51,8 @@ class ServerProcess:
         else:
             command = [sys.executable, "-m", "alignatt.cli", "serve", "--config", str(path)]
         with self.log.open("wb") as out:
-            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                            env={**os.environ, **(env or {})})
         self._deadline = time.monotonic() + start_timeout_s
         self.start_timeout_s = start_timeout_s
         self.started_s: float | None = None

@@ -188,7 +188,7 @@ def replicas_item(rel: str, artifact, machine: str) -> dict:
     """`alignatt replicas` as an item of "Other measurements": replicas behind HAProxy, one killed and
     one drained under load."""
     cfg, rtt = artifact.config, artifact.rtt
-    worst = max(artifact.reconnect_s, default=0.0)
+    worst = max(artifact.reopen_s, default=0.0)
     return dict(
         path=rel, name="server_replicas", date=artifact.provenance.date, machine=machine,
         description=(f"`alignatt replicas`: {len(artifact.replicas)} `alignatt serve` replicas of {cfg.get('model')}/"
@@ -203,8 +203,9 @@ def replicas_item(rel: str, artifact, machine: str) -> dict:
                  f"{sum(s.utterances for s in artifact.sessions)}",
                  f"committed text lost = {sum(s.committed_lost for s in artifact.sessions)}, retractions = "
                  f"{sum(s.retractions for s in artifact.sessions)}",
-                 f"reconnects = {len(artifact.reconnect_s)}, notice -> answered again: worst {worst:.2f} s "
-                 f"(bound {artifact.bounds_s.get('reconnect', 0):g} s)",
+                 f"reconnects = {len(artifact.reopen_s)}, notice -> in session again: worst {worst:.2f} s "
+                 f"(bound {artifact.bounds_s.get('reconnect', 0):g} s); -> a translation again: worst "
+                 f"{max(artifact.answered_again_s, default=0.0):.2f} s (adds the engine's queue)",
                  f"balancer's added round trip (WebSocket ping, p50 of {rtt.probes}) = {rtt.ping_added_ms_p50:.3f} ms "
                  f"({rtt.ping_direct_ms_p50:.3f} direct, {rtt.ping_balanced_ms_p50:.3f} balanced)",
                  f"session open p50 = {rtt.open_direct_ms_p50:.1f} ms direct, {rtt.open_balanced_ms_p50:.1f} ms "

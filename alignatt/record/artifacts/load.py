@@ -250,9 +250,10 @@ class ReplicasArtifact(_Artifact):
     balancer: dict[str, Any]  # {version, config_sha256, health_check}
     load_s: float  # every replica listening, engines loaded
     faults: list[dict[str, Any]]  # {t_s, action, replica, pid, sessions, exit_code, exited_after_s}
-    bounds_s: dict[str, float]  # notice bound per action, and `reconnect`: notice -> answered again
+    bounds_s: dict[str, float]  # notice bound per action, and `reconnect`: notice -> a session again
     sessions: list[FailoverSession]
-    reconnect_s: list[float]  # per loss: the notice -> the first translation on the new connection
+    reopen_s: list[float]  # per loss: the notice -> init_ok on another replica (a session again)
+    answered_again_s: list[float]  # per loss: the notice -> the first translation there (adds the engine's queue)
     rtt: BalancerRtt
     rotation: list[dict[str, Any]]  # {t_s, replica: the balancer's status of it (UP, DOWN, ...)}
     replicas: list[dict[str, Any]]  # per replica: {replica, port, sessions_opened, fate}
