@@ -327,14 +327,14 @@ def serve(config: ServerConfig, seam_factory: SeamFactory | None = None,
         server = MTServer(config, seam_factory)
         await server.start()
         loop = asyncio.get_running_loop()
-        stopped, terms = loop.create_future(), []
+        stopped = loop.create_future()
+        draining: list[asyncio.Task] = []
 
         def on_term() -> None:
-            terms.append(loop.time())
-            if len(terms) == 1:
-                drain = loop.create_task(server.drain())
-                drain.add_done_callback(lambda _: stopped.done() or stopped.set_result(None))
-            elif not stopped.done():
+            if not draining:  # the first: drain, then stop
+                draining.append(loop.create_task(server.drain()))
+                draining[0].add_done_callback(lambda _: stopped.done() or stopped.set_result(None))
+            elif not stopped.done():  # the second: stop now
                 stopped.set_result(None)
 
         try:
