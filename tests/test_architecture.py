@@ -22,7 +22,7 @@ DOC = ROOT.parent / "docs" / "architecture.md"
 
 # Bottom up. `cli` is the front end (a package of command groups), the only thing above the packages;
 # `__main__` (`python -m alignatt`) only calls it.
-LAYERS = ["core", "models", "heads", "capture", "record", "serve", "replay", "checks", "evaluate",
+LAYERS = ["core", "models", "heads", "capture", "record", "serve", "replay", "speech", "checks", "evaluate",
           "measure", "pipeline", "report", "cli", "__main__"]
 FRONT = ("cli", "__main__")  # the front end: the doc's map lists the packages below it
 

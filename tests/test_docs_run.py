@@ -25,6 +25,7 @@ from alignatt.cli import app
 ROOT = Path(__file__).resolve().parents[1]
 NOT_RUNNABLE = "not runnable in the test suite"
 TINY = ["--model", "tiny-gemma4"]
+GROUPS = ("heads", "deploy")  # command groups: their commands are two words
 
 
 def _use_it_lines() -> list[str]:
@@ -73,7 +74,7 @@ def _parse(argv: list[str]) -> None:
 def _small(argv: list[str], tmp: Path) -> list[str] | None:
     """The documented command with what makes it small appended (None: --help only)."""
     out = ["--out", str(tmp / "out.json")]
-    head = argv[:2] if argv[0] == "heads" else argv[:1]
+    head = argv[:2] if argv[0] in GROUPS else argv[:1]
     small = {
         ("translate",): TINY + ["--max-new-tokens", "4"],
         ("parity",): ["--limit", "1", "--max-new-tokens", "3"],
@@ -83,6 +84,9 @@ def _small(argv: list[str], tmp: Path) -> list[str] | None:
         ("smoke",): TINY + ["--speed", "40"] + out,
         ("load",): TINY + ["--speakers", "1", "--speed", "40"] + out,
         ("soak",): None,  # its warm-up visits every hostile case, minutes even for --minutes 0.05 (tests/measure)
+        ("speech-stream",): ["--clip", "beckett"] + out,
+        ("replicas",): None,  # three servers and HAProxy, a minute at least (tests/measure/test_replicas.py)
+        ("deploy", "haproxy"): ["--out", str(tmp / "haproxy.cfg")],
         ("bench",): TINY + ["--seams", "hf_qk_fast", "--repeats", "1", "--warmup", "0", "--max-new-tokens", "2"] + out,
         ("eval",): TINY + ["--limit", "1", "--longform-talks", "0", "--presets", "balanced", "--tails", "none",
                            "--concurrency", "1", "--load-levels", "1", "--bootstrap", "10"] + out,
@@ -110,7 +114,7 @@ def test_documented_command_parses_and_runs_small(argv, tmp_path, monkeypatch):
     if "--pairs" in argv and not (ROOT / argv[argv.index("--pairs") + 1]).exists():
         pytest.skip(f"{argv[argv.index('--pairs') + 1]} is the shared data folder, absent here")
     small = _small(argv, tmp_path)
-    result = CliRunner().invoke(app, small if small is not None else [*argv[:2 if argv[0] == "heads" else 1], "--help"])
+    result = CliRunner().invoke(app, small if small is not None else [*argv[:2 if argv[0] in GROUPS else 1], "--help"])
     assert result.exit_code == 0, f"{' '.join(small or argv)}\n{result.output[-2000:]}"
 
 

@@ -15,6 +15,7 @@ from alignatt.measure.failover import FailoverOptions
 from alignatt.measure.replicas import ReplicasOptions
 from alignatt.measure.smoke import SmokeOptions
 from alignatt.measure.soak import SoakOptions
+from alignatt.speech.recognise import RecogniserOptions
 from alignatt.serve.balancer import BalancerOptions
 from alignatt.serve.config import (SERVE_CONFIG_FIELDS, SERVE_LIMIT_FIELDS, SERVE_ROUTE_FIELDS, DirectionRoute,
                                    ServerConfig, ServerLimits, server_config)
@@ -75,6 +76,32 @@ def smoke_cmd(
     check_output(out)
     artifact = run_smoke(options, out)
     typer.echo(summary_line(artifact))
+    typer.echo(f"wrote {out}")
+
+
+@app.command("speech-stream")
+@model_options(RecogniserOptions)
+def speech_stream_cmd(
+    out: str = typer.Option(None, help="where to write the stream (default: alignatt/data/speech/<clip>.json, "
+                                       "which `--stream speech:<clip>` replays)"),
+    **fields,
+) -> None:
+    """Recognise a clip live (LocalAgreement over faster-whisper) into a timed stream that smoke and load replay."""
+    from pathlib import Path
+
+    from alignatt.record.artifacts import write_artifact
+    from alignatt.speech.recognise import speech_stream
+
+    options = validated(RecogniserOptions, "speech-stream option ", **fields)
+    if out is None:
+        out = str(Path(__file__).resolve().parents[1] / "data" / "speech" / f"{Path(options.clip).stem}.json")
+    check_output(out)
+    stream = speech_stream(options)
+    write_artifact(out, stream)
+    r = stream.recognised or {}
+    typer.echo(f"{len(stream.words)} words in {r.get('audio_s')} s of audio, real-time factor "
+               f"{r.get('real_time_factor')}, committed WER {r.get('wer_committed')}, tail revised in "
+               f"{(r.get('tail_revisions') or {}).get('revised_share')} of the steps that showed one")
     typer.echo(f"wrote {out}")
 
 

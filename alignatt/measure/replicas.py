@@ -8,14 +8,15 @@ with `alignatt deploy haproxy`'s generator (`serve/balancer.py`) and runs HAProx
 2. N real-time speakers through the balancer, reconnecting when told (`failover_client`: they resume
    with `accepted_target_prefix` and send again the finals not answered), while on the schedule of
    `faults` one replica is SIGKILLed (with its process group) and another gets SIGTERM (it drains:
-   `MTServer.drain`), each time the live replica holding the most sessions. The balancer's view of
+   `MTServer.drain`), each time the live replica holding the most sessions; or, `restart` faults,
+   each replica in turn is drained and started again (a rolling restart). The balancer's view of
    every replica (its stats page) is sampled throughout.
 
 The artifact (kind `replicas`) records per session what failover records, the reconnect times, the
 round trips and the rotation, and checks: every speaker finishes its stream; nothing committed is
-lost or retracted; every session told to reconnect answers again within `reconnect_bound_s` of the
-notice; the balancer takes each faulted replica out of rotation within its checks' time; a drained
-replica exits 0 within `drain_s` and a few seconds.
+lost or retracted; every session told to reconnect is in session again within `reconnect_bound_s` of
+the notice; the balancer takes each faulted replica out of rotation within its checks' time (and a
+restarted one back); a drained or restarted replica exits 0 within `drain_s` and a few seconds.
 """
 
 from __future__ import annotations
@@ -51,10 +52,11 @@ class ReplicasOptions(ServedModelOptions):
                                description="streams speakers replay in turn: smoke, long or paths")
     speed: float = Field(1.0, gt=0, description="replay speed (1.0: real time)")
     stagger_s: float = Field(0.1, ge=0, description="seconds between speakers' starts")
-    faults: list[tuple[Literal["kill", "drain"], float]] = Field(
+    faults: list[tuple[Literal["kill", "drain", "restart"], float]] = Field(
         default_factory=lambda: [("kill", 8.0), ("drain", 16.0)],
         description="action@seconds after the speakers start; kill = SIGKILL (the replica's process group), "
-                    "drain = SIGTERM; each on the live replica holding the most sessions")
+                    "drain = SIGTERM, restart = SIGTERM then the replica started again (a rolling restart's "
+                    "step); each on the live replica holding the most sessions, never one faulted before")
     drain_s: float = Field(10.0, ge=0, description="each replica's ServerConfig.drain_s: how long an open "
                                                    "utterance may finish before its session is handed over")
     reconnect_bound_s: float = Field(5.0, gt=0, description="a session told to reconnect must answer again "
@@ -208,7 +210,8 @@ def _rotation_sampler(balancer: Balancer, t0: float, samples: list[dict], stop: 
 
 
 def _inject(servers: list[ServerProcess], options: ReplicasOptions, t0: float, faults: list[dict]) -> None:
-    """At each fault's time, SIGKILL or SIGTERM the live replica holding the most sessions."""
+    """At each fault's time, SIGKILL, drain or restart the live replica holding the most sessions (of
+    those not faulted before; a restarted replica replaces its predecessor in `servers`)."""
     faulted: set[int] = set()
     for action, at in sorted(options.faults, key=lambda f: f[1]):
         time.sleep(max(t0 + at - time.time(), 0.0))
@@ -234,6 +237,9 @@ def _inject(servers: list[ServerProcess], options: ReplicasOptions, t0: float, f
             servers[i].process.wait(options.drain_s + 60)
         fault["exit_code"] = servers[i].process.returncode
         fault["exited_after_s"] = round(time.time() - fault["t"], 3)
+        if action == "restart":  # a rolling restart's step: the same replica, started again
+            servers[i] = servers[i].again().wait_listening()
+            fault["back_after_s"] = round(time.time() - fault["t"], 3)
 
 
 def run_replicas(options: ReplicasOptions, out: str | Path | None = "outputs/replicas.json"):
@@ -287,7 +293,8 @@ def run_replicas(options: ReplicasOptions, out: str | Path | None = "outputs/rep
                 server.stop()
         fates = {f["replica"]: f["action"] for f in faults}
         replicas = [{"replica": f"replica{i + 1}", "port": s.port, "sessions_opened": opened.get(f"replica{i + 1}"),
-                     "fate": {"kill": "killed", "drain": "drained"}.get(fates.get(f"replica{i + 1}"), "served to the end")}
+                     "fate": {"kill": "killed", "drain": "drained", "restart": "restarted"}.get(
+                         fates.get(f"replica{i + 1}"), "served to the end")}
                     for i, s in enumerate(servers)]
         balancer_info = {"version": balancer.version, "health_check": options.health_check,
                          "config": balancer.text}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from alignatt.measure.failover_client import SpeakerRecord
+from alignatt.measure.failover_client import DRAIN_S as FINALS_WAIT_S, SpeakerRecord
 from alignatt.measure.failover_record import KILL_NOTICE_S, NOTICE_SLACK_S, session_of
 from alignatt.models.presets import SYNTHETIC_REVISION
 from alignatt.record.artifacts import ARTIFACT_SCHEMA_VERSION, BalancerRtt, Check, ReplicasArtifact
@@ -27,17 +27,29 @@ def _after_notice(record: SpeakerRecord, times: list[float]) -> list[float]:
     return [round(t - lost, 3) for lost, t in zip(record.lost_at, times)]
 
 
+IN_ROTATION = ("UP", "no check")  # HAProxy's status of a server that takes new sessions
+
+
 def _rotation_check(options: Any, t0: float, faults: list[dict], rotation: list[dict]) -> Check:
-    """Every faulted replica is out of rotation from its fault + the checks' time on."""
+    """A killed or drained replica is out of rotation from its fault + the checks' time on; a restarted
+    one is out of rotation while it restarts, and in again at the end."""
     settle_s = options.check_interval_ms / 1000.0 + 1.0  # fall 1: one check, plus its own time and sampling
     wrong = []
     for f in faults:
+        name = f"{f['replica']} ({f['action']})"
+        if f["action"] == "restart":
+            back = f["t"] + f["back_after_s"] if f.get("back_after_s") is not None else float("inf")
+            during = [s for s in rotation if f["t"] <= t0 + s["t_s"] <= back + settle_s]
+            if not any(s.get(f["replica"]) not in IN_ROTATION for s in during):
+                wrong.append(f"{name}: never out of rotation while it restarted")
+            if not rotation or rotation[-1].get(f["replica"]) != "UP":
+                wrong.append(f"{name}: not back in rotation at the end ({rotation[-1].get(f['replica']) if rotation else None})")
+            continue
         after = [s for s in rotation if t0 + s["t_s"] >= f["t"] + settle_s]
-        in_rotation = [s["t_s"] for s in after if s.get(f["replica"]) in ("UP", "no check")]
+        in_rotation = [s["t_s"] for s in after if s.get(f["replica"]) in IN_ROTATION]
         if not after or in_rotation:
-            wrong.append(f"{f['replica']} ({f['action']}): "
-                         + (f"in rotation at t={in_rotation[0]} s ({after[0].get(f['replica'])})" if in_rotation
-                            else "not sampled after its fault"))
+            wrong.append(f"{name}: " + (f"in rotation at t={in_rotation[0]} s ({after[0].get(f['replica'])})"
+                                        if in_rotation else "not sampled after its fault"))
     return Check(name="the balancer takes each faulted replica out of rotation",
                  passed=bool(faults) and not wrong,
                  detail=f"within {settle_s:g} s of the fault; {len(rotation)} samples"
@@ -49,7 +61,9 @@ def replicas_artifact(options: Any, load_s: float, t0: float, faults: list[dict]
                       balancer: dict[str, Any]) -> ReplicasArtifact:
     from alignatt.record.provenance import collect_provenance, model_identity
 
-    bounds = {"kill": KILL_NOTICE_S, "drain": options.drain_s + NOTICE_SLACK_S, "reconnect": options.reconnect_bound_s}
+    drained_bound = options.drain_s + NOTICE_SLACK_S
+    bounds = {"kill": KILL_NOTICE_S, "drain": drained_bound, "restart": drained_bound,
+              "reconnect": options.reconnect_bound_s}
     sessions, losses, reopened, answered = [], [], [], []
     for r in records:
         s, lost = session_of(r, faults)
@@ -66,7 +80,7 @@ def replicas_artifact(options: Any, load_s: float, t0: float, faults: list[dict]
     late = [(f["action"], round(d, 2)) for f, d, _ in losses if d > bounds[f["action"]]]
     slow = [t for t in reopened if t > options.reconnect_bound_s]
     unresumed = [s.speaker for s in sessions if s.losses and s.resumed_after_fault_s is None]
-    drained = [f for f in faults if f["action"] == "drain"]
+    drained = [f for f in faults if f["action"] in ("drain", "restart")]
     checks = [
         Check(name="every speaker finishes its stream", passed=expected > 0 and delivered == expected and not errors,
               detail=f"finals {delivered}/{expected}" + (f"; errors {errors[:3]}" if errors else "")),
@@ -81,11 +95,12 @@ def replicas_artifact(options: Any, load_s: float, t0: float, faults: list[dict]
                                                                            else "")
                      + (f"; told late {late[:5]}" if late else "")),
         _rotation_check(options, t0, faults, rotation),
-        Check(name="a drained replica exits cleanly within drain_s",
+        Check(name="a drained (or restarted) replica exits cleanly within drain_s",
               passed=bool(drained) and all(f["exit_code"] == 0 and f["exited_after_s"] is not None and
                                            f["exited_after_s"] <= options.drain_s + EXIT_SLACK_S for f in drained),
-              detail=", ".join(f"{f['replica']}: exit {f['exit_code']} after {f['exited_after_s']} s" for f in drained)
-              or "no drain"),
+              detail=", ".join(f"{f['replica']}: exit {f['exit_code']} after {f['exited_after_s']} s"
+                               + (f", listening again after {f['back_after_s']} s" if "back_after_s" in f else "")
+                               for f in drained) or "no drain"),
     ]
     try:
         model_id, revision = model_identity(options.model)
@@ -99,7 +114,8 @@ def replicas_artifact(options: Any, load_s: float, t0: float, faults: list[dict]
         balancer={**balancer, "config_sha256": hashlib.sha256(text.encode()).hexdigest(), "config": text},
         load_s=round(load_s, 2),
         faults=[{**{k: v for k, v in f.items() if k != "t"}, "t_s": round(f["t"] - t0, 3)} for f in faults],
-        bounds_s=bounds, sessions=sessions, reopen_s=sorted(reopened), answered_again_s=sorted(answered),
+        bounds_s=bounds, sessions=sessions, finals_wait_s=FINALS_WAIT_S,
+        reopen_s=sorted(reopened), answered_again_s=sorted(answered),
         rtt=BalancerRtt(**rtt),
         rotation=rotation, replicas=replicas, checks=checks, passed=all(c.passed for c in checks),
     )

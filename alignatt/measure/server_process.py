@@ -43,6 +43,7 @@ class ServerProcess:
     def __init__(self, config: dict, workdir: Path, seam_factory: str | None, start_timeout_s: float,
                  name: str = "server", env: dict[str, str] | None = None) -> None:
         self.name, self.port = name, config["port"]
+        self._again = (config, workdir, seam_factory, start_timeout_s, name, env)
         path = workdir / f"{name}.json"
         path.write_text(json.dumps(config))
         self.log = workdir / f"{name}.log"
@@ -50,7 +51,7 @@ class ServerProcess:
             command = [sys.executable, "-m", "alignatt.measure.server_process", str(path), seam_factory]
         else:
             command = [sys.executable, "-m", "alignatt.cli", "serve", "--config", str(path)]
-        with self.log.open("wb") as out:
+        with self.log.open("ab") as out:  # a restarted server's log follows its predecessor's
             self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                             env={**os.environ, **(env or {})})
         self._deadline = time.monotonic() + start_timeout_s
@@ -75,6 +76,10 @@ class ServerProcess:
         self.started_s = self.start_timeout_s - (self._deadline - time.monotonic())
         self.waited_s = time.monotonic() - began
         return self
+
+    def again(self) -> "ServerProcess":
+        """The same server started anew (same config and port): a restart, once this one has exited."""
+        return ServerProcess(*self._again)
 
     def tail(self, chars: int = 3000) -> str:
         return self.log.read_text(errors="replace")[-chars:]

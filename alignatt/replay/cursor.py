@@ -72,8 +72,11 @@ class UpdateCursor:
         else:
             self.committed = ev.index + 1
             final = self.closes(ev.index)
+        if ev.tail is not None:  # a recognised stream: its own hypothesis past the committed words
+            self.arrived = self.committed + len(ev.tail)
         open_words = self.words[self.utt_start:self.committed]
-        tail, covered = self.show([] if final else self.words[self.committed:self.arrived], n)
+        true_tail = list(ev.tail) if ev.tail is not None else self.words[self.committed:self.arrived]
+        tail, covered = self.show([] if final else true_tail, n)
         if not open_words and not tail:
             return None
         if (len(open_words), tail, final) == self._sent:

@@ -19,7 +19,6 @@ from typing import Any
 from alignatt.core.errors import AlignattError
 from alignatt.record.artifacts import measured_on_gpu
 from alignatt.report import capacity, figures as bench_figures, step_anatomy
-from alignatt.measure.failover_client import DRAIN_S as FINALS_WAIT_S
 from alignatt.measure.load_configurations import served_default_label
 from alignatt.report.capacity import (capacity_rows, capacity_targets, capture_cost_rows, verification_rows,
                                       verify_equality_notes, verify_equality_rows)
@@ -212,7 +211,7 @@ def replicas_item(rel: str, artifact, machine: str) -> dict:
                  f"session open p50 = {rtt.open_direct_ms_p50:.1f} ms direct, {rtt.open_balanced_ms_p50:.1f} ms "
                  f"balanced",
                  f"longest wait for a final = {max((s.final_wait_s_max or 0.0 for s in artifact.sessions), default=0):.1f}"
-                 f" s (a speaker waits {FINALS_WAIT_S:g} s past its stream's end: the engines' queue)",
+                 f" s (a speaker waits {artifact.finals_wait_s:g} s past its stream's end: the engines' queue)",
                  f"load_s = {artifact.load_s}"],
         checks=[("✓" if c.passed else "✗", c.name, c.detail) for c in artifact.checks],
     )

@@ -6,7 +6,8 @@ replica out of rotation from an HTTP health check, and retries a refused or fail
 another replica (`retry-on` with `option redispatch`). Debian ships it (2.6 in bookworm).
 
 What each replica's `/health` says decides its place in rotation: 200 (`ok`, `degraded`) takes new
-sessions; 503 (`full`, `busy`, `draining`, `down`) takes none, while the sessions it holds go on.
+sessions (`degraded` only with `degraded_in_rotation`); 503 (`full`, `busy`, `draining`, `down`)
+takes none, while the sessions it holds go on.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ class BalancerOptions(BaseModel):
                                                      "none: no stats page")
     health_check: bool = Field(True, description="check every replica's /health; without it a replica that is "
                                                  "full, draining or dead stays in rotation")
+    degraded_in_rotation: bool = Field(True, description="a degraded replica (an engine dead, others live) keeps "
+                                                         "taking new sessions; off: only `ok` does, and a degraded "
+                                                         "one waits out of rotation for its restart")
     check_interval_ms: int = Field(500, ge=50, description="how often each replica's /health is read")
     fall: int = Field(1, ge=1, description="failed checks that take a replica out of rotation")
     rise: int = Field(2, ge=1, description="passed checks that bring it back")
@@ -58,7 +62,8 @@ class BalancerOptions(BaseModel):
 
 def haproxy_config(options: BalancerOptions) -> str:
     """The haproxy.cfg text: one frontend, one backend of the replicas, optionally a stats page."""
-    check = (f"    option httpchk GET /health\n    http-check expect status 200\n"
+    expect = "status 200" if options.degraded_in_rotation else """string '"status": "ok"'"""
+    check = (f"    option httpchk GET /health\n    http-check expect {expect}\n"
              f"    default-server check inter {options.check_interval_ms}ms fall {options.fall} rise {options.rise} "
              f"init-addr last,libc,none\n") if options.health_check else \
         "    default-server init-addr last,libc,none\n"

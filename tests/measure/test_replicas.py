@@ -53,3 +53,14 @@ def test_without_the_health_check_the_same_run_fails(tmp_path):
     assert "httpchk" not in artifact.balancer["config"]
     failed = {c.name for c in artifact.checks if not c.passed}
     assert "the balancer takes each faulted replica out of rotation" in failed and not artifact.passed
+
+
+@needs_haproxy
+def test_a_rolling_restart_of_every_replica_loses_nothing(tmp_path):
+    artifact = run_replicas(_options(tmp_path, faults="restart@2,restart@8,restart@14", speed=1.0, rtt_probes=10),
+                            tmp_path / "replicas.json")
+    assert sorted(f["replica"] for f in artifact.faults) == ["replica1", "replica2", "replica3"]
+    assert all(f["exit_code"] == 0 and f["back_after_s"] > f["exited_after_s"] for f in artifact.faults)
+    assert all(c.passed for c in artifact.checks), [(c.name, c.detail) for c in artifact.checks]
+    assert {r["fate"] for r in artifact.replicas} == {"restarted"}
+    assert sum(s.finals_delivered for s in artifact.sessions) == sum(s.utterances for s in artifact.sessions) > 0

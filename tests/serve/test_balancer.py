@@ -71,3 +71,54 @@ def test_the_compose_file_runs_what_the_balancer_config_names():
     balancer = services["balancer"]
     assert "./haproxy.cfg:/etc/haproxy/haproxy.cfg:ro" in balancer["volumes"]
     assert {r: {"condition": "service_healthy"} for r in replicas} == balancer["depends_on"]
+
+
+@pytest.mark.skipif(shutil.which("haproxy") is None and not os.environ.get("CI"), reason="needs HAProxy")
+@pytest.mark.parametrize("degraded_in_rotation, expected", [(True, "UP"), (False, "DOWN")])
+def test_a_degraded_replica_stays_in_rotation_only_when_told(tmp_path, degraded_in_rotation, expected):
+    """A replica whose /health answers 200 `degraded`, checked by a real HAProxy on the generated config."""
+    import csv
+    import http.server
+    import io
+    import json
+    import threading
+    import time
+    import urllib.request
+
+    from alignatt.measure.server_process import free_port
+
+    class Degraded(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"status": "degraded", "engines_alive": 1, "engines_dead": 1}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    replica = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Degraded)
+    threading.Thread(target=replica.serve_forever, daemon=True).start()
+    stats = free_port()
+    text = haproxy_config(BalancerOptions(replicas=[f"127.0.0.1:{replica.server_address[1]}"],
+                                          bind=f"127.0.0.1:{free_port()}", stats_bind=f"127.0.0.1:{stats}",
+                                          check_interval_ms=100, degraded_in_rotation=degraded_in_rotation))
+    (tmp_path / "haproxy.cfg").write_text(text)
+    proxy = subprocess.Popen(["haproxy", "-db", "-f", str(tmp_path / "haproxy.cfg")], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        status, deadline = None, time.monotonic() + 10
+        while status != expected and time.monotonic() < deadline:
+            time.sleep(0.2)
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{stats}/stats;csv", timeout=2) as r:
+                    rows = csv.DictReader(io.StringIO(r.read().decode().lstrip("# ")))
+                    status = next(row["status"] for row in rows if row["svname"] == "replica1")
+            except OSError:
+                continue
+        assert status == expected
+    finally:
+        proxy.terminate()
+        proxy.wait(10)
+        replica.shutdown()

@@ -252,6 +252,7 @@ class ReplicasArtifact(_Artifact):
     faults: list[dict[str, Any]]  # {t_s, action, replica, pid, sessions, exit_code, exited_after_s}
     bounds_s: dict[str, float]  # notice bound per action, and `reconnect`: notice -> a session again
     sessions: list[FailoverSession]
+    finals_wait_s: float  # how long a speaker waits for its finals past its stream's end
     reopen_s: list[float]  # per loss: the notice -> init_ok on another replica (a session again)
     answered_again_s: list[float]  # per loss: the notice -> the first translation there (adds the engine's queue)
     rtt: BalancerRtt
