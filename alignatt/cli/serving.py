@@ -145,6 +145,18 @@ def soak_cmd(
         raise typer.Exit(1)
 
 
+def _measure_served(options, out: str | None, name: str, run, summary_line) -> None:
+    """A measurement of a served model that writes one artifact and exits 1 when it misses a target."""
+    check_served_model(options.model, options.seam, options.heads)
+    out = scratch_out(out, name, f"{name}.json")
+    check_output(out)
+    artifact = run(options, out)
+    typer.echo(summary_line(artifact))
+    typer.echo(f"wrote {out}")
+    if not artifact.passed:
+        raise typer.Exit(1)
+
+
 @app.command("failover")
 @model_options(Knobs(FailoverOptions, exclude=("seam_factory", "seam_options")))  # the tests' stand-ins
 def failover_cmd(
@@ -155,15 +167,8 @@ def failover_cmd(
     from alignatt.measure.failover import run_failover
     from alignatt.measure.failover_record import summary_line
 
-    options = validated(FailoverOptions, "failover option ", **fields)
-    check_served_model(options.model, options.seam, options.heads)
-    out = scratch_out(out, "failover", "failover.json")
-    check_output(out)
-    artifact = run_failover(options, out)
-    typer.echo(summary_line(artifact))
-    typer.echo(f"wrote {out}")
-    if not artifact.passed:
-        raise typer.Exit(1)
+    _measure_served(validated(FailoverOptions, "failover option ", **fields), out, "failover", run_failover,
+                    summary_line)
 
 
 @app.command("replicas")
@@ -176,15 +181,8 @@ def replicas_cmd(
     from alignatt.measure.replicas import run_replicas
     from alignatt.measure.replicas_record import summary_line
 
-    options = validated(ReplicasOptions, "replicas option ", **fields)
-    check_served_model(options.model, options.seam, options.heads)
-    out = scratch_out(out, "replicas", "replicas.json")
-    check_output(out)
-    artifact = run_replicas(options, out)
-    typer.echo(summary_line(artifact))
-    typer.echo(f"wrote {out}")
-    if not artifact.passed:
-        raise typer.Exit(1)
+    _measure_served(validated(ReplicasOptions, "replicas option ", **fields), out, "replicas", run_replicas,
+                    summary_line)
 
 
 deploy_app = typer.Typer(no_args_is_help=True, help="What runs alignatt past one machine: the balancer's config.")

@@ -35,7 +35,28 @@ from alignatt.measure.smoke import ServedModelOptions
 HEALTH_EVERY_S = 0.25
 
 
-class FailoverOptions(ServedModelOptions):
+class ServersUnderFaults(ServedModelOptions):
+    """What a measurement that starts servers and faults them under real-time speakers takes besides
+    its own knobs (each declares `streams`, `speed` and `faults`, parsed here)."""
+
+    start_timeout_s: float = Field(600.0, gt=0, description="servers loaded and listening within this (s)")
+    seam_factory: str | None = Field(None, description="module:function building the seams (tests: stand-ins); "
+                                                       "None: `alignatt serve`'s own")
+    seam_options: dict[str, Any] = Field(default_factory=dict, description="the route's seam options "
+                                                                           "(vllm_mode joins them)")
+
+    @field_validator("faults", mode="before", check_fields=False)
+    @classmethod
+    def _faults(cls, value: Any) -> Any:
+        return parse_faults(value)
+
+    @field_validator("streams", mode="before", check_fields=False)
+    @classmethod
+    def _streams(cls, value: Any) -> Any:
+        return split_streams(value)
+
+
+class FailoverOptions(ServersUnderFaults):
     engines: int = Field(3, ge=2, description="engine processes on the one device (3: one survives a kill and "
                                               "a stop)")
     speakers: int = Field(16, ge=1, description="concurrent real-time speakers, each reconnecting when told")
@@ -51,21 +72,6 @@ class FailoverOptions(ServedModelOptions):
                                    description="the server's hung-engine deadline (s)")
     heartbeat_s: float = Field(1.0, gt=0, validation_alias=AliasChoices("heartbeat_s", "heartbeat"),
                                description="the server's engine heartbeat (s)")
-    start_timeout_s: float = Field(600.0, gt=0, description="engines loaded and listening within this (s)")
-    seam_factory: str | None = Field(None, description="module:function building the seams (tests: stand-ins); "
-                                                       "None: `alignatt serve`'s own")
-    seam_options: dict[str, Any] = Field(default_factory=dict, description="the route's seam options "
-                                                                           "(vllm_mode joins them)")
-
-    @field_validator("faults", mode="before")
-    @classmethod
-    def _faults(cls, value: Any) -> Any:
-        return parse_faults(value)
-
-    @field_validator("streams", mode="before")
-    @classmethod
-    def _streams(cls, value: Any) -> Any:
-        return split_streams(value)
 
 
 def parse_faults(value: Any) -> Any:

@@ -34,17 +34,18 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from alignatt.core.errors import AlignattError
-from alignatt.measure.failover import parse_faults, route_of, split_streams
+from alignatt.measure.failover import ServersUnderFaults, route_of
 from alignatt.measure.server_process import ServerProcess, free_port, http_json
-from alignatt.measure.smoke import ServedModelOptions
 
 ROTATION_EVERY_S = 0.25
 
 
-class ReplicasOptions(ServedModelOptions):
+class ReplicasOptions(ServersUnderFaults):
+    """`alignatt replicas`: replicas behind HAProxy, faulted under real-time speakers."""
+
     replicas: int = Field(3, ge=2, description="`alignatt serve` processes behind the balancer, one engine each")
     speakers: int = Field(12, ge=1, description="concurrent real-time speakers through the balancer, each "
                                                 "reconnecting when told")
@@ -65,20 +66,6 @@ class ReplicasOptions(ServedModelOptions):
     check_interval_ms: int = Field(500, ge=50, description="the balancer's /health interval")
     haproxy: str = Field("haproxy", description="the HAProxy binary")
     rtt_probes: int = Field(200, ge=10, description="ping round trips each way (direct, balanced), interleaved")
-    start_timeout_s: float = Field(600.0, gt=0, description="replicas loaded and listening within this (s)")
-    seam_factory: str | None = Field(None, description="module:function building the seams (tests: stand-ins); "
-                                                       "None: `alignatt serve`'s own")
-    seam_options: dict[str, Any] = Field(default_factory=dict, description="the route's seam options")
-
-    @field_validator("faults", mode="before")
-    @classmethod
-    def _faults(cls, value: Any) -> Any:
-        return parse_faults(value)
-
-    @field_validator("streams", mode="before")
-    @classmethod
-    def _streams(cls, value: Any) -> Any:
-        return split_streams(value)
 
 
 def replica_config(options: ReplicasOptions, port: int) -> dict:

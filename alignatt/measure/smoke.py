@@ -94,6 +94,23 @@ def _summary(run: RunRecord) -> dict[str, Any]:
     }
 
 
+def _speech(stream, runs: list[RunRecord], speed: float) -> dict[str, Any] | None:
+    """A recognised stream's figures (None for a scripted one): the recogniser's (WER, its tail's
+    revisions, its real-time factor) and the caption delay of the lockstep client's committed text."""
+    from alignatt.speech.captions import caption_delays
+
+    if not stream.recognised:
+        return None
+    facts = {k: v for k, v in stream.recognised.items() if k != "word_ends_s"}
+    native = next((r for r in runs if r.client == "native"), None)
+    ends = stream.recognised.get("word_ends_s") or []
+    if native is None or not ends:
+        return facts
+    delays, uncovered = caption_delays(native.events, ends, speed)
+    return {**facts, "caption_delay_s_p50": percentile(delays, 0.5), "caption_delay_s_p95": percentile(delays, 0.95),
+            "caption_words": len(delays), "words_never_covered": uncovered}
+
+
 def run_smoke(options: SmokeOptions, out: str | Path | None = "outputs/server_smoke.json",
               seam_factory=None):
     """Start the server in-process on loopback, replay the stream, write the artifact."""
@@ -156,6 +173,7 @@ def run_smoke(options: SmokeOptions, out: str | Path | None = "outputs/server_sm
             "whisperlivekit": wlk_version() if "wlk" in clients else None,
             "wlk_latency": options.wlk_latency if "wlk" in clients else None,
             "summaries": summaries,
+            "speech": _speech(stream, runs, speed),
         },
         updates=head["updates"],
         finals=head["finals"],
@@ -186,4 +204,11 @@ def summary_line(artifact) -> str:
             f"shown buffer {s.get('shown_buffer_words_mean')} words, normalized erasure {s.get('normalized_erasure')}; "
             f"wall {s['wall_s']} s, max lag {s['max_lag_s']} s"
         )
+    speech = artifact.config.get("speech")
+    if speech:
+        parts.append(f"[speech] recogniser real-time factor {speech.get('real_time_factor')}, committed WER "
+                     f"{speech.get('wer_committed')}, tail revised in "
+                     f"{(speech.get('tail_revisions') or {}).get('revised_share')} of its steps; caption delay "
+                     f"p50 {speech.get('caption_delay_s_p50')} s / p95 {speech.get('caption_delay_s_p95')} s over "
+                     f"{speech.get('caption_words')} words ({speech.get('words_never_covered')} never covered)")
     return "\n".join(parts)

@@ -133,9 +133,24 @@ def smoke_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
             setting=drafts_setting(a), buffer_words="—" if buffer_words is None else f"{buffer_words:.2f}",
             erasure="—" if erasure is None else f"{erasure:.2f}", model_id=a.config.get("model"),
             note="; ".join(["fast-path releases measured server-side" if a.fast_path_events
-                            else "no commit-only updates released held text", *load_note(a)]),
+                            else "no commit-only updates released held text", *speech_note(a), *load_note(a)]),
         ))
     return sorted(rows, key=lambda r: (r["date"], r["source"]))
+
+
+def speech_note(a) -> list[str]:
+    """A smoke of a recognised stream: what the recogniser showed and what a viewer waited."""
+    speech = a.config.get("speech")
+    if not speech:
+        return []
+    wer = speech.get("wer_committed")
+    return [f"real speech: {a.config.get('stream')}, recognised live by faster-whisper {speech.get('asr_model')} "
+            f"under LocalAgreement (real-time factor {speech.get('real_time_factor')}; committed WER "
+            + (f"{wer * 100:.1f} %" if wer is not None else "not measured: no transcript")
+            + f"; its tail revised in {(speech.get('tail_revisions') or {}).get('revised_share', 0) * 100:.0f} % of "
+            f"the steps that showed one); caption delay, a word's audio end to the committed translation that "
+            f"covers it: p50 {speech.get('caption_delay_s_p50')} s, p95 {speech.get('caption_delay_s_p95')} s "
+            f"over {speech.get('caption_words')} words; quality is not scored (no reference translation)"]
 
 
 def soak_item(rel: str, artifact, machine: str) -> dict:

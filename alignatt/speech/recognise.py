@@ -104,15 +104,17 @@ def _online_processor(options: RecogniserOptions):
     return online.OnlineASRProcessor(_FasterWhisper(options, timed.ASRToken), logfile=io.StringIO())
 
 
-def _words(tokens) -> list[str]:
-    return [w for token in tokens for w in token.text.split()]
+def _words(tokens) -> list[tuple[str, float]]:
+    """Each word of the committed tokens with the end of its audio (s)."""
+    return [(w, round(token.end, 3)) for token in tokens for w in token.text.split()]
 
 
-def recognise(audio: np.ndarray, options: RecogniserOptions) -> tuple[list[str], list[TimedStep], dict]:
-    """The committed words, the timeline, and what the run cost (compute against audio time)."""
+def recognise(audio: np.ndarray, options: RecogniserOptions) -> tuple[list[tuple[str, float]], list[TimedStep], dict]:
+    """The committed words with their audio ends, the timeline, and what the run cost (compute
+    against audio time)."""
     processor = _online_processor(options)
     step = int(options.chunk_s * SAMPLE_RATE)
-    committed: list[str] = []
+    committed: list[tuple[str, float]] = []
     steps: list[TimedStep] = []
     behind = compute = heard = 0.0  # how far the recogniser runs behind the audio; its total time
     for end in range(step, len(audio) + step, step):
@@ -142,7 +144,8 @@ def speech_stream(options: RecogniserOptions) -> SmokeStream:
     path = fetch(options.clip) if options.clip in CLIPS else Path(options.clip)
     if not path.exists():
         raise AlignattError(f"{options.clip}: no such clip or audio file (the clips are {', '.join(CLIPS)})")
-    words, steps, cost = recognise(load_audio(path), options)
+    timed_words, steps, cost = recognise(load_audio(path), options)
+    words = [w for w, _ in timed_words]
     if not words:
         raise AlignattError(f"{options.clip}: the recogniser heard no words")
     seconds = cost["audio_s"]
@@ -161,7 +164,8 @@ def speech_stream(options: RecogniserOptions) -> SmokeStream:
                     "policy": "whisperlivekit.local_agreement.online_asr.OnlineASRProcessor (whisperlivekit "
                               f"{_version('whisperlivekit')}), faster-whisper {_version('faster-whisper')}",
                     "wer_committed": committed_wer(words, reference) if reference else None,
-                    "tail_revisions": tail_revisions(steps)})
+                    "tail_revisions": tail_revisions(steps),
+                    "word_ends_s": [end for _, end in timed_words]})
 
 
 def _version(package: str) -> str | None:
