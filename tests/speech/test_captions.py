@@ -32,3 +32,14 @@ def test_a_smoke_on_a_recognised_stream_reports_what_a_viewer_saw(tmp_path):
     assert speech["caption_words"] + speech["words_never_covered"] == a.config["stream_words"] == 12
     assert speech["caption_delay_s_p50"] is not None and speech["caption_delay_s_p95"] >= speech["caption_delay_s_p50"]
     assert a.retractions == 0 and a.finals >= 6  # six sentences, each closed at its mark
+
+
+def test_the_page_says_what_a_speech_smoke_measured_and_that_quality_is_not_scored(tmp_path):
+    from alignatt.report.page import speech_note
+
+    a = run_smoke(SmokeOptions(model="gemma4-e4b-synthetic", seam="fake", speed=20.0, client="native",
+                               stream="speech:phone_call"), tmp_path / "smoke.json", seam_factory=FakeFactory())
+    [note] = speech_note(a)
+    assert "committed WER 17.3 %" in note and "caption delay" in note and "quality is not scored" in note
+    assert speech_note(run_smoke(SmokeOptions(model="gemma4-e4b-synthetic", seam="fake", speed=60.0,
+                                              client="native"), None, seam_factory=FakeFactory())) == []
