@@ -65,7 +65,7 @@ class LoadOptions(ServedModelOptions):
     speakers: list[int] = Field(default_factory=lambda: [1, 2, 4],
                                 description="load levels: concurrent speakers, comma-separated")
     streams: list[str] = Field(default_factory=lambda: ["smoke", "long"],
-                               description="streams speakers replay in turn: smoke, long or paths")
+                               description="streams speakers replay in turn: smoke, long, speech:<clip> or paths")
     speed: float = Field(1.0, gt=0, description="replay speed (1.0: real time)")
     stagger_s: float = Field(0.14, ge=0, validation_alias=AliasChoices("stagger_s", "stagger"),
                              description="seconds between speakers' starts (speaker i starts at i x this)")

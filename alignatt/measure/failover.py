@@ -61,7 +61,7 @@ class FailoverOptions(ServersUnderFaults):
                                               "a stop)")
     speakers: int = Field(16, ge=1, description="concurrent real-time speakers, each reconnecting when told")
     streams: list[str] = Field(default_factory=lambda: ["long"],
-                               description="streams speakers replay in turn: smoke, long or paths")
+                               description="streams speakers replay in turn: smoke, long, speech:<clip> or paths")
     speed: float = Field(1.5, gt=0, description="replay speed (1.0: real time)")
     stagger_s: float = Field(0.1, ge=0, description="seconds between speakers' starts")
     faults: list[tuple[Literal["kill", "stop"], float]] = Field(

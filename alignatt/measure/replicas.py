@@ -50,7 +50,7 @@ class ReplicasOptions(ServersUnderFaults):
     speakers: int = Field(12, ge=1, description="concurrent real-time speakers through the balancer, each "
                                                 "reconnecting when told")
     streams: list[str] = Field(default_factory=lambda: ["smoke"],
-                               description="streams speakers replay in turn: smoke, long or paths")
+                               description="streams speakers replay in turn: smoke, long, speech:<clip> or paths")
     speed: float = Field(1.0, gt=0, description="replay speed (1.0: real time)")
     stagger_s: float = Field(0.1, ge=0, description="seconds between speakers' starts")
     faults: list[tuple[Literal["kill", "drain", "restart"], float]] = Field(

@@ -58,7 +58,8 @@ class SmokeOptions(ServedModelOptions):
         "auto", description="native | wlk | both | auto (both when WhisperLiveKit imports)")
     wlk_latency: Literal["quality", "balanced", "low"] = Field(
         "balanced", description="the WhisperLiveKit client's latency name (its --alignatt-latency)")
-    stream: str | None = Field(None, description="stream JSON (default: the bundled smoke stream)")
+    stream: str | None = Field(None, description="stream JSON, or speech:<clip> (a bundled recognised stream); "
+                                                 "default: the bundled smoke stream")
 
 
 def _summary(run: RunRecord) -> dict[str, Any]:

