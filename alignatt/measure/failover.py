@@ -91,11 +91,11 @@ def split_streams(value: Any) -> Any:
     return [s.strip() for s in value.split(",") if s.strip()] if isinstance(value, str) else value
 
 
-def route_of(options: ServedModelOptions, seam_options: dict[str, Any]):
+def route_of(options: ServersUnderFaults):
     """The one direction's DirectionRoute a measurement's server serves."""
     from alignatt.serve.config import DirectionRoute
 
-    seam_options = dict(seam_options)
+    seam_options = dict(options.seam_options)
     if options.vllm_mode:
         seam_options["vllm_mode"] = options.vllm_mode
     return DirectionRoute(model=options.model, seam=options.seam, heads=options.heads, top_k=options.top_k,
@@ -106,7 +106,7 @@ def server_config(options: FailoverOptions, port: int) -> dict:
     """The ServerConfig (as JSON data) the server process is started with."""
     from alignatt.serve.config import ReplicaConfig, ServerConfig, ServerLimits
 
-    route = route_of(options, options.seam_options)
+    route = route_of(options)
     on_gpu = options.device.startswith("cuda")
     config = ServerConfig(
         port=port, default_preset=options.preset, directions={"en-de": route},

@@ -76,7 +76,7 @@ def replica_config(options: ReplicasOptions, port: int) -> dict:
         max_sessions=options.speakers * 2,  # room for every speaker, and reconnects while old ones close
         # behind the balancer every client's address is the balancer's: bound it as the whole server
         max_connections_before_init_per_peer=ServerLimits().max_connections_before_init)
-    config = ServerConfig(port=port, directions={"en-de": route_of(options, options.seam_options)}, limits=limits,
+    config = ServerConfig(port=port, directions={"en-de": route_of(options)}, limits=limits,
                           engines=1, drain_s=options.drain_s)
     return config.model_dump(mode="json")
 

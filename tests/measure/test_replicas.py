@@ -4,19 +4,10 @@ Every speaker finishes, nothing committed is lost, every told session answers ag
 bound, and the balancer takes both replicas out of rotation. Without the health check the same run
 fails: the balancer keeps sending sessions to a replica that is draining."""
 
-import os
-import shutil
-
-import pytest
-
 from alignatt.measure.replicas import ReplicasOptions, run_replicas
 from alignatt.record.artifacts import load_artifact
 from alignatt.report.page import replicas_item
-from tests.support.server_client import head_set_file
-
-# CI installs HAProxy (.ci/run): there a missing binary is a failure, not a skip.
-needs_haproxy = pytest.mark.skipif(shutil.which("haproxy") is None and not os.environ.get("CI"),
-                                   reason="needs HAProxy (apt-get install haproxy)")
+from tests.support.server_client import head_set_file, needs_haproxy
 
 
 def _options(tmp_path, **overrides) -> ReplicasOptions:

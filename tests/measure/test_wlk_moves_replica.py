@@ -5,17 +5,15 @@ other replica, with the text it showed as `accepted_target_prefix`; the final th
 text. No retraction, nothing lost; translation pauses for about the backoff."""
 
 import importlib
-import os
-import shutil
 import time
 
 import pytest
 
 from alignatt.measure.replicas import Balancer, ReplicasOptions
-from tests.support.server_client import fake_server
+from tests.support.server_client import fake_server, needs_haproxy
 
 pytestmark = [
-    pytest.mark.skipif(shutil.which("haproxy") is None and not os.environ.get("CI"), reason="needs HAProxy"),
+    needs_haproxy,
     pytest.mark.filterwarnings("ignore:connect\\(\\) must be used:DeprecationWarning"),  # the WLK client's call
 ]
 

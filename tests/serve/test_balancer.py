@@ -1,14 +1,13 @@
 """`alignatt deploy haproxy`: the generated configuration is one HAProxy accepts, balances by least
 connections, checks /health (unless told not to), and a replica list that is not host:port is refused."""
 
-import os
-import shutil
 import subprocess
 
 import pytest
 from pydantic import ValidationError
 
 from alignatt.serve.balancer import BalancerOptions, haproxy_config
+from tests.support.server_client import needs_haproxy
 
 
 def _haproxy_accepts(tmp_path, text: str) -> subprocess.CompletedProcess:
@@ -17,7 +16,7 @@ def _haproxy_accepts(tmp_path, text: str) -> subprocess.CompletedProcess:
     return subprocess.run(["haproxy", "-c", "-f", str(path)], capture_output=True, text=True)
 
 
-@pytest.mark.skipif(shutil.which("haproxy") is None and not os.environ.get("CI"), reason="needs HAProxy")
+@needs_haproxy
 @pytest.mark.parametrize("health_check", [True, False])
 def test_the_generated_config_is_valid_haproxy(tmp_path, health_check):
     options = BalancerOptions(replicas="replica-1:8765, replica-2:8765,10.0.0.3:8765", bind=":8765",
@@ -73,7 +72,7 @@ def test_the_compose_file_runs_what_the_balancer_config_names():
     assert {r: {"condition": "service_healthy"} for r in replicas} == balancer["depends_on"]
 
 
-@pytest.mark.skipif(shutil.which("haproxy") is None and not os.environ.get("CI"), reason="needs HAProxy")
+@needs_haproxy
 @pytest.mark.parametrize("degraded_in_rotation, expected", [(True, "UP"), (False, "DOWN")])
 def test_a_degraded_replica_stays_in_rotation_only_when_told(tmp_path, degraded_in_rotation, expected):
     """A replica whose /health answers 200 `degraded`, checked by a real HAProxy on the generated config."""

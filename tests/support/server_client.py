@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
+
+import pytest
 
 from websockets.sync.client import connect
 
@@ -14,6 +18,11 @@ from alignatt.replay.client import ProtocolClient
 from alignatt.serve.server import ServerThread
 from alignatt.serve.config import DirectionRoute, ServerConfig, ServerLimits
 from tests.fakes.mt_fakes import FakeSeam
+
+
+# CI installs HAProxy (.ci/run): there a missing binary is a failure, not a skip.
+needs_haproxy = pytest.mark.skipif(shutil.which("haproxy") is None and not os.environ.get("CI"),
+                                   reason="needs HAProxy (apt-get install haproxy)")
 
 
 class FakeFactory:
