@@ -19,7 +19,8 @@ model's head set `gemma-3-270m_<dir>.json` records `used_pairs` N (its calibrati
 the first N pairs of `word_alignments_<dir>.json`, none skipped), so file positions 0..N-1
 calibrate and N..end test: en-it 0-99 / 100-906 (807 pairs), en-zh 0-149 / 150-879 (730),
 cs-en 0-99 / 100-511 (412). The splits ship as `alignatt/data/eval/<dir>.test.jsonl` (each line
-keeps its file `position`). zh targets are scored in characters (BLEU tokenize zh, latency
+keeps its file `position`, its talk and, where the CSV export's quoting was undone, the raw
+source as `source_raw`: `alignatt/data/eval/README.md`, the sets' card). zh targets are scored in characters (BLEU tokenize zh, latency
 units = characters: `alignatt.evaluate.units.CHAR_LANGS`).
 """
 
@@ -47,6 +48,7 @@ class TestPair(BaseModel):
     id: str
     source: str = Field(min_length=1)
     reference: str = Field(min_length=1)
+    talk: str | None = None  # the whole talk the pair is a sentence of (`alignatt.evaluate.talks`)
 
     @property
     def source_words(self) -> list[str]:
@@ -73,7 +75,9 @@ def _pair(item: object, where: str, index: int, default_id: str) -> TestPair:
     if not isinstance(reference, str) or not reference.strip():
         raise AlignattError(f"{where}: entry {index + 1} has no reference (`reference` or `target_text`)")
     pid = item.get("id", item.get("pair_id", default_id))
-    return TestPair(id=str(pid), source=" ".join(source.split()), reference=" ".join(reference.split()))
+    talk = item.get("talk")
+    return TestPair(id=str(pid), source=" ".join(source.split()), reference=" ".join(reference.split()),
+                    talk=str(talk) if talk is not None else None)
 
 
 def _read(path: Path) -> str:
