@@ -3,7 +3,7 @@
 On a GPU the eval is bound by one engine thread's host work (vLLM's step, the capture's fetch,
 prompt building) and by the GIL that thread shares with the streams' threads. As
 `alignatt serve --engines N` does, N engines then share the device, each in a process of its own
-(`alignatt.serve.replicas.ProcessBatchSeam`, pinned as `replica_devices` deals them, each asking
+(`alignatt.serve.engine_client.ProcessBatchSeam`, pinned as `replica_devices` deals them, each asking
 vLLM for its share of the GPU's memory) and each drafting through a `DraftScheduler` of its own in
 this process (`shared_engine.ConcurrentStreams`). At 1 the seam is built in this process, as always.
 """
@@ -17,7 +17,8 @@ from alignatt.core.draft import Head, Seam
 from alignatt.serve.config import DirectionRoute, SeamFactory
 from alignatt.serve.pool import shared_gpu_route
 from alignatt.serve.engine_process import EngineSpec
-from alignatt.serve.replicas import ProcessBatchSeam, close_together, replica_devices, start_together
+from alignatt.serve.engine_client import ProcessBatchSeam
+from alignatt.serve.engine_devices import close_together, replica_devices, start_together
 
 
 def check_engines(engines: int, concurrency: int, drivers: Sequence[str]) -> int:

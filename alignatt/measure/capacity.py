@@ -189,7 +189,7 @@ def run_configuration(options: LoadOptions, mode: str | None, seam_factory=None)
     """Every load level on one server configuration (a vLLM mode, with its flags): its levels,
     engine facts and heads."""
     from alignatt.serve.config import ReplicaConfig, ServerConfig, ServerLimits, resolve_preset
-    from alignatt.serve.replicas import ProcessBatchSeam
+    from alignatt.serve.engine_client import ProcessBatchSeam
     from alignatt.serve.server import ServerThread
 
     preset = resolve_preset(options.preset).name

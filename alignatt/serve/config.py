@@ -4,7 +4,7 @@ Presets are named configs (`low_latency`, `balanced`, `high_latency`); the Whisp
 client's names (`quality`, `balanced`, `low`) are aliases. `ServerConfig.directions` maps a
 direction (`en-de`) to a `DirectionRoute` (model, seam, head set), so sessions of different
 directions draft with their own heads; `ServerConfig.engines` says how many engines serve each
-(one per GPU: `alignatt.serve.replicas`).
+(one per GPU: `alignatt.serve.engine_devices`).
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ class DirectionRoute(BaseModel):
 EngineCount = int | Literal["auto"]
 
 
-# ---- engine replicas: liveness and GPU sharing (alignatt.serve.replicas) ----
+# ---- engine replicas: liveness and GPU sharing (alignatt.serve.engine_client, engine_devices) ----
 
 
 class ReplicaConfig(BaseModel):

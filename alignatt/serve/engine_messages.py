@@ -1,5 +1,6 @@
-"""The typed messages between the server and an engine in a process of its own
-(`alignatt.serve.replicas`): what the server asks, and what the child answers."""
+"""The typed messages between the server and an engine in a process of its own (its client,
+`alignatt.serve.engine_client`, and its loop, `alignatt.serve.engine_process`): what the server
+asks, and what the child answers."""
 
 from __future__ import annotations
 

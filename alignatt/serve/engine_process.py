@@ -1,11 +1,11 @@
-"""An engine in a process of its own: the child's side (what `alignatt.serve.replicas` starts).
+"""An engine in a process of its own: the child's side (what `alignatt.serve.engine_client` starts).
 
 `serve_engine` is the child's main: it beats a heartbeat from a thread of its own, builds the
 route's seam on its device, sends `Ready` (with the seam's preparer, so the server prepares
 drafts), then answers one message at a time (`alignatt.serve.engine_messages`) until `Close` or
 until the server's end of the pipe is gone. A `Step` carries the submits and aborts queued since
 the last one; the child steps its engine once and answers with the drafts that finished. The
-server's side, `ProcessBatchSeam`, is in `alignatt.serve.replicas` (as vLLM splits its engine
+server's side, `ProcessBatchSeam`, is in `alignatt.serve.engine_client` (as vLLM splits its engine
 core's loop from its client).
 """
 

@@ -5,8 +5,9 @@ One model serves every session of its routes. An engine's drafts are batched by 
 loop; a connection awaits its draft's future (`Engine.submit`), no thread waits for it.
 Directions that share a model share its engines: they capture the union of their heads once, and
 each session sees only its direction's rows (`HeadRows`). A route served by several engines has
-one process per engine (`alignatt.serve.replicas`); each new session is placed on the least
-loaded live one and stays there. An engine in its own process is watched: one that exits is dead,
+one process per engine (driven by `alignatt.serve.engine_client`, on the devices that
+`alignatt.serve.engine_devices` deals); each new session is placed on the least loaded live one
+and stays there. An engine in its own process is watched: one that exits is dead,
 one that answers nothing within `ReplicaConfig.step_deadline_s` is hung (killed, then dead); either
 way its sessions are told to reconnect and it gets no new ones.
 """
@@ -29,8 +30,9 @@ from alignatt.serve.budget import PromptBudget
 from alignatt.serve.config import SERVED_VLLM_OPTIONS, DirectionRoute, EngineCount, ReplicaConfig, SeamFactory, resolve_heads
 from alignatt.serve.gc_pauses import process_pauses
 from alignatt.serve.limits import DraftTooLarge
+from alignatt.serve.engine_client import ProcessBatchSeam, draft_work
+from alignatt.serve.engine_devices import close_together, replica_devices, start_together
 from alignatt.serve.engine_process import EngineSpec
-from alignatt.serve.replicas import ProcessBatchSeam, close_together, draft_work, replica_devices, start_together
 from alignatt.serve.scheduler import DraftScheduler, EngineDied, EngineHung, SchedulerConfig, SessionSeam
 from alignatt.serve.session import SessionLimits
 

@@ -127,7 +127,7 @@ def test_several_engines_share_one_gpu_each_asking_for_its_share_of_the_memory(m
     from alignatt.core.errors import AlignattError
     from alignatt.serve.config import DirectionRoute
     from alignatt.serve.pool import served_route
-    from alignatt.serve.replicas import replica_devices
+    from alignatt.serve.engine_devices import replica_devices
 
     cuda = DirectionRoute(model="gemma4-e4b-synthetic", seam="vllm_capture", device="cuda")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")

@@ -18,7 +18,7 @@ from alignatt.core.draft import DraftRequest
 from alignatt.core.errors import AlignattError
 from alignatt.serve.config import DirectionRoute, ServerLimits, server_config
 from alignatt.serve.pool import Engine, least_loaded
-from alignatt.serve.replicas import replica_devices
+from alignatt.serve.engine_devices import replica_devices
 from alignatt.serve.scheduler import EngineDied, SchedulerConfig
 from alignatt.serve.server import ServerThread
 from tests.fakes.mt_fakes import target_word
@@ -177,7 +177,7 @@ def test_a_process_engine_takes_a_steps_submits_and_aborts_in_one_message_and_st
     another call on its way comes back from `step`, in order. A request the child's seam refuses
     comes back from its step in place of its draft, and through a scheduler it fails alone."""
     from alignatt.serve.engine_process import EngineSpec
-    from alignatt.serve.replicas import ProcessBatchSeam
+    from alignatt.serve.engine_client import ProcessBatchSeam
 
     route = DirectionRoute(model="fake", seam="fake", heads=None, seam_options={"steps": 3, "refuse_word": "boom"})
     seam = ProcessBatchSeam(EngineSpec(preparing_factory, route, []), "trips")
@@ -466,7 +466,7 @@ def test_an_engine_process_profiles_its_thread_between_two_profile_messages(tmp_
     import pstats
 
     from alignatt.serve.engine_process import EngineSpec
-    from alignatt.serve.replicas import ProcessBatchSeam
+    from alignatt.serve.engine_client import ProcessBatchSeam
 
     route = DirectionRoute(model="fake", seam="fake", heads=None, seam_options={"steps": 2})
     seam = ProcessBatchSeam(EngineSpec(preparing_factory, route, []), "profiled")

@@ -1,5 +1,7 @@
-"""Engines in their own processes, the server's side: where each runs, and `ProcessBatchSeam`, the
-client that drives one over a pipe with typed messages (the child's loop: `serve.engine_process`).
+"""The client of an engine in a process of its own: `ProcessBatchSeam`, the server's side of the
+pipe, which drives the child with typed messages (`serve.engine_messages`). The child's loop is
+`serve.engine_process`, as vLLM keeps its engine core (`core.py`) apart from its client
+(`core_client.py`); which device each child runs on is `serve.engine_devices`.
 
 With several engines per route, each one is a child process (multiprocessing "spawn") that pins
 itself to one CUDA device and builds the route's seam there, so everything the model binds to its
@@ -20,7 +22,7 @@ of the drafts running in it (`draft_work`). A heartbeat silent past `ReplicaConf
 a call outstanding past its work's bound (`step_deadline_s + step_token_s` per token of work), or
 an idle child that does not answer a `Ping` within the deadline, is an `EngineHung`, and the child
 is killed.
-Several engines may share one GPU (`ReplicaConfig.engines_per_gpu`). A seam with a `preparer` (its
+A seam with a `preparer` (its
 `prepare` as a picklable object) hands it over in `Ready`: the server's threads then build and
 tokenise each draft's prompt and send it with `Submit`, and the child's one thread only steps.
 """
@@ -32,88 +34,19 @@ import itertools
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.util
-import os
 import pickle
-import signal
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Hashable, Sequence, TypeVar
+from typing import Any, Hashable
 
 from alignatt.core.draft import Draft, DraftRequest
 from alignatt.core.errors import AlignattError
 from alignatt.serve.budget import PromptBudget
-from alignatt.serve.config import DirectionRoute, EngineCount
 from alignatt.serve.engine_messages import (Abort, Close, Count, Describe, Failed, KernelProfile, Ping, Profile,
-                                            Profiled, Ready, Step, Submit, Totals)
+                                            Profiled, Step, Submit, Totals)
 from alignatt.serve.engine_process import EngineSpec, serve_engine
 from alignatt.serve.scheduler import EngineDied
 from alignatt.serve.session import SessionLimits
-
-
-# ---- where the engines run ----
-
-
-def visible_cuda_devices() -> list[str]:
-    """The CUDA devices this process may use, as CUDA_VISIBLE_DEVICES names them."""
-    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if listed is not None:
-        return [d.strip() for d in listed.split(",") if d.strip()]
-    try:
-        import torch
-
-        return [str(i) for i in range(torch.cuda.device_count())]
-    except Exception:  # noqa: BLE001 - no usable CUDA: no GPUs
-        return []
-
-
-def replica_devices(route: DirectionRoute, engines: EngineCount, per_gpu: int = 1) -> list[str | None]:
-    """One entry per engine of `route`: the CUDA device its process is pinned to (None: CPU).
-
-    `[None]` is one engine in the server's own process. "auto" is `per_gpu` engines per visible GPU for
-    a `cuda` route (one engine when that makes one), one engine otherwise. Engines are dealt over
-    the GPUs in turn, at most `per_gpu` on one."""
-    if engines == "auto":
-        visible = visible_cuda_devices() if route.device == "cuda" else []
-        dealt = [d for _ in range(per_gpu) for d in visible]
-        return dealt if len(dealt) > 1 else [None]
-    if engines == 1 or not route.device.startswith("cuda"):
-        return [None] * engines
-    if route.device != "cuda":
-        raise AlignattError(f"{engines} engines run one per GPU: the route's device must be 'cuda', "
-                            f"not {route.device!r}")
-    visible = visible_cuda_devices()
-    if engines > len(visible) * per_gpu:
-        raise AlignattError(f"{engines} engines asked for, but {len(visible)} CUDA GPUs are visible "
-                            f"({per_gpu} engine{'s' if per_gpu > 1 else ''} per GPU)")
-    return [visible[i % len(visible)] for i in range(engines)]
-
-
-Started = TypeVar("Started")
-
-
-def start_together(starts: Sequence[Callable[[], Started]]) -> list[Started]:
-    """Run every start at once (each engine process loads its model in parallel). If one fails,
-    close the ones that started and raise its error: no engine process outlives a failed start."""
-    with ThreadPoolExecutor(max_workers=max(len(starts), 1)) as pool:
-        futures = [pool.submit(start) for start in starts]
-    errors = [f.exception() for f in futures if f.exception() is not None]
-    if errors:
-        for f in futures:
-            if f.exception() is None:
-                f.result().close()
-        raise errors[0]
-    return [f.result() for f in futures]
-
-
-def close_together(engines: Sequence[Any]) -> None:
-    """Close every engine at once (each waits for its seam, or its process, to stop); the first
-    failure is raised once all of them were closed."""
-    if len(engines) == 1:
-        engines[0].close()
-    elif engines:
-        with ThreadPoolExecutor(max_workers=len(engines)) as pool:
-            list(pool.map(lambda e: e.close(), engines))
 
 
 def draft_work(request: DraftRequest) -> int:
@@ -130,9 +63,6 @@ def _unwrapped(reply: Any) -> Any:
     if isinstance(reply, Failed):
         raise reply.error
     return reply
-
-
-# ---- the server's side ----
 
 
 class ProcessBatchSeam:
