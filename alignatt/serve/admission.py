@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from alignatt.core.prompt import SOURCE_MARK, ContextConfig, recent_history
@@ -168,7 +169,7 @@ async def _open(host: ConnectionHost, frame: InitFrame, routes: Routes, directio
     keys = [(connection_id, t) for t in routes] if frame.target_langs is not None else [connection_id]
     source_lang = frame.source_lang.strip().lower()
     # SchedulerBusy past the engine's capacity; every target on the one engine placed
-    engine = await loop.run_in_executor(None, host.registry.place, route, direction, keys)
+    engine = await _placed(loop.run_in_executor(None, host.registry.place, route, direction, keys), keys)
     try:
         budget = await host.budget_for(engine)
         received = [tuple(p) for p in frame.history]
@@ -198,3 +199,20 @@ async def _open(host: ConnectionHost, frame: InitFrame, routes: Routes, directio
             engine.close_session(key)
         raise
     return engine, keys, sessions, described
+
+
+async def _placed(placing: asyncio.Future, keys: list) -> Engine:
+    """The engine `placing` admitted `keys` to. An init cancelled meanwhile (its connection
+    closed) cannot stop the placing thread: what that admits is given back when it ends, so no
+    engine keeps a session that no connection owns."""
+    try:
+        return await asyncio.shield(placing)
+    except asyncio.CancelledError:
+        placing.add_done_callback(partial(_give_back, keys))
+        raise
+
+
+def _give_back(keys: list, placing: asyncio.Future) -> None:
+    if not placing.cancelled() and placing.exception() is None:
+        for key in keys:
+            placing.result().close_session(key)
