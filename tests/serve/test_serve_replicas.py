@@ -258,7 +258,9 @@ def test_one_engine_in_a_process_of_its_own_when_the_replicas_ask(tmp_path):
 
 def test_a_slow_token_count_in_an_engine_process_blocks_no_other_connection(tmp_path):
     """A prompt's exact token count goes over the engine process's pipe: counted off the event
-    loop, so a child slow to answer holds up only the update that waits for it."""
+    loop (`Session.fit` on the engine's tokenizing threads, not in `Session.plan`), so a child slow
+    to answer holds up only the update that waits for it. Fitted on the loop, both waits below
+    take the count's 3 s."""
     config = fake_config(tmp_path, max_sessions=2)
     config.directions = {d: r.model_copy(update={"seam_options": {"slow_count_word": "slowcount", "slow_count_s": 3.0}})
                          for d, r in config.directions.items()}
@@ -273,6 +275,9 @@ def test_a_slow_token_count_in_an_engine_process_blocks_no_other_connection(tmp_
             started = time.perf_counter()
             other.ws.ping().wait(5.0)  # answered by the server's event loop
             assert time.perf_counter() - started < 1.0
+            started = time.perf_counter()
+            answered = other.ask([], utterance_id=0)  # another session's update, answered without a draft
+            assert answered["path"] == "empty" and time.perf_counter() - started < 1.0
             reply = slow.recv(timeout=10.0)
             assert reply["seq"] == seq and reply["final"]
         finally:
