@@ -20,14 +20,16 @@ from alignatt.core.options import knob_names, knob_type
 # Each converted command and its options that are no field of its models (why, in the command).
 NOT_FIELDS = {
     "soak": {"out"},
-    "smoke": {"out"},
-    "load": {"out", "metrics", "plot"},
+    # --profile, --params: the params profile whose section gives the options (pipeline/params.py:stage_options)
+    "smoke": {"out", "profile", "params"},
+    "load": {"out", "metrics", "plot", "profile", "params"},
     "failover": {"out"},
     # the direction is a key of `directions`; the rest are resolved for the route serve builds
     "serve": {"direction", "vllm_mode", "settle_buffer_tokens", "engine_process", "config"},
     # the tail-noise knobs are TailNoise's fields, nested in EvalOptions.tail_noise, given flat
     # (test_eval_tail_noise_options_are_tail_noise_fields holds them to TailNoise)
-    "eval": {"out", "metrics", "plot", "figure", "tail_noise_seed", "tail_p_wrong", "tail_p_drop", "tail_p_split"},
+    "eval": {"out", "metrics", "plot", "figure", "tail_noise_seed", "tail_p_wrong", "tail_p_drop", "tail_p_split",
+             "profile", "params"},
 }
 
 

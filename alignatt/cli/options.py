@@ -10,6 +10,9 @@ says how a field becomes a knob: names, type, list as comma-separated), with the
 as its help and its default as the shown default. An option left out is not passed: the model's
 own default applies, so the default is declared once. The command's own parameters are the options
 that are no field (`--out`, `--config`, ...). tests/test_one_declaration.py holds every command to it.
+
+A stage command (smoke, load, eval) also takes `--profile` and `--params`: the profile's section of
+params.yaml gives its options, the flags given override them (`pipeline/params.py:stage_options`).
 """
 
 from __future__ import annotations
@@ -57,6 +60,22 @@ class CommandKnobs:
 _CONTEXT = "_alignatt_context"
 
 
+def was_given(ctx: typer.Context, name: str) -> bool:
+    """Whether the command's parameter `name` was given (command line, environment), not defaulted."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name != "DEFAULT"
+
+
+def profile_option(section: str) -> Any:
+    """`--profile NAME`: the params profile whose `section` gives a stage command's options."""
+    return typer.Option(None, help=f"params profile whose {section} section, model, device and dtype give the "
+                                   "options; the options given here override them (default: none, the options alone)")
+
+
+def params_option() -> Any:
+    return typer.Option("params.yaml", help="params file of --profile")
+
+
 def _dashed(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -85,7 +104,8 @@ def knob_option(model: type[BaseModel], field: str, shown: str | None = None,
 def model_options(*sources: type[BaseModel] | Knobs, shown: dict[str, str] | None = None) -> Callable:
     """Decorator: the command takes one option per field of `sources`; given ones reach it as
     keyword arguments by field name (a list field as a list). `shown`: a default the command
-    resolves itself where the field's differs (serve's `settle_buffer_tokens: auto`)."""
+    resolves itself where the field's differs (serve's `settle_buffer_tokens: auto`). A command that
+    declares a `typer.Context` parameter gets the context (to ask `was_given` of its own options)."""
     knobs = tuple(s if isinstance(s, Knobs) else Knobs(s) for s in sources)
 
     def decorate(func: Callable) -> Callable:
@@ -93,6 +113,7 @@ def model_options(*sources: type[BaseModel] | Knobs, shown: dict[str, str] | Non
         own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints.get(p.name, p.annotation))
                for p in inspect.signature(func).parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
         taken = {p.name for p in own}
+        own_context = next((p.name for p in own if p.annotation is typer.Context), None)
         fields: dict[str, tuple[type[BaseModel], str]] = {}
         generated = []
         for source in knobs:
@@ -106,17 +127,17 @@ def model_options(*sources: type[BaseModel] | Knobs, shown: dict[str, str] | Non
 
         @functools.wraps(func)
         def command(**kwargs: Any) -> Any:
-            ctx = kwargs.pop(_CONTEXT)
+            ctx = kwargs[own_context] if own_context else kwargs.pop(_CONTEXT)
             given = {}
             for name, (model, field) in fields.items():
                 value = kwargs.pop(name)
-                source = ctx.get_parameter_source(name)
-                if source is not None and source.name != "DEFAULT":  # given (command line, environment)
+                if was_given(ctx, name):
                     given[field] = split_list(value) if is_list(model, field) else value
             return func(**kwargs, **given)
 
         context = inspect.Parameter(_CONTEXT, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
-        parameters = generated + own + [context]  # typer passes its context to a typer.Context parameter
+        # typer passes its context to a typer.Context parameter (one: the command's own, else this)
+        parameters = generated + own + ([] if own_context else [context])
         command.__signature__ = inspect.Signature(parameters, return_annotation=None)
         command.__annotations__ = {p.name: p.annotation for p in parameters}
         command.alignatt_knobs = CommandKnobs(knobs, tuple(p.name for p in own), dict(shown or {}))  # type: ignore[attr-defined]

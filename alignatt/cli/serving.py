@@ -6,7 +6,7 @@ from __future__ import annotations
 import typer
 
 from alignatt.cli.app import app, scratch_out, validated
-from alignatt.cli.options import Knobs, knob_option, model_options
+from alignatt.cli.options import Knobs, knob_option, model_options, params_option, profile_option, was_given
 from alignatt.cli.preflight import check_output, check_served, check_served_model
 from alignatt.evaluate.run import EvalOptions
 from alignatt.evaluate.tails import TAIL_NOISE_KNOBS, TailNoise, fold_tail_noise
@@ -65,12 +65,15 @@ def serve_cmd(
 @model_options(SmokeOptions)
 def smoke_cmd(
     out: str = typer.Option(None, help="where to write the smoke artifact (default: runs/smoke-<time>/)"),
+    profile: str = profile_option("`smoke:`"),
+    params: str = params_option(),
     **fields,
 ) -> None:
     """Start the server on loopback, replay the smoke stream through a real client, write the artifact."""
     from alignatt.measure.smoke import run_smoke, summary_line
+    from alignatt.pipeline.params import stage_options
 
-    options = validated(SmokeOptions, **fields)
+    options = stage_options(SmokeOptions, "smoke", fields, params, profile)
     check_served_model(options.model, options.seam, options.heads)
     out = scratch_out(out, "smoke", "server_smoke.json")
     check_output(out)
@@ -111,12 +114,15 @@ def load_cmd(
     out: str = typer.Option(None, help="where to write the load artifact (default: runs/load-<time>/)"),
     metrics: str = typer.Option(None, help="DVC metrics JSON"),
     plot: str = typer.Option(None, help="plot CSV: RTT against speakers"),
+    profile: str = profile_option("`load:`"),
+    params: str = params_option(),
     **fields,
 ) -> None:
     """N concurrent real-time speakers on one server per load level; writes the load artifact."""
     from alignatt.measure.capacity import run_load
+    from alignatt.pipeline.params import stage_options
 
-    options = validated(LoadOptions, "load option ", **fields)
+    options = stage_options(LoadOptions, "load", fields, params, profile, "load option ")
     check_served_model(options.model, options.seam, options.heads)
     out = scratch_out(out, "load", "load.json")
     for path, option in ((out, "--out"), (metrics, "--metrics"), (plot, "--plot")):
@@ -217,6 +223,7 @@ _TAIL_NOISE = {name: knob_option(TailNoise, field, names=[name])[0] for name, fi
 @app.command("eval")
 @model_options(Knobs(EvalOptions, exclude=("tail_noise",)))  # nested: its own options below
 def eval_cmd(
+    ctx: typer.Context,
     tail_noise_seed: int = _TAIL_NOISE["tail_noise_seed"],
     tail_p_wrong: float = _TAIL_NOISE["tail_p_wrong"],
     tail_p_drop: float = _TAIL_NOISE["tail_p_drop"],
@@ -225,15 +232,22 @@ def eval_cmd(
     metrics: str = typer.Option(None, help="also write DVC metrics JSON here"),
     plot: str = typer.Option(None, help="also write the quality-vs-latency CSV here"),
     figure: str = typer.Option(None, help="also write the quality-vs-latency SVG here (needs matplotlib)"),
+    profile: str = profile_option("`eval:` (with --test-set: `eval_directions:`)"),
+    params: str = params_option(),
     **fields,
 ) -> None:
     """Replay a test set ASR-style through the server's Session per preset; score quality and latency."""
     from alignatt.evaluate.outputs import write_derived
     from alignatt.evaluate.run import run_eval
+    from alignatt.pipeline.params import stage_options
 
     tail_noise = {"tail_noise_seed": tail_noise_seed, "tail_p_wrong": tail_p_wrong, "tail_p_drop": tail_p_drop,
                   "tail_p_split": tail_p_split}
-    options = validated(EvalOptions, **fold_tail_noise({**fields, **tail_noise}))
+    # only the tail-noise options given: a default must not hide the profile's value
+    given = {**fields, **{k: v for k, v in tail_noise.items() if was_given(ctx, k)}}
+    # the en-de eval stage reads the profile's `eval:`; an eval-direction stage (--test-set) its `eval_directions:`
+    section = "eval_directions" if "test_set" in fields else "eval"
+    options = stage_options(EvalOptions, section, given, params, profile, fold=fold_tail_noise)
     from alignatt.models.presets import check_model_name
 
     check_model_name(options.model)

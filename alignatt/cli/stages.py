@@ -18,10 +18,16 @@ def env_cmd(
     model: str = typer.Option(None, help="model preset / HF id / path whose identity to record"),
     fingerprint: bool = typer.Option(False, "--fingerprint", help="write only the machine fingerprint "
                                      "(no timestamp, load or git state): what the DVC stages depend on"),
+    profile: str = typer.Option(None, help="params profile whose model to record (unless --model)"),
+    params: str = typer.Option("params.yaml", help="params file of --profile"),
 ) -> None:
     """Record this machine's provenance (GPU, driver, CUDA, torch, vLLM, git, container)."""
     from alignatt.record.artifacts import env_artifact, fingerprint_artifact, write_artifact
 
+    if profile is not None and model is None:
+        from alignatt.pipeline.params import load_params, profile_of
+
+        model = profile_of(load_params(params), profile)[1].model
     out = scratch_out(out, "env", "fingerprint.json" if fingerprint else "env.json")
 
     if fingerprint:

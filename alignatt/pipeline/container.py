@@ -8,10 +8,9 @@ bind-mounted at the same absolute path and first on PYTHONPATH (the code measure
 committed, not an older copy baked into the image), and with the image reference, digest and config
 id exported as `ALIGNATT_CONTAINER_IMAGE` / `_DIGEST` / `_ID`, which provenance records.
 
-Profile placeholders: an argument `{model}`, `{device}`, `{dtype}` or `{profile}` is replaced by
-the selected profile's value, and an argument that is exactly `{smoke}` expands to that
-profile's `smoke:` options as `--key value` flags. DVC cannot index a mapping by another
-parameter, so this is how a stage follows `profile:` without naming it twice.
+The wrapper passes the command through unchanged: each stage command reads its own options from
+params.yaml (`--profile ${profile}`, pipeline/params.py:stage_options). It reads the selected
+profile only for its device: a `cuda` profile gets the GPUs inside the container.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -56,45 +54,6 @@ def load_container_config(params: dict[str, Any]) -> ContainerConfig:
     if cfg.engine != "none" and not cfg.image:
         raise AlignattError(f"container.engine is {cfg.engine!r} but container.image is empty")
     return cfg
-
-
-# ---- profile placeholders ---------------------------------------------------------------------
-
-_PLACEHOLDER = re.compile(r"\{(\w+)\}")
-
-
-def flags(options: dict[str, Any]) -> list[str]:
-    """{"replay_speed": 4, "fast": true} -> ["--replay-speed", "4", "--fast"]."""
-    out: list[str] = []
-    for key, value in options.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            out.append(flag)
-        elif value is False or value is None:
-            continue
-        else:
-            out += [flag, str(value)]
-    return out
-
-
-def expand_placeholders(args: list[str], profile_name: str, profile: dict[str, Any]) -> list[str]:
-    values = {"profile": profile_name, **profile}
-    out: list[str] = []
-    for arg in args:
-        whole = _PLACEHOLDER.fullmatch(arg)
-        if whole and isinstance(values.get(whole[1]), dict):
-            out += flags(values[whole[1]])
-            continue
-
-        def scalar(m: re.Match) -> str:
-            if m[1] not in values:
-                raise AlignattError(f"stage argument {arg!r}: the profile has no {m[1]!r}")
-            if isinstance(values[m[1]], dict):
-                raise AlignattError(f"stage argument {arg!r}: {{{m[1]}}} must stand alone")
-            return "" if values[m[1]] is None else str(values[m[1]])
-
-        out.append(_PLACEHOLDER.sub(scalar, arg))
-    return out
 
 
 # ---- images -----------------------------------------------------------------------------------
@@ -223,8 +182,6 @@ def stage_command(
     environ = dict(os.environ if environ is None else environ)
     if not args:
         raise AlignattError("run-stage: no command given")
-    name, profile = profile_of(params)
-    args = expand_placeholders(args, name, profile.model_dump())
     cfg = load_container_config(params)
     if cfg.engine == "none":
         if args[0] == "alignatt":  # this interpreter's CLI: a console script may name another Python
@@ -232,7 +189,7 @@ def stage_command(
         return args, host_environment(environ)
     identity = image_identity(cfg.engine, cfg.image)
     uid_gid = f"{os.getuid()}:{os.getgid()}" if hasattr(os, "getuid") else None
-    gpus = profile.device.startswith("cuda")  # a GPU profile gets the GPUs in the container
+    gpus = profile_of(params)[1].device.startswith("cuda")  # a GPU profile gets the GPUs in the container
     return container_command(cfg, args, root, identity, environ, gpus, uid_gid), environ
 
 

@@ -15,6 +15,7 @@ import importlib.metadata
 import importlib.util
 import os
 from pathlib import Path
+from typing import Callable
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
@@ -193,32 +194,27 @@ def seam_gaps(seam: str, model: str, device: str) -> list[str]:
     return [g for g in gaps if g]
 
 
-def stage_option_models() -> dict[str, type]:
-    """Each stage section of a profile and the options model of the command dvc.yaml splices it
-    into (`alignatt <command> --model {model} --device {device} --dtype {dtype} {section}`)."""
+def stage_sections() -> dict[str, tuple[type, Callable[..., dict]]]:
+    """Each stage section of a profile: the options model of the command that reads it (`alignatt
+    smoke|load|eval --profile`) and how its flat knobs fold into that model's fields."""
     from alignatt.evaluate.run import EvalOptions
+    from alignatt.evaluate.tails import fold_tail_noise
     from alignatt.measure.capacity import LoadOptions
     from alignatt.measure.smoke import SmokeOptions
 
-    return {"smoke": SmokeOptions, "load": LoadOptions, "eval": EvalOptions, "eval_directions": EvalOptions}
+    return {"smoke": (SmokeOptions, dict), "load": (LoadOptions, dict), "eval": (EvalOptions, fold_tail_noise),
+            "eval_directions": (EvalOptions, fold_tail_noise)}
 
 
 def check_stage_options(params: dict, profile: str | None = None) -> None:
     """Every stage section of the profile is its command's options (what `alignatt doctor` checks
-    in the env stage, before anything is measured): AlignattError, one line, naming a key no field
-    knows or the first bad value."""
-    from alignatt.core.options import validate_flat
-    from alignatt.evaluate.run import EvalOptions
-    from alignatt.evaluate.tails import fold_tail_noise
-
-    from alignatt.pipeline.params import profile_of
+    in the env stage, before anything is measured), validated as the command validates its own:
+    AlignattError, one line, naming a key no field knows or the first bad value."""
+    from alignatt.pipeline.params import profile_of, section_fields
 
     name, prof = profile_of(params, profile)
-    for section, model in stage_option_models().items():
-        values = {"model": prof.model, "device": prof.device, "dtype": prof.dtype, **getattr(prof, section)}
-        if model is EvalOptions:  # its flat tail-noise knobs (tail_p_wrong, ...), as `alignatt eval` folds them
-            values = fold_tail_noise(values)
-        validate_flat(model, values, where=f"profiles.{name}.{section} option")
+    for section, (model, fold) in stage_sections().items():
+        section_fields(model, name, prof, section, fold)
 
 
 def diagnose(params_path: str | Path = "params.yaml", profile: str | None = None) -> Diagnosis:

@@ -1,19 +1,23 @@
-"""params.yaml: the pipeline's knobs, hardware profiles, and the bench config of each stage.
+"""params.yaml: the pipeline's knobs, hardware profiles, and the options of each stage.
 
-`profile:` selects one of `profiles:` (model, device, dtype, protocol overrides, smoke options);
-`bench:` holds the published protocol and `modes:` (one DVC stage per vLLM mode, with the seams
-it measures). `config_from_params` turns them into the `BenchConfig` of one stage.
+`profile:` selects one of `profiles:` (model, device, dtype, protocol overrides, a section of
+options per stage command); `bench:` holds the published protocol and `modes:` (one DVC stage per
+vLLM mode, with the seams it measures). `config_from_params` turns them into the `BenchConfig` of
+one stage; `stage_options` turns a profile's `smoke:`, `load:`, `eval:` or `eval_directions:`
+section into its command's options model, the command's own flags over it. Every stage command
+reads params.yaml itself (`--profile`): dvc.yaml splices no options into command lines.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from alignatt.record.artifacts import KNOWN_SEAMS, BenchConfig
 from alignatt.core.errors import AlignattError
+from alignatt.core.options import flat_fields, one_line
 from alignatt.models.presets import DEFAULT_MODEL
 
 
@@ -26,10 +30,14 @@ class Profile(BaseModel):
     device: str = "cpu"
     dtype: str | None = None
     bench: dict[str, Any] = Field(default_factory=dict)  # overrides of the `bench:` section
-    smoke: dict[str, Any] = Field(default_factory=dict)  # options of the smoke stage
-    load: dict[str, Any] = Field(default_factory=dict)  # options of the load stage (`alignatt load`)
-    eval: dict[str, Any] = Field(default_factory=dict)  # options of the eval stage (`alignatt eval` flags)
-    # options of the eval-direction stages (en-it, en-zh, cs-en: `alignatt eval --test-set <direction>`)
+    # Each stage section is a partial of its command's options model, its keys that model's knobs
+    # (`stage_options`; `alignatt doctor` validates them all in the env stage, pipeline/doctor.py
+    # STAGE_SECTIONS). Kept as mappings here: this module imports no command's model, so the bench
+    # stages do not depend on the server's code.
+    smoke: dict[str, Any] = Field(default_factory=dict)  # SmokeOptions of `alignatt smoke --profile`
+    load: dict[str, Any] = Field(default_factory=dict)  # LoadOptions of `alignatt load --profile`
+    eval: dict[str, Any] = Field(default_factory=dict)  # EvalOptions of `alignatt eval --profile` (en-de)
+    # EvalOptions of the eval-direction stages (en-it, en-zh, cs-en: `alignatt eval --profile P --test-set <d>`)
     eval_directions: dict[str, Any] = Field(default_factory=dict)
     note: str = ""  # why the profile deviates from the protocol, shown in the methodology
     # seams that cannot run on this profile's machine by design (vllm_capture on a CPU): their
@@ -133,3 +141,64 @@ def bench_config(
         return BenchConfig.model_validate(fields)
     except ValidationError as e:
         raise AlignattError(f"bench config: {e}") from None
+
+
+# ---- a stage command's options: its profile section, the command's flags over it ---------------
+
+STAGE_SECTIONS = ("smoke", "load", "eval", "eval_directions")  # the profile keys that are a command's options
+
+
+def section_knobs(prof: Profile, section: str) -> dict[str, Any]:
+    """The flat knobs a profile gives a stage command: its model, device and dtype, then the
+    section's own keys over them (h200's `eval:` scores other weights than the profile's model)."""
+    if section not in STAGE_SECTIONS:
+        raise AlignattError(f"no stage section {section!r} in a profile: {', '.join(STAGE_SECTIONS)}")
+    return {"model": prof.model, "device": prof.device, "dtype": prof.dtype, **getattr(prof, section)}
+
+
+def section_fields(
+    model: type[BaseModel], name: str, prof: Profile, section: str, fold: Callable[..., dict] = dict
+) -> dict[str, Any]:
+    """The fields the profile's section sets, validated as `model` (what `alignatt doctor` checks
+    for every section, and a stage command for its own): AlignattError, one line, naming a key no
+    field knows or the first bad value as `profiles.<name>.<section> option`. `fold`: flat knobs
+    that are a nested field's (eval's `tail_p_wrong` -> `tail_noise.p_wrong`) into that field."""
+    where = f"profiles.{name}.{section} option"
+    fields = flat_fields(model, fold(section_knobs(prof, section)), where)
+    try:
+        model.model_validate(fields)
+    except ValidationError as e:
+        raise AlignattError(one_line(e, f"bad {where} ")) from None
+    return fields
+
+
+def _over(base: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """`given` over `base`; a nested model's fields (eval's tail_noise) one by one."""
+    out = dict(base)
+    for key, value in given.items():
+        below = out.get(key)
+        out[key] = {**below, **value} if isinstance(below, dict) and isinstance(value, dict) else value
+    return out
+
+
+def stage_options(
+    model: type[BaseModel],
+    section: str,
+    given: Mapping[str, Any],
+    params_path: str | Path = "params.yaml",
+    profile: str | None = None,
+    prefix: str = "",
+    fold: Callable[..., dict] = dict,
+) -> BaseModel:
+    """A stage command's options: with `profile`, that profile's `section` of `params_path` (and
+    its model, device, dtype) with the `given` flags over it; without, the flags alone. A bad
+    section is named by its place in params (`section_fields`); a bad flag is one line after
+    `prefix`, as the command says it without a profile."""
+    base: dict[str, Any] = {}
+    if profile is not None:
+        name, prof = profile_of(load_params(params_path), profile)
+        base = section_fields(model, name, prof, section, fold)
+    try:
+        return model.model_validate(_over(base, flat_fields(model, fold(given), prefix.strip() or "option")))
+    except ValidationError as e:
+        raise AlignattError(one_line(e, prefix)) from None

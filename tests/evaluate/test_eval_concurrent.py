@@ -103,11 +103,17 @@ def test_a_concurrency_below_one_is_refused_in_one_line(tmp_path, value):
     assert len(r.output.strip().splitlines()) == 1 and not out.exists()
 
 
-def test_a_profile_sets_the_concurrency_through_its_eval_options():
-    from alignatt.pipeline.container import expand_placeholders
+def test_a_profile_sets_the_concurrency_through_its_eval_options(tmp_path):
+    import yaml
 
-    args = expand_placeholders(["{eval}"], "h200", {"eval": {"limit": 4, "concurrency": 64}})
-    assert args == ["--limit", "4", "--concurrency", "64"]
+    from alignatt.evaluate.tails import fold_tail_noise
+    from alignatt.pipeline.params import stage_options
+
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"profiles": {"h200": {"model": "gemma3-270m",
+                                                            "eval": {"limit": 4, "concurrency": 64}}}}))
+    options = stage_options(EvalOptions, "eval", {}, params, "h200", fold=fold_tail_noise)
+    assert (options.limit, options.concurrency) == (4, 64)
     assert "--concurrency" in CliRunner().invoke(app, ["eval", "--help"], terminal_width=200).output
 
 

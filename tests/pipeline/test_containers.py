@@ -97,30 +97,26 @@ PARAMS = {
     "profiles": {
         "cpu": {"model": "gemma3-270m", "device": "cpu", "dtype": "float32", "smoke": {"speed": 4.0}},
         "h200": {"model": "gemma4-e4b-synthetic", "device": "cuda", "dtype": "bfloat16",
-                 "smoke": {"seam": "vllm_capture", "speed": 1.0, "verbose": True}},
+                 "smoke": {"seam": "vllm_capture", "speed": 1.0}},
     },
     "container": {"engine": "none", "image": "alignatt:0.1.0"},
 }
 
 
-def test_placeholders_follow_the_profile():
-    args = ["alignatt", "smoke", "--model", "{model}", "{smoke}", "--out", "outputs/{profile}/s.json"]
-    assert container.expand_placeholders(args, "h200", PARAMS["profiles"]["h200"]) == [
-        "alignatt", "smoke", "--model", "gemma4-e4b-synthetic", "--seam", "vllm_capture",
-        "--speed", "1.0", "--verbose", "--out", "outputs/h200/s.json",
-    ]
-    with pytest.raises(AlignattError, match="no 'modle'"):
-        container.expand_placeholders(["{modle}"], "cpu", PARAMS["profiles"]["cpu"])
-    with pytest.raises(AlignattError, match="must stand alone"):
-        container.expand_placeholders(["x{smoke}"], "cpu", PARAMS["profiles"]["cpu"])
+def test_the_wrapper_passes_the_command_through_unchanged():
+    """Each stage command reads its own options (`--profile`): the wrapper splices nothing in."""
+    args = ["alignatt", "smoke", "--profile", "h200", "--out", "outputs/h200/s.json", "{smoke}"]
+    cmd, _ = container.stage_command(args, PARAMS, ROOT, {"PATH": "/usr/bin"})
+    assert cmd == [sys.executable, "-m", *args]
+    assert not hasattr(container, "expand_placeholders")
 
 
 def test_host_mode_runs_alignatt_with_this_interpreter_and_this_environment():
     """A GPU image's `alignatt` console script named /usr/bin/python3, which lacks the packages: a
     host stage runs the CLI as `python -m alignatt` with the wrapper's own interpreter instead."""
     env = {"PATH": "/usr/bin", CONTAINER_IMAGE_ENV: "stale", "HOME": "/root"}
-    cmd, out_env = container.stage_command(["alignatt", "env", "--model", "{model}"], PARAMS, ROOT, env)
-    assert cmd == [sys.executable, "-m", "alignatt", "env", "--model", "gemma3-270m"]
+    cmd, out_env = container.stage_command(["alignatt", "env", "--profile", "cpu"], PARAMS, ROOT, env)
+    assert cmd == [sys.executable, "-m", "alignatt", "env", "--profile", "cpu"]
     other, _ = container.stage_command(["dvc", "version"], PARAMS, ROOT, env)
     assert other == ["dvc", "version"]
     assert out_env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
@@ -202,13 +198,13 @@ def test_run_stage_script_on_the_host_and_through_a_fake_docker(tmp_path):
     log = tmp_path / "docker.log"
     env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}", "FAKE_DOCKER_LOG": str(log)}
     done = subprocess.run([sys.executable, "-m", "alignatt.pipeline.container", "--params", str(params), "--",
-                           "alignatt", "env", "--model", "{model}"],
+                           "alignatt", "env", "--profile", "h200"],
                           cwd=ROOT, capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
     argv = log.read_text().splitlines()
     assert argv[:2] == ["run", "--rm"] and "--gpus" in argv  # the h200 profile runs on cuda
     assert f"{CONTAINER_DIGEST_ENV}=sha256:{'1' * 64}" in argv and f"{CONTAINER_ID_ENV}=sha256:{'1' * 64}" in argv
-    assert argv[-4:] == ["alignatt", "env", "--model", "gemma4-e4b-synthetic"]
+    assert argv[-4:] == ["alignatt", "env", "--profile", "h200"]
 
 
 def test_an_absent_image_has_no_identity_unless_it_must_exist(tmp_path, monkeypatch):

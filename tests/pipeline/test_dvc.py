@@ -68,14 +68,15 @@ def test_stage_graph_and_outputs():
 
 # ---- code deps: a stage re-runs when the code it runs changes, and only then --------------------
 
-# What each stage's command calls (alignatt.cli is the thin front end every command shares).
+# What each stage's command calls (alignatt.cli is the thin front end every command shares; a
+# command's `--profile` reads its options with alignatt.pipeline.params).
 STAGE_ENTRY_MODULES = {
     "env": ["alignatt.pipeline.doctor", "alignatt.record.provenance", "alignatt.record.artifacts"],
     "bench": ["alignatt.measure.bench", "alignatt.pipeline.params"],
-    "smoke": ["alignatt.measure.smoke"],
-    "eval": ["alignatt.evaluate.run", "alignatt.evaluate.outputs"],
-    "eval-direction": ["alignatt.evaluate.run", "alignatt.evaluate.outputs"],
-    "load": ["alignatt.measure.capacity"],
+    "smoke": ["alignatt.measure.smoke", "alignatt.pipeline.params"],
+    "eval": ["alignatt.evaluate.run", "alignatt.evaluate.outputs", "alignatt.pipeline.params"],
+    "eval-direction": ["alignatt.evaluate.run", "alignatt.evaluate.outputs", "alignatt.pipeline.params"],
+    "load": ["alignatt.measure.capacity", "alignatt.pipeline.params"],
     "report": ["alignatt.report.page", "alignatt.report.figures"],
 }
 
