@@ -4,7 +4,8 @@ A knob is a field of a pydantic options model (`SoakOptions`, `LoadOptions`, `Se
 its default and its `description` are the only ones. On the command line it is `--field-name`,
 and also `--old-name` for each older name its `validation_alias` lists (`AliasChoices("stagger_s",
 "stagger")`), so params.yaml sections and documented commands keep working. A list field is one
-comma-separated value there (`--speakers 1,2,4`, `speakers: "1,2,4"`). `flat_fields` turns such
+comma-separated value there (`--speakers 1,2,4`, `speakers: "1,2,4"`); a list of models is a repeated
+option (`--configurations key=value,...` once per item) and a YAML list. `flat_fields` turns such
 flat values into the model's fields and refuses a key no field knows (nanoGPT's "Unknown config
 key"); the model validates the rest. `alignatt.cli.options` builds the typer options from here.
 """
@@ -44,21 +45,32 @@ def _plain(annotation: Any) -> tuple[Any, bool]:
     return annotation, False
 
 
+def is_model_list(model: type[BaseModel], field: str) -> bool:
+    """A list of models (the capacity benchmark's configurations): a command line repeats its option,
+    one item each (`--configurations key=value,...`), and no value of it is split at commas."""
+    plain = _plain(model.model_fields[field].annotation)[0]
+    item = (typing.get_args(plain) or (None,))[0]
+    return typing.get_origin(plain) is list and isinstance(item, type) and issubclass(item, BaseModel)
+
+
 def is_list(model: type[BaseModel], field: str) -> bool:
-    return typing.get_origin(_plain(model.model_fields[field].annotation)[0]) is list
+    """A comma-separated list knob (`--speakers 1,2,4`)."""
+    return typing.get_origin(_plain(model.model_fields[field].annotation)[0]) is list and not is_model_list(model, field)
 
 
 def knob_type(model: type[BaseModel], field: str) -> tuple[type, list[str] | None]:
     """(the type a command line parses the field as, its choices or None). A list is one
-    comma-separated string; a union of a number and a word (`int | Literal["auto"]`) a string the
-    model parses. TypeError for a field no command line can give (a mapping, a nested model):
-    its model lists it in `exclude` where it builds its options."""
+    comma-separated string, a list of models a repeated option; a union of a number and a word
+    (`int | Literal["auto"]`) a string the model parses. TypeError for a field no command line can
+    give (a mapping, a nested model): its model lists it in `exclude` where it builds its options."""
     plain, _ = _plain(model.model_fields[field].annotation)
     origin = typing.get_origin(plain)
     if plain in (bool, int, float, str):
         return plain, None
     if origin is Literal:
         return str, [str(v) for v in typing.get_args(plain)]
+    if is_model_list(model, field):
+        return list[str], None
     if origin is list:
         return str, None
     if origin is typing.Union and all(a in (int, float, str) or typing.get_origin(a) is Literal

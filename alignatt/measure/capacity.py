@@ -26,7 +26,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from alignatt.capture.names import VLLM_CAPTURE
 from alignatt.core.draft import acceptance_level
@@ -37,11 +37,10 @@ from alignatt.replay.speakers import SpeakerPlan, run_speakers
 from alignatt.measure.gpu_busy import GpuBusy, route_gpu
 from alignatt.measure.host_cpu import cpu_times, shares
 from alignatt.measure.kernel_profiles import KernelProfiles
-from alignatt.measure.smoke import ServedModelOptions
+from alignatt.record.artifacts.options import ServedModel
 from alignatt.measure.capacity_levels import (LAG_GROWTH_S, configuration_difference, level_line, signature,
                                               summarise_level)
-from alignatt.measure.load_configurations import (OWN_PROCESS_FLAG, configuration_engines, configuration_settle,
-                                                 label_flags, parse_configuration, plain_engine_label)
+from alignatt.measure.load_configurations import LoadConfiguration, default_configurations
 from alignatt.replay.stream import SmokeStream, load_stream
 
 BUNDLED_STREAMS = {"smoke": "mt_server_smoke_stream.json", "long": "mt_load_long_stream.json"}
@@ -56,12 +55,14 @@ def _int_list(value: Any) -> list[int]:
     return [int(x) for x in value]
 
 
-class LoadOptions(ServedModelOptions):
-    vllm_mode: str | None = Field(None, description="vllm_capture: configurations, comma-separated, each a mode "
-                                                    "with optional +flags: verify, batch_invariant, engines<N> (N "
-                                                    "engine processes on the GPU), process (the one engine in a "
-                                                    "process of its own), settle<N> (stop drafts N tokens past the "
-                                                    "answer), e.g. fullgraph,fullgraph+settle2+process")
+class LoadOptions(ServedModel):
+    configurations: list[LoadConfiguration] | None = Field(
+        None, validation_alias=AliasChoices("configurations", "configuration"),
+        description="the servers measured, one after another: each the ServerConfig fields it sets, key=value "
+                    "pairs, comma-separated (vllm_mode, settle_buffer_tokens, own_process, engines, verify, "
+                    "batch_invariant), the option once per configuration, e.g. vllm_mode=fullgraph,"
+                    "settle_buffer_tokens=2,own_process=true (default: what `alignatt serve` serves on this seam "
+                    "and device, then the same drafting whole)")
     speakers: list[int] = Field(default_factory=lambda: [1, 2, 4],
                                 description="load levels: concurrent speakers, comma-separated")
     streams: list[str] = Field(default_factory=lambda: ["smoke", "long"],
@@ -120,6 +121,27 @@ class LoadOptions(ServedModelOptions):
     def _names(cls, value: Any) -> list[str]:
         return [s for s in value.split(",") if s] if isinstance(value, str) else list(value)
 
+    @field_validator("configurations", mode="before")
+    @classmethod
+    def _one_or_more(cls, value: Any) -> Any:
+        return [value] if isinstance(value, (str, dict)) else value
+
+    @model_validator(mode="after")
+    def _configurations(self) -> "LoadOptions":
+        if self.configurations is None:
+            self.configurations = default_configurations(self.seam, self.device)
+        if not self.configurations:
+            raise ValueError("configurations: give at least one")
+        engine = next((c for c in self.configurations if c.seam_options()), None)
+        if engine is not None and self.seam != VLLM_CAPTURE:  # before any level is measured
+            raise ValueError(f"configuration {engine.label()} sets vllm_capture's engine options: use --seam "
+                             "vllm_capture")
+        return self
+
+    def runs(self) -> list[LoadConfiguration]:
+        """The configurations, as validated (the default resolved)."""
+        return list(self.configurations or [])
+
 
 def resolve_streams(names: list[str]) -> list[tuple[str, SmokeStream]]:
     from importlib import resources
@@ -169,13 +191,10 @@ def _gpu_memory() -> tuple[float | None, float | None]:
 # ---- the run ----
 
 
-def _route(options: LoadOptions, configuration: str | None):
+def _route(options: LoadOptions, configuration: LoadConfiguration):
     from alignatt.serve.config import DirectionRoute
 
-    mode, flags = parse_configuration(configuration)
-    seam_options: dict[str, Any] = dict(flags)
-    if mode:
-        seam_options["vllm_mode"] = mode
+    seam_options: dict[str, Any] = configuration.seam_options()
     if options.seam == VLLM_CAPTURE:
         if options.prefix_caching is not None:
             seam_options["enable_prefix_caching"] = options.prefix_caching
@@ -185,23 +204,19 @@ def _route(options: LoadOptions, configuration: str | None):
                           device=options.device, dtype=options.dtype, seam_options=seam_options)
 
 
-def run_configuration(options: LoadOptions, mode: str | None, seam_factory=None) -> dict:
-    """Every load level on one server configuration (a vLLM mode, with its flags): its levels,
-    engine facts and heads."""
-    from alignatt.serve.config import ReplicaConfig, ServerConfig, ServerLimits, resolve_preset
+def run_configuration(options: LoadOptions, configuration: LoadConfiguration, seam_factory=None) -> dict:
+    """Every load level on the server of one configuration: its levels, engine facts and heads."""
+    from alignatt.serve.config import ServerLimits, resolve_preset
     from alignatt.serve.engine_client import ProcessBatchSeam
     from alignatt.serve.server import ServerThread
 
     preset = resolve_preset(options.preset).name
     streams = resolve_streams(options.streams)
-    route = _route(options, mode)
-    shared_gpu = configuration_engines(mode)
-    own_process = OWN_PROCESS_FLAG in label_flags(mode)
-    config = ServerConfig(host="127.0.0.1", port=0, default_preset=preset, directions={"en-de": route},
-                          limits=ServerLimits(max_sessions=max(options.speakers)),
-                          engines=shared_gpu or options.engines,
-                          replicas=ReplicaConfig(engines_per_gpu=shared_gpu or 1, own_process=own_process),
-                          settle_buffer_tokens=configuration_settle(mode))
+    mode = configuration.label()  # the levels' name in the artifact
+    config = configuration.server_config(_route(options, configuration), engines=options.engines,
+                                         host="127.0.0.1", port=0, default_preset=preset,
+                                         limits=ServerLimits(max_sessions=max(options.speakers)))
+    route = config.directions["en-de"]
     levels: list[dict] = []
     alone: dict[str, dict[int, tuple]] = {}
     with ServerThread(config, seam_factory) as handle:
@@ -270,13 +285,14 @@ def _profiled_engines(options: LoadOptions, mode: str | None, engines: list) -> 
     seams = {f"{label}_engine{e.name}": e.seam for e in engines if callable(getattr(e.seam, "profile", None))}
     if not seams:
         raise AlignattError(f"engine_profile_dir: configuration {mode or options.seam!r} has no engine in a process "
-                            "of its own to profile (add +process or +engines<N>)")
+                            "of its own to profile (set own_process=true or engines=N)")
     return seams
 
 
 def configuration_in_child(payload: dict) -> dict:
-    """`run_configuration` for `alignatt.record.isolated` (payload: options and mode)."""
-    return run_configuration(LoadOptions.model_validate(payload["options"]), payload["mode"])
+    """`run_configuration` for `alignatt.record.isolated` (payload: options and configuration)."""
+    return run_configuration(LoadOptions.model_validate(payload["options"]),
+                             LoadConfiguration.model_validate(payload["configuration"]))
 
 
 def capture_cost_in_child(payload: dict) -> list[dict]:
@@ -284,12 +300,12 @@ def capture_cost_in_child(payload: dict) -> list[dict]:
     from alignatt.measure.capture_cost import capture_cost
 
     options = LoadOptions.model_validate(payload["options"])
-    mode, flags = parse_configuration(payload["mode"])
-    update: dict[str, Any] = {"vllm_mode": mode}
+    configuration = LoadConfiguration.model_validate(payload["configuration"])
     if options.profile_dir:  # a folder per configuration, named by its label
-        update["profile_dir"] = str(Path(options.profile_dir) / payload["mode"].replace("+", "_"))
-    return capture_cost(options.model_copy(update=update),
-                        [Head(int(a), int(b)) for a, b in payload["heads"]], seam_options=flags)
+        options = options.model_copy(update={"profile_dir": str(Path(options.profile_dir) /
+                                                                 str(configuration.label()).replace("+", "_"))})
+    return capture_cost(options, [Head(int(a), int(b)) for a, b in payload["heads"]],
+                        seam_options=configuration.seam_options())
 
 
 def verify_equality_in_child(payload: dict) -> dict:
@@ -301,27 +317,16 @@ def verify_equality_in_child(payload: dict) -> dict:
     from alignatt.measure.verify_equality import verified_against_scratch
 
     options = LoadOptions.model_validate(payload["options"])
-    mode, flags = parse_configuration(payload["mode"])
+    configuration = LoadConfiguration.model_validate(payload["configuration"])
     heads = [Head(int(a), int(b)) for a, b in payload["heads"]]
     requests = [r for _, r in bench_requests(options.capture_cost_tokens)]
     seam = make_seam(VLLM_CAPTURE, model=options.model, heads=heads, device=options.device, dtype=options.dtype,
-                     vllm_mode=mode or "cudagraph", max_num_seqs=len(requests), **flags)  # drafts end as served ones do
+                     max_num_seqs=len(requests),  # drafts end as served ones do
+                     **{"vllm_mode": "cudagraph", **configuration.seam_options()})
     try:
         return verified_against_scratch(seam, requests, decision_heads=len(heads))
     finally:
         seam.close()
-
-
-def vllm_modes(options: LoadOptions) -> list[str | None]:
-    """The configurations of the run: each comma-separated label (None: the seam's default)."""
-    modes = [m.strip() for m in (options.vllm_mode or "").split(",") if m.strip()] or [None]
-    for label in modes:
-        parse_configuration(label)
-        configuration_engines(label)
-        configuration_settle(label)
-    if len(modes) > 1 and options.seam != VLLM_CAPTURE:
-        raise AlignattError("several vllm modes need the vllm_capture seam")
-    return modes
 
 
 def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json", metrics: str | Path | None = None,
@@ -340,17 +345,19 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
     except ProtocolError as e:
         raise AlignattError(e.message) from None
     streams = resolve_streams(options.streams)
-    modes = vllm_modes(options)
+    configurations = options.runs()
+    modes = [c.label() for c in configurations]  # their names in the artifact and on the page
     want_cost = options.capture_cost == "on" or (
         options.capture_cost == "auto" and options.seam == VLLM_CAPTURE and options.device.startswith("cuda"))
     # One vLLM engine per process: with a second one to come (another mode, the capture cost), each
     # configuration runs in a child of its own.
-    isolate = seam_factory is None and options.seam == VLLM_CAPTURE and (len(modes) > 1 or want_cost)
+    isolate = seam_factory is None and options.seam == VLLM_CAPTURE and (len(configurations) > 1 or want_cost)
     runs: list[dict] = []
-    for mode in modes:
-        payload = {"options": options.model_dump(), "mode": mode}
-        runs.append(run_in_child("alignatt.measure.capacity:configuration_in_child", payload, f"load ({mode})")
-                    if isolate else run_configuration(options, mode, seam_factory))
+    for configuration in configurations:
+        payload = {"options": options.model_dump(), "configuration": configuration.model_dump()}
+        runs.append(run_in_child("alignatt.measure.capacity:configuration_in_child", payload,
+                                 f"load ({configuration.label()})")
+                    if isolate else run_configuration(options, configuration, seam_factory))
     for r in runs[1:]:  # one speaker alone on each later configuration against the first
         difference = configuration_difference(runs[0]["alone"], r["alone"])
         for lv in r["levels"]:
@@ -358,21 +365,25 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
                 lv.update(difference)
     levels = [lv for r in runs for lv in r["levels"]]
     cost: list[dict] = []
-    heads = runs[0]["heads"] or [[h.layer, h.head] for h in resolve_heads(_route(options, modes[0]), "en-de")]
+    heads = runs[0]["heads"] or [[h.layer, h.head] for h in resolve_heads(_route(options, configurations[0]), "en-de")]
     # The capture cost drafts fixed-length tokens with no proposal, on one engine: verification and
-    # engine processes change nothing it measures, so each configuration is measured without them, once.
-    cost_modes = list(dict.fromkeys(plain_engine_label(m) for m in modes))
+    # engine processes change nothing it measures, so each configuration is measured without them, once
+    # (the seam's default mode: cudagraph).
+    engines = list(dict.fromkeys(c.plain_engine() for c in configurations))
     if want_cost:
-        for mode in cost_modes:
-            payload = {"options": options.model_dump(), "mode": mode or "cudagraph", "heads": heads}
-            rows = (run_in_child("alignatt.measure.capacity:capture_cost_in_child", payload, f"capture cost ({mode})")
+        for engine in engines:
+            engine = engine if engine.vllm_mode else engine.model_copy(update={"vllm_mode": "cudagraph"})
+            payload = {"options": options.model_dump(), "configuration": engine.model_dump(), "heads": heads}
+            rows = (run_in_child("alignatt.measure.capacity:capture_cost_in_child", payload,
+                                 f"capture cost ({engine.label()})")
                     if seam_factory is None else capture_cost_in_child(payload))
-            cost += [{**row, "vllm_mode": mode or "cudagraph"} for row in rows]
-        skipped = [m for m in modes if m not in cost_modes]
+            cost += [{**row, "vllm_mode": engine.label()} for row in rows]
+        skipped = [c for c in configurations if c not in engines]
         note = (f"draft_many of the bench prompts, {options.capture_cost_tokens} fixed-length tokens, "
                 f"median of {options.capture_cost_repeats} after a warm-up, capture on then off, one engine at a time"
-                + (f"; not measured for {', '.join(skipped)}: these drafts carry no proposal to verify and run "
-                   f"on one engine, as {', '.join(dict.fromkeys(str(plain_engine_label(m)) for m in skipped))} does"
+                + (f"; not measured for {', '.join(str(c.label()) for c in skipped)}: these drafts carry no proposal "
+                   f"to verify and run on one engine, as "
+                   f"{', '.join(dict.fromkeys(str(c.plain_engine().label()) for c in skipped))} does"
                    if skipped else ""))
     else:
         note = "not measured: needs vllm_capture on CUDA (capture_cost=on forces it)"
@@ -381,8 +392,9 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
     equality: list[dict] = []
     equality_failed: list[str] = []
     want_equality = options.seam == VLLM_CAPTURE and options.device.startswith("cuda")
-    for mode in (m for m in modes if want_equality and "verify" in label_flags(m)):
-        payload = {"options": options.model_dump(), "mode": mode, "heads": heads}
+    for configuration in (c for c in configurations if want_equality and c.verify):
+        mode = configuration.label()
+        payload = {"options": options.model_dump(), "configuration": configuration.model_dump(), "heads": heads}
         try:
             got = (run_in_child("alignatt.measure.capacity:verify_equality_in_child", payload,
                                 f"verify equality ({mode})") if seam_factory is None else verify_equality_in_child(payload))
@@ -405,7 +417,9 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
         provenance=collect_provenance(model_id=model_id, model_revision=revision),
         config={
             "model": options.model, "seam": options.seam, "preset": preset, "device": options.device,
-            "dtype": options.dtype, "vllm_mode": options.vllm_mode, "vllm_modes": modes, "heads": heads,
+            # the configurations by label (load_configurations.py reads them back), as artifacts always have
+            "dtype": options.dtype, "vllm_mode": ",".join(m for m in modes if m) or None, "vllm_modes": modes,
+            "heads": heads,
             "speakers": sorted(set(options.speakers)), "streams": [s for s, _ in streams],
             "stream_words": {s: len(st.words) for s, st in streams},
             "stream_seconds": {s: round(len(st.words) / st.words_per_second + st.commit_lag_seconds, 1)

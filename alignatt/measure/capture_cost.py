@@ -19,7 +19,6 @@ class CaptureCostOptions(Protocol):
     model: str
     device: str
     dtype: str | None
-    vllm_mode: str | None
     capture_cost_batches: list[int]
     capture_cost_tokens: int
     capture_cost_repeats: int
@@ -36,7 +35,7 @@ def capture_cost(options: CaptureCostOptions, heads: list, make: Callable[..., A
                  seam_options: dict[str, Any] | None = None) -> list[dict]:
     """Captured vs uncaptured `draft_many` wall at each batch size: same prompts, same run,
     fixed-length drafts (both engines generate the same number of tokens); `seam_options`: the
-    configuration's engine options (its flags)."""
+    configuration's engine options (its vLLM mode, cudagraph unless it names one, and flags)."""
     from alignatt.capture.registry import make_seam
     from alignatt.checks.records import bench_requests
 
@@ -45,8 +44,8 @@ def capture_cost(options: CaptureCostOptions, heads: list, make: Callable[..., A
     walls: dict[bool, dict[int, float]] = {}
     for captured in (True, False):
         seam = make(VLLM_CAPTURE, model=options.model, heads=heads, device=options.device, dtype=options.dtype,
-                    vllm_mode=options.vllm_mode or "cudagraph", capture=captured, fixed_length=True,
-                    max_num_seqs=max(options.capture_cost_batches), **(seam_options or {}))
+                    capture=captured, fixed_length=True, max_num_seqs=max(options.capture_cost_batches),
+                    **{"vllm_mode": "cudagraph", **(seam_options or {})})
         try:
             walls[captured] = {}
             for batch in options.capture_cost_batches:

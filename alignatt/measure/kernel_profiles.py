@@ -27,7 +27,7 @@ class KernelProfiles:
         self._seams = {e.name: e.seam for e in engines if callable(getattr(e.seam, "kernel_profile", None))}
         if options.kernel_profile_speakers and not self._seams:  # said at the first level, before any is measured
             raise AlignattError(f"kernel_profile_speakers: configuration {mode or options.seam!r} has no engine in a "
-                                "process of its own to profile (add +process or +engines<N>)")
+                                "process of its own to profile (set own_process=true or engines=N)")
         self._folder = Path(tempfile.mkdtemp(prefix="alignatt-kernels-")) if self.armed else None
         self._timer: threading.Timer | None = None
         self._errors: dict[str, str] = {}

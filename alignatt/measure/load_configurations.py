@@ -1,90 +1,181 @@
-"""The load benchmark's configuration labels: a vLLM mode with `+flags` (`fullgraph+settle2+process`).
+"""The capacity benchmark's configurations: each a change to the server that `alignatt load` starts.
 
-A label names a configuration in the artifact and on the page. Engine flags set the engine's options
-(`verify`, `batch_invariant`); server flags set how the server runs it (`process`, `engines<N>`,
-`settle<N>`). `alignatt.measure.capacity` runs each configuration of a run on a server of its own.
+A `LoadConfiguration` holds the fields of `serve/config.py:ServerConfig` that one configuration
+sets (the vLLM mode, settling, the engine in a process of its own, engine processes sharing the GPU,
+verified re-drafts, batch-invariant kernels); `server_config` gives the server it stands for.
+params.yaml lists them as mappings (`profiles.*.load.configurations`); a command line gives each as
+`--configurations key=value,...` (or a JSON object). Its label (`fullgraph+settle2+process`) is
+derived from it (`label`) and names it in the artifact and on the page; `from_label` reads the
+labels that artifacts recorded, the one reader of that form. `alignatt.measure.capacity` runs each
+configuration on a server of its own.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import re
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from alignatt.capture.names import VLLM_CAPTURE, VLLM_MODES
 from alignatt.core.errors import AlignattError
+from alignatt.core.options import one_line
+from alignatt.serve.config import DirectionRoute, EngineCount, ReplicaConfig, ServerConfig
 
-# Flags a configuration label may add to its vLLM mode (`fullgraph+batch_invariant`): engine options.
-# `verify`: verified re-drafts (the session's previous draft as vLLM's speculative proposer), so
-# `--vllm-mode fullgraph,fullgraph+verify` runs verification off and on in one run.
-CONFIGURATION_FLAGS: dict[str, dict[str, Any]] = {"batch_invariant": {"batch_invariant": True},
-                                                  "verify": {"verify": True}}
-# Server flags: `fullgraph+engines4` serves the route from 4 engine processes sharing the GPU
-# (ServerConfig.engines, ReplicaConfig.engines_per_gpu); `fullgraph+process` runs its one engine in a
-# process of its own (ReplicaConfig.own_process), where the engine thread never waits for the
-# interpreter lock of the event loop and the sessions' policy (docs/batching.md).
-ENGINES_FLAG = re.compile(r"engines([1-9][0-9]*)")
+# A label's mode when the configuration names none (the seam's own): `default+settle2`.
+DEFAULT_MODE = "default"
 OWN_PROCESS_FLAG = "process"
-# `fullgraph+settle4`: every session stops a partial draft once the policy's answer is known, 4 tokens
-# past its first held token (ServerConfig.settle_buffer_tokens, core/settle.py).
+ENGINES_FLAG = re.compile(r"engines([1-9][0-9]*)")
 SETTLE_FLAG = re.compile(r"settle([0-9]+)")
+EXAMPLE = "vllm_mode=fullgraph,settle_buffer_tokens=2,own_process=true"
 
 
-def parse_configuration(label: str | None) -> tuple[str | None, dict[str, Any]]:
-    """A configuration label, `mode[+flag...]` (e.g. `fullgraph+batch_invariant`): the vLLM mode and
-    the engine options its flags set. The label names the configuration in the artifact and report."""
-    from alignatt.capture.names import VLLM_MODES
+class LoadConfiguration(BaseModel):
+    """One server of a load run: the ServerConfig fields it sets, each at ServerConfig's default
+    unless given (so a configuration is a server anyone can serve: `server_config`)."""
 
-    if label is None:
-        return None, {}
-    mode, flags = label.split("+")[0].strip(), label_flags(label)
-    if mode not in VLLM_MODES:
-        raise AlignattError(f"unknown vllm_mode {mode!r}: use one of {', '.join(VLLM_MODES)}")
-    flags = [f for f in flags if not _server_flag(f)]  # configuration_engines reads them
-    unknown = [f for f in flags if f not in CONFIGURATION_FLAGS]
-    if unknown:
-        raise AlignattError(f"unknown configuration flag {unknown[0]!r} in {label!r}: use "
-                            f"{', '.join(CONFIGURATION_FLAGS)}, {OWN_PROCESS_FLAG}, engines<N> or settle<N>")
-    return mode, {k: v for f in flags for k, v in CONFIGURATION_FLAGS[f].items()}
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    vllm_mode: str | None = Field(None, description="vllm_capture's mode: eager | cudagraph | fullgraph | compiled "
+                                                    "(None: the seam's default)")
+    settle_buffer_tokens: int | None = Field(
+        None, ge=0, description="ServerConfig.settle_buffer_tokens: stop a partial draft N tokens past its first "
+                                "held token (None: whole drafts, run to max_new_tokens)")
+    own_process: bool = Field(False, description="ReplicaConfig.own_process: the one engine runs in a process of "
+                                                 "its own (its thread never waits for the event loop's GIL)")
+    engines: int | None = Field(None, ge=1, description="engine processes sharing the GPU (ServerConfig.engines "
+                                                        "and ReplicaConfig.engines_per_gpu; None: the run's engines)")
+    verify: bool = Field(False, description="vllm_capture: verified re-drafts (the session's previous draft as "
+                                            "vLLM's speculative proposer)")
+    batch_invariant: bool = Field(False, description="vllm_capture: vLLM's batch-invariant kernels")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _entry(cls, value: Any) -> Any:
+        """A command line's `key=value,...` or JSON object; a key no field knows, in one line."""
+        if isinstance(value, str):
+            value = _parse_text(value)
+        if isinstance(value, dict):
+            unknown = [k for k in value if k not in cls.model_fields]
+            if unknown:
+                raise ValueError(f"unknown configuration key {unknown[0]!r}: use {', '.join(cls.model_fields)}")
+        return value
+
+    @field_validator("vllm_mode")
+    @classmethod
+    def _mode(cls, value: str | None) -> str | None:
+        if value is not None and value not in VLLM_MODES:
+            raise ValueError(f"unknown vllm_mode {value!r}: use one of {', '.join(VLLM_MODES)}")
+        return value
+
+    def flags(self) -> list[str]:
+        """The label's flags, in the order labels have always been written (settle, process, engines,
+        verify, batch_invariant)."""
+        return ([f"settle{self.settle_buffer_tokens}"] if self.settle_buffer_tokens is not None else []) + \
+            ([OWN_PROCESS_FLAG] if self.own_process else []) + \
+            ([f"engines{self.engines}"] if self.engines is not None else []) + \
+            (["verify"] if self.verify else []) + (["batch_invariant"] if self.batch_invariant else [])
+
+    def label(self) -> str | None:
+        """Its name in the artifact and on the page: `mode[+flag...]` (None: the seam's default, unchanged)."""
+        flags = self.flags()
+        if self.vllm_mode is None and not flags:
+            return None
+        return "+".join([self.vllm_mode or DEFAULT_MODE, *flags])
+
+    def seam_options(self) -> dict[str, Any]:
+        """What it changes in the route's seam options (the engine's)."""
+        return ({"vllm_mode": self.vllm_mode} if self.vllm_mode else {}) | \
+            ({"verify": True} if self.verify else {}) | ({"batch_invariant": True} if self.batch_invariant else {})
+
+    def plain_engine(self) -> "LoadConfiguration":
+        """Its engine alone (mode, batch-invariant kernels): what the capture cost measures, which drafts
+        carry no proposal to verify and run on one engine."""
+        return LoadConfiguration(vllm_mode=self.vllm_mode, batch_invariant=self.batch_invariant)
+
+    def server_config(self, route: DirectionRoute, direction: str = "en-de", engines: EngineCount = 1,
+                      **fields: Any) -> ServerConfig:
+        """The server it stands for: `route` with its seam options, its settling and engine processes;
+        `engines` where it names none; `fields`: the rest of ServerConfig (host, port, limits, ...)."""
+        route = route.model_copy(update={"seam_options": {**route.seam_options, **self.seam_options()}})
+        return ServerConfig(directions={direction: route}, engines=self.engines or engines,
+                            replicas=ReplicaConfig(engines_per_gpu=self.engines or 1, own_process=self.own_process),
+                            settle_buffer_tokens=self.settle_buffer_tokens, **fields)
+
+    @classmethod
+    def from_label(cls, label: str | None) -> "LoadConfiguration":
+        """The configuration a recorded label names (`fullgraph+settle2+process`; None: the seam's
+        default): how artifacts written before configurations were entries are read."""
+        if label is None:
+            return cls()
+        mode, *flags = [part.strip() for part in label.split("+")]
+        fields: dict[str, Any] = {} if mode == DEFAULT_MODE else {"vllm_mode": mode}
+        for flag in flags:
+            settle, engines = SETTLE_FLAG.fullmatch(flag), ENGINES_FLAG.fullmatch(flag)
+            key, value = (("settle_buffer_tokens", int(settle[1])) if settle else ("engines", int(engines[1])) if engines
+                          else ("own_process", True) if flag == OWN_PROCESS_FLAG
+                          else (flag, True) if flag in ("verify", "batch_invariant") else (None, None))
+            if key is None:
+                raise AlignattError(f"unknown configuration flag {flag!r} in {label!r}: use settle<N>, "
+                                    f"{OWN_PROCESS_FLAG}, engines<N>, verify or batch_invariant")
+            if key in fields:
+                raise AlignattError(f"configuration {label!r} names {key} twice")
+            fields[key] = value
+        try:
+            return cls(**fields)
+        except ValidationError as e:  # the mode
+            raise AlignattError(one_line(e, f"configuration {label!r}: ")) from None
 
 
-def label_flags(label: str | None) -> list[str]:
-    """A configuration label's flags: what follows its mode, `+`-separated."""
-    return [part.strip() for part in (label or "").split("+")[1:]]
+def _parse_text(text: str) -> dict[str, Any]:
+    """`key=value,...` (`none` is None) or a JSON object, as a mapping."""
+    text = text.strip()
+    if text.startswith("{"):
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"configuration {text!r} is not a JSON object ({e.msg})") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"configuration {text!r} is not a JSON object")
+        return value
+    pairs = [p.strip() for p in text.split(",") if p.strip()]
+    if not pairs or any("=" not in p for p in pairs):
+        raise ValueError(f"configuration {text!r}: write key=value pairs, comma-separated, e.g. {EXAMPLE}")
+    return {k.strip(): None if v.strip().lower() in ("none", "null") else v.strip()
+            for k, v in (p.split("=", 1) for p in pairs)}
 
 
-def _server_flag(flag: str) -> bool:
-    return flag == OWN_PROCESS_FLAG or any(f.fullmatch(flag) for f in (ENGINES_FLAG, SETTLE_FLAG))
+@functools.cache
+def served_configuration(seam: str = VLLM_CAPTURE, device: str = "cuda") -> LoadConfiguration:
+    """What `alignatt serve` serves on a route of this seam and device by default, read from the
+    server config it builds (serve/config.py: SERVED_VLLM_OPTIONS' mode, SERVED_SETTLE_BUFFER_TOKENS
+    and the engine in a process of its own, on a vllm_capture CUDA route)."""
+    from alignatt.serve.config import SERVED_VLLM_OPTIONS, server_config
+
+    cfg = server_config(seam=seam, device=device)
+    return LoadConfiguration(vllm_mode=SERVED_VLLM_OPTIONS["vllm_mode"] if seam == VLLM_CAPTURE else None,
+                             settle_buffer_tokens=cfg.settle_buffer_tokens, own_process=cfg.replicas.own_process)
 
 
-def plain_engine_label(label: str | None) -> str | None:
-    """The label without its verify and server flags: the engine the capture cost measures."""
-    if label is None:
-        return None
-    return "+".join([label.split("+")[0].strip(), *(f for f in label_flags(label) if f != "verify" and not _server_flag(f))])
+def served_default() -> LoadConfiguration:
+    """The served default the page marks: a vllm_capture route on CUDA."""
+    return served_configuration()
 
 
-def _counted_flag(label: str | None, pattern: re.Pattern, name: str) -> int | None:
-    """N of a label's one `<name>N` flag (None: the label has none)."""
-    counts = [int(m.group(1)) for flag in label_flags(label) if (m := pattern.fullmatch(flag))]
-    if len(counts) > 1:
-        raise AlignattError(f"configuration {label!r} names more than one {name}<N> flag")
-    return counts[0] if counts else None
+def served_default_label() -> str | None:
+    """The served default's label, as the page names it."""
+    return served_default().label()
 
 
-def configuration_engines(label: str | None) -> int | None:
-    """The engine processes a configuration label's `engines<N>` flag asks for on the GPU (None: the
-    run's `engines` option, one engine in the server's process by default)."""
-    return _counted_flag(label, ENGINES_FLAG, "engines")
+def default_configurations(seam: str, device: str) -> list[LoadConfiguration]:
+    """A load run's configurations unless told: the served default of this seam and device, then
+    the same server drafting whole (one, where it already does)."""
+    served = served_configuration(seam, device)
+    return list(dict.fromkeys([served, served.model_copy(update={"settle_buffer_tokens": None})]))
 
 
-def configuration_settle(label: str | None) -> int | None:
-    """The buffer tokens of a configuration label's `settle<N>` flag (None: drafts run to max_new_tokens)."""
-    return _counted_flag(label, SETTLE_FLAG, "settle")
-
-
-def served_default_label() -> str:
-    """The label of what `alignatt serve` serves on a vllm_capture route on CUDA by default (its mode,
-    settling and own engine process: serve/config.py), so that the page can mark the
-    capacity row of the served default and a load run can measure it."""
-    from alignatt.serve.config import SERVED_SETTLE_BUFFER_TOKENS, SERVED_VLLM_OPTIONS
-
-    return f"{SERVED_VLLM_OPTIONS['vllm_mode']}+settle{SERVED_SETTLE_BUFFER_TOKENS}+{OWN_PROCESS_FLAG}"
+def is_served_default(label: str | None) -> bool:
+    """Whether a recorded label names the served default (by configuration, not by its text)."""
+    return LoadConfiguration.from_label(label) == served_default()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from alignatt.measure.load_configurations import served_default_label
+from alignatt.measure.load_configurations import LoadConfiguration, is_served_default
 from alignatt.core.errors import AlignattError
 from alignatt.report.figures import Figure, new_figure, styled, svg_text
 from alignatt.report.inputs import ReportInputs
@@ -171,7 +171,7 @@ def capacity_targets(inputs: ReportInputs) -> list[dict[str, Any]]:
                 level = next((lv for lv in a.levels if lv.vllm_mode == mode and lv.speakers == target["speakers"]), None)
                 ok, said = _judge(level, target) if level is not None else (None, ["not measured"])
                 rows.append(dict(date=a.provenance.date, configuration=configuration(rel, a, mode),
-                                 served=mode == served_default_label(),
+                                 served=is_served_default(mode),
                                  speakers=target["speakers"], verdict={True: "met", False: "missed", None: "—"}[ok],
                                  measured="; ".join(said)))
     return rows
@@ -186,37 +186,28 @@ def capture_cost_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
     return rows
 
 
-# Words for a recorded configuration (seam, vLLM mode, flags): the figure's labels say what ran.
+# Words for a recorded configuration (seam, vLLM mode, what it sets): the figure's labels say what ran.
 SEAM_WORDS = {"hf_eager": "HF eager attention", "hf_qk_fast": "HF sdpa, rows rebuilt from q/k",
               "vllm_capture": "vLLM capture"}
 MODE_WORDS = {"eager": "eager", "cudagraph": "piecewise CUDA graphs", "fullgraph": "full CUDA graphs",
               "compiled": "torch.compile"}
 
 
-def _flag_words(flag: str) -> str:
-    from alignatt.measure.load_configurations import ENGINES_FLAG, OWN_PROCESS_FLAG, SETTLE_FLAG
-
-    if flag == OWN_PROCESS_FLAG:
-        return "own engine process"
-    if m := SETTLE_FLAG.fullmatch(flag):
-        return f"settled {m[1]} tokens after a hold"
-    if m := ENGINES_FLAG.fullmatch(flag):
-        return f"{m[1]} engine processes"
-    return {"verify": "verified re-drafts", "batch_invariant": "batch-invariant kernels"}.get(flag, flag)
+def _setting_words(c: LoadConfiguration) -> list[str]:
+    """What a configuration sets, in words, in its label's order."""
+    return ([MODE_WORDS.get(c.vllm_mode, c.vllm_mode)] if c.vllm_mode else []) + \
+        ([f"settled {c.settle_buffer_tokens} tokens after a hold"] if c.settle_buffer_tokens is not None else []) + \
+        (["own engine process"] if c.own_process else []) + \
+        ([f"{c.engines} engine processes"] if c.engines is not None else []) + \
+        (["verified re-drafts"] if c.verify else []) + (["batch-invariant kernels"] if c.batch_invariant else [])
 
 
 def configuration_words(artifact: Any, vllm_mode: str | None = None) -> str:
-    """A load run's configuration in words, from its recorded config (seam, mode label, prefix caching)."""
-    from alignatt.measure.load_configurations import label_flags
-
+    """A load run's configuration in words, from its recorded config (seam, the configuration its
+    label names, prefix caching)."""
     c = artifact.config
     seam = str(c.get("seam"))
-    label = vllm_mode or c.get("vllm_mode")
-    parts = [SEAM_WORDS.get(seam, seam)]
-    if label:
-        mode = label.split("+")[0]
-        parts.append(MODE_WORDS.get(mode, mode))
-        parts += [_flag_words(f) for f in label_flags(label)]
+    parts = [SEAM_WORDS.get(seam, seam)] + _setting_words(LoadConfiguration.from_label(vllm_mode or c.get("vllm_mode")))
     engine = (c.get("engines") or {}).get(str(vllm_mode)) or c
     caching = (engine.get("seam_describe") or {}).get("enable_prefix_caching")
     if caching is not None:
@@ -243,14 +234,13 @@ def rtt_against_speakers(inputs: ReportInputs) -> list[Figure]:
     from alignatt.report.rows import machine_of
 
     targets = (inputs.params.get("report") or {}).get("capacity_targets") or []
-    served = served_default_label()
     runs = []
     for rel, a in _stage_runs(inputs):
         series: dict[str, dict] = {}
         for lv in a.levels:
             key = lv.vllm_mode or ""
             s = series.setdefault(key, dict(label=configuration_words(a, lv.vllm_mode),
-                                            served=lv.vllm_mode == served, points=[]))
+                                            served=is_served_default(lv.vllm_mode), points=[]))
             s["points"].append(lv)
         if not series:
             continue

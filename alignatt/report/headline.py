@@ -40,15 +40,14 @@ def _headline_profile_file(inputs: ReportInputs, name: str) -> tuple[str, Any] |
 
 
 def _served_level(load: Any, speakers: int) -> Any:
-    from alignatt.measure.load_configurations import served_default_label
+    from alignatt.measure.load_configurations import is_served_default
 
-    served = served_default_label()
-    return next((lv for lv in load.levels if lv.vllm_mode == served and lv.speakers == speakers), None)
+    return next((lv for lv in load.levels if is_served_default(lv.vllm_mode) and lv.speakers == speakers), None)
 
 
 def headline(inputs: ReportInputs) -> list[dict[str, str]]:
     """The opening results, as `what`, `result`, `stamp` (date, commit, machine) and `link`."""
-    from alignatt.measure.load_configurations import served_default_label
+    from alignatt.measure.load_configurations import is_served_default, served_default_label
     from alignatt.report.capacity import _judge, configuration_words
 
     items = []
@@ -60,7 +59,8 @@ def headline(inputs: ReportInputs) -> list[dict[str, str]]:
     else:
         rel, load = found
         stamp = _stamp(load)
-        words = configuration_words(load, served) if any(lv.vllm_mode == served for lv in load.levels) else None
+        measured = next((lv.vllm_mode for lv in load.levels if is_served_default(lv.vllm_mode)), None)
+        words = configuration_words(load, measured) if measured else None
         items.append(dict(what="Served configuration", result=(f"{words} (`{served}`)" if words else
                           f"`{served}`, not measured in `{rel}`"), stamp=stamp, link=capacity_link))
         streams = ", ".join(dict.fromkeys(s.rsplit("/", 1)[-1].removesuffix(".json")

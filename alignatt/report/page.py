@@ -19,7 +19,7 @@ from typing import Any
 from alignatt.core.errors import AlignattError
 from alignatt.record.artifacts import measured_on_gpu
 from alignatt.report import capacity, figures as bench_figures, step_anatomy
-from alignatt.measure.load_configurations import served_default_label
+from alignatt.measure.load_configurations import LoadConfiguration, served_default_label
 from alignatt.report.capacity import (capacity_rows, capacity_targets, capture_cost_rows, verification_rows,
                                       verify_equality_notes, verify_equality_rows)
 from alignatt.report.figures import FIGURES_DIR, Figure, FigureFunction, render_figures
@@ -178,8 +178,8 @@ def load_independence(inputs: ReportInputs) -> dict[str, Any] | None:
     found = None
     for rel, a in sorted(inputs.of_kind("load"), key=lambda t: (t[1].provenance.date or "", t[0])):
         by = {(lv.vllm_mode, lv.speakers): lv for lv in a.levels}
-        for label in {lv.vllm_mode for lv in a.levels if lv.vllm_mode and "+batch_invariant" in lv.vllm_mode}:
-            plain = label.split("+")[0]
+        for label in {lv.vllm_mode for lv in a.levels if LoadConfiguration.from_label(lv.vllm_mode).batch_invariant}:
+            plain = LoadConfiguration.from_label(label).model_copy(update={"batch_invariant": False}).label()
             common = sorted(n for (m, n) in by if m == label and (plain, n) in by and n > 1)
             if not common or (label, 1) not in by or (plain, 1) not in by:
                 continue

@@ -52,7 +52,7 @@ def test_verification_off_leaves_the_engine_arguments_as_they_were():
 
 
 def test_the_load_benchmark_runs_verification_off_and_on_in_one_run():
-    from alignatt.measure.load_configurations import parse_configuration
+    from alignatt.measure.load_configurations import LoadConfiguration
 
-    assert parse_configuration("fullgraph") == ("fullgraph", {})
-    assert parse_configuration("fullgraph+verify") == ("fullgraph", {"verify": True})
+    assert LoadConfiguration(vllm_mode="fullgraph").seam_options() == {"vllm_mode": "fullgraph"}
+    assert LoadConfiguration(vllm_mode="fullgraph", verify=True).seam_options() == {"vllm_mode": "fullgraph", "verify": True}

@@ -10,6 +10,7 @@ import pytest
 from alignatt.core.errors import AlignattError
 from alignatt.measure.capacity import LoadOptions, resolve_streams, run_load
 from alignatt.measure.capacity_levels import summarise_level
+from alignatt.measure.load_configurations import LoadConfiguration
 from alignatt.record.events import ReplayEvent
 from alignatt.replay.events import RunRecord
 from alignatt.replay.stream import SmokeStream
@@ -211,7 +212,7 @@ def test_several_vllm_modes_are_configurations_of_one_run_each_with_its_own_leve
         built.append(dict(route.seam_options))
         return StandInBatchSeam(max_batch=8, steps_for=lambda r: 2, step_s=0.002)
 
-    options = LoadOptions(seam="vllm_capture", vllm_mode="fullgraph,cudagraph", speakers="1,2", streams=[short_stream],
+    options = LoadOptions(seam="vllm_capture", configurations=["vllm_mode=fullgraph", "vllm_mode=cudagraph"], speakers="1,2", streams=[short_stream],
                           speed=3.0, stagger_s=0.0, capture_cost="off")
     site = tmp_path / "site"
     out, metrics, plot = site / "outputs" / "h200" / "load.json", tmp_path / "m.json", tmp_path / "p.csv"
@@ -252,7 +253,9 @@ def test_a_configuration_flag_sets_its_engine_option_and_names_the_levels(tmp_pa
         built.append(dict(route.seam_options))
         return StandInBatchSeam(max_batch=8, steps_for=lambda r: 2, step_s=0.002)
 
-    options = LoadOptions(seam="vllm_capture", vllm_mode="fullgraph,fullgraph+batch_invariant", speakers="1,2",
+    options = LoadOptions(seam="vllm_capture", configurations=[{"vllm_mode": "fullgraph"},
+                                                               {"vllm_mode": "fullgraph", "batch_invariant": True}],
+                          speakers="1,2",
                           streams=[short_stream], speed=3.0, stagger_s=0.0, capture_cost="off")
     site = tmp_path / "site"
     artifact = run_load(options, site / "outputs" / "h200" / "load_batch_invariant.json", seam_factory=factory)
@@ -293,7 +296,8 @@ def test_the_capture_cost_of_a_flagged_configuration_builds_its_engines_with_the
                         lambda seam, requests, folder, label: profiled.append(f"{folder.name}/{label}"))
     options = LoadOptions(seam="vllm_capture", device="cuda", capture_cost_batches="1", capture_cost_repeats=1,
                           profile_dir="prof")
-    rows = capture_cost_in_child({"options": options.model_dump(), "mode": "fullgraph+batch_invariant",
+    configuration = LoadConfiguration(vllm_mode="fullgraph", batch_invariant=True)
+    rows = capture_cost_in_child({"options": options.model_dump(), "configuration": configuration.model_dump(),
                                   "heads": [[0, 1]]})
     # each configuration profiles into a folder of its own (two would overwrite each other's files)
     assert profiled == ["fullgraph_batch_invariant/captured_b1", "fullgraph_batch_invariant/uncaptured_b1"]
@@ -302,12 +306,62 @@ def test_the_capture_cost_of_a_flagged_configuration_builds_its_engines_with_the
         ("fullgraph", True, True), ("fullgraph", True, False)]
 
 
-@pytest.mark.parametrize("label, message", [("cudagraph,warp", "unknown vllm_mode 'warp'"),
-                                            ("fullgraph+fast", "unknown configuration flag 'fast'")])
-def test_an_unknown_mode_or_flag_fails_before_any_server_starts(label, message):
-    options = LoadOptions(seam="vllm_capture", vllm_mode=label, speakers="1", capture_cost="off")
-    with pytest.raises(AlignattError, match=message):
-        run_load(options, None, seam_factory=lambda route, heads: pytest.fail("a server started"))
+@pytest.mark.parametrize("configurations, message", [
+    ([{"vllm_mode": "cudagraph"}, {"vllm_mode": "warp"}], "configurations.1.vllm_mode: unknown vllm_mode 'warp'"),
+    ([{"vllm_mode": "fullgraph", "fast": True}], "configurations.0: unknown configuration key 'fast': use vllm_mode, "),
+    (["vllm_mode=fullgraph,engine=2"], "unknown configuration key 'engine'"),
+    (["fullgraph+settle2"], "'fullgraph+settle2': write key=value pairs, comma-separated"),
+    ([{"vllm_mode": "fullgraph", "settle_buffer_tokens": -1}], "settle_buffer_tokens: Input should be greater"),
+])
+def test_a_bad_configuration_fails_in_one_line_before_any_server_starts(configurations, message):
+    import re
+
+    from alignatt.core.options import validate_flat
+
+    with pytest.raises(AlignattError, match=re.escape(message)) as raised:
+        validate_flat(LoadOptions, {"seam": "vllm_capture", "configurations": configurations}, "load option")
+    assert "\n" not in str(raised.value) and str(raised.value).startswith("bad load option configurations")
+
+
+def test_the_command_line_takes_one_configuration_per_option_and_refuses_a_bad_one(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from alignatt.cli import app
+    from alignatt.measure import capacity
+
+    got = {}
+
+    def stop(options, *args, **kwargs):  # noqa: ANN001, ANN202 - the options, then stop
+        got["options"] = options
+        raise AlignattError("stopped before any server starts")
+
+    monkeypatch.setattr(capacity, "run_load", stop)
+    result = CliRunner().invoke(app, ["load", "--seam", "vllm_capture", "--configurations",
+                                      "vllm_mode=fullgraph,settle_buffer_tokens=2,own_process=true",
+                                      "--configuration", '{"vllm_mode": "fullgraph", "own_process": true}',
+                                      "--out", str(tmp_path / "load.json")])
+    assert "stopped before any server starts" in result.output, result.output
+    assert [c.label() for c in got["options"].runs()] == ["fullgraph+settle2+process", "fullgraph+process"]
+    result = CliRunner().invoke(app, ["load", "--seam", "vllm_capture", "--configurations", "vllm_mode=fullgraph,engine=2",
+                                      "--out", str(tmp_path / "load.json")])
+    assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1, result.output
+    assert "unknown configuration key 'engine'" in result.output
+
+
+def test_a_run_measures_the_served_default_then_whole_drafts_unless_told():
+    from alignatt.measure.load_configurations import served_default
+
+    on_gpu = LoadOptions(seam="vllm_capture", device="cuda").runs()
+    assert on_gpu == [served_default(), served_default().model_copy(update={"settle_buffer_tokens": None})]
+    assert [c.label() for c in on_gpu] == ["fullgraph+settle2+process", "fullgraph+process"]
+    assert [c.label() for c in LoadOptions().runs()] == [None]  # hf_eager on CPU: served whole, in its process
+    assert [c.label() for c in LoadOptions(seam="vllm_capture").runs()] == ["fullgraph"]  # vllm on CPU
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="sets vllm_capture's engine options"):
+        LoadOptions(configurations=["vllm_mode=fullgraph"])  # the default seam is hf_eager
+    assert [c.label() for c in LoadOptions(configurations=["settle_buffer_tokens=2", "own_process=false"]).runs()] == [
+        "default+settle2", None]
 
 
 def test_the_capture_cost_compares_captured_and_uncaptured_on_the_same_prompts(tmp_path):
@@ -367,9 +421,9 @@ def test_one_speaker_on_a_later_configuration_is_compared_with_the_first(tmp_pat
     get a capture cost of their own (its drafts carry no proposal)."""
     costed: list[str] = []
     monkeypatch.setattr("alignatt.measure.capacity.capture_cost_in_child",
-                        lambda payload: costed.append(payload["mode"]) or [])
-    options = LoadOptions(seam="vllm_capture", vllm_mode="fullgraph,fullgraph+verify", speakers="1,2",
-                          streams=[short_stream], speed=3.0, stagger_s=0.0, capture_cost="on")
+                        lambda payload: costed.append(LoadConfiguration(**payload["configuration"]).label()) or [])
+    options = LoadOptions(seam="vllm_capture", configurations=["vllm_mode=fullgraph", "vllm_mode=fullgraph,verify=true"],
+                          speakers="1,2", streams=[short_stream], speed=3.0, stagger_s=0.0, capture_cost="on")
     artifact = run_load(options, None, seam_factory=lambda route, heads: StandInBatchSeam(max_batch=8))
     first, later = ([lv for lv in artifact.levels if lv.vllm_mode == m and lv.speakers == 1]
                     for m in ("fullgraph", "fullgraph+verify"))
@@ -388,8 +442,9 @@ def test_an_engines_flag_serves_its_configuration_from_that_many_engine_processe
 
     costed: list[str] = []
     monkeypatch.setattr("alignatt.measure.capacity.capture_cost_in_child",
-                        lambda payload: costed.append(payload["mode"]) or [])
-    options = LoadOptions(seam="vllm_capture", vllm_mode="fullgraph,fullgraph+engines2", speakers="1,2",
+                        lambda payload: costed.append(LoadConfiguration(**payload["configuration"]).label()) or [])
+    options = LoadOptions(seam="vllm_capture", configurations=["vllm_mode=fullgraph", "vllm_mode=fullgraph,engines=2"],
+                          speakers="1,2",
                           streams=[short_stream], speed=3.0, stagger_s=0.0, capture_cost="on", clients="threads")
     artifact = run_load(options, None, seam_factory=vllm_route_factory)
     levels = {(lv.vllm_mode, lv.speakers): lv for lv in artifact.levels}
@@ -408,7 +463,7 @@ def test_a_process_flag_serves_its_one_engine_from_a_process_of_its_own(short_st
 
     from tests.fakes.replica_fakes import vllm_route_factory
 
-    options = LoadOptions(seam="vllm_capture", vllm_mode="fullgraph+process", speakers="1", streams=[short_stream],
+    options = LoadOptions(seam="vllm_capture", configurations=["vllm_mode=fullgraph,own_process=true"], speakers="1", streams=[short_stream],
                           speed=3.0, stagger_s=0.0, capture_cost="off", clients="threads")
     artifact = run_load(options, None, seam_factory=vllm_route_factory)
     (lv,) = artifact.levels
@@ -423,7 +478,7 @@ def test_an_engine_profile_dir_profiles_each_engine_process_over_each_level(shor
     from alignatt.report.capacity import configuration
     from tests.fakes.replica_fakes import vllm_route_factory
 
-    options = LoadOptions(seam="vllm_capture", vllm_mode="fullgraph+process", speakers="1,2", streams=[short_stream],
+    options = LoadOptions(seam="vllm_capture", configurations=["vllm_mode=fullgraph,own_process=true"], speakers="1,2", streams=[short_stream],
                           speed=3.0, stagger_s=0.0, capture_cost="off", clients="threads",
                           engine_profile_dir=str(tmp_path / "profiles"))
     artifact = run_load(options, None, seam_factory=vllm_route_factory)
@@ -436,32 +491,61 @@ def test_an_engine_profile_dir_profiles_each_engine_process_over_each_level(shor
     assert "cProfile" not in configuration("outputs/h200/load_profiled.json", unprofiled, "fullgraph+process")
     # an engine in the server's process cannot be profiled apart from the server: said before any level runs
     with pytest.raises(AlignattError, match="no engine in a process of its own"):
-        run_load(options.model_copy(update={"vllm_mode": "fullgraph"}), None, seam_factory=vllm_route_factory)
+        in_server = options.model_copy(update={"configurations": [LoadConfiguration(vllm_mode="fullgraph")]})
+        run_load(in_server, None, seam_factory=vllm_route_factory)
 
 
-def test_a_configuration_label_names_at_most_one_engine_count():
-    from alignatt.measure.load_configurations import configuration_engines, parse_configuration
-
-    assert parse_configuration("fullgraph+engines4+verify") == ("fullgraph", {"verify": True})
-    assert parse_configuration("fullgraph+process") == ("fullgraph", {})
-    assert configuration_engines("fullgraph+engines4+verify") == 4 and configuration_engines("fullgraph") is None
-    for label in ("fullgraph+engines0", "fullgraph+engines"):
+def test_a_configuration_and_its_label_round_trip_as_artifacts_have_always_named_it():
+    every = LoadConfiguration(vllm_mode="fullgraph", settle_buffer_tokens=2, own_process=True, engines=4, verify=True,
+                              batch_invariant=True)
+    assert every.label() == "fullgraph+settle2+process+engines4+verify+batch_invariant"
+    assert LoadConfiguration.from_label(every.label()) == every
+    assert LoadConfiguration.from_label("fullgraph+engines4+verify") == LoadConfiguration(
+        vllm_mode="fullgraph", engines=4, verify=True)
+    assert LoadConfiguration.from_label(None) == LoadConfiguration() and LoadConfiguration().label() is None
+    for label in ("fullgraph+engines0", "fullgraph+engines", "fullgraph+fast"):
         with pytest.raises(AlignattError, match="unknown configuration flag"):
-            parse_configuration(label)
-    with pytest.raises(AlignattError, match="more than one engines"):
-        configuration_engines("fullgraph+engines2+engines3")
+            LoadConfiguration.from_label(label)
+    with pytest.raises(AlignattError, match="names engines twice"):
+        LoadConfiguration.from_label("fullgraph+engines2+engines3")
+    with pytest.raises(AlignattError, match="unknown vllm_mode 'warp'"):
+        LoadConfiguration.from_label("warp+process")
+
+
+def test_every_label_a_committed_load_artifact_recorded_reads_back_as_the_configuration_it_names():
+    """outputs/*/load*.json name configurations by label (config vllm_modes, each level's vllm_mode):
+    each reads as one configuration whose label is that text again."""
+    from alignatt.record.artifacts import LoadArtifact, load_artifact
+
+    root = Path(__file__).resolve().parents[2] / "outputs"
+    labels = set()
+    for path in sorted(root.glob("*/load*.json")):
+        if path.name.endswith("_metrics.json"):
+            continue
+        artifact = load_artifact(path)
+        assert isinstance(artifact, LoadArtifact)
+        labels |= set(artifact.config.get("vllm_modes") or []) | {lv.vllm_mode for lv in artifact.levels}
+    assert {"fullgraph+settle2+process", "fullgraph+process", "fullgraph+engines4", "fullgraph+verify"} <= labels
+    for label in labels:
+        assert LoadConfiguration.from_label(label).label() == label
+
+
+def test_a_configuration_is_the_server_it_sets():
+    from alignatt.serve.config import DirectionRoute
+
+    route = DirectionRoute(seam="vllm_capture", device="cuda", seam_options={"max_num_seqs": 8})
+    cfg = LoadConfiguration(vllm_mode="fullgraph", settle_buffer_tokens=2, engines=2, verify=True).server_config(
+        route, port=0)
+    assert cfg.directions["en-de"].seam_options == {"max_num_seqs": 8, "vllm_mode": "fullgraph", "verify": True}
+    assert (cfg.settle_buffer_tokens, cfg.engines, cfg.replicas.engines_per_gpu, cfg.port) == (2, 2, 2, 0)
+    alone = LoadConfiguration(own_process=True).server_config(route, engines="auto")
+    assert (alone.engines, alone.replicas.own_process, alone.settle_buffer_tokens) == ("auto", True, None)
 
 
 def test_a_settle_flag_gives_every_session_of_its_configuration_the_buffer(short_stream):
-    from alignatt.measure.load_configurations import configuration_settle, parse_configuration
-
-    assert parse_configuration("fullgraph+settle4+process") == ("fullgraph", {})
-    assert configuration_settle("fullgraph+settle4") == 4 and configuration_settle("fullgraph+verify") is None
-    with pytest.raises(AlignattError, match="more than one settle"):
-        configuration_settle("fullgraph+settle1+settle2")
     seam = StandInBatchSeam(max_batch=8)
-    options = LoadOptions(seam="vllm_capture", vllm_mode="fullgraph+settle2", speakers="1", streams=[short_stream],
-                          speed=3.0, stagger_s=0.0, capture_cost="off")
+    options = LoadOptions(seam="vllm_capture", configurations=["vllm_mode=fullgraph,settle_buffer_tokens=2"],
+                          speakers="1", streams=[short_stream], speed=3.0, stagger_s=0.0, capture_cost="off")
     run_load(options, None, seam_factory=lambda route, heads: seam)
     partials = [r for _, r in seam.submitted if not r.final]
     assert partials and all(r.settle is not None and r.settle.buffer_tokens == 2 for r in partials)
@@ -494,8 +578,8 @@ def test_the_page_judges_the_capacity_targets_and_shows_verification_against_pla
             return {"drafts": n, "tokens": 5 * n, "proposed": 4 * n, "accepted": 3 * n, "decoded": 2 * n,
                     "forward_steps": 3 * n, "verify_ms": 1.5 * n, "extend_ms": 2.5 * n}
 
-    options = LoadOptions(seam="vllm_capture", vllm_mode="fullgraph,fullgraph+verify", speakers="1,2",
-                          streams=[short_stream], speed=3.0, stagger_s=0.0, capture_cost="off")
+    options = LoadOptions(seam="vllm_capture", configurations=["vllm_mode=fullgraph", "vllm_mode=fullgraph,verify=true"],
+                          speakers="1,2", streams=[short_stream], speed=3.0, stagger_s=0.0, capture_cost="off")
     site = tmp_path / "site"
     out = site / "outputs" / "h200" / "load.json"
     run_load(options, out, seam_factory=lambda route, heads: CountingSeam(max_batch=8, step_s=0.002))
@@ -534,7 +618,7 @@ def test_a_kernel_profile_traces_each_engine_process_at_its_level(short_stream, 
     from tests.fakes.replica_fakes import vllm_route_factory
 
     site = tmp_path / "site"
-    options = LoadOptions(seam="vllm_capture", vllm_mode="fullgraph+process", speakers="1,2", streams=[short_stream],
+    options = LoadOptions(seam="vllm_capture", configurations=["vllm_mode=fullgraph,own_process=true"], speakers="1,2", streams=[short_stream],
                           speed=3.0, stagger_s=0.0, capture_cost="off", clients="threads",
                           kernel_profile_speakers="2", kernel_profile_steps=3, kernel_profile_after_s=0.0)
     artifact = run_load(options, site / "outputs" / "cpu" / "load.json", seam_factory=vllm_route_factory)
@@ -552,4 +636,5 @@ def test_a_kernel_profile_traces_each_engine_process_at_its_level(short_stream, 
     (missing,) = too_long.levels[1].step_anatomy.values()
     assert "ended before 1000000 steps" in missing.missing
     with pytest.raises(AlignattError, match="no engine in a process of its own"):
-        run_load(options.model_copy(update={"vllm_mode": "fullgraph"}), None, seam_factory=vllm_route_factory)
+        in_server = options.model_copy(update={"configurations": [LoadConfiguration(vllm_mode="fullgraph")]})
+        run_load(in_server, None, seam_factory=vllm_route_factory)
