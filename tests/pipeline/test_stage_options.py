@@ -126,6 +126,22 @@ def test_a_bad_value_or_an_unknown_profile_is_one_line(tmp_path, params):
     assert result.exit_code == 2 and result.stderr.strip() == "error: unknown profile 'nope': params define t"
 
 
+def test_env_records_the_profiles_model_unless_one_is_given(monkeypatch, tmp_path, params):
+    from alignatt.record import artifacts
+
+    seen = []
+
+    def stop(model):  # noqa: ANN001, ANN202
+        seen.append(model)
+        raise AlignattError("stopped before the machine is looked at")
+
+    monkeypatch.setattr(artifacts, "fingerprint_artifact", stop)
+    for extra in ([], ["--model", "tiny-gemma4"]):
+        CliRunner().invoke(app, ["env", "--fingerprint", "--profile", "t", "--params", str(params), *extra,
+                                 "--out", str(tmp_path / "fingerprint.json")])
+    assert seen == ["gemma3-270m", "tiny-gemma4"]
+
+
 def test_the_doctor_checks_each_section_with_the_model_its_command_reads():
     """One registry of sections (pipeline/doctor.py), the models the commands build their options from."""
     from alignatt.cli.options import CommandKnobs
