@@ -1,0 +1,155 @@
+"""The user's path, end to end: WhisperLiveKit's own server (unmodified) hears a clip and asks
+`alignatt serve` for its translations.
+
+`wlk_server_command` is the command line a user runs: faster-whisper under the LocalAgreement
+policy on a CTranslate2 model directory (the packaged tiny.en by default), PCM over the WebSocket,
+a local warm-up file (WhisperLiveKit's default warm-up downloads one), and `--translation-backend
+alignatt` at our server. `Relay` sits between the two servers on loopback and keeps every protocol
+frame they exchange, so what WhisperLiveKit committed and what our server answered can be checked
+word by word. `feed_pcm` plays audio into WhisperLiveKit's `/asr` WebSocket as a browser does
+(16-bit PCM pieces, at a chosen speed) and keeps every message it shows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from alignatt.core.errors import AlignattError
+
+WLK_SERVER_HINT = "pip install 'alignatt[wlk-server]' and pip install --no-deps whisperlivekit==0.2.26"
+
+
+def wlk_server_command(port: int, alignatt_url: str, model_dir: Path, warmup_file: Path,
+                       source_lang: str = "en", target_lang: str = "de") -> list[str]:
+    """`whisperlivekit-server` as a user starts it in front of `alignatt serve` (no download: the
+    model is a local CTranslate2 directory, the warm-up a local file)."""
+    exe = shutil.which("whisperlivekit-server", path=str(Path(sys.executable).parent)) or shutil.which(
+        "whisperlivekit-server")
+    if exe is None:
+        raise AlignattError(f"whisperlivekit-server is not installed: {WLK_SERVER_HINT}")
+    return [exe, "--host", "127.0.0.1", "--port", str(port),
+            "--backend", "faster-whisper", "--backend-policy", "localagreement",
+            "--model_dir", str(model_dir), "--pcm-input", "--warmup-file", str(warmup_file),
+            "--lan", source_lang, "--target-language", target_lang,
+            "--translation-backend", "alignatt", "--alignatt-url", alignatt_url]
+
+
+@dataclass
+class Frame:
+    t: float  # seconds since the relay started
+    direction: str  # "up" (WhisperLiveKit -> alignatt) or "down"
+    data: dict
+
+
+@dataclass
+class Relay:
+    """A loopback WebSocket relay to `upstream` that keeps every JSON frame both ways."""
+
+    upstream: str
+    frames: list[Frame] = field(default_factory=list)
+    port: int = 0
+
+    def __post_init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._began = time.monotonic()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="wlk-relay", daemon=True)
+
+    def __enter__(self) -> "Relay":
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise AlignattError("the relay did not start")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    def _keep(self, direction: str, message) -> None:
+        try:
+            self.frames.append(Frame(round(time.monotonic() - self._began, 3), direction, json.loads(message)))
+        except (TypeError, ValueError):
+            pass
+
+    async def _pipe(self, source, sink, direction: str) -> None:
+        async for message in source:
+            self._keep(direction, message)
+            await sink.send(message)
+
+    async def _handle(self, client) -> None:
+        from websockets.asyncio.client import connect
+
+        async with connect(self.upstream, max_size=None) as server:
+            pipes = [asyncio.create_task(self._pipe(client, server, "up")),
+                     asyncio.create_task(self._pipe(server, client, "down"))]
+            await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
+            for p in pipes:
+                p.cancel()
+
+    async def _serve(self) -> None:
+        from websockets.asyncio.server import serve
+
+        self._stop = asyncio.Event()
+        async with serve(self._handle, "127.0.0.1", 0, max_size=None) as server:
+            self.port = next(iter(server.sockets)).getsockname()[1]
+            self._ready.set()
+            await self._stop.wait()
+
+    def _run(self) -> None:
+        self._loop.run_until_complete(self._serve())
+
+
+def pcm16(audio: np.ndarray) -> bytes:
+    """float32 in [-1, 1] as the s16le bytes WhisperLiveKit's `--pcm-input` takes."""
+    return (np.clip(audio, -1.0, 1.0) * 32767).astype("<i2").tobytes()
+
+
+async def _feed(url: str, pcm: bytes, chunk_s: float, speed: float, timeout_s: float) -> list[dict]:
+    from websockets.asyncio.client import connect
+
+    shown: list[dict] = []
+    began = time.monotonic()
+    step = int(chunk_s * 16000) * 2
+    async with connect(url, max_size=None) as ws:
+        config = json.loads(await ws.recv())
+        if not config.get("useAudioWorklet"):
+            raise AlignattError("WhisperLiveKit does not take PCM: start it with --pcm-input")
+
+        async def send() -> None:
+            for i in range(0, len(pcm), step):
+                await ws.send(pcm[i:i + step])
+                await asyncio.sleep(chunk_s / speed)
+            await ws.send(b"")  # end of audio
+
+        sender = asyncio.create_task(send())
+        deadline = began + len(pcm) / 32000 / speed + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AlignattError(f"WhisperLiveKit did not finish within {timeout_s:.0f} s of the audio's end")
+            message = json.loads(await asyncio.wait_for(ws.recv(), left))
+            if message.get("type") == "ready_to_stop":
+                break
+            shown.append({"t": round(time.monotonic() - began, 3), **message})
+        await sender
+    return shown
+
+
+def feed_pcm(url: str, audio: np.ndarray, chunk_s: float = 0.5, speed: float = 1.0,
+             timeout_s: float = 120.0) -> list[dict]:
+    """Play `audio` (16 kHz mono float32) into WhisperLiveKit's `/asr` at `speed` x real time; every
+    message it showed (the time since the first piece was sent as `t`) until it said `ready_to_stop`."""
+    return asyncio.run(_feed(url, pcm16(audio), chunk_s, speed, timeout_s))
