@@ -24,71 +24,11 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import AliasChoices, Field, field_validator
-
 from alignatt.core.errors import AlignattError
 from alignatt.measure.server_process import ServerProcess, free_port, http_json
-from alignatt.measure.smoke import ServedModelOptions
+from alignatt.record.artifacts.options import FailoverOptions, ServersUnderFaults
 
 HEALTH_EVERY_S = 0.25
-
-
-class ServersUnderFaults(ServedModelOptions):
-    """What a measurement that starts servers and faults them under real-time speakers takes besides
-    its own knobs (each declares `streams`, `speed` and `faults`, parsed here)."""
-
-    start_timeout_s: float = Field(600.0, gt=0, description="servers loaded and listening within this (s)")
-    seam_factory: str | None = Field(None, description="module:function building the seams (tests: stand-ins); "
-                                                       "None: `alignatt serve`'s own")
-    seam_options: dict[str, Any] = Field(default_factory=dict, description="the route's seam options "
-                                                                           "(vllm_mode joins them)")
-
-    @field_validator("faults", mode="before", check_fields=False)
-    @classmethod
-    def _faults(cls, value: Any) -> Any:
-        return parse_faults(value)
-
-    @field_validator("streams", mode="before", check_fields=False)
-    @classmethod
-    def _streams(cls, value: Any) -> Any:
-        return split_streams(value)
-
-
-class FailoverOptions(ServersUnderFaults):
-    engines: int = Field(3, ge=2, description="engine processes on the one device (3: one survives a kill and "
-                                              "a stop)")
-    speakers: int = Field(16, ge=1, description="concurrent real-time speakers, each reconnecting when told")
-    streams: list[str] = Field(default_factory=lambda: ["long"],
-                               description="streams speakers replay in turn: smoke, long, speech:<clip> or paths")
-    speed: float = Field(1.5, gt=0, description="replay speed (1.0: real time)")
-    stagger_s: float = Field(0.1, ge=0, description="seconds between speakers' starts")
-    faults: list[tuple[Literal["kill", "stop"], float]] = Field(
-        default_factory=lambda: [("kill", 25.0), ("stop", 50.0)],
-        description="action@seconds after the speakers start; kill = SIGKILL, stop = SIGSTOP, each on the "
-                    "live engine with most sessions")
-    step_deadline_s: float = Field(10.0, gt=0, validation_alias=AliasChoices("step_deadline_s", "step_deadline"),
-                                   description="the server's hung-engine deadline (s)")
-    heartbeat_s: float = Field(1.0, gt=0, validation_alias=AliasChoices("heartbeat_s", "heartbeat"),
-                               description="the server's engine heartbeat (s)")
-
-
-def parse_faults(value: Any) -> Any:
-    """`action@seconds` items, comma-separated or a list ("kill@25,stop@50")."""
-    if isinstance(value, str):
-        value = value.split(",")
-    out = []
-    for item in value:
-        if isinstance(item, str):  # "kill@25"
-            action, _, at = item.strip().partition("@")
-            item = (action, float(at))
-        out.append(item)
-    return out
-
-
-def split_streams(value: Any) -> Any:
-    return [s.strip() for s in value.split(",") if s.strip()] if isinstance(value, str) else value
 
 
 def route_of(options: ServersUnderFaults):

@@ -98,7 +98,7 @@ def failover_artifact(options: Any, load_s: float, t0: float, faults: list[dict]
     return FailoverArtifact(
         schema_version=ARTIFACT_SCHEMA_VERSION,
         provenance=collect_provenance(model_id=model_id, model_revision=revision),
-        config=options.model_dump(mode="json"), synthetic_weights=revision == SYNTHETIC_REVISION,
+        config=options, synthetic_weights=revision == SYNTHETIC_REVISION,
         load_s=round(load_s, 2),
         faults=[{**{k: v for k, v in f.items() if k != "t"}, "t_s": round(f["t"] - t0, 3)} for f in real_faults],
         bounds_s=bounds, sessions=sessions, health=samples,

@@ -32,40 +32,14 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import Field
+from typing import Any
 
 from alignatt.core.errors import AlignattError
-from alignatt.measure.failover import ServersUnderFaults, route_of
+from alignatt.measure.failover import route_of
+from alignatt.record.artifacts.options import ReplicasOptions
 from alignatt.measure.server_process import ServerProcess, free_port, http_json
 
 ROTATION_EVERY_S = 0.25
-
-
-class ReplicasOptions(ServersUnderFaults):
-    """`alignatt replicas`: replicas behind HAProxy, faulted under real-time speakers."""
-
-    replicas: int = Field(3, ge=2, description="`alignatt serve` processes behind the balancer, one engine each")
-    speakers: int = Field(12, ge=1, description="concurrent real-time speakers through the balancer, each "
-                                                "reconnecting when told")
-    streams: list[str] = Field(default_factory=lambda: ["smoke"],
-                               description="streams speakers replay in turn: smoke, long, speech:<clip> or paths")
-    speed: float = Field(1.0, gt=0, description="replay speed (1.0: real time)")
-    stagger_s: float = Field(0.1, ge=0, description="seconds between speakers' starts")
-    faults: list[tuple[Literal["kill", "drain", "restart"], float]] = Field(
-        default_factory=lambda: [("kill", 8.0), ("drain", 16.0)],
-        description="action@seconds after the speakers start; kill = SIGKILL (the replica's process group), "
-                    "drain = SIGTERM, restart = SIGTERM then the replica started again (a rolling restart's "
-                    "step); each on the live replica holding the most sessions, never one faulted before")
-    drain_s: float = Field(10.0, ge=0, description="each replica's ServerConfig.drain_s: how long an open "
-                                                   "utterance may finish before its session is handed over")
-    reconnect_bound_s: float = Field(5.0, gt=0, description="a session told to reconnect must answer again "
-                                                            "within this of the notice (s)")
-    health_check: bool = Field(True, description="the balancer checks /health (off: to see what it is for)")
-    check_interval_ms: int = Field(500, ge=50, description="the balancer's /health interval")
-    haproxy: str = Field("haproxy", description="the HAProxy binary")
-    rtt_probes: int = Field(200, ge=10, description="ping round trips each way (direct, balanced), interleaved")
 
 
 def replica_config(options: ReplicasOptions, port: int) -> dict:

@@ -110,7 +110,7 @@ def replicas_artifact(options: Any, load_s: float, t0: float, faults: list[dict]
     return ReplicasArtifact(
         schema_version=ARTIFACT_SCHEMA_VERSION,
         provenance=collect_provenance(model_id=model_id, model_revision=revision),
-        config=options.model_dump(mode="json"), synthetic_weights=revision == SYNTHETIC_REVISION,
+        config=options, synthetic_weights=revision == SYNTHETIC_REVISION,
         balancer={**balancer, "config_sha256": hashlib.sha256(text.encode()).hexdigest()},
         load_s=round(load_s, 2),
         faults=[{**{k: v for k, v in f.items() if k != "t"}, "t_s": round(f["t"] - t0, 3)} for f in faults],

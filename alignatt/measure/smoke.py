@@ -11,18 +11,15 @@ WhisperLiveKit run's per-update records (taken server-side) are in `events` with
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
 
 from alignatt.core.errors import AlignattError
+from alignatt.record.artifacts.options import ServedModelOptions, SmokeOptions  # noqa: F401 - the CLI and load import them here
 from alignatt.core.progress import timed_bar
 from alignatt.replay.events import RunRecord, count_retractions, normalized_erasure, shown_buffer_units_mean
 from alignatt.replay.lockstep import replay_native
 from alignatt.replay.stream import ends_sentence, load_stream
 from alignatt.replay.wlk_client import load_wlk_client, replay_wlk, wlk_available, wlk_version
-from alignatt.capture.names import DEFAULT_SEAM
-from alignatt.models.presets import DEFAULT_MODEL
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -34,32 +31,6 @@ def percentile(values: list[float], q: float) -> float | None:
     lo = int(pos)
     hi = min(lo + 1, len(xs) - 1)
     return round(xs[lo] + (xs[hi] - xs[lo]) * (pos - lo), 3)
-
-
-class ServedModelOptions(BaseModel):
-    """What a command that serves a model is told about it (smoke and load share these)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    model: str = Field(DEFAULT_MODEL, description="model preset or local checkpoint")
-    seam: str = Field(DEFAULT_SEAM, description="capture seam: hf_eager | hf_qk_fast | vllm_capture")
-    preset: str = Field("balanced", description="latency preset of the sessions")
-    device: str = Field("cpu", description="torch device of the served engine (cpu, cuda, cuda:N)")
-    dtype: str | None = Field(None, description="float32 | bfloat16 (default: the model's)")
-    top_k: int = Field(4, ge=1, description="alignment heads used")
-    heads: str | None = Field(None, description="head-set file or bundled name (default: the model's)")
-    vllm_mode: str | None = Field(None, description="vllm_capture only: eager | cudagraph | fullgraph | compiled "
-                                                    "(default: the served one, serve/config.py SERVED_VLLM_OPTIONS)")
-
-
-class SmokeOptions(ServedModelOptions):
-    speed: float | None = Field(None, gt=0, description="replay speed (default: the stream file's, 4x)")
-    client: Literal["auto", "native", "wlk", "both"] = Field(
-        "auto", description="native | wlk | both | auto (both when WhisperLiveKit imports)")
-    wlk_latency: Literal["quality", "balanced", "low"] = Field(
-        "balanced", description="the WhisperLiveKit client's latency name (its --alignatt-latency)")
-    stream: str | None = Field(None, description="stream JSON, or speech:<clip> (a bundled recognised stream); "
-                                                 "default: the bundled smoke stream")
 
 
 def _summary(run: RunRecord) -> dict[str, Any]:
@@ -115,7 +86,8 @@ def _speech(stream, runs: list[RunRecord], speed: float) -> dict[str, Any] | Non
 def run_smoke(options: SmokeOptions, out: str | Path | None = "outputs/server_smoke.json",
               seam_factory=None):
     """Start the server in-process on loopback, replay the stream, write the artifact."""
-    from alignatt.record.artifacts import ARTIFACT_SCHEMA_VERSION, FastPathEvent, ServerSmokeArtifact, write_artifact
+    from alignatt.record.artifacts import (ARTIFACT_SCHEMA_VERSION, FastPathEvent, ServerSmokeArtifact, SmokeRecord,
+                                          write_artifact)
     from alignatt.record.provenance import collect_provenance, model_identity
     from alignatt.serve.server import ServerThread
     from alignatt.serve.config import resolve_preset, server_config
@@ -159,23 +131,19 @@ def run_smoke(options: SmokeOptions, out: str | Path | None = "outputs/server_sm
     artifact = ServerSmokeArtifact(
         schema_version=ARTIFACT_SCHEMA_VERSION,
         provenance=collect_provenance(model_id=model_id, model_revision=revision),
-        config={
-            "model": options.model, "seam": options.seam, "preset": preset,
-            "device": options.device, "dtype": options.dtype, "heads": heads, "top_k": options.top_k,
-            "seam_options": config.directions["en-de"].seam_options,
+        config=SmokeRecord(
+            **options.model_dump(exclude={"preset", "stream"}), preset=preset,
+            stream=options.stream or "alignatt/data/mt_server_smoke_stream.json",
+            engine_heads=heads, seam_options=config.directions["en-de"].seam_options,
             # how the server ran it: the served defaults that server_config chose
-            "settle_buffer_tokens": config.settle_buffer_tokens,
-            "engine_process": config.replicas.own_process,
-            "replay_speed": speed, "stream": options.stream or "alignatt/data/mt_server_smoke_stream.json",
-            "stream_words": len(stream.words),
-            "stream_sentences": sum(1 for w in stream.words if ends_sentence(w)),
-            "words_per_second": stream.words_per_second, "commit_lag_seconds": stream.commit_lag_seconds,
-            "clients": clients, "headline_client": primary.client, "pacing": "lockstep (native)",
-            "whisperlivekit": wlk_version() if "wlk" in clients else None,
-            "wlk_latency": options.wlk_latency if "wlk" in clients else None,
-            "summaries": summaries,
-            "speech": _speech(stream, runs, speed),
-        },
+            settle_buffer_tokens=config.settle_buffer_tokens, engine_process=config.replicas.own_process,
+            replay_speed=speed, stream_words=len(stream.words),
+            stream_sentences=sum(1 for w in stream.words if ends_sentence(w)),
+            words_per_second=stream.words_per_second, commit_lag_seconds=stream.commit_lag_seconds,
+            clients=clients, headline_client=primary.client, pacing="lockstep (native)",
+            whisperlivekit=wlk_version() if "wlk" in clients else None,
+            summaries=summaries, speech=_speech(stream, runs, speed),
+        ),
         updates=head["updates"],
         finals=head["finals"],
         retractions=sum(s["retractions"] for s in summaries),
@@ -195,17 +163,17 @@ def run_smoke(options: SmokeOptions, out: str | Path | None = "outputs/server_sm
 
 def summary_line(artifact) -> str:
     parts = []
-    for s in artifact.config.get("summaries", []):
+    for s in artifact.config.summaries:
         parts.append(
-            f"[{s['client']}] updates {s['updates']}, finals {s['finals']}, retractions {s['retractions']}, "
-            f"errors {s['errors']}, disconnects {s['disconnects']}; partial-draft RTT p50 {s['partial_draft_rtt_ms_p50']} ms / p95 "
-            f"{s['partial_draft_rtt_ms_p95']} ms; fast path {s['fast_path_events']} events, "
-            f"{s['fast_path_releases']} releases, p50 {s['fast_path_server_ms_p50']} ms server-side, "
-            f"{s['fast_path_engine_calls']} engine calls; engine calls {s['engine_calls']}; "
-            f"shown buffer {s.get('shown_buffer_words_mean')} words, normalized erasure {s.get('normalized_erasure')}; "
-            f"wall {s['wall_s']} s, max lag {s['max_lag_s']} s"
+            f"[{s.client}] updates {s.updates}, finals {s.finals}, retractions {s.retractions}, "
+            f"errors {s.errors}, disconnects {s.disconnects}; partial-draft RTT p50 {s.partial_draft_rtt_ms_p50} ms / p95 "
+            f"{s.partial_draft_rtt_ms_p95} ms; fast path {s.fast_path_events} events, "
+            f"{s.fast_path_releases} releases, p50 {s.fast_path_server_ms_p50} ms server-side, "
+            f"{s.fast_path_engine_calls} engine calls; engine calls {s.engine_calls}; "
+            f"shown buffer {s.shown_buffer_words_mean} words, normalized erasure {s.normalized_erasure}; "
+            f"wall {s.wall_s} s, max lag {s.max_lag_s} s"
         )
-    speech = artifact.config.get("speech")
+    speech = artifact.config.speech
     if speech:
         parts.append(f"[speech] recogniser real-time factor {speech.get('real_time_factor')}, committed WER "
                      f"{speech.get('wer_committed')}, tail revised in "

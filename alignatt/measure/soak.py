@@ -27,38 +27,13 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from alignatt.capture.names import DEFAULT_SEAM
-from alignatt.core.policy import DEFAULT_PRESET
 from alignatt.core.progress import timed_bar
+from alignatt.record.artifacts.options import SoakOptions
 from alignatt.measure.soak_sessions import HOSTILE_CASES, Tally, Timeouts, run_session, sentences_of
-from alignatt.models.presets import DEFAULT_MODEL
 
 
 RSS_TOLERANCE = 0.05
 FD_SLACK = 2  # descriptors the runtime may open lazily (e.g. a thread pool's wake-up pipe)
-
-
-class SoakOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    model: str = Field(DEFAULT_MODEL, description="model preset or local checkpoint")
-    seam: str = Field(DEFAULT_SEAM, description="capture seam: hf_eager | hf_qk_fast | vllm_capture")
-    device: str = Field("cpu", description="torch device of the served engine (cpu, cuda, cuda:N)")
-    dtype: str | None = Field(None, description="float32 | bfloat16 (default: the model's)")
-    heads: str | None = Field(None, description="head-set file or bundled name (default: the model's)")
-    preset: str = Field(DEFAULT_PRESET, description="latency preset of the well-formed sessions")
-    minutes: float = Field(30.0, gt=0, description="how long sessions keep starting")
-    clients: int = Field(3, ge=1, le=8, description="client threads (concurrent sessions)")
-    hostile_share: float = Field(0.5, ge=0, le=1, description="share of sessions that are hostile")
-    sample_s: float = Field(5.0, gt=0, description="RSS / descriptor sampling period")
-    settle_s: float = Field(20.0, ge=0, description="wait after the load before the final RSS")
-    reply_timeout_s: float = Field(300.0, gt=0, description="a reply later than this is a silent session")
-    init_timeout_s: float = Field(2.0, gt=0, description="the server's init timeout (idle sockets)")
-    idle_hold_s: float = Field(60.0, gt=0, description="how long the idle-flood case holds its 32 sockets")
-    max_sessions_total: int = Field(100_000, ge=1, description="sessions started, at most")
-    seed: int = Field(0, description="seed of the session mix (which case, which sentence)")
 
 
 # ---- measuring ----
@@ -149,7 +124,7 @@ class _Sampler(threading.Thread):
 def run_soak(options: SoakOptions, out: str | Path | None = "outputs/cpu/soak.json", seam_factory=None,
              progress: Callable[[str], None] | None = None):
     """Start the server on loopback, run the load until the deadline, write the `soak` artifact."""
-    from alignatt.record.artifacts import ARTIFACT_SCHEMA_VERSION, Check, SoakArtifact, write_artifact
+    from alignatt.record.artifacts import ARTIFACT_SCHEMA_VERSION, Check, SoakArtifact, SoakRecord, write_artifact
     from alignatt.record.provenance import collect_provenance, model_identity
     from alignatt.replay.stream import load_stream
     from alignatt.serve.config import DirectionRoute, ServerConfig, ServerLimits
@@ -246,10 +221,11 @@ def run_soak(options: SoakOptions, out: str | Path | None = "outputs/cpu/soak.js
     artifact = SoakArtifact(
         schema_version=ARTIFACT_SCHEMA_VERSION,
         provenance=provenance,
-        config={**options.model_dump(), "limits": limits.model_dump(), "hostile_cases": HOSTILE_CASES,
-                "warmup": "every case once before the start RSS; counted in every total",
-                "rss": "the server's child process, read from outside (psutil on its pid): no collection or heap trim",
-                "seam_factory": "alignatt" if seam_factory is None else type(seam_factory).__name__},
+        config=SoakRecord(
+            **options.model_dump(), limits=limits.model_dump(), hostile_cases=HOSTILE_CASES,
+            warmup="every case once before the start RSS; counted in every total",
+            rss="the server's child process, read from outside (psutil on its pid): no collection or heap trim",
+            seam_factory="alignatt" if seam_factory is None else type(seam_factory).__name__),
         load_s=round(load_s, 1),
         sessions=total.sessions,
         updates=total.updates,

@@ -49,6 +49,7 @@ from alignatt.record.artifacts import (
     measured_on_gpu,
     parse_artifact,
     sha256_file,
+    validation_line,
 )
 from alignatt.record.published import read_published
 from alignatt.capture.names import VLLM_CAPTURE
@@ -213,10 +214,8 @@ def audit_artifact(path: Path, result: AuditResult):
     except AlignattError as e:
         result.add(rel, "schema", str(e))
         return None
-    except ValidationError as e:
-        for err in e.errors():
-            where = ".".join(str(x) for x in err["loc"]) or "(document)"
-            result.add(rel, "schema", f"{where}: {err['msg']}")
+    except ValidationError as e:  # a recorded config included: one line for the artifact, every problem in it
+        result.add(rel, "schema", validation_line(e))
         return None
     if isinstance(artifact, FingerprintArtifact):
         return artifact  # no provenance by design: the stable part of it, which the checks below compare

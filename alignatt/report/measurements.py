@@ -13,11 +13,11 @@ def soak_item(rel: str, artifact, machine: str) -> dict:
     """The soak as an item of the Benchmarks page's "Other measurements" (report.measurement_items)."""
     sessions = sum(artifact.sessions.values())
     hostile = sessions - artifact.sessions.get("well_formed", 0)
+    cfg = artifact.config
     return dict(
         path=rel, name="server_soak", date=artifact.provenance.date, machine=machine,
-        description=(f"`alignatt soak`: {artifact.config.get('minutes')} min of mixed well-formed and hostile "
-                     f"sessions on loopback ({artifact.config.get('model')}, {artifact.config.get('seam')}, "
-                     f"{artifact.config.get('clients')} clients); targets {'met' if artifact.passed else 'MISSED'}"),
+        description=(f"`alignatt soak`: {cfg.minutes} min of mixed well-formed and hostile "
+                     f"sessions on loopback ({cfg.model}, {cfg.seam}, {cfg.clients} clients); targets {'met' if artifact.passed else 'MISSED'}"),
         synthetic=False,
         results=[f"sessions = {sessions} ({hostile} hostile)", f"updates = {artifact.updates}",
                  f"finals = {artifact.finals}", f"load_s = {artifact.load_s}",
@@ -37,8 +37,8 @@ def failover_item(rel: str, artifact, machine: str) -> dict:
     seen = [x for i, x in enumerate(statuses) if x and (i == 0 or statuses[i - 1] != x)]
     return dict(
         path=rel, name="server_failover", date=artifact.provenance.date, machine=machine,
-        description=(f"`alignatt failover`: {cfg.get('engines')} engine processes of {cfg.get('model')}/"
-                     f"{cfg.get('seam')} on one {cfg.get('device')} device, {cfg.get('speakers')} real-time "
+        description=(f"`alignatt failover`: {cfg.engines} engine processes of {cfg.model}/"
+                     f"{cfg.seam} on one {cfg.device} device, {cfg.speakers} real-time "
                      f"speakers; " + ", ".join(f"{f['action']} engine {f['engine']} at {f['t_s']:.0f} s "
                                              f"({f['sessions']} sessions)" for f in artifact.faults)
                      + f"; targets {'met' if artifact.passed else 'MISSED'}"),
@@ -62,10 +62,10 @@ def replicas_item(rel: str, artifact, machine: str) -> dict:
     worst = max(artifact.reopen_s, default=0.0)
     return dict(
         path=rel, name="server_replicas", date=artifact.provenance.date, machine=machine,
-        description=(f"`alignatt replicas`: {len(artifact.replicas)} `alignatt serve` replicas of {cfg.get('model')}/"
-                     f"{cfg.get('seam')} on {cfg.get('device')} behind {artifact.balancer.get('version', '').split(' - ')[0]}"
-                     f" ({'with' if cfg.get('health_check') else 'WITHOUT'} its /health check), "
-                     f"{cfg.get('speakers')} real-time speakers through it; "
+        description=(f"`alignatt replicas`: {len(artifact.replicas)} `alignatt serve` replicas of {cfg.model}/"
+                     f"{cfg.seam} on {cfg.device} behind {artifact.balancer.get('version', '').split(' - ')[0]}"
+                     f" ({'with' if cfg.health_check else 'WITHOUT'} its /health check), "
+                     f"{cfg.speakers} real-time speakers through it; "
                      + ", ".join(f"{f['action']} {f['replica']} at {f['t_s']:.0f} s ({f['sessions']} sessions)"
                                  for f in artifact.faults)
                      + f"; targets {'met' if artifact.passed else 'MISSED'}"),

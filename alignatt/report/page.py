@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from alignatt.core.errors import AlignattError
-from alignatt.record.artifacts import measured_on_gpu
+from alignatt.record.artifacts import BENCH_FILE, measured_on_gpu
 from alignatt.report import capacity, figures as bench_figures, step_anatomy
 from alignatt.measure.load_configurations import LoadConfiguration, served_default_label
 from alignatt.report.capacity import (capacity_rows, capacity_targets, capture_cost_rows, verification_rows,
@@ -51,20 +51,17 @@ def ratio(value: float | None) -> str:
 def drafts_setting(a) -> str:
     """Whole or settled drafts, as the smoke's server ran them (artifacts before the field: whole,
     the only setting the server had then)."""
-    if "settle_buffer_tokens" not in a.config:
-        return "whole drafts"
-    n = a.config["settle_buffer_tokens"]
+    n = a.config.settle_buffer_tokens
     return "whole drafts" if n is None else f"settled, {n} tokens past the first held"
 
 
 def shown_text_flicker(a) -> tuple[float | None, float | None]:
     """The headline client's shown buffer (mean words per partial) and Normalized Erasure: from its
     summary, else from its recorded events (artifacts before the summary kept them)."""
-    s = (a.config.get("summaries") or [{}])[0]
-    if "normalized_erasure" in s:
-        return s.get("shown_buffer_words_mean"), s.get("normalized_erasure")
-    client = a.config.get("headline_client")
-    events = [e for e in a.events if e.client == client]
+    s = a.config.summaries[0] if a.config.summaries else None
+    if s is not None and s.normalized_erasure is not None:
+        return s.shown_buffer_words_mean, s.normalized_erasure
+    events = [e for e in a.events if e.client == a.config.headline_client]
     return shown_buffer_units_mean(events), normalized_erasure(events)
 
 
@@ -123,16 +120,15 @@ def smoke_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
         buffer_words, erasure = shown_text_flicker(a)
         rows.append(dict(
             date=a.provenance.date, machine=machine_of(a),
-            model=str(a.config.get("model", "—")) + (" (synthetic weights)" if synthetic else ""),
-            seam=str(a.config.get("seam", "—")) + (f" ({mode})" if (mode := (a.config.get("seam_options") or {})
-                                                                   .get("vllm_mode")) else ""),
+            model=a.config.model + (" (synthetic weights)" if synthetic else ""),
+            seam=a.config.seam + (f" ({mode})" if (mode := a.config.seam_options.get("vllm_mode")) else ""),
             updates=a.updates, finals=a.finals,
             retractions=a.retractions, p50=ms(a.rtt_ms_p50), p95=ms(a.rtt_ms_p95),
             fast_events=f"{len(a.fast_path_events)} ({sum(bool(e.released_text) for e in a.fast_path_events)})",
             fast_p50=ms(statistics.median(latencies) if latencies else None),
             fast_calls=str(sum(e.engine_calls for e in a.fast_path_events)), source=rel,
             setting=drafts_setting(a), buffer_words="—" if buffer_words is None else f"{buffer_words:.2f}",
-            erasure="—" if erasure is None else f"{erasure:.2f}", model_id=a.config.get("model"),
+            erasure="—" if erasure is None else f"{erasure:.2f}", model_id=a.config.model,
             note="; ".join(["fast-path releases measured server-side" if a.fast_path_events
                             else "no commit-only updates released held text", *speech_note(a), *load_note(a)]),
         ))
@@ -141,11 +137,11 @@ def smoke_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
 
 def speech_note(a) -> list[str]:
     """A smoke of a recognised stream: what the recogniser showed and what a viewer waited."""
-    speech = a.config.get("speech")
+    speech = a.config.speech  # the recognised stream's figures (replay/stream.py keeps them as a dict)
     if not speech:
         return []
     wer = speech.get("wer_committed")
-    return [f"real speech: {a.config.get('stream')}, recognised live by faster-whisper {speech.get('asr_model')} "
+    return [f"real speech: {a.config.stream}, recognised live by faster-whisper {speech.get('asr_model')} "
             f"under LocalAgreement (real-time factor {speech.get('real_time_factor')}; committed WER "
             + (f"{wer * 100:.1f} %" if wer is not None else "not measured: no transcript")
             + f"; its tail revised in {(speech.get('tail_revisions') or {}).get('revised_share', 0) * 100:.0f} % of "
@@ -191,30 +187,49 @@ def load_independence(inputs: ReportInputs) -> dict[str, Any] | None:
     return found
 
 
-def methodology(inputs: ReportInputs) -> dict[str, Any]:
-    from alignatt.measure.bench import load_prompts
-    from alignatt.pipeline.params import BenchParams, profile_of
+def _recorded(values: list[Any]) -> str:
+    """One recorded setting across the bench runs: its value, or each value when the runs differ."""
+    distinct = list(dict.fromkeys(str(v) for v in values))
+    return " / ".join(distinct) if distinct else "not recorded"
 
-    params = inputs.params
-    bench = BenchParams.model_validate(params.get("bench") or {})
-    prompts = load_prompts(bench.prompts)
+
+def methodology(inputs: ReportInputs) -> dict[str, Any]:
+    """How the bench stages measured, from what their artifacts recorded (each profile folder's
+    `bench_<mode>.json` and its BenchConfig), not from today's params.yaml; only a profile's note,
+    prose about the profile, comes from params.yaml."""
+    from alignatt.capture.names import VLLM_MODES
+    from alignatt.measure.bench import load_prompts
+
+    runs = [a for _, modes in sorted(inputs.runs.items()) for rel, a in modes.values()
+            if a.config.profile is not None and BENCH_FILE.match(rel.rsplit("/", 1)[-1])]
+    configs = [a.config for a in runs]
+    prompts_files = list(dict.fromkeys(c.prompts_file for c in configs)) or [None]
+    prompts = load_prompts(prompts_files[0])  # the recorded file (None: the packaged prompts)
     bins: dict[str, int] = {}
     for p in prompts:
         bins[p.length_bin] = bins.get(p.length_bin, 0) + 1
+    modes: dict[str, list[str]] = {}
+    for mode in VLLM_MODES:
+        for c in configs:
+            if c.vllm_mode == mode:
+                modes.setdefault(mode, [])
+                modes[mode] += [s for s in c.seams if s not in modes[mode]]
+    notes = {name: (prof or {}).get("note", "") for name, prof in (inputs.params.get("profiles") or {}).items()}
     profiles = []
-    for name in params.get("profiles") or {}:
-        _, prof = profile_of(params, name)
-        merged = BenchParams.model_validate({**(params.get("bench") or {}), **prof.bench})
-        profiles.append(dict(name=name, model=prof.model, device=prof.device, dtype=prof.dtype or "default",
-                             warmup=merged.warmup, repeats=merged.repeats,
-                             rows=merged.repeats * len(prompts), note=prof.note))
+    for name in sorted({c.profile for c in configs}):
+        mine = [c for c in configs if c.profile == name]
+        profiles.append(dict(name=name, model=_recorded([c.model for c in mine]),
+                             device=_recorded([c.device for c in mine]),
+                             dtype=_recorded([c.dtype or "default" for c in mine]),
+                             warmup=_recorded([c.warmup for c in mine]), repeats=_recorded([c.repeats for c in mine]),
+                             rows=_recorded([c.repeats * len(prompts) for c in mine]), note=notes.get(name, "")))
     return dict(
         prompts=len(prompts), bins=", ".join(f"{n} {b}" for b, n in bins.items()),
         with_prefix=sum(p.assistant_prefill != "" for p in prompts),
-        prompts_file=bench.prompts or "alignatt/data/mt_capture_prompts.json",
-        max_new_tokens=bench.max_new_tokens, heads_k=bench.heads_k, warmup=bench.warmup,
-        repeats=bench.repeats, rows=bench.repeats * len(prompts), policy=bench.policy or "defaults",
-        modes=bench.modes, profiles=profiles,
+        prompts_file=" / ".join(f or "alignatt/data/mt_capture_prompts.json" for f in prompts_files),
+        max_new_tokens=_recorded([c.max_new_tokens for c in configs]),
+        heads_k=_recorded([c.heads_k for c in configs]), warmup=_recorded([c.warmup for c in configs]),
+        policy=_recorded([c.policy or "defaults" for c in configs]), modes=modes, profiles=profiles,
     )
 
 

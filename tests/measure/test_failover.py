@@ -5,7 +5,7 @@ survivor, /health tells the truth, and the artifact round-trips through the shar
 
 from alignatt.record.artifacts import load_artifact
 from alignatt.measure.failover import FailoverOptions, run_failover
-from alignatt.report.page import failover_item
+from alignatt.report.measurements import failover_item
 from tests.support.server_client import head_set_file
 
 

@@ -6,7 +6,7 @@ fails: the balancer keeps sending sessions to a replica that is draining."""
 
 from alignatt.measure.replicas import ReplicasOptions, run_replicas
 from alignatt.record.artifacts import load_artifact
-from alignatt.report.page import replicas_item
+from alignatt.report.measurements import replicas_item
 from tests.support.server_client import head_set_file, needs_haproxy
 
 

@@ -62,12 +62,12 @@ def test_smoke_artifact_with_a_fake_engine(tmp_path):
     assert a.rtt_ms_p50 is not None and a.rtt_ms_p95 >= a.rtt_ms_p50
     releases = [e for e in a.fast_path_events if e.released_text]
     assert len(releases) > 10 and all(e.engine_calls == 0 for e in a.fast_path_events)
-    s = a.config["summaries"][0]
-    assert s["engine_calls"] == factory.seams[0].calls and s["errors"] == 0
+    s = a.config.summaries[0]
+    assert s.engine_calls == factory.seams[0].calls and s.errors == 0
     native = [e for e in a.events if e.client == "native"]
-    assert s["normalized_erasure"] == normalized_erasure(native) and s["normalized_erasure"] >= 0
-    assert s["shown_buffer_words_mean"] == shown_buffer_units_mean(native) > 0
-    assert a.config["heads"] == [[11, 3], [6, 5], [17, 3], [20, 0]] and a.config["replay_speed"] == 60.0
+    assert s.normalized_erasure == normalized_erasure(native) and s.normalized_erasure >= 0
+    assert s.shown_buffer_words_mean == shown_buffer_units_mean(native) > 0
+    assert a.config.engine_heads == [(11, 3), (6, 5), (17, 3), (20, 0)] and a.config.replay_speed == 60.0
     finals = [e.committed_text for e in a.events if e.final]
     assert finals[0].endswith("W8:once.") and finals[-1].startswith("W0:This W1:design")
     assert a.provenance.alignatt and a.provenance.timestamp_utc
@@ -93,13 +93,13 @@ def test_a_stream_cut_after_two_sentences_replays_two_finals(tmp_path):
 def test_smoke_with_both_clients(tmp_path):
     a = run_smoke(SmokeOptions(**FAKE, speed=60.0, client="both"), tmp_path / "s.json",
                   seam_factory=FakeFactory())
-    native, wlk = a.config["summaries"]
-    assert (native["client"], wlk["client"]) == ("native", "wlk")
-    assert wlk["finals"] == 6 and wlk["retractions"] == 0 and wlk["errors"] == 0
+    native, wlk = a.config.summaries
+    assert (native.client, wlk.client) == ("native", "wlk")
+    assert wlk.finals == 6 and wlk.retractions == 0 and wlk.errors == 0
     wlk_finals = [e.committed_text for e in a.events if e.client == "wlk" and e.final]
     native_finals = [e.committed_text for e in a.events if e.client == "native" and e.final]
     assert wlk_finals == native_finals
-    assert a.config["whisperlivekit"] == "0.2.26"
+    assert a.config.whisperlivekit == "0.2.26"
 
 
 def test_bad_options_fail_clearly(tmp_path):
@@ -136,7 +136,7 @@ def test_smoke_on_the_embedded_model(tmp_path):
             pytest.skip(f"no head set for the embedded model yet: {e}")
         raise
     assert a.finals == 1 and a.retractions == 0
-    assert all(s["errors"] == 0 and s["finals"] == 1 and s["retractions"] == 0 for s in a.config["summaries"])
+    assert all(s.errors == 0 and s.finals == 1 and s.retractions == 0 for s in a.config.summaries)
     assert a.fast_path_events and all(e.engine_calls == 0 for e in a.fast_path_events)
     assert a.rtt_ms_p50 is not None
 
@@ -158,7 +158,7 @@ def test_wlk_client_that_times_out_reconnects_and_the_smoke_goes_on(tmp_path, mo
 
     a = run_smoke(SmokeOptions(**FAKE, speed=60.0, client="wlk"), None,
                   seam_factory=FakeFactory(slow_when=slow_when))
-    s = a.config["summaries"][0]
-    assert s["client"] == "wlk" and s["disconnects"] == 1 and s["retractions"] == 0
-    assert s["finals"] == 6  # the final is sent again after the reconnect
+    s = a.config.summaries[0]
+    assert s.client == "wlk" and s.disconnects == 1 and s.retractions == 0
+    assert s.finals == 6  # the final is sent again after the reconnect
     assert len({e.connection for e in a.events if e.connection is not None}) == 2

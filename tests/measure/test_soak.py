@@ -29,7 +29,7 @@ def test_a_short_soak_on_the_fake_engine_meets_its_targets(tmp_path):
 
 
 def test_the_soak_is_shown_on_the_benchmarks_page(tmp_path):
-    from alignatt.report.page import soak_item
+    from alignatt.report.measurements import soak_item
 
     heads = head_set_file(tmp_path, "en-de", [(0, 0), (0, 1), (1, 2), (2, 3)])
     options = SoakOptions(model="fake", seam="fake", heads=heads, minutes=0.05, clients=1, sample_s=1.0,

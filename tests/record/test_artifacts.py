@@ -25,6 +25,7 @@ from alignatt.record.artifacts import (
 from alignatt.record.published import PUBLISHED_SEAM_NAMES, read_published
 from alignatt.core.errors import AlignattError
 from alignatt.record.provenance import collect_provenance
+from tests.support.report_fixtures import smoke_record
 
 ROOT = Path(__file__).resolve().parents[2]
 PUBLISHED = ROOT / "outputs" / "published"
@@ -113,7 +114,7 @@ def test_not_json_is_a_clear_error(tmp_path):
 
 def test_smoke_and_measurement_artifacts(tmp_path):
     smoke = ServerSmokeArtifact(
-        schema_version=1, provenance=collect_provenance(model_id="m"), config={"model": "gemma3-270m"},
+        schema_version=1, provenance=collect_provenance(model_id="m"), config=smoke_record(),
         updates=40, finals=6, retractions=0, rtt_ms_p50=120.0, rtt_ms_p95=300.0,
         fast_path_events=[FastPathEvent(seq=7, latency_ms=0.4, engine_calls=0, released_text="Der")],
     )
@@ -126,7 +127,7 @@ def test_smoke_and_measurement_artifacts(tmp_path):
 
 def test_nan_is_refused():
     smoke = ServerSmokeArtifact(
-        schema_version=1, provenance=collect_provenance(), config={}, updates=0, finals=0,
+        schema_version=1, provenance=collect_provenance(), config=smoke_record(), updates=0, finals=0,
         retractions=0, rtt_ms_p50=float("nan"), rtt_ms_p95=None, fast_path_events=[],
     )
     with pytest.raises(ValueError):

@@ -391,3 +391,13 @@ def test_load_metrics_and_plot_data_must_re_derive_from_the_load_artifact(tmp_pa
     _edit_json(root / "outputs/h200/load_metrics.json", lambda d: d.update(extra=1))
     derived = [Path(f.path).name for f in run_audit(root=root, report=False).findings if f.check == "derived"]
     assert sorted(derived) == ["load_metrics.json", "load_rtt.csv"]
+
+
+def test_a_recorded_config_of_the_wrong_type_is_one_schema_finding(tree):
+    def bad(d):
+        d["config"]["replay_speed"] = "fast"
+        d["config"]["summaries"] = "none"
+    _edit_json(tree / "outputs/cpu/server_smoke.json", bad)
+    findings = [f for f in _audit(tree).findings if f.check == "schema"]
+    assert [(Path(f.path).name, "\n" in f.message) for f in findings] == [("server_smoke.json", False)]
+    assert "config.replay_speed" in findings[0].message and "config.summaries" in findings[0].message

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from alignatt.report import page as report
-from alignatt.record.artifacts import load_artifact, write_artifact
+from alignatt.record.artifacts import ClientSummary, load_artifact, write_artifact
 from alignatt.record.events import ReplayEvent
 from alignatt.cli import app
 from tests.support.report_fixtures import bench_artifact, build_tree, write_run
@@ -140,13 +140,18 @@ def test_smoke_section_shows_the_buffer_and_its_flicker(tree):
         ReplayEvent(client="native", utterance_id=1, final=False, committed_text="", buffer_text=" Ja"),
         ReplayEvent(client="native", utterance_id=1, final=True, committed_text="Ja.", buffer_text=""),
     ]
-    write_artifact(smoke, art.model_copy(update={"events": events, "config": {**art.config, "headline_client": "native"}}))
+    write_artifact(smoke, art.model_copy(update={"events": events, "config": art.config.model_copy(
+        update={"headline_client": "native"})}))
     text = report.render_report(tree)
     assert "| 2026-12-01 | CPU: Test CPU (2 cores) | gemma3-270m | whole drafts | 2.00 | 0.40 |" in text
     assert "gemma3-270m on CPU: Test CPU (2 cores): whole drafts only; settled drafts were not replayed" in text
-    summary = {"client": "native", "shown_buffer_words_mean": 1.25, "normalized_erasure": 0.125}
-    write_artifact(smoke, art.model_copy(update={"events": events, "config": {
-        **art.config, "headline_client": "native", "settle_buffer_tokens": 2, "summaries": [summary]}}))
+    summary = ClientSummary(
+        client="native", updates=4, finals=2, errors=0, disconnects=0, retractions=0, shown_buffer_words_mean=1.25,
+        normalized_erasure=0.125, partial_drafts=4, partial_draft_rtt_ms_p50=1.0, partial_draft_rtt_ms_p95=2.0,
+        fast_path_events=0, fast_path_releases=0, fast_path_server_ms_p50=None, fast_path_server_ms_p95=None,
+        fast_path_engine_calls=0, engine_calls=4, paths={}, wall_s=1.0, max_lag_s=0.0)
+    write_artifact(smoke, art.model_copy(update={"events": events, "config": art.config.model_copy(update={
+        "headline_client": "native", "settle_buffer_tokens": 2, "summaries": [summary]})}))
     text = report.render_report(tree)
     assert "| gemma3-270m | settled, 2 tokens past the first held | 1.25 | 0.12 |" in text
 

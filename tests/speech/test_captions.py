@@ -27,9 +27,9 @@ def test_each_word_is_timed_to_the_first_reply_that_covers_it():
 def test_a_smoke_on_a_recognised_stream_reports_what_a_viewer_saw(tmp_path):
     a = run_smoke(SmokeOptions(model="gemma4-e4b-synthetic", seam="fake", speed=20.0, client="native",
                                stream="speech:beckett"), tmp_path / "smoke.json", seam_factory=FakeFactory())
-    speech = a.config["speech"]
+    speech = a.config.speech
     assert speech["clip"]["package"] == "moonshine-voice==0.1.5" and "word_ends_s" not in speech
-    assert speech["caption_words"] + speech["words_never_covered"] == a.config["stream_words"] == 12
+    assert speech["caption_words"] + speech["words_never_covered"] == a.config.stream_words == 12
     assert speech["caption_delay_s_p50"] is not None and speech["caption_delay_s_p95"] >= speech["caption_delay_s_p50"]
     assert a.retractions == 0 and a.finals >= 6  # six sentences, each closed at its mark
 

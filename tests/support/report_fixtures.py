@@ -26,6 +26,7 @@ from alignatt.record.artifacts import (
     FastPathEvent,
     MeasurementArtifact,
     ServerSmokeArtifact,
+    SmokeRecord,
     write_artifact,
 )
 from alignatt.core.draft import Head
@@ -51,6 +52,15 @@ PARAMS = {
                "scored_vllm_mode": "cudagraph"},
 }
 
+
+
+def smoke_record(**fields) -> SmokeRecord:
+    """A smoke's recorded config: the embedded model on the CPU, the smoke stream, no summaries."""
+    return SmokeRecord.model_validate({
+        "model": "gemma3-270m", "seam": "hf_qk_fast", "engine_heads": [[11, 3]], "replay_speed": 4.0,
+        "stream_words": 65, "stream_sentences": 6, "words_per_second": 2.4, "commit_lag_seconds": 2.0,
+        "clients": ["native"], "headline_client": "native", "pacing": "lockstep (native)", "summaries": [],
+        **fields})
 
 def provenance(gpu: bool, model_id: str, revision: str, date: str = "2026-12-01") -> Provenance:
     return Provenance(
@@ -120,7 +130,7 @@ def build_tree(root: Path, h200: bool = True) -> Path:
     })
     write_artifact(root / "outputs" / "cpu" / "server_smoke.json", ServerSmokeArtifact(
         kind="server_smoke", schema_version=1, provenance=cpu,
-        config={"model": "gemma3-270m", "seam": "hf_qk_fast", "speed": 4.0},
+        config=smoke_record(speed=4.0),
         updates=42, finals=6, retractions=0, rtt_ms_p50=180.5, rtt_ms_p95=420.25,
         fast_path_events=[FastPathEvent(seq=s, latency_ms=l, engine_calls=0, released_text="x")
                           for s, l in ((5, 0.31), (9, 0.52), (14, 0.4))],

@@ -12,14 +12,16 @@ from alignatt.core.errors import AlignattError
 from alignatt.record.artifacts.base import (ARTIFACT_SCHEMA_VERSION, BENCH_FILE, FINGERPRINT_FILE, KNOWN_SEAMS,
                                             TIMING_KEYS, Check, EnvArtifact, FingerprintArtifact,
                                             MeasurementArtifact)
-from alignatt.record.artifacts.bench import (BenchArtifact, BenchConfig, BenchPrompt, BenchRow, Divergence,
-                                             FastPathEvent, MedianSummary, PromptSummary, SeamResult,
-                                             ServerSmokeArtifact)
+from alignatt.record.artifacts.bench import (BenchArtifact, BenchConfig, BenchPrompt, BenchRow, ClientSummary,
+                                             Divergence, FastPathEvent, MedianSummary, PromptSummary, SeamResult,
+                                             ServerSmokeArtifact, SmokeRecord)
 from alignatt.record.artifacts.evaluation import (EvalArtifact, EvalInterval, EvalNegativeLatency, EvalPairedTest,
                                                   EvalRow)
 from alignatt.record.artifacts.load import (BalancerRtt, CaptureCostRow, FailoverArtifact, FailoverSession,
                                             LoadArtifact, LoadEngine, LoadLevel, LoadVerification, ReplicasArtifact,
-                                            SoakArtifact, VerifyEquality)
+                                            SoakArtifact, SoakRecord, VerifyEquality)
+from alignatt.record.artifacts.options import (FailoverOptions, ReplicasOptions, ServedModelOptions,
+                                              ServersUnderFaults, SmokeOptions, SoakOptions)
 from alignatt.record.artifacts.suite import GpuTestCase, GpuTestsArtifact, measured_on_gpu
 from alignatt.record.digest import sha256_file
 
@@ -27,10 +29,12 @@ __all__ = [  # the schema's public names, wherever they are defined
     "ARTIFACT_SCHEMA_VERSION", "BENCH_FILE", "FINGERPRINT_FILE", "KNOWN_SEAMS", "TIMING_KEYS", "Check", "EnvArtifact",
     "FingerprintArtifact", "MeasurementArtifact", "BenchArtifact", "BenchConfig", "BenchPrompt", "BenchRow",
     "Divergence", "FastPathEvent", "MedianSummary", "PromptSummary", "SeamResult", "ServerSmokeArtifact",
+    "ClientSummary", "SmokeRecord", "SoakRecord", "FailoverOptions", "ReplicasOptions", "ServedModelOptions",
+    "ServersUnderFaults", "SmokeOptions", "SoakOptions",
     "EvalArtifact", "EvalInterval", "EvalNegativeLatency", "EvalPairedTest", "EvalRow", "CaptureCostRow",
     "FailoverArtifact", "FailoverSession", "ReplicasArtifact", "BalancerRtt", "LoadArtifact", "LoadEngine", "LoadLevel", "LoadVerification", "VerifyEquality",
     "SoakArtifact", "GpuTestCase", "GpuTestsArtifact", "measured_on_gpu", "Artifact", "AnyArtifact",
-    "parse_artifact", "sha256_file", "load_json", "load_artifact", "artifact_json", "env_artifact",
+    "parse_artifact", "sha256_file", "load_json", "load_artifact", "validation_line", "artifact_json", "env_artifact",
     "fingerprint_artifact", "measurement_artifact", "write_artifact",
 ]
 
@@ -64,11 +68,16 @@ def load_json(path: str | Path) -> Any:
         raise AlignattError(f"{path}: not valid JSON ({e})") from None
 
 
+def validation_line(e: ValidationError) -> str:
+    """Every problem pydantic found, on one line: `kind.field.sub: message; ...`."""
+    return "; ".join(f"{'.'.join(str(x) for x in err['loc']) or '(document)'}: {err['msg']}" for err in e.errors())
+
+
 def load_artifact(path: str | Path) -> AnyArtifact:
     try:
         return parse_artifact(load_json(path))
     except ValidationError as e:
-        raise AlignattError(f"{path}: not a valid alignatt artifact:\n{e}") from None
+        raise AlignattError(f"{path}: not a valid alignatt artifact: {validation_line(e)}") from None
 
 
 def artifact_json(artifact: BaseModel) -> str:

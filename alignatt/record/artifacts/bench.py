@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from alignatt.capture.names import VLLM_MODES
 from alignatt.record.artifacts.base import _Artifact, _Strict
+from alignatt.record.artifacts.options import SmokeOptions
 from alignatt.record.events import ReplayEvent
 
 
@@ -102,6 +103,70 @@ class FastPathEvent(_Strict):
     released_text: str = ""  # committed text newly released by the frontier move
 
 
+class ClientSummary(_Strict):
+    """One client's replay of the smoke stream (`measure/smoke.py`); rtt: the native client's round
+    trip, wlk's its process() call."""
+
+    client: str
+    updates: int
+    finals: int
+    errors: int
+    disconnects: int
+    retractions: int
+    # what the client showed (committed + held draft), in target words: the held buffer's mean length
+    # per partial and its flicker (Normalized Erasure); None where the client's events keep no buffer
+    # (wlk), or in artifacts written before they were recorded
+    shown_buffer_words_mean: float | None = None
+    normalized_erasure: float | None = None
+    partial_drafts: int
+    partial_draft_rtt_ms_p50: float | None
+    partial_draft_rtt_ms_p95: float | None
+    fast_path_events: int
+    fast_path_releases: int
+    fast_path_server_ms_p50: float | None
+    fast_path_server_ms_p95: float | None
+    fast_path_engine_calls: int
+    engine_calls: int
+    paths: dict[str, int]
+    wall_s: float
+    max_lag_s: float
+
+
+class SmokeRecord(SmokeOptions):
+    """What a `server_smoke` artifact records: the smoke's options as run, and what the server and
+    the stream made of them."""
+
+    engine_heads: list[tuple[int, int]]  # the engine's alignment heads (layer, head)
+    seam_options: dict[str, Any] = Field(default_factory=dict)  # the route's, as the server built it
+    # how the server ran it (the served defaults server_config chose): None: whole drafts (every
+    # artifact before the field, the only setting the server had then)
+    settle_buffer_tokens: int | None = None
+    engine_process: bool = False
+    replay_speed: float
+    stream_words: int
+    stream_sentences: int
+    words_per_second: float
+    commit_lag_seconds: float
+    clients: list[str]
+    headline_client: str
+    pacing: str
+    whisperlivekit: str | None = None  # its version, when its client ran
+    summaries: list[ClientSummary]  # per client, the headline client first
+    speech: dict[str, Any] | None = None  # a recognised stream: the recogniser's figures, the caption delay
+
+    @model_validator(mode="before")
+    @classmethod
+    def _historical(cls, data: Any) -> Any:
+        """Artifacts written before the options were recorded whole kept the engine's heads under
+        `heads` and no `wlk_latency` when WhisperLiveKit did not run: the heads move to
+        `engine_heads`, and an option they did not record reads as its default."""
+        if isinstance(data, dict) and isinstance(data.get("heads"), list):
+            data = {**data, "engine_heads": data["heads"], "heads": None}
+        if isinstance(data, dict) and data.get("wlk_latency", "") is None:
+            data = {k: v for k, v in data.items() if k != "wlk_latency"}
+        return data
+
+
 class BenchArtifact(_Artifact):
     kind: Literal["bench"] = "bench"
     config: BenchConfig
@@ -117,7 +182,7 @@ class BenchArtifact(_Artifact):
 
 class ServerSmokeArtifact(_Artifact):
     kind: Literal["server_smoke"] = "server_smoke"
-    config: dict[str, Any]  # model, seam, preset, replay speed, stream file...
+    config: SmokeRecord
     updates: int
     finals: int
     retractions: int

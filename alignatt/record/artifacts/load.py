@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from alignatt.record.artifacts.base import Check, _Artifact, _Strict
+from alignatt.record.artifacts.options import FailoverOptions, ReplicasOptions, SoakOptions
 
 
 class LoadEngine(_Strict):
@@ -168,11 +169,22 @@ class LoadArtifact(_Artifact):
     verify_equality_note: str = ""  # a configuration whose count failed, and why
 
 
+class SoakRecord(SoakOptions):
+    """What a `soak` artifact records: the soak's options as run, the server's limits, the hostile
+    cases, and how the run counted and measured."""
+
+    limits: dict[str, Any]  # the server's ServerLimits (serve/config.py), as JSON
+    hostile_cases: list[str]
+    warmup: str  # what ran before the start RSS
+    rss: str  # whose RSS, read how
+    seam_factory: str  # "alignatt", or the stand-in's type
+
+
 class SoakArtifact(_Artifact):
     """`alignatt soak`: mixed well-formed and hostile sessions on loopback, memory over time, targets."""
 
     kind: Literal["soak"] = "soak"
-    config: dict[str, Any]  # SoakOptions, the server's limits, the hostile cases
+    config: SoakRecord
     load_s: float
     sessions: dict[str, int]  # sessions run, by case
     updates: int
@@ -215,7 +227,7 @@ class FailoverArtifact(_Artifact):
     """`alignatt failover`: engine processes killed and stopped under load, what the clients saw."""
 
     kind: Literal["failover"] = "failover"
-    config: dict[str, Any]  # FailoverOptions
+    config: FailoverOptions
     synthetic_weights: bool
     load_s: float  # server start, engines loaded
     faults: list[dict[str, Any]]  # {t_s, action, engine, pid, sessions}
@@ -245,7 +257,7 @@ class ReplicasArtifact(_Artifact):
     load, and what the clients saw through the balancer."""
 
     kind: Literal["replicas"] = "replicas"
-    config: dict[str, Any]  # ReplicasOptions
+    config: ReplicasOptions
     synthetic_weights: bool
     balancer: dict[str, Any]  # {version, config_sha256, health_check}
     load_s: float  # every replica listening, engines loaded

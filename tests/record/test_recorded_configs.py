@@ -1,0 +1,68 @@
+"""Each artifact records its command's options as a typed model (plus what the run measured): a
+recorded config of the wrong shape fails to load in one line, the committed artifacts (written
+before some fields were recorded) still load, and every knob of a command's options is recorded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from alignatt.core.errors import AlignattError
+from alignatt.record.artifacts import (FailoverOptions, ReplicasOptions, SmokeRecord, SoakRecord, load_artifact,
+                                       parse_artifact)
+from alignatt.record.artifacts.options import SmokeOptions, SoakOptions
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORDED = {"server_smoke": SmokeRecord, "soak": SoakRecord, "failover": FailoverOptions,
+            "replicas": ReplicasOptions}
+
+
+def _committed(kind: str) -> list[Path]:
+    return [p for p in sorted((ROOT / "outputs").glob("*/*.json"))
+            if not p.name.endswith("_metrics.json") and json.loads(p.read_text()).get("kind") == kind]
+
+
+@pytest.mark.parametrize("kind", sorted(RECORDED))
+def test_the_committed_artifacts_load_with_a_typed_config(kind):
+    paths = _committed(kind)
+    assert paths, f"no committed {kind} artifact to read"
+    for path in paths:
+        assert type(load_artifact(path).config) is RECORDED[kind], path
+
+
+def test_a_recorded_config_of_the_wrong_type_fails_to_load_in_one_line(tmp_path):
+    data = json.loads(_committed("server_smoke")[0].read_text())
+    data["config"]["replay_speed"] = "fast"
+    bad = tmp_path / "server_smoke.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(AlignattError) as e:
+        load_artifact(bad)
+    assert "\n" not in str(e.value) and "server_smoke.config.replay_speed" in str(e.value)
+
+
+def test_an_unknown_recorded_key_fails_too(tmp_path):
+    data = json.loads(_committed("failover")[0].read_text())
+    data["config"]["speakerz"] = 4  # a typo is not kept silently
+    with pytest.raises(Exception, match="speakerz"):
+        parse_artifact(data)
+
+
+def test_a_smoke_recorded_before_its_options_were_kept_whole_loads():
+    """Before: the engine's heads under `heads`, `wlk_latency` None when its client did not run,
+    and no `speed`, `client` or `vllm_mode`: the heads move to `engine_heads`, the rest read as defaults."""
+    data = json.loads(_committed("server_smoke")[0].read_text())
+    old = {k: v for k, v in data["config"].items() if k not in ("speed", "client", "vllm_mode")}
+    old.update(heads=[[11, 3], [6, 5]], wlk_latency=None)
+    record = SmokeRecord.model_validate(old)
+    assert record.engine_heads == [(11, 3), (6, 5)] and record.heads is None
+    assert record.wlk_latency == "balanced" and record.speed is None and record.client == "auto"
+
+
+@pytest.mark.parametrize("options, record", [(SmokeOptions, SmokeRecord), (SoakOptions, SoakRecord)])
+def test_every_knob_of_a_command_is_recorded(options, record):
+    """The record model derives from the options model: a knob added there is recorded, typed alike."""
+    assert issubclass(record, options)
+    for name, field in options.model_fields.items():
+        assert record.model_fields[name].annotation == field.annotation, name
