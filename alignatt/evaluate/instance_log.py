@@ -45,7 +45,12 @@ def logs_dir(artifact_path: Path) -> Path:
 
 
 def row_key(row) -> str:
-    key = ".".join((row.variant.replace(":", "-"), row.driver, row.preset, row.tail))
+    """`<variant>.<driver>.<preset>.<tail>`: an asr tail with its committed WER (`asr-wer15`), an
+    oracle-segmented long form with `.oracle`, a row under load with its level."""
+    wer = getattr(row, "committed_wer", None)
+    tail = row.tail + (f"-wer{round(wer * 100):g}" if wer is not None else "")
+    key = ".".join((row.variant.replace(":", "-"), row.driver, row.preset, tail))
+    key += ".oracle" if getattr(row, "segmentation", None) == "oracle" else ""
     return key + (f".under_load_{row.concurrency}" if row.role == "under_load" else "")
 
 
@@ -118,7 +123,8 @@ def write_instance_logs(artifact, artifact_path: Path, pairs, talks, schedule, t
     for row in artifact.rows:
         key = row_key(row)
         what = {"variant": row.variant, "driver": row.driver, "preset": row.preset, "tail": row.tail,
-                "form": row.form, "n": row.instances,
+                "form": row.form, "n": row.instances, "committed_wer": row.committed_wer,
+                "segmentation": row.segmentation,
                 **({"under_load": row.concurrency} if row.role == "under_load" else {})}
         if row.form == "sentence":
             refs = [p.reference for p in pairs]

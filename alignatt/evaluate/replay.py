@@ -1,16 +1,17 @@
 """ASR-like replay of a source stream through the server's `Session`, in-process or over WebSocket.
 
-Word i arrives as unstable tail at i / words_per_second and is committed commit_lag_seconds later
-(`alignatt.replay.stream.asr_events`, the smoke stream's schedule). Every ASR event
-becomes one update carrying the open utterance's state (committed words + tail), in lockstep: the
-next update is sent after the reply. The updates are `alignatt.replay.cursor.UpdateCursor`'s: an
-utterance closes (`is_final`) at the commit of the stream's last word, or, with
-`close_on_punctuation` (long-form), at the commit of a word that ends a sentence, as
-WhisperLiveKit's client does; the session may also force a final on its own.
+Word i is spoken during [i, i + 1) / words_per_second; it reaches the tail at the end of its speech
+(`Schedule.visible_at`) and is committed commit_lag_seconds later. Every ASR event becomes one
+update carrying the open utterance's state (committed words + tail), in lockstep: the next update
+is sent after the reply. An utterance closes (`is_final`) at the commit of the stream's last word,
+or, in the long form, by a rule a real client can follow: at a committed word whose text, as the
+recogniser wrote it, ends a sentence (WhisperLiveKit's client closes on its punctuation marks), and
+where the session forces a final on its own. The reference's segment ends close an utterance only
+in the labelled oracle comparison (`oracle_ends`).
 
-What the tail shows is the tail model's (`alignatt.evaluate.tails`: the gold words, a seeded noisy
-ASR hypothesis, or nothing); an update that would show exactly what the previous one did (an
-arrival with no tail shown) is not sent. Each step records the source words *read*: committed
+What the client sees is the tail model's view (`alignatt.evaluate.tails`: the gold words, an
+ASR-like transcript with errors in committed words too, a seeded noisy tail, or no tail); an update
+that would show exactly what the previous one did (an arrival with no tail shown) is not sent. Each step records the source words *read*: committed
 plus the tail positions shown (SimulEval's delay unit).
 
 Every driver answers the same `Reply`, so one loop (`replay`) drives any of them:
@@ -29,25 +30,37 @@ from alignatt.core.draft import Seam
 from alignatt.core.errors import AlignattError
 from alignatt.evaluate.tails import TailModel
 from alignatt.replay.client import ProtocolClient
-from alignatt.replay.cursor import UpdateCursor
-from alignatt.replay.stream import SmokeStream, asr_events
+from alignatt.replay.stream import AsrEvent
 from alignatt.serve.config import ServerLimits, resolve_preset
 from alignatt.serve.session import Session, SessionConfig
 
 
 class Schedule:
-    """ASR pacing: words per second and the lag from arrival to commit."""
+    """ASR pacing: words per second, the lag from a word's arrival in the tail to its commit, and
+    whether a word reaches the tail at the end of its speech (`end`: a recogniser cannot know a word
+    before it is spoken) or at its onset (`onset`: the schedule of the committed H200 artifacts)."""
 
-    def __init__(self, words_per_second: float = 2.4, commit_lag_seconds: float = 2.0) -> None:
+    def __init__(self, words_per_second: float = 2.4, commit_lag_seconds: float = 2.0,
+                 visible_at: str = "end") -> None:
         if words_per_second <= 0 or commit_lag_seconds < 0:
             raise AlignattError("words per second must be > 0 and the commit lag >= 0")
+        if visible_at not in ("end", "onset"):
+            raise AlignattError(f"tail words become visible at their end or onset, not {visible_at!r}")
         self.words_per_second = words_per_second
         self.commit_lag_seconds = commit_lag_seconds
+        self.visible_at = visible_at
 
-    def events(self, words: list[str]):
-        stream = SmokeStream(words_per_second=self.words_per_second,
-                             commit_lag_seconds=self.commit_lag_seconds, text=" ".join(words))
-        return asr_events(stream)
+    def visible_s(self, index: int) -> float:
+        """When word `index` (spoken during [index, index + 1) / words_per_second) reaches the tail."""
+        return (index + (1 if self.visible_at == "end" else 0)) / self.words_per_second
+
+    def events(self, words: list[str]) -> list[AsrEvent]:
+        events = []
+        for i in range(len(words)):
+            arrive = self.visible_s(i)
+            events += [AsrEvent(arrive, "arrive", i), AsrEvent(arrive + self.commit_lag_seconds, "commit", i)]
+        # On a tie the commit goes first: the ASR settles old words before showing new ones.
+        return sorted(events, key=lambda e: (e.t, e.kind != "commit", e.index))
 
     def source_ms(self, n_words: int) -> float:
         """Source duration: word i is spoken during [i, i + 1) / words_per_second."""
@@ -77,6 +90,7 @@ class ReplayStep:
     is_final: bool  # the update closed the utterance
     reply: Reply
     read_words: int = -1  # committed + tail positions shown (-1: not recorded, read as arrived)
+    close: str = ""  # why the utterance closed here: end | punctuation | oracle | server ("" open)
 
     def __post_init__(self) -> None:
         if self.read_words < 0:
@@ -158,29 +172,57 @@ class WebSocketDriver:
             self.client = None
 
 
+SEGMENTATIONS = ("punctuation", "oracle")
+
+
 def replay(words: list[str], driver: Driver, schedule: Schedule, close_on_punctuation: bool = False,
-           tail_model: TailModel | None = None, stream_id: str = "") -> list[ReplayStep]:
+           tail_model: TailModel | None = None, stream_id: str = "",
+           oracle_ends: list[int] | None = None) -> list[ReplayStep]:
     """Replay one stream (a sentence, or a talk) through the driver; one step per sent update.
-    `stream_id` keys the tail noise, so every preset sees the same noisy ASR on one stream."""
-    tails = tail_model or TailModel("gold")
+    `stream_id` keys the recogniser's draws, so every preset sees the same ASR on one stream.
 
-    def show(tail: list[str], n: int) -> tuple[list[str], int]:
-        shown = tails.show(tail, stream_id, n)
-        return shown.words, shown.covered
-
-    cursor = UpdateCursor(words, close_on_punctuation, show)
+    Where an utterance closes (the step's `close`): at the stream's last word (`end`); with
+    `close_on_punctuation`, at a committed word whose text, as the client sees it (the ASR-like
+    transcript's marks, errors included), ends a sentence (`punctuation`); with `oracle_ends` (gold
+    word counts at which the reference segments end: the labelled oracle comparison) there and
+    nowhere else (`oracle`); and where the session forced a final on its own (`server`)."""
+    view = (tail_model or TailModel("gold")).view(words, stream_id)
+    oracle = set(oracle_ends or ())
     steps: list[ReplayStep] = []
+    uid = utt_start = committed = arrived = 0
+    sent: tuple | None = None
     driver.open()
     try:
-        for ev in schedule.events(words):
-            step = cursor.step(ev)
-            if step is None:
+        for n, ev in enumerate(schedule.events(words)):
+            close = ""
+            if ev.kind == "arrive":
+                arrived = ev.index + 1
+            else:
+                committed = ev.index + 1
+                if committed == len(words):
+                    close = "end"
+                elif oracle_ends is not None:
+                    close = "oracle" if committed in oracle else ""
+                elif close_on_punctuation and view.ends_sentence(committed):
+                    close = "punctuation"
+            open_tokens = view.committed(utt_start, committed)
+            if close:
+                tail, covered = [], 0
+            else:
+                ages = [ev.t - schedule.visible_s(i) for i in range(committed, arrived)]
+                tail, covered = view.tail(committed, arrived, ages, n)
+            if not open_tokens and not tail:
                 continue
-            reply = driver.update(step.words, step.tail, step.final, step.utterance_id)
-            steps.append(ReplayStep(round(ev.t * 1000.0, 3), ev.kind, step.committed, step.arrived, step.final,
-                                    reply, step.read))
-            if step.final or reply.final:  # the session may force a final on a long utterance
-                cursor.close_utterance()
+            if (len(open_tokens), tail, bool(close)) == sent:
+                continue
+            sent = (len(open_tokens), tail, bool(close))
+            reply = driver.update(open_tokens, tail, bool(close), uid)
+            if not close and reply.final:
+                close = "server"  # the session forced a final on a long utterance
+            steps.append(ReplayStep(round(ev.t * 1000.0, 3), ev.kind, committed, arrived, bool(close), reply,
+                                    committed + covered, close))
+            if close:
+                uid, utt_start, sent = uid + 1, committed, None
     finally:
         driver.close()
     return steps

@@ -4,22 +4,29 @@ ms), and the check that a protocol driver emitted what the in-process replay did
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 from alignatt.evaluate import scoring, uncertainty
 from alignatt.evaluate.emissions import Emission, StreamOutput, join_units, stream_output, units
 from alignatt.evaluate.replay import Driver, InProcessDriver, Schedule, replay
 from alignatt.evaluate.tails import TailModel
+from alignatt.evaluate.talks import whole_talks
 from alignatt.evaluate.testsets import TestPair, TestSet
 from alignatt.replay.stream import ends_sentence
 
 
-def talks_of(pairs: list[TestPair], count: int, per_talk: int) -> list[list[TestPair]]:
-    talks = [pairs[i:i + per_talk] for i in range(0, len(pairs), per_talk)][:count]
-    return [t for t in talks if t]
+def talks_of(pairs: list[TestPair], count: int | None, max_pairs: int | None = None) -> list[list[TestPair]]:
+    """The long form's streams: whole talks in id order (`alignatt.evaluate.talks`), the first
+    `count` (None: all; 0: none), each cut to its first `max_pairs` pairs when given (a CPU smoke)."""
+    if count == 0:
+        return []
+    return [t[:max_pairs] if max_pairs else t for t in whole_talks(pairs, count)]
 
 
 def eval_row(preset, variant, driver, form, label, outputs: list[StreamOutput], hypotheses, references,
          target_lang, latency, tail: str, negative=(), bootstrap: int = uncertainty.DEFAULT_BOOTSTRAP,
-         concurrency: int = 1, role: str = "quality"):
+         concurrency: int = 1, role: str = "quality", committed_wer: float | None = None,
+         segmentation: str | None = None):
     from alignatt.record.artifacts import EvalRow
 
     shown = sum(o.buffer_units_shown for o in outputs)
@@ -30,7 +37,7 @@ def eval_row(preset, variant, driver, form, label, outputs: list[StreamOutput], 
             paths[k] = paths.get(k, 0) + v
     return EvalRow(
         preset=preset, variant=variant, driver=driver, form=form, label=label, tail=tail, concurrency=concurrency,
-        role=role,
+        role=role, committed_wer=committed_wer, segmentation=segmentation,
         instances=len(references), **scoring.quality(hypotheses, references, target_lang),
         quality_intervals=uncertainty.intervals(hypotheses, references, target_lang, bootstrap),
         latency=latency, negative_latency=list(negative), retractions=sum(o.retractions for o in outputs),
@@ -46,16 +53,18 @@ def eval_row(preset, variant, driver, form, label, outputs: list[StreamOutput], 
 
 
 def sentence_row(pairs, outputs, preset, variant, driver, label, ts: TestSet, schedule: Schedule, tail: str,
-                  bootstrap: int, concurrency: int = 1, role: str = "quality"):
+                  bootstrap: int, concurrency: int = 1, role: str = "quality", committed_wer: float | None = None):
     items = [scoring.SentenceLatencyInput(p.reference, len(p.source_words), schedule.source_ms(len(p.source_words)),
                                           o.emissions) for p, o in zip(pairs, outputs)]
     latency, negative = scoring.sentence_latency(items, ts.target_lang)
     return eval_row(preset, variant, driver, "sentence", label, outputs, [o.hypothesis for o in outputs],
-                [p.reference for p in pairs], ts.target_lang, latency, tail, negative, bootstrap, concurrency, role)
+                [p.reference for p in pairs], ts.target_lang, latency, tail, negative, bootstrap, concurrency, role,
+                committed_wer)
 
 
 def longform_row(talks, outputs, preset, variant, driver, label, ts: TestSet, schedule: Schedule, tail: str,
-                  bootstrap: int, concurrency: int = 1):
+                  bootstrap: int, concurrency: int = 1, committed_wer: float | None = None,
+                  segmentation: str = "punctuation"):
     inputs = []
     for talk, out in zip(talks, outputs):
         spans, start = [], 0
@@ -71,7 +80,8 @@ def longform_row(talks, outputs, preset, variant, driver, label, ts: TestSet, sc
     omni_quality = {"omnisteval_bleu": latency.pop("bleu"), "omnisteval_chrf": latency.pop("chrf")}
     latency.update(omni_quality, talks=len(talks), closed_utterances=sum(len(o.utterances) for o in outputs))
     return eval_row(preset, variant, driver, "longform", label, outputs, resegmented, references,
-                ts.target_lang, latency, tail, negative, bootstrap, concurrency)
+                ts.target_lang, latency, tail, negative, bootstrap, concurrency, "quality", committed_wer,
+                segmentation)
 
 
 def offline_output(driver: InProcessDriver, words: list[str], target_lang: str,
@@ -121,11 +131,16 @@ def sentence_output(driver: Driver, pair: TestPair, schedule: Schedule, tails: T
 
 
 def talk_output(driver: Driver, talk: list[TestPair], schedule: Schedule, tails: TailModel,
-                 target_lang: str) -> StreamOutput:
+                 target_lang: str, segmentation: str = "punctuation") -> StreamOutput:
+    """One whole talk as one stream. `punctuation`: utterances close where a real client would
+    (the transcript's marks as recognised, the session's forced finals); `oracle`: at the reference
+    segments' ends, the labelled comparison."""
     words = [w for p in talk for w in p.source_words]
-    return stream_output(replay(words, driver, schedule, close_on_punctuation=True, tail_model=tails,
-                                stream_id=talk_id(talk)), target_lang)
+    oracle = list(accumulate(len(p.source_words) for p in talk)) if segmentation == "oracle" else None
+    return stream_output(replay(words, driver, schedule, close_on_punctuation=segmentation == "punctuation",
+                                tail_model=tails, stream_id=talk_id(talk), oracle_ends=oracle), target_lang)
 
 
 def talk_id(talk: list[TestPair]) -> str:
-    return "+".join(p.id for p in talk)
+    """The talk's name and its pairs' span: the recogniser's draws are keyed by it."""
+    return f"{talk[0].talk}:{talk[0].id}..{talk[-1].id}" if talk[0].talk else "+".join(p.id for p in talk)

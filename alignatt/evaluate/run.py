@@ -31,6 +31,7 @@ from alignatt.evaluate.replay import InProcessDriver, Schedule, WebSocketDriver
 from alignatt.evaluate.rows import (driver_check, longform_row, offline_output, sentence_output, sentence_row,
                                    talk_id, talk_output, talks_of)
 from alignatt.evaluate.shared_engine import ConcurrentStreams, batch_limit_options, stream_runner, streams_note
+from alignatt.evaluate.asr_errors import AsrErrors
 from alignatt.evaluate.tails import TailKind, TailModel, TailNoise, vocabulary
 from alignatt.evaluate.testsets import TestPair, TestSet, load_test_set, select
 from alignatt.evaluate.wlk_driver import CLIENT_LATENCY, WlkDriver
@@ -63,8 +64,22 @@ class EvalOptions(BaseModel):
     direction: str | None = Field(None, description="source-target, e.g. cs-en (default: the test set's, else en-de)")
     limit: int | None = Field(None, ge=1, description="first N sentences of the test set")
     max_source_words: int | None = Field(None, ge=1, description="only sentences with at most this many words")
-    longform_talks: int = Field(0, ge=0, description="long-form talks of consecutive pairs (0: no long form)")
-    pairs_per_talk: int = Field(5, ge=1, description="pairs concatenated into one talk")
+    longform_talks: int | Literal["all"] = Field(0, description="long form: the first N whole talks of the test "
+                                                                 "set, in id order (all: every talk; 0: none)")
+    longform_max_pairs: int | None = Field(None, ge=1, description="long form: only each talk's first N pairs (a "
+                                                                   "smoke; default: whole talks)")
+    longform_oracle_tails: list[TailKind] = Field(
+        default_factory=list, description="tails whose long form is also replayed with utterances closed at the "
+                                          "reference segments' ends (oracle segmentation, a labelled comparison)")
+    tail_visible_at: Literal["end", "onset"] = Field(
+        "end", description="when a word reaches the ASR tail: at the end of its speech (end) or its onset (onset)")
+    asr_wers: list[float] = Field(default_factory=lambda: [0.05, 0.15],
+                                  description="asr tail: the committed words' word error rates, a row each")
+    asr_seed: int = Field(0, description="asr tail: seeds every draw, with the stream id and the word index")
+    asr_p_tail_revise: float = Field(0.6, ge=0, le=1, description="asr tail: P(a word shows another early form in "
+                                                                  "the tail before it settles)")
+    asr_p_punct_drop: float = Field(0.15, ge=0, le=1, description="asr tail: P(a sentence mark is missing from the "
+                                                                  "transcript)")
     words_per_second: float = Field(2.4, gt=0, description="ASR word rate")
     commit_lag_seconds: float = Field(2.0, ge=0, validation_alias=AliasChoices("commit_lag_seconds", "commit_lag"),
                                       description="seconds from a word's arrival to its commit")
@@ -75,10 +90,12 @@ class EvalOptions(BaseModel):
     comet_model: str | None = Field(None, description="local COMET checkpoint (unbabel-comet); else COMET is skipped")
     offline_baseline: bool = Field(True, validation_alias=AliasChoices("offline_baseline", "offline"),
                                    description="also the offline full-sentence baseline")
-    tails: list[TailKind] = Field(default_factory=lambda: ["gold", "noisy", "none"],
-                                  description="ASR tails, a row each per preset: gold, noisy (seeded ASR noise), "
-                                              "none (no lookahead)")
-    longform_tails: list[TailKind] = Field(default_factory=lambda: ["gold"], description="tails of the long-form rows")
+    tails: list[TailKind] = Field(default_factory=lambda: ["gold", "asr", "none"],
+                                  description="ASR tails, a row each per preset: gold, asr (an ASR-like transcript, "
+                                              "a row per --asr-wers), noisy (the older seeded tail noise), none (no "
+                                              "lookahead)")
+    longform_tails: list[TailKind] = Field(default_factory=lambda: ["gold", "asr"],
+                                           description="tails of the long-form rows")
     tail_noise: TailNoise = Field(default_factory=TailNoise,
                                   description="the noisy tail's seeded noise model (flat knobs: --tail-noise-seed, "
                                               "--tail-p-wrong, --tail-p-drop, --tail-p-split)")
@@ -117,6 +134,21 @@ class EvalOptions(BaseModel):
             return served_settle(value, "", "")  # N as serve parses it (at least 0)
         except AlignattError as e:
             raise ValueError(str(e)) from None
+
+    @field_validator("asr_wers")
+    @classmethod
+    def _wers(cls, wers: list[float]) -> list[float]:
+        if not wers or any(not 0 <= w <= 0.6 for w in wers) or len(set(wers)) != len(wers):
+            raise ValueError(f"asr_wers must be distinct word error rates in [0, 0.6], not {wers}")
+        return wers
+
+    def asr_errors(self, wer: float) -> AsrErrors:
+        return AsrErrors(seed=self.asr_seed, committed_wer=wer, p_tail_revise=self.asr_p_tail_revise,
+                         p_punct_drop=self.asr_p_punct_drop)
+
+    def row_tails(self, kinds: list[str]) -> list[str]:
+        """The rows' tail keys: each kind, `asr` once per committed WER (`asr@0.15`)."""
+        return [k for kind in kinds for k in ([f"asr@{w:g}" for w in self.asr_wers] if kind == "asr" else [kind])]
 
     @field_validator("load_levels")
     @classmethod
@@ -198,8 +230,9 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
             server = ServerThread(config, lambda r, h: _Borrowed(seam)).start()
         try:
             for preset in presets:
-                for tail in options.tails:
-                    tails = tail_models[tail]
+                for tail_key in options.row_tails(options.tails):
+                    tails = tail_models[tail_key]
+                    tail, wer = tails.kind, tails.committed_wer
                     sentence_outputs: dict[str, list[StreamOutput]] = {}
                     for driver_name in options.drivers:
                         if driver_name == "inprocess":
@@ -212,20 +245,23 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
                         sentence_outputs[driver_name] = outs
                         rows.append(sentence_row(pairs, outs, preset, variant, driver_name, label, ts, schedule,
                                                   tail, options.bootstrap,
-                                                  concurrency if driver_name == "inprocess" else 1))
-                        progress(f"[{variant}] {preset} {driver_name} tail={tail}: BLEU {rows[-1].bleu:.2f} "
+                                                  concurrency if driver_name == "inprocess" else 1,
+                                                  committed_wer=wer))
+                        progress(f"[{variant}] {preset} {driver_name} tail={tail_key}: BLEU {rows[-1].bleu:.2f} "
                                  f"(N={len(pairs)}), LAAL {rows[-1].latency.get('laal_words_read')} words read")
                     for driver_name in ("websocket", "wlk"):
                         if "inprocess" in sentence_outputs and driver_name in sentence_outputs:
-                            checks.append(driver_check(f"{variant} tail={tail}", preset, driver_name, pairs,
+                            checks.append(driver_check(f"{variant} tail={tail_key}", preset, driver_name, pairs,
                                                         sentence_outputs["inprocess"], sentence_outputs[driver_name]))
-                for tail in options.longform_tails if talks else []:
-                    tails = tail_models[tail]
-                    outs = streams.map(lambda s, t: tick(talk_output(driver_of(s, preset), t, schedule,
-                                                                      tails, tgt)), talks, [talk_id(t) for t in talks])
-                    rows.append(longform_row(talks, outs, preset, variant, "inprocess", label, ts, schedule, tail,
-                                              options.bootstrap, concurrency))
-                    progress(f"[{variant}] {preset} long form tail={tail}: LongYAAL "
+                for tail_key, segmentation in _longform_rows(options) if talks else []:
+                    tails = tail_models[tail_key]
+                    outs = streams.map(lambda s, t: tick(talk_output(driver_of(s, preset), t, schedule, tails, tgt,
+                                                                      segmentation)), talks, [talk_id(t) for t in talks])
+                    rows.append(longform_row(talks, outs, preset, variant, "inprocess", label, ts, schedule,
+                                              tails.kind, options.bootstrap, concurrency, tails.committed_wer,
+                                              segmentation))
+                    progress(f"[{variant}] {preset} long form tail={tail_key} segmentation={segmentation}: "
+                             f"StreamLAAL {rows[-1].latency.get('stream_laal')} ms, LongYAAL "
                              f"{rows[-1].latency.get('long_yaal')} ms")
         finally:
             if server is not None:
@@ -287,10 +323,17 @@ def settle_config(options: EvalOptions, variants: list[tuple[str, str, dict[str,
 def _streams_to_replay(options: EvalOptions, presets: list[str], pairs: list[TestPair],
                        talks: list[list[TestPair]]) -> int:
     """How many streams (sentences, talks) one variant replays: the progress bar's total."""
-    per_preset = (len(options.tails) * len(options.drivers) * len(pairs)
-                  + (len(options.longform_tails) * len(talks) if talks else 0))
+    per_preset = (len(options.row_tails(options.tails)) * len(options.drivers) * len(pairs)
+                  + (len(_longform_rows(options)) * len(talks) if talks else 0))
     return (len(presets) * per_preset + (len(pairs) if options.offline_baseline else 0)
             + len(options.load_levels) * len(pairs[:options.load_sentences]))
+
+
+def _longform_rows(options: EvalOptions) -> list[tuple[str, str]]:
+    """(tail key, segmentation) of each long-form row: every long-form tail closed by the client's
+    rule, and the oracle comparison for `longform_oracle_tails`."""
+    return ([(k, "punctuation") for k in options.row_tails(options.longform_tails)]
+            + [(k, "oracle") for k in options.row_tails(options.longform_oracle_tails)])
 
 
 def _ticker(bar):
@@ -356,7 +399,10 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
     # Everything that can be wrong with the input fails here, before a model loads.
     ts = load_test_set(options.test_set, options.direction)
     pairs = select(ts, options.limit, options.max_source_words)
-    talks = talks_of(ts.pairs, options.longform_talks, options.pairs_per_talk)
+    talks = talks_of(ts.pairs, None if options.longform_talks == "all" else options.longform_talks,
+                     options.longform_max_pairs)
+    if options.longform_talks and not talks:
+        progress(f"test set {ts.name}: no talks (alignatt/data/eval/README.md), so no long-form rows")
     try:
         presets = [resolve_preset(p).name for p in options.presets]
     except ProtocolError as e:
@@ -364,7 +410,7 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
     variants = [(v, *parse_variant(v)) for v in options.variants]
     if "wlk" in options.drivers:
         load_wlk_client()  # not installed: one line naming the package, before any model loads
-    schedule = Schedule(options.words_per_second, options.commit_lag_seconds)
+    schedule = Schedule(options.words_per_second, options.commit_lag_seconds, options.tail_visible_at)
     direction = f"{ts.source_lang}-{ts.target_lang}"
     try:
         model_id, revision = model_identity(options.model)
@@ -376,8 +422,11 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
     factory = seam_factory or default_seam_factory
     vocab = vocabulary([p.source for p in ts.pairs])
     try:
-        tail_models = {k: TailModel(k, options.tail_noise, vocab) for k in dict.fromkeys(
-            [*options.tails, *options.longform_tails, *([LOAD_TAIL] if options.load_levels else [])])}
+        keys = options.row_tails([*options.tails, *options.longform_tails, *options.longform_oracle_tails,
+                                  *([LOAD_TAIL] if options.load_levels else [])])
+        tail_models = {k: TailModel(k.partition("@")[0], options.tail_noise, vocab,
+                                    options.asr_errors(float(k.partition("@")[2] or 0)), options.commit_lag_seconds)
+                       for k in dict.fromkeys(keys)}
     except ValueError as e:
         raise AlignattError(f"tail: {e}") from None
 
@@ -396,7 +445,7 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
         rows += got_rows
         checks += got_checks
     _paired_tests(rows, ts.target_lang, options, [p.reference for p in pairs])
-    by_variant = {(r.variant, r.preset, r.tail): r.hypotheses for r in rows
+    by_variant = {(r.variant, r.preset, _tail_key(r)): r.hypotheses for r in rows
                   if r.form == "sentence" and r.driver in ("inprocess", OFFLINE) and r.role == "quality"}
 
     checks.append(Check(name=RETRACTION_CHECK, passed=all(r.retractions == 0 for r in rows),
@@ -405,7 +454,7 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
     if len(variants) > 1:
         first = variants[0][0]
         for variant, _, _ in variants[1:]:
-            for preset, tail in [*((p, t) for p in presets for t in options.tails),
+            for preset, tail in [*((p, t) for p in presets for t in options.row_tails(options.tails)),
                                  *([(OFFLINE, "none")] if options.offline_baseline else [])]:
                 a, b = by_variant.get((first, preset, tail)), by_variant.get((variant, preset, tail))
                 if a is None or b is None:
@@ -425,7 +474,14 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
         schema_version=ARTIFACT_SCHEMA_VERSION,
         provenance=collect_provenance(model_id=model_id, model_revision=revision),
         config={**options.model_dump(), **settle_config(options, variants), "schedule": {"words_per_second": options.words_per_second,
-                                                      "commit_lag_seconds": options.commit_lag_seconds},
+                                                      "commit_lag_seconds": options.commit_lag_seconds,
+                                                      "tail_visible_at": options.tail_visible_at},
+                "longform": "whole talks of the test set in id order, one stream each (alignatt/data/eval/README.md)"
+                            + (f", each cut to its first {options.longform_max_pairs} pairs"
+                               if options.longform_max_pairs else "")
+                            + "; utterances close where the client reads a sentence mark in the transcript as "
+                              "recognised, or the session forces a final (segmentation punctuation), or at the "
+                              "reference segments' ends (segmentation oracle: a comparison)",
                 "computation_aware_clock": "engine serves updates one at a time: start = max(event time, "
                                            "previous reply), ready = start + measured round trip",
                 "latency_units": "words read (headline, SimulEval's delays): source words committed plus the tail "
@@ -451,7 +507,8 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
                                   "its process() call, timed by the driver"} if "wlk" in options.drivers else {})},
         test_set={"name": ts.name, "direction": direction, "description": ts.description,
                   "pairs_available": len(ts.pairs), "sentence_ids": [p.id for p in pairs],
-                  "longform_ids": [[p.id for p in t] for t in talks]},
+                  "longform_ids": [[p.id for p in t] for t in talks],
+                  "talks": [t[0].talk for t in talks]},
         synthetic_weights=synthetic,
         rows=rows,
         comet=comet,
@@ -464,6 +521,10 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
         write_instance_logs(artifact, Path(out), pairs, talks, schedule, ts.target_lang)
         write_artifact(out, artifact)
     return artifact
+
+
+def _tail_key(row) -> str:
+    return f"asr@{row.committed_wer:g}" if row.tail == "asr" else row.tail
 
 
 def _paired_tests(rows, target_lang: str, options: EvalOptions, references: list[str]) -> None:

@@ -1,8 +1,13 @@
-"""What the replayed ASR shows as its unstable tail: the gold words, a seeded noisy hypothesis, or nothing.
+"""What the replayed ASR shows: the gold words, an ASR-like transcript, a seeded noisy tail, or nothing.
 
 The replay's schedule (`alignatt.evaluate.replay.Schedule`) decides which source words have
-arrived and which are committed; a tail model decides how the arrived-but-uncommitted words are
-shown to the translator. Committed words are always the gold words: the noise stops at the commit.
+arrived and which are committed; a tail model decides how the committed words and the
+arrived-but-uncommitted ones are shown to the translator (`TailModel.view`). Only `asr` puts
+errors in the committed words; the other kinds commit the gold words.
+
+- `asr`: an ASR-like transcript (`alignatt.evaluate.asr_errors`): committed words with errors at a
+  set word error rate (one row per rate of `EvalOptions.asr_wers`), and a tail that revises each
+  word at most once, towards what is committed.
 
 - `gold`: the tail is the gold source (perfect lookahead: at 2.4 words/s and a 2 s commit lag,
   about 4.8 words of the answer).
@@ -32,10 +37,15 @@ from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-TailKind = Literal["gold", "noisy", "none"]
-TAIL_KINDS: tuple[str, ...] = ("gold", "noisy", "none")
+from alignatt.evaluate.asr_errors import AsrErrors, AsrTranscriber
+from alignatt.replay.stream import ends_sentence
+
+TailKind = Literal["gold", "asr", "noisy", "none"]
+TAIL_KINDS: tuple[str, ...] = ("gold", "asr", "noisy", "none")
 TAIL_DESCRIPTIONS = {
     "gold": "tail = the gold source words (perfect lookahead)",
+    "asr": "an ASR-like transcript: committed words with errors at the row's committed WER, a tail that "
+           "revises itself consistently (see config.tails[...].asr_errors)",
     "noisy": "tail = a seeded noisy ASR hypothesis (see config.tail_noise)",
     "none": "no lookahead: the tail is never shown, only committed words",
 }
@@ -94,14 +104,27 @@ class TailModel:
     """Turns the gold tail of one ASR event into the tail the translator is shown."""
 
     def __init__(self, kind: TailKind = "gold", noise: TailNoise | None = None,
-                 vocab: list[str] | None = None) -> None:
+                 vocab: list[str] | None = None, asr: AsrErrors | None = None,
+                 commit_lag_seconds: float = 2.0) -> None:
         if kind not in TAIL_KINDS:
             raise ValueError(f"unknown tail {kind!r}: use one of {', '.join(TAIL_KINDS)}")
         self.kind = kind
         self.noise = noise or TailNoise()
         self.vocab = list(vocab or [])
+        self.asr = asr or AsrErrors()
+        self.transcriber = AsrTranscriber(self.asr, self.vocab, commit_lag_seconds) if kind == "asr" else None
         if kind == "noisy" and self.noise.p_wrong > 0 and len(self.vocab) < 2:
             raise ValueError("a noisy tail with p_wrong > 0 needs a vocabulary of at least 2 words")
+
+    @property
+    def committed_wer(self) -> float | None:
+        return self.asr.committed_wer if self.kind == "asr" else None
+
+    def view(self, words: list[str], stream_id: str) -> "StreamView":
+        """What the client sees of one stream's words: committed tokens, tail, sentence ends."""
+        if self.kind == "asr":
+            return self.transcriber.transcript(words, stream_id)
+        return _GoldView(words, self, stream_id)
 
     def show(self, tail: list[str], stream_id: str, event: int) -> ShownTail:
         if self.kind == "gold":
@@ -134,7 +157,39 @@ class TailModel:
 
     def describe(self) -> dict[str, object]:
         out: dict[str, object] = {"tail": self.kind, "description": TAIL_DESCRIPTIONS[self.kind]}
+        if self.kind == "asr":
+            out["asr_errors"] = self.asr.model_dump()
+            out["vocabulary_size"] = len(self.vocab)
         if self.kind == "noisy":
             out["tail_noise"] = self.noise.model_dump()
             out["vocabulary_size"] = len(self.vocab)
         return out
+
+
+class StreamView:
+    """What the client sees of a stream (an `asr_errors.Transcript` is one): the committed tokens of gold
+    words [start, end), the tail shown for [start, end) at given ages (and the event's number), and
+    whether the committed text up to a gold word ends a sentence as the client reads it."""
+
+    def committed(self, start: int, end: int) -> list[str]: ...
+
+    def tail(self, start: int, end: int, ages_s: list[float], event: int = 0) -> tuple[list[str], int]: ...
+
+    def ends_sentence(self, end: int) -> bool: ...
+
+
+class _GoldView(StreamView):
+    """gold / noisy / none: the gold words committed, the tail model's tail."""
+
+    def __init__(self, words: list[str], model: TailModel, stream_id: str) -> None:
+        self.words, self.model, self.stream_id = words, model, stream_id
+
+    def committed(self, start: int, end: int) -> list[str]:
+        return self.words[start:end]
+
+    def tail(self, start: int, end: int, ages_s: list[float], event: int = 0) -> tuple[list[str], int]:
+        shown = self.model.show(self.words[start:end], self.stream_id, event)
+        return shown.words, shown.covered
+
+    def ends_sentence(self, end: int) -> bool:
+        return end > 0 and ends_sentence(self.words[end - 1])

@@ -19,10 +19,10 @@ from alignatt.record.artifacts import EvalArtifact, load_artifact  # noqa: E402
 from tests.fakes.batch_fakes import StandInBatchSeam  # noqa: E402
 from tests.fakes.mt_fakes import FakeSeam  # noqa: E402
 
-# Sentences of different lengths (they finish out of order), both sentence tails that redraw
-# nothing and noise, two talks, and the offline baseline: every kind of in-process stream.
-OPTIONS = dict(limit=6, max_source_words=12, presets=["balanced"], tails=["gold", "noisy"], longform_talks=2,
-               pairs_per_talk=2, bootstrap=10)
+# Sentences of different lengths (they finish out of order), a gold tail and an ASR-like
+# transcript, two talks, and the offline baseline: every kind of in-process stream.
+OPTIONS = dict(limit=6, max_source_words=12, presets=["balanced"], tails=["gold", "asr"], asr_wers=[0.15],
+               longform_talks=2, longform_tails=["gold"], longform_max_pairs=2, bootstrap=10)
 CONCURRENCY = 4
 
 

@@ -23,7 +23,7 @@ from tests.fakes.mt_fakes import FakeSeam  # noqa: E402
 def evaluated(tmp_path_factory):
     out = tmp_path_factory.mktemp("eval") / "eval.json"
     options = EvalOptions(limit=3, max_source_words=10, presets=["low_latency", "balanced"], longform_talks=1,
-                          pairs_per_talk=2, bootstrap=100)
+                          longform_max_pairs=2, bootstrap=100)
     artifact = run_eval(options, out, seam_factory=lambda route, heads: FakeSeam(look_ahead=1),
                         progress=lambda m: None)
     folder = out.with_name("eval_instances")

@@ -33,8 +33,9 @@ class EchoDriver:
         pass
 
 
-# 1 word/s, commit 2 s after arrival: arrive a@0, b@1, c@2 (after commit a@2), commit b@3, c@4.
-SCHEDULE = Schedule(words_per_second=1.0, commit_lag_seconds=2.0)
+# 1 word/s, commit 2 s after arrival; a word reaches the tail at its onset (the older convention):
+# arrive a@0, b@1, c@2 (after commit a@2), commit b@3, c@4.
+SCHEDULE = Schedule(words_per_second=1.0, commit_lag_seconds=2.0, visible_at="onset")
 
 
 def _score(tail: str):
@@ -80,3 +81,17 @@ def test_a_dropped_tail_word_is_not_read():
     out = stream_output(replay(["a", "b", "c"], EchoDriver(), SCHEDULE, tail_model=drop_all, stream_id="s"), "de")
     # every tail word dropped: the translator read what was committed, as without lookahead
     assert [(e.committed_words, e.read_words) for e in out.emissions] == [(1, 1), (2, 2), (3, 3)]
+
+
+def test_a_tail_word_is_visible_at_the_end_of_its_speech():
+    # a is spoken during [0, 1) s: the recogniser shows it at 1 s, commits it at 3 s
+    at_end = Schedule(words_per_second=1.0, commit_lag_seconds=2.0)
+    assert at_end.visible_s(0) == 1.0 and SCHEDULE.visible_s(0) == 0.0
+    out = stream_output(replay(["a", "b", "c"], EchoDriver(), at_end, tail_model=TailModel("gold"),
+                               stream_id="s"), "de")
+    assert [(e.text, e.read_words, e.cu_ms) for e in out.emissions] == [
+        ("A", 1, 1000.0), ("B", 2, 2000.0), ("C", 3, 3000.0)]
+    item = scoring.SentenceLatencyInput("A B C", 3, at_end.source_ms(3), out.emissions)
+    latency, _ = scoring.sentence_latency([item], "de")
+    # every unit written one word's duration after its word began: AL 1000 ms, no longer 0
+    assert latency["al_ms"] == pytest.approx(1000.0)

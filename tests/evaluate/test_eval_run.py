@@ -86,14 +86,19 @@ def test_a_bad_test_set_on_the_cli_writes_nothing(tmp_path):
 def test_eval_on_the_fake_seam_writes_an_artifact_the_audit_accepts(tmp_path, monkeypatch):
     out = tmp_path / "outputs" / "eval.json"
     options = EvalOptions(limit=2, max_source_words=8, drivers=["inprocess", "websocket"],
-                          longform_talks=1, pairs_per_talk=2)
+                          longform_talks=1, longform_max_pairs=2)
     a = run_eval(options, out, seam_factory=lambda route, heads: FakeSeam(), progress=lambda m: None)
     write_derived(a, tmp_path / "outputs" / "eval_metrics.json", tmp_path / "outputs" / "quality_latency.csv")
     assert isinstance(load_artifact(out), EvalArtifact)
-    # 3 presets x 3 tails x 2 drivers (sentences) + 3 long-form rows (gold tail) + the offline baseline
-    assert len(a.rows) == 22 and all(r.retractions == 0 for r in a.rows)
+    # 3 presets x 4 tails (gold, asr at 5 % and 15 % WER, none) x 2 drivers (sentences) + 3 x 3 long-form
+    # rows (gold, asr x 2; closed by punctuation as recognised) + the offline baseline
+    assert len(a.rows) == 34 and all(r.retractions == 0 for r in a.rows)
     assert all(c.passed for c in a.checks), a.checks
-    assert sum("in-process and WebSocket" in c.name for c in a.checks) == 9
+    assert sum("in-process and WebSocket" in c.name for c in a.checks) == 12
+    asr = [r for r in a.rows if r.tail == "asr"]
+    assert sorted({r.committed_wer for r in asr}) == [0.05, 0.15]
+    assert {r.segmentation for r in a.rows if r.form == "longform"} == {"punctuation"}
+    assert a.test_set["talks"] == ["acl-162"]
     offline = next(r for r in a.rows if r.preset == "offline")
     assert offline.tail == "none"
 
@@ -137,7 +142,7 @@ def test_two_variants_get_an_equality_check(tmp_path):
     a = run_eval(options, None, seam_factory=lambda route, heads: FakeSeam(), progress=lambda m: None)
     same = [c for c in a.checks if "gives the same hypotheses" in c.name]
     assert [c.name for c in same] == [f"balanced tail={t}: hf_eager gives the same hypotheses as hf_qk_fast"
-                                      for t in ("gold", "noisy", "none")] + [
+                                      for t in ("gold", "asr@0.05", "asr@0.15", "none")] + [
                                       "offline: hf_eager gives the same hypotheses as hf_qk_fast"]
     assert all(c.passed for c in same)
 

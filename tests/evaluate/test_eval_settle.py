@@ -24,7 +24,7 @@ from tests.fakes.mt_fakes import FakeSeam  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 # Every in-process stream kind: sentences with a tail (drafts that hold tokens), a talk, offline.
 OPTIONS = dict(limit=3, max_source_words=10, presets=["balanced"], tails=["gold"], longform_talks=1,
-               pairs_per_talk=2, bootstrap=10, variants=["vllm_capture"])
+               longform_max_pairs=2, bootstrap=10, variants=["vllm_capture"])
 
 
 class SettlingSeam(FakeSeam):

@@ -80,7 +80,14 @@ class EvalRow(_Strict):
     chrf: float
     # gold: the gold source as tail; noisy: a seeded noisy ASR tail (config.tail_noise); none: no
     # lookahead (the offline baseline is shown no tail either)
-    tail: Literal["gold", "noisy", "none"] = "gold"
+    tail: Literal["gold", "asr", "noisy", "none"] = "gold"
+    # asr: the word error rate set for the committed words of the ASR-like transcript
+    committed_wer: float | None = None
+    # long form: where utterances closed. punctuation: a rule a real client follows (the transcript's
+    # sentence marks as recognised, the session's forced finals); oracle: the reference segments'
+    # ends (a labelled comparison). None: sentence form, or an artifact from before the field
+    # (whose long form closed on the gold source's marks, in 5-pair chunks)
+    segmentation: Literal["punctuation", "oracle"] | None = None
     # streams replayed at once through one engine (`alignatt eval --concurrency`): batching can
     # change bf16 drafts; None in artifacts written before it was recorded (one at a time)
     concurrency: int | None = Field(None, ge=1)
