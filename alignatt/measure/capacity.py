@@ -24,7 +24,7 @@ import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
@@ -37,7 +37,7 @@ from alignatt.replay.speakers import SpeakerPlan, run_speakers
 from alignatt.measure.gpu_busy import GpuBusy, route_gpu
 from alignatt.measure.host_cpu import cpu_times, shares
 from alignatt.measure.kernel_profiles import KernelProfiles
-from alignatt.record.artifacts.options import ServedModel
+from alignatt.record.artifacts.options import LoadKnobs
 from alignatt.measure.capacity_levels import (LAG_GROWTH_S, configuration_difference, level_line, signature,
                                               summarise_level)
 from alignatt.measure.load_configurations import LoadConfiguration, default_configurations
@@ -55,7 +55,7 @@ def _int_list(value: Any) -> list[int]:
     return [int(x) for x in value]
 
 
-class LoadOptions(ServedModel):
+class LoadOptions(LoadKnobs):
     configurations: list[LoadConfiguration] | None = Field(
         None, validation_alias=AliasChoices("configurations", "configuration"),
         description="the servers measured, one after another: each the ServerConfig fields it sets, key=value "
@@ -63,38 +63,6 @@ class LoadOptions(ServedModel):
                     "batch_invariant), the option once per configuration, e.g. vllm_mode=fullgraph,"
                     "settle_buffer_tokens=2,own_process=true (default: what `alignatt serve` serves on this seam "
                     "and device, then the same drafting whole)")
-    speakers: list[int] = Field(default_factory=lambda: [1, 2, 4],
-                                description="load levels: concurrent speakers, comma-separated")
-    streams: list[str] = Field(default_factory=lambda: ["smoke", "long"],
-                               description="streams speakers replay in turn: smoke, long, speech:<clip> or paths")
-    speed: float = Field(1.0, gt=0, description="replay speed (1.0: real time)")
-    stagger_s: float = Field(0.14, ge=0, validation_alias=AliasChoices("stagger_s", "stagger"),
-                             description="seconds between speakers' starts (speaker i starts at i x this)")
-    pacing: Literal["lockstep", "realtime"] = Field(
-        "lockstep", description="lockstep: an update waits for its reply; realtime: sent when due, never waits")
-    clients: Literal["processes", "threads"] = Field(
-        "processes", description="processes: speakers in client processes of their own (alignatt.replay."
-                                 "speakers); threads: in the server's process (contends for its GIL)")
-    speakers_per_process: int = Field(16, ge=1, description="speaker threads per client process")
-    prefix_caching: bool | None = Field(None, description="vllm_capture: vLLM prefix caching (default: the server's, on)")
-    max_num_seqs: int | None = Field(None, ge=1, description="vllm_capture: the engine's batch limit")
-    engines: int | Literal["auto"] = Field(1, description="the server's engines per route: a number, or auto (one "
-                                                          "per visible GPU on cuda) (ServerConfig.engines)")
-    capture_cost: Literal["auto", "on", "off"] = Field(
-        "auto", description="captured vs uncaptured wall per batch (auto: on CUDA with vllm_capture)")
-    capture_cost_batches: list[int] = Field(default_factory=lambda: [1, 8, 32, 64],
-                                            description="batch sizes of the capture-cost measurement")
-    capture_cost_tokens: int = Field(16, ge=1, description="tokens each capture-cost draft decodes (fixed length)")
-    capture_cost_repeats: int = Field(3, ge=1, description="timed passes per capture-cost batch size (their median is kept)")
-    profile_dir: str | None = Field(None, description="capture cost: torch-profile batch 1 and the largest "
-                                                      "batch, captured and uncaptured, a folder per configuration")
-    engine_profile_dir: str | None = Field(None, description="cProfile each engine process over each level "
-                                                             "(alignatt.serve.engine_profile); slows what it profiles")
-    kernel_profile_speakers: list[int] = Field(default_factory=list, description="at these levels, trace the GPU "
-                                               "kernels of each engine process's steps (alignatt.serve.step_anatomy)")
-    kernel_profile_steps: int = Field(100, ge=1, description="steps the kernel profile traces (the engine stops "
-                                      "stepping while their trace is reduced)")
-    kernel_profile_after_s: float = Field(60.0, ge=0, description="seconds into the level the kernel profile starts")
 
     @field_validator("kernel_profile_speakers", mode="before")
     @classmethod
@@ -334,7 +302,7 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
     """Every configuration's load levels on a loopback server, then the capture cost; writes the
     artifact (and metrics/plot) once all of it is measured."""
     from alignatt.record.artifacts import (ARTIFACT_SCHEMA_VERSION, CaptureCostRow, LoadArtifact, LoadLevel,
-                                           VerifyEquality, write_artifact)
+                                           LoadRecord, VerifyEquality, write_artifact)
     from alignatt.record.isolated import run_in_child
     from alignatt.record.provenance import collect_provenance, model_identity
     from alignatt.serve.config import resolve_heads, resolve_preset
@@ -403,33 +371,27 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
             print(f"verify equality ({mode}) failed: {e}", file=sys.stderr, flush=True)
             continue
         equality.append({**got, "vllm_mode": mode})
-    engine_facts = {**runs[0]["engine"], **({"engines": {str(m): r["engine"] for m, r in zip(modes, runs)}}
-                                            if len(modes) > 1 else {})}
+    engine_facts = {**runs[0]["engine"], **({"engines_by_configuration": {
+        str(m): r["engine"] for m, r in zip(modes, runs)}} if len(modes) > 1 else {})}
     try:
         model_id, revision = model_identity(options.model)
     except Exception:  # noqa: BLE001 - identity is best effort (a local path without metadata)
         model_id, revision = options.model, None
-    preset = preset_for(options.model)
+    model_preset = preset_for(options.model)
     synthetic = bool((engine_facts.get("seam_describe") or {}).get("synthetic_weights")) or bool(
-        preset and preset.synthetic_weights)
+        model_preset and model_preset.synthetic_weights)
     artifact = LoadArtifact(
         schema_version=ARTIFACT_SCHEMA_VERSION,
         provenance=collect_provenance(model_id=model_id, model_revision=revision),
-        config={
-            "model": options.model, "seam": options.seam, "preset": preset, "device": options.device,
-            # the configurations by label (load_configurations.py reads them back), as artifacts always have
-            "dtype": options.dtype, "vllm_mode": ",".join(m for m in modes if m) or None, "vllm_modes": modes,
-            "heads": heads,
-            "speakers": sorted(set(options.speakers)), "streams": [s for s, _ in streams],
-            "stream_words": {s: len(st.words) for s, st in streams},
-            "stream_seconds": {s: round(len(st.words) / st.words_per_second + st.commit_lag_seconds, 1)
-                               for s, st in streams},
-            "speed": options.speed, "stagger_s": options.stagger_s, "pacing": options.pacing,
-            "clients": options.clients, "speakers_per_process": options.speakers_per_process,
-            # cProfile slows the engine it profiles: such levels say where time goes, not capacity
-            "engine_profile_dir": options.engine_profile_dir,
-            "seam_options": runs[0]["seam_options"], "lag_growth_threshold_s": LAG_GROWTH_S, **engine_facts,
-        },
+        config=LoadRecord(
+            **options.model_dump(exclude={"configurations", "preset", "speakers", "streams"}), preset=preset,
+            speakers=sorted(set(options.speakers)), streams=[s for s, _ in streams],
+            vllm_modes=modes,  # the configurations by label (load_configurations.py reads them back)
+            engine_heads=heads, stream_words={s: len(st.words) for s, st in streams},
+            stream_seconds={s: round(len(st.words) / st.words_per_second + st.commit_lag_seconds, 1)
+                            for s, st in streams},
+            seam_options=runs[0]["seam_options"], lag_growth_threshold_s=LAG_GROWTH_S, **engine_facts,
+        ),
         synthetic_weights=synthetic,
         levels=[LoadLevel(**lv) for lv in levels],
         capture_cost=[CaptureCostRow(**c) for c in cost],
@@ -474,7 +436,7 @@ def write_plot(path: str | Path, artifact) -> None:
     w.writerow(["speakers", "configuration", "partial_rtt_ms_p50", "partial_rtt_ms_p95", "partial_rtt_ms_p99",
                 "lag_s_max"])
     for lv in artifact.levels:
-        w.writerow([lv.speakers, f"{artifact.config['seam']}/{lv.vllm_mode or 'default'}", lv.partial_rtt_ms_p50, lv.partial_rtt_ms_p95, lv.partial_rtt_ms_p99,
+        w.writerow([lv.speakers, f"{artifact.config.seam}/{lv.vllm_mode or 'default'}", lv.partial_rtt_ms_p50, lv.partial_rtt_ms_p95, lv.partial_rtt_ms_p99,
                     lv.lag_s_max])
     _atomic_write(path, buf.getvalue())
 

@@ -26,12 +26,11 @@ def configuration(rel: str, artifact: Any, vllm_mode: str | None = None) -> str:
     folder = rel.rsplit("/", 2)[-2] if "/" in rel else rel
     stem = rel.rsplit("/", 1)[-1].removesuffix(".json")
     folder += "" if stem == "load" else f" ({stem})"
-    engine = (c.get("engines") or {}).get(str(vllm_mode)) or c
-    caching = (engine.get("seam_describe") or {}).get("enable_prefix_caching")
+    caching = (c.engine_of(vllm_mode)["seam_describe"] or {}).get("enable_prefix_caching")
     extra = "" if caching is None else (", prefix caching" if caching else ", no prefix caching")
-    mode = vllm_mode or c.get("vllm_mode")
-    profiled = ", under cProfile (slowed: where the time goes, not capacity)" if c.get("engine_profile_dir") else ""
-    return f"{folder}: {c.get('seam')}{f' {mode}' if mode else ''}{extra}{profiled}"
+    mode = vllm_mode or c.configurations_label
+    profiled = ", under cProfile (slowed: where the time goes, not capacity)" if c.engine_profile_dir else ""
+    return f"{folder}: {c.seam}{f' {mode}' if mode else ''}{extra}{profiled}"
 
 
 def kernel_profiled(level: Any) -> str:
@@ -50,7 +49,7 @@ def capacity_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
     for rel, a in sorted(inputs.of_kind("load"), key=lambda t: t[0]):
         for lv in a.levels:
             rows.append(dict(
-                source=rel, date=a.provenance.date, machine=machine_of(a), model=a.config.get("model"),
+                source=rel, date=a.provenance.date, machine=machine_of(a), model=a.config.model,
                 synthetic=a.synthetic_weights,
                 configuration=configuration(rel, a, lv.vllm_mode) + kernel_profiled(lv),
                 streams=", ".join(dict.fromkeys(Path(s).stem for s in lv.streams)), speakers=lv.speakers,
@@ -95,7 +94,7 @@ def verification_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
             compared = lv.updates_compared_with_first_configuration
             rows.append(dict(
                 date=a.provenance.date, configuration=configuration(rel, a, lv.vllm_mode),
-                synthetic=a.synthetic_weights, model=a.config.get("model"), speakers=lv.speakers, drafts=v.drafts,
+                synthetic=a.synthetic_weights, model=a.config.model, speakers=lv.speakers, drafts=v.drafts,
                 acceptance="—" if v.acceptance_rate is None else f"{v.acceptance_rate:.0%} of {v.proposed}",
                 decoded=_fmt(v.decoded_tokens_per_update, 1), forwards=_fmt(v.forward_steps_per_draft, 1),
                 verify_ms=_fmt(v.verify_ms_mean, 1), extend_ms=_fmt(v.extend_ms_mean, 1),
@@ -163,7 +162,7 @@ def capacity_targets(inputs: ReportInputs) -> list[dict[str, Any]]:
                                 f"{', '.join(TARGET_BOUNDS)} and lag_steady" + (f", not {sorted(unknown)}" if unknown else ""))
     rows = []
     for rel, a in sorted(inputs.of_kind("load"), key=lambda t: t[0]):
-        if not rel.endswith("/load.json") or not a.config.get("seam", "").startswith("vllm"):
+        if not rel.endswith("/load.json") or not a.config.seam.startswith("vllm"):
             continue
         modes = list(dict.fromkeys(lv.vllm_mode for lv in a.levels))
         for target in targets:
@@ -206,10 +205,9 @@ def configuration_words(artifact: Any, vllm_mode: str | None = None) -> str:
     """A load run's configuration in words, from its recorded config (seam, the configuration its
     label names, prefix caching)."""
     c = artifact.config
-    seam = str(c.get("seam"))
-    parts = [SEAM_WORDS.get(seam, seam)] + _setting_words(LoadConfiguration.from_label(vllm_mode or c.get("vllm_mode")))
-    engine = (c.get("engines") or {}).get(str(vllm_mode)) or c
-    caching = (engine.get("seam_describe") or {}).get("enable_prefix_caching")
+    parts = [SEAM_WORDS.get(c.seam, c.seam)] + _setting_words(
+        LoadConfiguration.from_label(vllm_mode or c.configurations_label))
+    caching = (c.engine_of(vllm_mode)["seam_describe"] or {}).get("enable_prefix_caching")
     if caching is not None:
         parts.append("prefix caching" if caching else "no prefix caching")
     return ", ".join(parts)
@@ -245,9 +243,9 @@ def rtt_against_speakers(inputs: ReportInputs) -> list[Figure]:
         if not series:
             continue
         ordered = sorted(series.values(), key=lambda s: (not s["served"], s["label"]))[:MAX_SERIES]
-        vllm = str(a.config.get("seam", "")).startswith("vllm")
+        vllm = a.config.seam.startswith("vllm")
         streams = ", ".join(dict.fromkeys(Path(s).stem for lv in a.levels for s in lv.streams))
-        model = f"{a.config.get('model')}{' (synthetic weights)' if a.synthetic_weights else ''}"
+        model = f"{a.config.model}{' (synthetic weights)' if a.synthetic_weights else ''}"
         runs.append(dict(rel=rel, series=ordered, targets=targets if vllm else [],
                          title=f"{machine_of(a)}: {model}, {streams} stream, {a.provenance.date}"))
     if not runs:

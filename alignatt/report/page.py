@@ -82,9 +82,9 @@ def flicker_notes(inputs: ReportInputs, rows: list[dict[str, Any]]) -> list[str]
         note = (f"{key[0]} on {key[1]}: {setting} only; {other} drafts were not replayed in a smoke there, "
                 "so their flicker was not measured")
         for rel, a in sorted(inputs.of_kind("load"), key=lambda t: t[0]):
-            if (a.config.get("model"), machine_of(a)) != key:
+            if (a.config.model, machine_of(a)) != key:
                 continue
-            first = (a.config.get("vllm_modes") or [None])[0]
+            first = (a.config.vllm_modes or [None])[0]
             for lv in a.levels:
                 if lv.speakers == 1 and lv.buffer_words_mean is not None:
                     note += (f" (`{rel}` served one speaker as `{first}` and as `{lv.vllm_mode}`: buffers of "

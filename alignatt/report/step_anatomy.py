@@ -67,7 +67,7 @@ def _drawn_parts(bars: list[tuple[str, StepAnatomy]]) -> list[str]:
 
 def step_anatomy_figure(inputs: ReportInputs) -> list[Figure]:
     """One stacked bar per profiled engine: ms per step by part, then the idle time."""
-    bars = [(f"{a.provenance.date} {lv.vllm_mode or a.config.get('seam')}, {lv.speakers} speakers, engine {engine}", s)
+    bars = [(f"{a.provenance.date} {lv.vllm_mode or a.config.seam}, {lv.speakers} speakers, engine {engine}", s)
             for _, a, lv, engine, s in _profiled(inputs) if isinstance(s, StepAnatomy)]
     if not bars:
         return []

@@ -104,8 +104,8 @@ def test_a_load_run_on_two_engine_processes_records_each_engine(tmp_path, short_
     assert [e.engine for e in lv.engines] == ["0", "1"]
     assert all(e.sessions == 1 and e.steps > 0 and e.alive and e.failed == 0 for e in lv.engines)  # one speaker each
     assert lv.engine_steps == sum(e.steps for e in lv.engines) == sum(lv.engine_batch_sizes.values())
-    engines = artifact.config["per_engine"]
-    assert len({e["pid"] for e in engines}) == 2 and artifact.config["scheduler"]["engine"] == "0"
+    engines = artifact.config.per_engine
+    assert len({e["pid"] for e in engines}) == 2 and artifact.config.scheduler["engine"] == "0"
 
 
 def _events(lags, finals=(0, 1), error=False):
@@ -222,7 +222,7 @@ def test_several_vllm_modes_are_configurations_of_one_run_each_with_its_own_leve
         ("fullgraph", 1), ("fullgraph", 2), ("cudagraph", 1), ("cudagraph", 2)]
     # Each mode's N=2 is compared with its own N=1.
     assert all(lv.texts_differing_from_alone == 0 for lv in artifact.levels if lv.speakers == 2)
-    assert set(artifact.config["engines"]) == {"fullgraph", "cudagraph"}
+    assert set(artifact.config.engines_by_configuration) == {"fullgraph", "cudagraph"}
     m = json.loads(metrics.read_text())
     assert set(m) == {"fullgraph", "cudagraph"} and m["cudagraph"]["speakers_2"]["retractions"] == 0
     assert [r.split(",")[1] for r in plot.read_text().splitlines()[1:]] == [
@@ -408,7 +408,7 @@ def test_realtime_pacing_supersedes_stale_partials_and_still_delivers_every_fina
                           capture_cost="off")
     artifact = run_load(options, tmp_path / "load.json", seam_factory=lambda route, heads: seam)
     (lv,) = artifact.levels
-    assert artifact.config["pacing"] == "realtime"
+    assert artifact.config.pacing == "realtime"
     assert lv.superseded > 0 and seam.aborted  # running partials were aborted, not finished
     assert lv.finals_delivered == lv.finals_expected == 6 and lv.finals_in_order
     assert lv.retractions == 0 and lv.error_frames == 0
@@ -468,7 +468,7 @@ def test_a_process_flag_serves_its_one_engine_from_a_process_of_its_own(short_st
     artifact = run_load(options, None, seam_factory=vllm_route_factory)
     (lv,) = artifact.levels
     assert len(lv.engines) == 1 and lv.retractions == 0 and lv.finals_in_order and lv.peak_gpu_memory_mib is None
-    assert artifact.config["per_engine"][0]["pid"] != os.getpid()
+    assert artifact.config.per_engine[0]["pid"] != os.getpid()
     # garbage-collector pauses per step: the server's process and the engine's own
     assert lv.engines[0].gc_ms_mean is not None and lv.engines[0].child_gc_ms_mean is not None
     assert 0 < lv.host_cpu_busy_share <= 1 and lv.host_cpu_steal_share is not None  # this Linux host's CPUs
@@ -485,9 +485,9 @@ def test_an_engine_profile_dir_profiles_each_engine_process_over_each_level(shor
     written = sorted(p.name for p in (tmp_path / "profiles").iterdir())
     assert written == [f"fullgraph_process_engine0_{n}.pstats{ext}" for n in (1, 2) for ext in ("", ".txt")]
     # the profiler slows what it profiles: the artifact says so, and the page labels its rows
-    assert artifact.config["engine_profile_dir"] == str(tmp_path / "profiles")
+    assert artifact.config.engine_profile_dir == str(tmp_path / "profiles")
     assert "under cProfile" in configuration("outputs/h200/load_profiled.json", artifact, "fullgraph+process")
-    unprofiled = artifact.model_copy(update={"config": {**artifact.config, "engine_profile_dir": None}})
+    unprofiled = artifact.model_copy(update={"config": artifact.config.model_copy(update={"engine_profile_dir": None})})
     assert "cProfile" not in configuration("outputs/h200/load_profiled.json", unprofiled, "fullgraph+process")
     # an engine in the server's process cannot be profiled apart from the server: said before any level runs
     with pytest.raises(AlignattError, match="no engine in a process of its own"):
@@ -524,7 +524,7 @@ def test_every_label_a_committed_load_artifact_recorded_reads_back_as_the_config
             continue
         artifact = load_artifact(path)
         assert isinstance(artifact, LoadArtifact)
-        labels |= set(artifact.config.get("vllm_modes") or []) | {lv.vllm_mode for lv in artifact.levels}
+        labels |= set(artifact.config.vllm_modes) | {lv.vllm_mode for lv in artifact.levels}
     assert {"fullgraph+settle2+process", "fullgraph+process", "fullgraph+engines4", "fullgraph+verify"} <= labels
     for label in labels:
         assert LoadConfiguration.from_label(label).label() == label

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from alignatt.core.errors import AlignattError
-from alignatt.record.artifacts import (FailoverOptions, ReplicasOptions, SmokeRecord, SoakRecord, load_artifact,
-                                       parse_artifact)
+from alignatt.record.artifacts import (FailoverOptions, LoadKnobs, LoadRecord, ReplicasOptions, SmokeRecord, SoakRecord,
+                                       load_artifact, parse_artifact)
 from alignatt.record.artifacts.options import SmokeOptions, SoakOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDED = {"server_smoke": SmokeRecord, "soak": SoakRecord, "failover": FailoverOptions,
-            "replicas": ReplicasOptions}
+            "replicas": ReplicasOptions, "load": LoadRecord}
 
 
 def _committed(kind: str) -> list[Path]:
@@ -60,7 +60,28 @@ def test_a_smoke_recorded_before_its_options_were_kept_whole_loads():
     assert record.wlk_latency == "balanced" and record.speed is None and record.client == "auto"
 
 
-@pytest.mark.parametrize("options, record", [(SmokeOptions, SmokeRecord), (SoakOptions, SoakRecord)])
+def test_a_load_recorded_before_its_knobs_were_kept_whole_loads():
+    """Before: the engine's heads under `heads`, per-configuration engine facts under `engines`, the
+    labels joined under `vllm_mode`, the model's preset under `preset`."""
+    data = json.loads(next(p for p in _committed("load") if p.name == "load.json").read_text())
+    record = LoadRecord.model_validate(data["config"])
+    assert isinstance(data["config"]["heads"], list) and record.heads is None
+    assert record.engine_heads == [tuple(h) for h in data["config"]["heads"]]
+    assert isinstance(data["config"]["preset"], dict) and record.preset == "balanced"
+    assert record.configurations_label == (",".join(m for m in data["config"]["vllm_modes"] if m) or None)
+
+
+def test_the_load_options_add_only_their_configurations_to_what_is_recorded():
+    """LoadOptions (measure/) = LoadKnobs (recorded) + the typed configurations, which a load artifact
+    records by label (`vllm_modes`)."""
+    from alignatt.measure.capacity import LoadOptions
+
+    assert issubclass(LoadOptions, LoadKnobs) and issubclass(LoadRecord, LoadKnobs)
+    assert set(LoadOptions.model_fields) - set(LoadRecord.model_fields) == {"configurations"}
+
+
+@pytest.mark.parametrize("options, record", [(SmokeOptions, SmokeRecord), (SoakOptions, SoakRecord),
+                                             (LoadKnobs, LoadRecord)])
 def test_every_knob_of_a_command_is_recorded(options, record):
     """The record model derives from the options model: a knob added there is recorded, typed alike."""
     assert issubclass(record, options)

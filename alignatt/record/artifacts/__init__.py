@@ -19,8 +19,8 @@ from alignatt.record.artifacts.evaluation import (EvalArtifact, EvalInterval, Ev
                                                   EvalRow)
 from alignatt.record.artifacts.load import (BalancerRtt, CaptureCostRow, FailoverArtifact, FailoverSession,
                                             LoadArtifact, LoadEngine, LoadLevel, LoadVerification, ReplicasArtifact,
-                                            SoakArtifact, SoakRecord, VerifyEquality)
-from alignatt.record.artifacts.options import (FailoverOptions, ReplicasOptions, ServedModelOptions,
+                                            SoakArtifact, SoakRecord, LoadRecord, VerifyEquality)
+from alignatt.record.artifacts.options import (FailoverOptions, LoadKnobs, ReplicasOptions, ServedModelOptions,
                                               ServersUnderFaults, SmokeOptions, SoakOptions)
 from alignatt.record.artifacts.suite import GpuTestCase, GpuTestsArtifact, measured_on_gpu
 from alignatt.record.digest import sha256_file
@@ -29,7 +29,7 @@ __all__ = [  # the schema's public names, wherever they are defined
     "ARTIFACT_SCHEMA_VERSION", "BENCH_FILE", "FINGERPRINT_FILE", "KNOWN_SEAMS", "TIMING_KEYS", "Check", "EnvArtifact",
     "FingerprintArtifact", "MeasurementArtifact", "BenchArtifact", "BenchConfig", "BenchPrompt", "BenchRow",
     "Divergence", "FastPathEvent", "MedianSummary", "PromptSummary", "SeamResult", "ServerSmokeArtifact",
-    "ClientSummary", "SmokeRecord", "SoakRecord", "FailoverOptions", "ReplicasOptions", "ServedModelOptions",
+    "ClientSummary", "SmokeRecord", "SoakRecord", "LoadRecord", "LoadKnobs", "FailoverOptions", "ReplicasOptions", "ServedModelOptions",
     "ServersUnderFaults", "SmokeOptions", "SoakOptions",
     "EvalArtifact", "EvalInterval", "EvalNegativeLatency", "EvalPairedTest", "EvalRow", "CaptureCostRow",
     "FailoverArtifact", "FailoverSession", "ReplicasArtifact", "BalancerRtt", "LoadArtifact", "LoadEngine", "LoadLevel", "LoadVerification", "VerifyEquality",

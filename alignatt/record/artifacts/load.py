@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from alignatt.record.artifacts.base import Check, _Artifact, _Strict
-from alignatt.record.artifacts.options import FailoverOptions, ReplicasOptions, SoakOptions
+from alignatt.record.artifacts.options import FailoverOptions, LoadKnobs, ReplicasOptions, SoakOptions
 
 
 class LoadEngine(_Strict):
@@ -158,9 +158,60 @@ class VerifyEquality(_Strict):
     row_max_abs_diff: float | None  # on the tokens both drafts share before their first difference
 
 
+class LoadRecord(LoadKnobs):
+    """What a `load` artifact records: the load's knobs as run, its configurations by label (one
+    per server measured, `measure/load_configurations.py` reads them back), the streams, and the
+    first configuration's engine facts (each configuration's, in a run of several)."""
+
+    vllm_modes: list[str | None]  # the configurations by label (None: the seam's default, unchanged)
+    engine_heads: list[tuple[int, int]]  # the engine's alignment heads (layer, head)
+    stream_words: dict[str, int]
+    stream_seconds: dict[str, float]
+    seam_options: dict[str, Any] = Field(default_factory=dict)  # the first configuration's route
+    lag_growth_threshold_s: float  # a level's lag "grows" past this (last third against first)
+    # the engine's own description and statistics (the seam's describe(), its scheduler, per engine)
+    seam_describe: dict[str, Any] | None = None
+    max_batch: int | None = None
+    scheduler: dict[str, Any] = Field(default_factory=dict)
+    per_engine: list[dict[str, Any]] = Field(default_factory=list)
+    engines_by_configuration: dict[str, dict[str, Any]] | None = None  # a run of several: each one's facts
+
+    @model_validator(mode="before")
+    @classmethod
+    def _historical(cls, data: Any) -> Any:
+        """Artifacts written before the knobs were recorded whole kept the engine's heads under
+        `heads`, each configuration's engine facts under `engines` and the labels joined under
+        `vllm_mode`, and most of them the model's preset under `preset`: the heads and facts move to
+        their fields, the joined labels (a copy of `vllm_modes`) and the model's preset go, and a knob
+        they did not record (the latency preset among them) reads as its default."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if isinstance(data.get("heads"), list):
+            data["engine_heads"], data["heads"] = data["heads"], None
+        if isinstance(data.get("engines"), dict):
+            data["engines_by_configuration"] = data.pop("engines")
+        if "vllm_mode" in data and "vllm_modes" in data:
+            del data["vllm_mode"]
+        if isinstance(data.get("preset"), dict):  # the model's preset, recorded by mistake under the latency preset's name
+            del data["preset"]
+        return data
+
+    @property
+    def configurations_label(self) -> str | None:
+        """The configurations' labels joined (None: only the seam's default)."""
+        return ",".join(m for m in self.vllm_modes if m) or None
+
+    def engine_of(self, label: str | None) -> dict[str, Any]:
+        """The engine facts of the configuration a label names (the first's, in a run of one)."""
+        return (self.engines_by_configuration or {}).get(str(label)) or {
+            "seam_describe": self.seam_describe, "max_batch": self.max_batch, "scheduler": self.scheduler,
+            "per_engine": self.per_engine}
+
+
 class LoadArtifact(_Artifact):
     kind: Literal["load"] = "load"
-    config: dict[str, Any]  # model, seam, preset, speakers, streams, speed, stagger, engine facts
+    config: LoadRecord
     synthetic_weights: bool
     levels: list[LoadLevel]
     capture_cost: list[CaptureCostRow] = Field(default_factory=list)

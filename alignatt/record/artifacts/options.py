@@ -1,10 +1,11 @@
 """The options of the measuring commands whose artifacts record them: `alignatt smoke`, `soak`,
-`failover` and `replicas` (and what `load` shares with smoke), each knob declared once.
+`failover`, `replicas` and `load` (all but its configurations), each knob declared once.
 
 They sit in the schema, under `measure/`, because the artifact records them as they are: the CLI
 builds a command's options from its model (`cli/options.py:model_options`), params.yaml sections
-validate against it, and the artifact's `config` is the same model (smoke and soak: a record model
-that subclasses it and adds what the run measured). The commands import their model from here.
+validate against it, and the artifact's `config` is the same model (smoke, soak and load: a record
+model that subclasses it and adds what the run measured). The commands import their model from
+here; `load` adds its typed configurations (measure/load_configurations.py), recorded by label.
 """
 
 from __future__ import annotations
@@ -35,6 +36,45 @@ class ServedModel(_Strict):
 class ServedModelOptions(ServedModel):
     vllm_mode: str | None = Field(None, description="vllm_capture only: eager | cudagraph | fullgraph | compiled "
                                                     "(default: the served one, serve/config.py SERVED_VLLM_OPTIONS)")
+
+
+class LoadKnobs(ServedModel):
+    """`alignatt load`'s knobs but its configurations: `measure/capacity.py:LoadOptions` adds those
+    (typed changes to the server, measure/load_configurations.py), and a load artifact records them
+    by label beside these (record/artifacts/load.py:LoadRecord)."""
+
+    speakers: list[int] = Field(default_factory=lambda: [1, 2, 4],
+                                description="load levels: concurrent speakers, comma-separated")
+    streams: list[str] = Field(default_factory=lambda: ["smoke", "long"],
+                               description="streams speakers replay in turn: smoke, long, speech:<clip> or paths")
+    speed: float = Field(1.0, gt=0, description="replay speed (1.0: real time)")
+    stagger_s: float = Field(0.14, ge=0, validation_alias=AliasChoices("stagger_s", "stagger"),
+                             description="seconds between speakers' starts (speaker i starts at i x this)")
+    pacing: Literal["lockstep", "realtime"] = Field(
+        "lockstep", description="lockstep: an update waits for its reply; realtime: sent when due, never waits")
+    clients: Literal["processes", "threads"] = Field(
+        "processes", description="processes: speakers in client processes of their own (alignatt.replay."
+                                 "speakers); threads: in the server's process (contends for its GIL)")
+    speakers_per_process: int = Field(16, ge=1, description="speaker threads per client process")
+    prefix_caching: bool | None = Field(None, description="vllm_capture: vLLM prefix caching (default: the server's, on)")
+    max_num_seqs: int | None = Field(None, ge=1, description="vllm_capture: the engine's batch limit")
+    engines: int | Literal["auto"] = Field(1, description="the server's engines per route: a number, or auto (one "
+                                                          "per visible GPU on cuda) (ServerConfig.engines)")
+    capture_cost: Literal["auto", "on", "off"] = Field(
+        "auto", description="captured vs uncaptured wall per batch (auto: on CUDA with vllm_capture)")
+    capture_cost_batches: list[int] = Field(default_factory=lambda: [1, 8, 32, 64],
+                                            description="batch sizes of the capture-cost measurement")
+    capture_cost_tokens: int = Field(16, ge=1, description="tokens each capture-cost draft decodes (fixed length)")
+    capture_cost_repeats: int = Field(3, ge=1, description="timed passes per capture-cost batch size (their median is kept)")
+    profile_dir: str | None = Field(None, description="capture cost: torch-profile batch 1 and the largest "
+                                                      "batch, captured and uncaptured, a folder per configuration")
+    engine_profile_dir: str | None = Field(None, description="cProfile each engine process over each level "
+                                                             "(alignatt.serve.engine_profile); slows what it profiles")
+    kernel_profile_speakers: list[int] = Field(default_factory=list, description="at these levels, trace the GPU "
+                                               "kernels of each engine process's steps (alignatt.serve.step_anatomy)")
+    kernel_profile_steps: int = Field(100, ge=1, description="steps the kernel profile traces (the engine stops "
+                                      "stepping while their trace is reduced)")
+    kernel_profile_after_s: float = Field(60.0, ge=0, description="seconds into the level the kernel profile starts")
 
 
 class SmokeOptions(ServedModelOptions):
