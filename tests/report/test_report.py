@@ -512,3 +512,19 @@ def test_the_artifacts_table_names_the_image_an_artifact_ran_in(tree):
              if line.startswith("| `outputs/")}
     assert "| `localhost/alignatt:cpu` sha256:abababababab, id sha256:cdcdcdcdcdcd |" in lines[rel]
     assert any("| host |" in line for path, line in lines.items() if path != rel)
+
+
+def test_the_methodology_is_what_the_bench_artifacts_recorded_not_todays_params(tree):
+    """params.yaml edited after the runs (more tokens, another profile note's settings) does not
+    change the methodology; a bench run that recorded other settings does, per value."""
+    import yaml
+
+    params = yaml.safe_load((tree / "params.yaml").read_text())
+    params["bench"].update(max_new_tokens=99, heads_k=3, warmup=5)
+    (tree / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    text = report.render_report(tree)
+    assert "at most 20 new tokens, top-8" in text and "per seam 1 unmeasured warm-up" in text
+    path = tree / "outputs" / "h200" / "bench_cudagraph.json"
+    art = load_artifact(path)
+    write_artifact(path, art.model_copy(update={"config": art.config.model_copy(update={"max_new_tokens": 12})}))
+    assert "at most 20 / 12 new tokens" in report.render_report(tree)
