@@ -18,7 +18,7 @@ from typing import Any
 
 from alignatt.core.errors import AlignattError
 from alignatt.record.artifacts import BENCH_FILE, measured_on_gpu
-from alignatt.report import capacity, figures as bench_figures, step_anatomy
+from alignatt.report import capacity, figures as bench_figures, speech, step_anatomy
 from alignatt.measure.load_configurations import LoadConfiguration, served_default_label
 from alignatt.report.capacity import (capacity_rows, capacity_targets, capture_cost_rows, verification_rows,
                                       verify_equality_notes, verify_equality_rows)
@@ -34,7 +34,8 @@ from alignatt.replay.events import normalized_erasure, shown_buffer_units_mean
 TEMPLATE = "BENCHMARKS.md.j2"
 # Every figure on the page, in page order: a new figure is one function here.
 FIGURES: tuple[FigureFunction, ...] = (bench_figures.latency_by_prompt_length, bench_figures.headline_ratio_history,
-                                       capacity.rtt_against_speakers, step_anatomy.step_anatomy_figure)
+                                       capacity.rtt_against_speakers, step_anatomy.step_anatomy_figure,
+                                       speech.speech_timeline)
 
 
 # ---- view model for the template -------------------------------------------------------------
@@ -336,6 +337,7 @@ def build_context(inputs: ReportInputs, figures: list[Figure] | None = None) -> 
         independence=load_independence(inputs),
         headline=headline(inputs),  # the page's opening results (alignatt.report.headline)
         run_records=inputs.run_records,  # who signed which run (alignatt.report.inputs)
+        speech=speech.speech_section(inputs),  # real speech in (alignatt.report.speech)
     )
 
 

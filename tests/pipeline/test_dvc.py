@@ -40,8 +40,8 @@ def test_dvc_is_initialised_without_analytics():
 def test_stage_graph_and_outputs():
     spec = yaml.safe_load((ROOT / "dvc.yaml").read_text())
     stages = dvc(ROOT, "stage", "list", "--names-only").split()
-    assert stages == ["env", "gpu-tests", "bench@eager", "bench@cudagraph", "bench@fullgraph", "smoke", "load", "eval",
-                      "eval-direction@cs-en", "eval-direction@en-zh", "eval-direction@en-it", "report"]
+    assert stages == ["env", "gpu-tests", "bench@eager", "bench@cudagraph", "bench@fullgraph", "smoke", "speech-smoke",
+                      "load", "eval", "eval-direction@cs-en", "eval-direction@en-zh", "eval-direction@en-it", "report"]
     for name, stage in spec["stages"].items():
         body = stage.get("do", stage)
         cmds = body["cmd"] if isinstance(body["cmd"], list) else [body["cmd"]]
@@ -58,8 +58,8 @@ def test_stage_graph_and_outputs():
     # env -> every measuring stage -> report (report depends on the whole outputs folder)
     edges = {line.strip().rstrip(";") for line in dvc(ROOT, "dag", "--dot", "report").splitlines()
              if "->" in line}
-    for stage in ("bench@eager", "bench@cudagraph", "bench@fullgraph", "smoke", "load", "eval", *(f"eval-direction@{d}" for d in
-                                                                          ("en-it", "en-zh", "cs-en"))):
+    for stage in ("bench@eager", "bench@cudagraph", "bench@fullgraph", "smoke", "speech-smoke", "load", "eval",
+                  *(f"eval-direction@{d}" for d in ("en-it", "en-zh", "cs-en"))):
         assert f'"env" -> "{stage}"' in edges
         assert f'"gpu-tests" -> "{stage}"' in edges  # no measurement before the GPU suite's verdict
         assert f'"{stage}" -> "report"' in edges
@@ -74,6 +74,7 @@ STAGE_ENTRY_MODULES = {
     "env": ["alignatt.pipeline.doctor", "alignatt.record.provenance", "alignatt.record.artifacts"],
     "bench": ["alignatt.measure.bench", "alignatt.pipeline.params"],
     "smoke": ["alignatt.measure.smoke", "alignatt.pipeline.params"],
+    "speech-smoke": ["alignatt.measure.smoke", "alignatt.pipeline.params"],
     "eval": ["alignatt.evaluate.run", "alignatt.evaluate.outputs", "alignatt.pipeline.params"],
     "eval-direction": ["alignatt.evaluate.run", "alignatt.evaluate.outputs", "alignatt.pipeline.params"],
     "load": ["alignatt.measure.capacity", "alignatt.pipeline.params"],
@@ -127,7 +128,7 @@ def test_stage_code_deps_cover_every_module_the_stage_imports():
                 f"stage {stage} runs {path.relative_to(ROOT)} but does not depend on it")
         # the record, the replay clients and the report are taken whole: a folder, not a list of modules to keep in step
         assert not [d for d in body["deps"] if d.startswith(("alignatt/record/", "alignatt/replay/", "alignatt/report/"))], stage
-        if stage in ("bench", "smoke", "eval", "report"):
+        if stage in ("bench", "smoke", "speech-smoke", "eval", "report"):
             assert ROOT / "alignatt" / "data" in deps, f"{stage} reads the packaged prompts / heads"
             assert any(d.name == "fingerprint.json" for d in deps) or stage == "report"
     # the front end and modules no stage runs are not deps: editing them re-runs nothing
@@ -193,7 +194,7 @@ FAKE_ENV = {
 }
 
 
-SERVER_STAGES = ("smoke", "load", "eval", "eval-direction")
+SERVER_STAGES = ("smoke", "speech-smoke", "load", "eval", "eval-direction")
 
 
 def _bench_and_report_only(project: Path) -> None:
