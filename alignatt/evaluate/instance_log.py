@@ -12,15 +12,23 @@ prediction_length, reference, source, source_length) and a `config.yaml`:
   writes it for text input. `simuleval --score-only --output DIR --latency-metrics AL LAAL`
   gives the row's `al_words_read` / `laal_words_read`.
 - `words_committed/`: the same with committed words only (the secondary column).
-- `ms/`: delays = stream time (CU), elapsed = computation-aware time (CA), source_length = the
-  source's duration in ms (speech input); `--computation-aware` gives the CA figures (SimulEval
-  then scores its plain AL and LAAL columns on `elapsed` too: run it once without, once with).
+- `ms/`: delays = stream time (CU), elapsed = computation-aware time on the real-time queue (the
+  page's CA: what a user of a live server sees), source_length = the source's duration in ms
+  (speech input); `--computation-aware` gives the CA figures (SimulEval then scores its plain AL
+  and LAAL columns on `elapsed` too: run it once without, once with).
+- `ms_simuleval/`: the same with elapsed = SimulEval's own computation-aware time (stream time +
+  all compute since the instance began): `--computation-aware` gives `sim_ca_al_ms` /
+  `sim_ca_laal_ms`.
 
 Every folder also has `references.txt` (one per line), so OmniSTEval reads the same log:
 `omnisteval shortform --hypothesis_file DIR/instances.log --ref_sentences_file DIR/references.txt`.
 Long-form rows get `longform/`: one line per talk (delays/elapsed in ms from the talk's start),
 `segmentation.yaml` (wav, offset and duration in s, per reference segment) and `references.txt`,
-for `omnisteval longform --speech_segmentation ... --hypothesis_file ...` (its LongYAAL).
+for `omnisteval longform --speech_segmentation ... --hypothesis_file ...` (its LongYAAL), and
+`longform_simuleval/` the same with SimulEval's computation-aware times; `stream_laal/` holds
+mwerSegmenter's resegmentation (`instances.resegmented.jsonl`): `omnisteval longform
+--resegmented_hypothesis ...` gives StreamLAAL as its LAAL (`--emission_ca_key elapsed_simuleval`:
+SimulEval's convention).
 SimulEval rewrites `config.yaml` when it scores a folder; the logs are what matter.
 
 Target units are words, or characters for zh/ja (then `--eval-latency-unit char`, OmniSTEval
@@ -74,14 +82,21 @@ def _simuleval_command(folder: str, unit: str, ms: bool, target_lang: str) -> st
     return cmd + (" --computation-aware" if ms else "")
 
 
-def sentence_records(row, pairs, read: bool | None, schedule) -> list[dict]:
-    """SimulEval lines of one sentence row: read True (words read), False (committed), None (ms)."""
+def _simuleval_ca(row, i: int) -> list[float]:
+    """Stream i's SimulEval computation-aware times (the queue's where the artifact has none)."""
+    return row.simuleval_ca[i] if row.simuleval_ca else [e[3] for e in row.emissions[i]]
+
+
+def sentence_records(row, pairs, read: bool | None, schedule, simuleval_ca: bool = False) -> list[dict]:
+    """SimulEval lines of one sentence row: read True (words read), False (committed), None (ms;
+    elapsed on the real-time queue, or as SimulEval computes it with `simuleval_ca`)."""
     records = []
     for i, (pair, hyp, ems) in enumerate(zip(pairs, row.hypotheses, row.emissions)):
         n = len(pair.source_words)
         reads = row.read_words[i] if row.read_words else [e[1] for e in ems]
         if read is None:
-            delays, elapsed, length = [e[2] for e in ems], [e[3] for e in ems], schedule.source_ms(n)
+            elapsed = _simuleval_ca(row, i) if simuleval_ca else [e[3] for e in ems]
+            delays, length = [e[2] for e in ems], schedule.source_ms(n)
         else:
             delays = [float(r) for r in reads] if read else [float(e[0]) for e in ems]
             elapsed, length = [0.0] * len(ems), n
@@ -91,7 +106,35 @@ def sentence_records(row, pairs, read: bool | None, schedule) -> list[dict]:
     return records
 
 
-def _longform(folder: Path, row, talks, schedule, target_lang: str) -> None:
+def talk_inputs(row, talks, schedule, target_lang: str):
+    """A long-form row's streams as the scorer's `TalkInput`s, rebuilt from what the artifact records."""
+    from alignatt.evaluate.emissions import Emission, units
+    from alignatt.evaluate.scoring import TalkInput
+
+    out = []
+    for k, (talk, text, ems) in enumerate(zip(talks, row.streams, row.emissions)):
+        spans, start = [], 0
+        for p in talk:
+            spans.append((schedule.source_ms(start), schedule.source_ms(len(p.source_words))))
+            start += len(p.source_words)
+        sim = _simuleval_ca(row, k)
+        emissions = [Emission(u, c, a, cu, ca, -1, s) for u, (c, a, cu, ca), s in zip(units(text, target_lang), ems, sim)]
+        out.append(TalkInput([p.reference for p in talk], spans, emissions))
+    return out
+
+
+def _stream_laal(folder: Path, row, talks, schedule, target_lang: str) -> None:
+    """StreamLAAL's mwerSegmenter resegmentation as OmniSTEval's resegmented JSONL: `omnisteval
+    longform --resegmented_hypothesis` scores it (its LAAL is the row's StreamLAAL; with
+    `--emission_ca_key elapsed_simuleval`, SimulEval's computation-aware convention)."""
+    from alignatt.evaluate.scoring import stream_laal_segments
+
+    folder.mkdir(parents=True, exist_ok=True)
+    records = stream_laal_segments(talk_inputs(row, talks, schedule, target_lang), target_lang)
+    (folder / "instances.resegmented.jsonl").write_text(_lines(records), encoding="utf-8")
+
+
+def _longform(folder: Path, row, talks, schedule, target_lang: str, simuleval_ca: bool = False) -> None:
     records, segmentation, references = [], [], []
     for k, (talk, text, ems) in enumerate(zip(talks, row.streams, row.emissions)):
         wav = f"talk{k}.wav"
@@ -103,7 +146,8 @@ def _longform(folder: Path, row, talks, schedule, target_lang: str) -> None:
             references.append(p.reference)
             start += n
         records.append({"index": k, "source": wav, "prediction": text, "delays": [e[2] for e in ems],
-                        "elapsed": [e[3] for e in ems], "prediction_length": len(ems),
+                        "elapsed": _simuleval_ca(row, k) if simuleval_ca else [e[3] for e in ems],
+                        "prediction_length": len(ems),
                         "source_length": schedule.source_ms(start)})
     _write(folder, records, references)
     import yaml
@@ -128,14 +172,19 @@ def write_instance_logs(artifact, artifact_path: Path, pairs, talks, schedule, t
                 **({"under_load": row.concurrency} if row.role == "under_load" else {})}
         if row.form == "sentence":
             refs = [p.reference for p in pairs]
-            for sub, read, ms in (("words_read", True, False), ("words_committed", False, False), ("ms", None, True)):
+            subs = [("words_read", True, False), ("words_committed", False, False), ("ms", None, True)]
+            if "sim_ca_laal_ms" in row.latency:
+                subs.append(("ms_simuleval", None, True))
+            for sub, read, ms in subs:
                 folder = f"{key}/{sub}"
+                sim = sub == "ms_simuleval"
                 config = {"source_type": "speech" if ms else "text", "target_type": "text"}
-                _write(tmp / folder, sentence_records(row, pairs, read, schedule), refs, config)
+                _write(tmp / folder, sentence_records(row, pairs, read, schedule, sim), refs, config)
                 suffix = "ms" if ms else f"words_{sub.split('_')[1]}"
                 figures = {"AL": row.latency.get(f"al_{suffix}"), "LAAL": row.latency.get(f"laal_{suffix}")}
-                if ms:
-                    figures.update({"AL_CA": row.latency.get("ca_al_ms"), "LAAL_CA": row.latency.get("ca_laal_ms")})
+                if ms:  # CA: the real-time queue (ms/), or SimulEval's own convention (ms_simuleval/)
+                    ca = "sim_ca_" if sim else "ca_"
+                    figures.update({"AL_CA": row.latency.get(f"{ca}al_ms"), "LAAL_CA": row.latency.get(f"{ca}laal_ms")})
                 figures["BLEU"] = row.bleu
                 commands = {"simuleval": _simuleval_command(f"{final.name}/{folder}", unit, False, target_lang)}
                 if ms:  # with --computation-aware SimulEval scores AL and LAAL on `elapsed` too
@@ -145,16 +194,29 @@ def write_instance_logs(artifact, artifact_path: Path, pairs, talks, schedule, t
                                             f"--ref_sentences_file {final.name}/{folder}/references.txt"
                                             f"{' --char_level' if char else ' --word_level'} --bleu_tokenizer {bleu_tokenizer(target_lang)}"})
         elif row.streams:
-            folder = f"{key}/longform"
-            _longform(tmp / folder, row, talks, schedule, target_lang)
             lang = " --char_level" if char else f" --word_level --lang {target_lang}"
-            index.append({"path": folder, "row": what, "delays": "ms",
-                          "figures": {"LongYAAL": row.latency.get("long_yaal"),
-                                      "LongYAAL_CA": row.latency.get("ca_long_yaal")},
-                          "omnisteval": f"omnisteval longform --speech_segmentation {final.name}/{folder}/segmentation.yaml "
-                                        f"--ref_sentences_file {final.name}/{folder}/references.txt "
-                                        f"--hypothesis_file {final.name}/{folder}/instances.log{lang} "
-                                        f"--bleu_tokenizer {bleu_tokenizer(target_lang)}"})
+            conventions = [("longform", False)] + ([("longform_simuleval", True)] if row.simuleval_ca else [])
+            for sub, sim in conventions:
+                folder = f"{key}/{sub}"
+                _longform(tmp / folder, row, talks, schedule, target_lang, sim)
+                ca = "sim_ca_long_yaal" if sim else "ca_long_yaal"
+                index.append({"path": folder, "row": what, "delays": "ms",
+                              "figures": {"LongYAAL": row.latency.get("long_yaal"), "LongYAAL_CA": row.latency.get(ca)},
+                              "omnisteval": f"omnisteval longform --speech_segmentation {final.name}/{folder}/segmentation.yaml "
+                                            f"--ref_sentences_file {final.name}/{folder}/references.txt "
+                                            f"--hypothesis_file {final.name}/{folder}/instances.log{lang} "
+                                            f"--bleu_tokenizer {bleu_tokenizer(target_lang)}"})
+            if row.simuleval_ca and row.latency.get("stream_laal") is not None:
+                folder = f"{key}/stream_laal"
+                _stream_laal(tmp / folder, row, talks, schedule, target_lang)
+                level = " --char_level" if char else " --word_level"
+                base = (f"omnisteval longform --resegmented_hypothesis {final.name}/{folder}/instances.resegmented.jsonl"
+                        f"{level} --no_quality")
+                index.append({"path": folder, "row": what, "delays": "ms",
+                              "figures": {"StreamLAAL": row.latency.get("stream_laal"),
+                                          "StreamLAAL_CA": row.latency.get("ca_stream_laal"),
+                                          "StreamLAAL_CA_simuleval": row.latency.get("sim_ca_stream_laal")},
+                              "omnisteval": base, "omnisteval_simuleval_ca": base + " --emission_ca_key elapsed_simuleval"})
     (tmp / INDEX).write_text(_lines([{"unit": unit, **entry} for entry in index]), encoding="utf-8")
     shutil.rmtree(final, ignore_errors=True)
     tmp.replace(final)

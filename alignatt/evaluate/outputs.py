@@ -20,9 +20,18 @@ ROW_PRESETS = (*PRESET_NAMES, OFFLINE)
 
 METRIC_KEYS = ("laal_words_read", "al_words_read", "laal_words_committed", "al_words_committed",
                "laal_words", "al_words", "laal_ms", "ca_laal_ms", "al_ms", "ca_al_ms",
-               "long_yaal", "ca_long_yaal", "stream_laal", "ca_stream_laal")
+               "long_yaal", "ca_long_yaal", "stream_laal", "ca_stream_laal",
+               "sim_ca_al_ms", "sim_ca_laal_ms", "sim_ca_long_yaal", "sim_ca_stream_laal")
 PLOT_COLUMNS = ("variant", "driver", "preset", "tail", "label", "n", "bleu", "bleu_low", "bleu_high", "chrf",
                 "laal_words_read", "laal_words_committed", "laal_ms", "ca_laal_ms")
+
+
+def tail_key(row) -> str:
+    """A row's tail as a key: `asr@0.15` for an ASR-like transcript at 15 % committed WER, `.oracle`
+    after a long form closed at the reference ends (the tail alone for older artifacts)."""
+    wer = getattr(row, "committed_wer", None)
+    key = f"{row.tail}@{wer:g}" if wer is not None else row.tail
+    return key + (".oracle" if getattr(row, "segmentation", None) == "oracle" else "")
 
 
 def eval_metrics(artifact) -> dict[str, Any]:
@@ -39,7 +48,8 @@ def eval_metrics(artifact) -> dict[str, Any]:
         if r.role == "under_load":
             out.setdefault(r.variant, {}).setdefault("under_load", {})[str(r.concurrency)] = figures
             continue
-        out.setdefault(r.variant, {}).setdefault(r.driver, {}).setdefault(r.form, {}).setdefault(r.tail, {})[r.preset] = figures
+        out.setdefault(r.variant, {}).setdefault(r.driver, {}).setdefault(r.form, {}).setdefault(
+            tail_key(r), {})[r.preset] = figures
     return out
 
 
@@ -51,7 +61,7 @@ def quality_latency_points(artifact) -> list[dict[str, Any]]:
         if r.form != "sentence" or r.role != "quality":
             continue
         ci = r.quality_intervals.get("bleu")
-        points.append({"variant": r.variant, "driver": r.driver, "preset": r.preset, "tail": r.tail,
+        points.append({"variant": r.variant, "driver": r.driver, "preset": r.preset, "tail": tail_key(r),
                        "label": r.label, "n": r.instances, "bleu": r.bleu,
                        "bleu_low": ci.low if ci else None, "bleu_high": ci.high if ci else None, "chrf": r.chrf,
                        "laal_words_read": r.latency.get("laal_words_read"),
@@ -131,6 +141,55 @@ def _fmt(x, digits=1) -> str:
     return "—" if x is None else f"{x:.{digits}f}"
 
 
+# The IWSLT 2026 simultaneous track's latency bands, on StreamLAAL (ms): low <= 2 s, high <= 4 s.
+IWSLT_BANDS = (("low", 2000.0), ("high", 4000.0))
+
+
+def iwslt_band(stream_laal_ms: float | None) -> str | None:
+    """The IWSLT band a StreamLAAL falls in (low, high), `above 4 s`, or None without a figure."""
+    if stream_laal_ms is None:
+        return None
+    return next((name for name, limit in IWSLT_BANDS if stream_laal_ms <= limit), "above 4 s")
+
+
+def tail_label(row) -> str:
+    """What a row replayed, as the page names it: the tail (with the committed WER of an ASR-like
+    transcript) and, for the long form, how its utterances closed. Rows of an artifact written before
+    whole talks (no `segmentation`) say so: 5-pair chunks closed on the gold source's marks."""
+    wer = getattr(row, "committed_wer", None)
+    label = (f"asr, committed WER {100 * wer:g} %" if row.tail == "asr" and wer is not None
+             else "noisy (old tail noise, gold committed words)" if row.tail == "noisy" else row.tail)
+    if row.form != "longform":
+        return label
+    seg = getattr(row, "segmentation", None)
+    if seg is None:
+        return label + "; old format: 5-pair chunks, closed on the gold source's marks"
+    label += ("; whole talks, closed by the client (recognised marks, forced finals)" if seg == "punctuation"
+              else "; whole talks, oracle segmentation (reference ends; a comparison)")
+    cu, ca = (iwslt_band(row.latency.get(k)) for k in ("stream_laal", "ca_stream_laal"))
+    if cu is not None:
+        label += f"; IWSLT band {cu} (CU)" + (f", {ca} (CA)" if ca is not None else "")
+    return label
+
+
+def headline_talk_rows(artifact, bands=IWSLT_BANDS) -> list[tuple[str, Any]]:
+    """The headline's rows: whole talks, closed by the client, ASR-like transcript at the highest
+    committed WER; per IWSLT band, the row of best BLEU whose StreamLAAL (computation-aware, the
+    real-time queue) is within it. Empty for an artifact without such rows (older ones)."""
+    rows = [r for r in artifact.rows if r.role == "quality" and r.form == "longform" and r.tail == "asr"
+            and getattr(r, "segmentation", None) == "punctuation" and r.committed_wer is not None]
+    if not rows:
+        return []
+    worst = max(r.committed_wer for r in rows)
+    rows = [r for r in rows if r.committed_wer == worst]
+    out = []
+    for name, limit in bands:
+        fit = [r for r in rows if (r.latency.get("ca_stream_laal") or float("inf")) <= limit]
+        if fit:
+            out.append((name, max(fit, key=lambda r: r.bleu)))
+    return out
+
+
 def _interval(row, name: str) -> str:
     c = row.quality_intervals.get(name)
     return "—" if c is None else f"[{c.low:.1f}, {c.high:.1f}]"
@@ -192,7 +251,7 @@ def brevity_penalties(artifact) -> list[str]:
     for r in artifact.rows:
         ci = r.quality_intervals.get("bleu")
         if r.form == "sentence" and r.role == "quality" and ci is not None and ci.bp is not None:
-            name = OFFLINE if r.driver == OFFLINE else f"{r.preset} tail={r.tail}"
+            name = OFFLINE if r.driver == OFFLINE else f"{r.preset} tail={tail_label(r)}"
             out.append(f"{r.variant} {name} {ci.bp:.3f} ({ci.sys_len}/{ci.ref_len})")
     return out
 
@@ -214,8 +273,14 @@ def report_section(root: Path, paths: list[tuple[str, Any]]) -> list[dict[str, A
                 value = lat.get(key, lat.get(fallback) if fallback else None)
                 return _lag(value, digits, key in neg or (fallback is not None and key not in lat and fallback in neg))
 
+            def both(key):
+                """A CA figure under both conventions where the row has SimulEval's (newer artifacts)."""
+                if lat.get(f"sim_{key}") is None:
+                    return fig(key, 0)
+                return f"{fig(key, 0)} queue, {fig(f'sim_{key}', 0)} SimulEval"
+
             presets.setdefault(r.preset, []).append({
-                "tail": r.tail, "bleu_ci": _interval(r, "bleu"), "chrf_ci": _interval(r, "chrf"),
+                "tail": tail_label(r), "bleu_ci": _interval(r, "bleu"), "chrf_ci": _interval(r, "chrf"),
                 "p_offline": _p_cell(a, r, holm.get(index)),
                 "al_read": fig("al_words_read", 2), "laal_read": fig("laal_words_read", 2),
                 "laal_committed": fig("laal_words_committed", 2, "laal_words"),
@@ -224,10 +289,10 @@ def report_section(root: Path, paths: list[tuple[str, Any]]) -> list[dict[str, A
                 "variant": r.variant, "driver": r.driver, "form": r.form, "label": r.label,
                 "instances": str(r.instances), "bleu": _fmt(r.bleu), "chrf": _fmt(r.chrf),
                 "laal_words": _fmt(lat.get("laal_words"), 2), "al_words": _fmt(lat.get("al_words"), 2),
-                "laal_ms": fig("laal_ms", 0), "ca_laal_ms": fig("ca_laal_ms", 0),
+                "laal_ms": fig("laal_ms", 0), "ca_laal_ms": both("ca_laal_ms"),
                 "al_ms": fig("al_ms", 0), "ca_al_ms": fig("ca_al_ms", 0),
-                "long_yaal": fig("long_yaal", 0), "ca_long_yaal": fig("ca_long_yaal", 0),
-                "stream_laal": fig("stream_laal", 0), "ca_stream_laal": fig("ca_stream_laal", 0),
+                "long_yaal": fig("long_yaal", 0), "ca_long_yaal": both("ca_long_yaal"),
+                "stream_laal": fig("stream_laal", 0), "ca_stream_laal": both("ca_stream_laal"),
                 "retractions": str(r.retractions),
                 "replaced": "—" if r.buffer_replaced_share is None else f"{100 * r.buffer_replaced_share:.0f}%",
             })
@@ -272,7 +337,7 @@ LAG_POINT_KEYS = {"laal_words_read": ("laal_words_read",), "laal_words_committed
 
 def point_rows(artifact) -> list[dict[str, Any]]:
     """The quality-latency points as the page prints them, each lag marked as in the preset tables."""
-    negs = {(r.variant, r.driver, r.preset, r.tail): _negative_keys(r) for r in artifact.rows
+    negs = {(r.variant, r.driver, r.preset, tail_key(r)): _negative_keys(r) for r in artifact.rows
             if r.form == "sentence" and r.role == "quality"}
     out = []
     for pt in quality_latency_points(artifact):

@@ -48,6 +48,7 @@ def eval_row(preset, variant, driver, form, label, outputs: list[StreamOutput], 
         hypotheses=hypotheses,
         emissions=[[(e.committed_words, e.arrived_words, e.cu_ms, e.ca_ms) for e in o.emissions] for o in outputs],
         read_words=[[e.read_words for e in o.emissions] for o in outputs],
+        simuleval_ca=[[e.sim_ca_ms for e in o.emissions] for o in outputs],
         streams=[join_units([e.text for e in o.emissions], target_lang) for o in outputs] if form == "longform" else [],
     )
 

@@ -51,11 +51,12 @@ def _instances(items: list[SentenceLatencyInput], target_lang: str, unit: str):
             cu = [float(getattr(e, WORD_UNITS[unit])) for e in it.emissions]
             out.append(Instance(reference=it.reference, latency_unit=latency_unit, index=i,
                                 source_length=float(it.source_words), emission_cu=cu))
-        else:
+        else:  # ms: CA on the real-time queue; ms_simuleval: CA as SimulEval computes it
             out.append(Instance(reference=it.reference, latency_unit=latency_unit, index=i,
                                 source_length=it.source_ms,
                                 emission_cu=[e.cu_ms for e in it.emissions],
-                                emission_ca=[e.ca_ms for e in it.emissions]))
+                                emission_ca=[e.sim_ca_ms if unit == "ms_simuleval" else e.ca_ms
+                                             for e in it.emissions]))
     return out
 
 
@@ -101,6 +102,10 @@ def sentence_latency(items: list[SentenceLatencyInput], target_lang: str) -> tup
             scorer = cls(computation_aware=aware)
             out[f"{prefix}{name}_ms"] = _r(scorer(times)) if times else None
             notes.append(negatives(f"{prefix}{name}_ms", scorer, times) if times else None)
+    sim = _instances(items, target_lang, "ms_simuleval")
+    for name, cls in (("al", ALScorer), ("laal", LAALScorer), ("yaal", YAALScorer)):
+        scorer = cls(computation_aware=True)
+        out[f"sim_ca_{name}_ms"] = _r(scorer(sim)) if sim else None
     out["scored_instances"] = len(times)
     return out, [n for n in notes if n]
 
@@ -142,6 +147,13 @@ def longform(talks: list[TalkInput], target_lang: str) -> tuple[dict[str, float 
     scores, _, _ = evaluate_instances(instances, is_longform=True, bleu_tokenizer=bleu_tokenizer(target_lang))
     keep = ("bleu", "chrf", "long_yaal", "ca_long_yaal", "long_laal", "ca_long_laal", "long_al", "ca_long_al")
     out = {k: _r(scores[k]) if k in scores else None for k in keep}
+    # the same resegmentation (it aligns words, not times) scored on SimulEval's computation-aware times
+    sim_words = [[Word(e.text, emission_cu=e.cu_ms, emission_ca=e.sim_ca_ms) for e in talk.emissions]
+                 for talk in talks]
+    sim_instances, _ = resegment(ref_words, sim_words, segmentation, ref_sentences, char_level=char, lang=lang)
+    sim_scores, _, _ = evaluate_instances(sim_instances, is_longform=True, compute_quality=False)
+    out.update({f"sim_{k}": _r(sim_scores[k]) if k in sim_scores else None
+                for k in ("ca_long_yaal", "ca_long_laal", "ca_long_al")})
     out.update(stream_laal(talks, target_lang))
     from omnisteval.scoring import YAALScorer
 
@@ -164,18 +176,12 @@ def mwer_segments(references: list[str], hypothesis_units: list[str]) -> list[in
     return counts
 
 
-def stream_laal(talks: list[TalkInput], target_lang: str) -> dict[str, float | None]:
-    """StreamLAAL: the output resegmented by mwerSegmenter (mweralign), then LAAL per segment
-    with delays relative to the segment's start (OmniSTEval's LAAL scorer)."""
-    try:
-        import mweralign  # noqa: F401
-    except ImportError:
-        return {"stream_laal": None, "ca_stream_laal": None}
-    from omnisteval import Instance
-    from omnisteval.scoring import LAALScorer
-
+def stream_laal_segments(talks: list[TalkInput], target_lang: str) -> list[dict]:
+    """The output resegmented by mwerSegmenter (mweralign), one record per reference segment with
+    output, in OmniSTEval's resegmented format: delays (CU), elapsed (CA, real-time queue) and
+    elapsed_simuleval (CA as SimulEval computes it), ms from the segment's start."""
     char = target_lang in CHAR_LANGS
-    instances = []
+    records = []
     for talk in talks:
         refs = [" ".join(r.replace(" ", "")) if char else r for r in talk.references]
         counts = mwer_segments(refs, [e.text for e in talk.emissions])
@@ -184,14 +190,38 @@ def stream_laal(talks: list[TalkInput], target_lang: str) -> dict[str, float | N
             seg = talk.emissions[start:start + n]
             start += n
             if seg:
-                instances.append(Instance(reference=ref.replace(" ", "") if char else ref,
-                                          latency_unit="char" if char else "word", source_length=duration,
-                                          emission_cu=[e.cu_ms - offset for e in seg],
-                                          emission_ca=[e.ca_ms - offset for e in seg]))
-    if not instances:
-        return {"stream_laal": None, "ca_stream_laal": None}
-    return {"stream_laal": _r(LAALScorer(computation_aware=False)(instances)),
-            "ca_stream_laal": _r(LAALScorer(computation_aware=True)(instances))}
+                records.append({"prediction": ("" if char else " ").join(e.text for e in seg),
+                                "reference": ref.replace(" ", "") if char else ref, "source_length": duration,
+                                "delays": [round(e.cu_ms - offset, 3) for e in seg],
+                                "elapsed": [round(e.ca_ms - offset, 3) for e in seg],
+                                "elapsed_simuleval": [round(e.sim_ca_ms - offset, 3) for e in seg]})
+    return records
+
+
+def stream_laal(talks: list[TalkInput], target_lang: str) -> dict[str, float | None]:
+    """StreamLAAL: the output resegmented by mwerSegmenter (mweralign), then LAAL per segment
+    with delays relative to the segment's start (OmniSTEval's LAAL scorer), under both
+    computation-aware conventions."""
+    none = {"stream_laal": None, "ca_stream_laal": None, "sim_ca_stream_laal": None}
+    try:
+        import mweralign  # noqa: F401
+    except ImportError:
+        return none
+    from omnisteval import Instance
+    from omnisteval.scoring import LAALScorer
+
+    unit = "char" if target_lang in CHAR_LANGS else "word"
+    records = stream_laal_segments(talks, target_lang)
+    if not records:
+        return none
+
+    def score(ca_key: str, aware: bool) -> float | None:
+        return _r(LAALScorer(computation_aware=aware)([
+            Instance(reference=r["reference"], latency_unit=unit, source_length=r["source_length"],
+                     emission_cu=r["delays"], emission_ca=r[ca_key]) for r in records]))
+
+    return {"stream_laal": score("elapsed", False), "ca_stream_laal": score("elapsed", True),
+            "sim_ca_stream_laal": score("elapsed_simuleval", True)}
 
 
 def comet(model_path: str | None, sources: list[str], hypotheses: list[str],

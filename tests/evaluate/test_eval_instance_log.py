@@ -34,9 +34,12 @@ def evaluated(tmp_path_factory):
 def test_every_row_has_its_logs(evaluated):
     artifact, folder, index = evaluated
     sentence = [r for r in artifact.rows if r.form == "sentence"]
-    # three logs per sentence row (words read, words committed, ms), one per long-form row
-    assert len(index) == 3 * len(sentence) + sum(r.form == "longform" for r in artifact.rows)
+    # four logs per sentence row (words read, words committed, ms on the real-time queue, ms as SimulEval
+    # computes CA); per long-form row its stream under each convention and StreamLAAL's resegmentation
+    assert len(index) == 4 * len(sentence) + 3 * sum(r.form == "longform" for r in artifact.rows)
     for entry in index:
+        if entry["path"].endswith("stream_laal"):
+            continue  # OmniSTEval's resegmented JSONL: its own test below
         log = folder / entry["path"] / "instances.log"
         lines = [json.loads(x) for x in log.read_text().splitlines()]
         assert lines and all({"index", "prediction", "delays", "elapsed", "source_length"} <= set(x) for x in lines)
@@ -59,25 +62,51 @@ def test_omnistevals_loader_and_scorers_give_our_figures(evaluated):
         figures = entry["figures"]
         assert ALScorer()(instances) == pytest.approx(figures["AL"], abs=1e-3), entry["path"]
         assert LAALScorer()(instances) == pytest.approx(figures["LAAL"], abs=1e-3), entry["path"]
-        if entry["delays"] == "ms":
+        if entry["delays"].startswith("ms"):  # ms: the real-time queue; ms_simuleval: SimulEval's CA
             assert LAALScorer(computation_aware=True)(instances) == pytest.approx(figures["LAAL_CA"], abs=1e-3)
         checked += 1
     assert checked >= 9
 
 
-def test_omnistevals_longform_cli_gives_our_long_yaal(evaluated, tmp_path):
-    artifact, folder, index = evaluated
-    entry = next(e for e in index if e["row"]["form"] == "longform")
-    d = folder / entry["path"]
-    out = tmp_path / "omni"
-    cmd = [sys.executable, "-c", "from omnisteval.cli import main; main()", "longform",
-           "--speech_segmentation", str(d / "segmentation.yaml"), "--ref_sentences_file", str(d / "references.txt"),
-           "--hypothesis_file", str(d / "instances.log"), "--word_level", "--lang", "de", "--output_folder", str(out)]
+def _omnisteval(out: Path, *args: str) -> dict[str, str]:
+    cmd = [sys.executable, "-c", "from omnisteval.cli import main; main()", "longform", *args,
+           "--output_folder", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    scores = dict(line.split("\t") for line in (out / "scores.tsv").read_text().splitlines()[1:])
+    return dict(line.split("\t") for line in (out / "scores.tsv").read_text().splitlines()[1:])
+
+
+@pytest.mark.parametrize("sub", ["longform", "longform_simuleval"])
+def test_omnistevals_longform_cli_gives_our_long_yaal(evaluated, tmp_path, sub):
+    artifact, folder, index = evaluated
+    entry = next(e for e in index if e["row"]["form"] == "longform" and e["path"].endswith("/" + sub))
+    d = folder / entry["path"]
+    scores = _omnisteval(tmp_path / "omni", "--speech_segmentation", str(d / "segmentation.yaml"),
+                         "--ref_sentences_file", str(d / "references.txt"), "--hypothesis_file",
+                         str(d / "instances.log"), "--word_level", "--lang", "de")
     yaal = next(v for k, v in scores.items() if "YAAL" in k and "CA" not in k)
     assert float(yaal) == pytest.approx(entry["figures"]["LongYAAL"], abs=1e-2)
+    ca = next(v for k, v in scores.items() if "YAAL" in k and "CA" in k)
+    assert float(ca) == pytest.approx(entry["figures"]["LongYAAL_CA"], abs=1e-2)
+
+
+def test_omnistevals_resegmented_log_gives_our_stream_laal_under_both_conventions(evaluated, tmp_path):
+    artifact, folder, index = evaluated
+    entry = next(e for e in index if e["path"].endswith("/stream_laal"))
+    log = str(folder / entry["path"] / "instances.resegmented.jsonl")
+    queue = _omnisteval(tmp_path / "queue", "--resegmented_hypothesis", log, "--word_level", "--no_quality")
+    sim = _omnisteval(tmp_path / "sim", "--resegmented_hypothesis", log, "--word_level", "--no_quality",
+                      "--emission_ca_key", "elapsed_simuleval")
+    f = entry["figures"]
+
+    def laal(scores, ca):
+        return float(next(v for k, v in scores.items() if k.startswith("LongLAAL") and ("CA" in k) == ca))
+
+    assert laal(queue, False) == pytest.approx(f["StreamLAAL"], abs=1e-2)
+    assert laal(queue, True) == pytest.approx(f["StreamLAAL_CA"], abs=1e-2)
+    assert laal(sim, True) == pytest.approx(f["StreamLAAL_CA_simuleval"], abs=1e-2)
+    # SimulEval's convention adds every compute since the stream began: never earlier than the queue's
+    assert f["StreamLAAL_CA_simuleval"] >= f["StreamLAAL_CA"]
 
 
 def _simuleval_score(folder: Path, *extra: str) -> dict[str, float]:
@@ -106,7 +135,7 @@ def test_simuleval_score_only_gives_our_figures(evaluated, tmp_path):
         # SimulEval prints 3 decimals
         assert got["AL"] == pytest.approx(f["AL"], abs=1e-3) and got["LAAL"] == pytest.approx(f["LAAL"], abs=1e-3)
         assert got["BLEU"] == pytest.approx(f["BLEU"], abs=1e-3)
-        if entry["delays"] == "ms":  # with the flag, SimulEval scores every column on `elapsed`
+        if entry["delays"].startswith("ms"):  # with the flag, SimulEval scores every column on `elapsed`
             ca = _simuleval_score(copy / entry["path"], "--computation-aware")
             assert ca["AL_CA"] == pytest.approx(f["AL_CA"], abs=1e-3)
             assert ca["LAAL_CA"] == pytest.approx(f["LAAL_CA"], abs=1e-3)

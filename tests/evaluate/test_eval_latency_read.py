@@ -95,3 +95,26 @@ def test_a_tail_word_is_visible_at_the_end_of_its_speech():
     latency, _ = scoring.sentence_latency([item], "de")
     # every unit written one word's duration after its word began: AL 1000 ms, no longer 0
     assert latency["al_ms"] == pytest.approx(1000.0)
+
+
+class SlowEchoDriver(EchoDriver):
+    """EchoDriver whose every update takes 700 ms: longer than a word's 1000 ms gap minus nothing."""
+
+    def update(self, committed, tail, is_final, utterance_id) -> Reply:
+        r = super().update(committed, tail, is_final, utterance_id)
+        return Reply(r.utterance_id, r.final, r.committed_text, "", "draft", 1, 700.0, 700.0)
+
+
+def test_two_computation_aware_conventions():
+    out = stream_output(replay(["a", "b", "c"], SlowEchoDriver(), SCHEDULE, tail_model=TailModel("gold"),
+                               stream_id="s"), "de")
+    # updates at 0 (arrive a), 1 (arrive b), 2 (commit a) and 2 s (arrive c): C is written by the 4th.
+    # The real-time queue: an update starts at its event or when the previous one is done, 700 ms each
+    assert [e.ca_ms for e in out.emissions] == [700.0, 1700.0, 3400.0]
+    # SimulEval: stream time plus all compute since the stream began (700, 1400, 2100, 2800 ms)
+    assert [e.sim_ca_ms for e in out.emissions] == [700.0, 2400.0, 4800.0]
+    item = scoring.SentenceLatencyInput("A B C", 3, SCHEDULE.source_ms(3), out.emissions)
+    latency, _ = scoring.sentence_latency([item], "de")
+    # AL over d - (i - 1) * 1000 ms, every unit counted (the last one is written after the source ends)
+    assert latency["ca_al_ms"] == pytest.approx((700 + 700 + 1400) / 3, abs=1e-3)
+    assert latency["sim_ca_al_ms"] == pytest.approx((700 + 1400 + 2800) / 3, abs=1e-3)

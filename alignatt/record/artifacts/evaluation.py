@@ -112,6 +112,9 @@ class EvalRow(_Strict):
     # Per stream, per emitted target unit: source words read (committed + tail shown); empty in
     # artifacts written before it was recorded
     read_words: list[list[int]] = Field(default_factory=list)
+    # Per stream, per emitted target unit: SimulEval's computation-aware time (stream time + all
+    # compute since the stream began), ms; empty in artifacts from before it
+    simuleval_ca: list[list[float]] = Field(default_factory=list)
     streams: list[str] = Field(default_factory=list)  # long form: each talk's output as emitted, before resegmentation
 
 

@@ -1,0 +1,57 @@
+"""How the page names and picks eval rows: whole talks / no oracle segmentation / ASR-like errors in
+the IWSLT bands for the headline, and older artifacts labelled as what they are."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("omnisteval")
+
+from alignatt.evaluate.outputs import headline_talk_rows, iwslt_band, tail_label, tail_key  # noqa: E402
+from alignatt.evaluate.run import EvalOptions, run_eval  # noqa: E402
+from alignatt.record.artifacts import EvalArtifact, load_artifact  # noqa: E402
+from tests.fakes.mt_fakes import FakeSeam  # noqa: E402
+
+H200_EVAL = Path(__file__).resolve().parents[2] / "outputs" / "h200" / "eval.json"
+
+
+@pytest.fixture(scope="module")
+def artifact():
+    options = EvalOptions(limit=1, max_source_words=8, presets=["low_latency", "high_latency"], tails=["asr"],
+                          longform_talks=1, longform_max_pairs=3, longform_tails=["asr"],
+                          longform_oracle_tails=["gold"], offline_baseline=False, bootstrap=10)
+    return run_eval(options, None, seam_factory=lambda route, heads: FakeSeam(), progress=lambda m: None)
+
+
+def test_bands():
+    assert [iwslt_band(x) for x in (None, 1999.0, 2000.0, 3500.0, 4001.0)] == [None, "low", "low", "high",
+                                                                            "above 4 s"]
+
+
+def test_rows_say_what_they_replayed(artifact):
+    talks = [r for r in artifact.rows if r.form == "longform"]
+    assert {tail_key(r) for r in talks} == {"asr@0.05", "asr@0.15", "gold.oracle"}
+    labels = {tail_label(r) for r in talks}
+    assert any("whole talks, closed by the client" in x and "committed WER 15 %" in x for x in labels)
+    assert any("oracle segmentation" in x for x in labels)
+    assert all("IWSLT band" in x for x in labels)
+
+
+def test_the_headline_is_whole_talks_with_asr_errors_in_the_iwslt_bands(artifact):
+    picked = headline_talk_rows(artifact)
+    assert picked, "the fake's talk rows fit a band"
+    for band, r in picked:
+        assert r.form == "longform" and r.tail == "asr" and r.segmentation == "punctuation"
+        assert r.committed_wer == 0.15
+        assert r.latency["ca_stream_laal"] <= {"low": 2000, "high": 4000}[band]
+
+
+@pytest.mark.skipif(not H200_EVAL.exists(), reason="no committed H200 eval artifact")
+def test_the_committed_old_format_h200_eval_loads_and_is_labelled():
+    a = load_artifact(H200_EVAL)
+    assert isinstance(a, EvalArtifact) and headline_talk_rows(a) == []
+    old = [r for r in a.rows if r.form == "longform"]
+    assert old and all("old format: 5-pair chunks" in tail_label(r) for r in old)
+    assert any(tail_label(r).startswith("noisy (old tail noise") for r in a.rows if r.tail == "noisy")
