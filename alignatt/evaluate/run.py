@@ -2,13 +2,14 @@
 
 Per seam variant (e.g. `hf_qk_fast`, or `vllm_capture:cudagraph` and `vllm_capture:eager` on the
 same instances), per preset and per driver, every sentence is replayed as its own stream (one
-session each, closed at its last word); long-form talks (consecutive pairs concatenated, no
-boundaries given) are replayed with sentence closing left to the punctuation the ASR commits and
-the session's own forced finals, then resegmented against the references. The offline baseline
+session each, closed at its last word); whole talks (`alignatt.evaluate.talks`, no boundaries
+given) are replayed with utterance closing left to the sentence marks of the transcript as the
+client sees it and the session's own forced finals (or, in the labelled oracle rows, the
+reference ends), then resegmented against the references. The offline baseline
 translates each whole sentence in one final update (same session, model and prompt).
 
-Each preset is replayed once per tail (`alignatt.evaluate.tails`: gold, noisy, none), each a row of
-its own. Every sentence row carries sacrebleu's bootstrap intervals of BLEU and chrF, and every
+Each preset is replayed once per tail (`alignatt.evaluate.tails`: gold, asr once per committed
+WER, none; noisy, the older tail noise), each a row of its own. Every sentence row carries sacrebleu's bootstrap intervals of BLEU and chrF, and every
 preset row a paired test against the offline row of its variant (`alignatt.evaluate.uncertainty`);
 the SimulEval instance logs are written beside the artifact (`alignatt.evaluate.instance_log`).
 """
