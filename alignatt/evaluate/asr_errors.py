@@ -219,7 +219,8 @@ class AsrTranscriber:
                 elif (e.p_delete <= u < e.p_delete + e.p_merge and i + 1 < n and not trail
                       and core.isalpha()):
                     nlead, ncore, ntrail = _split_core(words[i + 1])
-                    final[i], final[i + 1] = [lead + core + ncore.lower() + ntrail], []
+                    # committed with the second word: a recogniser writes "dataset" once it heard "set"
+                    final[i], final[i + 1] = [], [lead + core + ncore.lower() + ntrail]
                     i += 2
                     continue
                 elif u >= total - e.p_split and len(core) >= 6 and core.isalpha():

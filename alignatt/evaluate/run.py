@@ -136,6 +136,13 @@ class EvalOptions(BaseModel):
         except AlignattError as e:
             raise ValueError(str(e)) from None
 
+    @field_validator("longform_talks")
+    @classmethod
+    def _talks(cls, talks: int | str) -> int | str:
+        if isinstance(talks, int) and talks < 0:
+            raise ValueError(f"longform_talks is a number of talks (0: none) or all, not {talks}")
+        return talks
+
     @field_validator("asr_wers")
     @classmethod
     def _wers(cls, wers: list[float]) -> list[float]:
@@ -281,7 +288,7 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
         streams.close()
         streams = None
         rows += _under_load_rows(options, seam, pairs[:options.load_sentences], variant, label, ts, schedule,
-                                 tail_models[LOAD_TAIL], progress, tick, settle)
+                                 tail_models.get(LOAD_TAIL), progress, tick, settle)
     finally:
         bar.close()
         try:

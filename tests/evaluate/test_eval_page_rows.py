@@ -55,3 +55,10 @@ def test_the_committed_old_format_h200_eval_loads_and_is_labelled():
     old = [r for r in a.rows if r.form == "longform"]
     assert old and all("old format: 5-pair chunks" in tail_label(r) for r in old)
     assert any(tail_label(r).startswith("noisy (old tail noise") for r in a.rows if r.tail == "noisy")
+
+
+def test_an_eval_without_the_gold_tail_runs():
+    options = EvalOptions(limit=1, max_source_words=8, presets=["balanced"], tails=["none"], offline_baseline=False,
+                          bootstrap=10)
+    a = run_eval(options, None, seam_factory=lambda route, heads: FakeSeam(), progress=lambda m: None)
+    assert [r.tail for r in a.rows] == ["none"]
