@@ -31,7 +31,7 @@ NO_REFERENCES = ("Quality cannot be scored without references: no package ships 
 
 
 def _get(config: Any, key: str) -> Any:
-    """A smoke config's field, whether the artifact keeps its config as a dict or a typed model."""
+    """An artifact config's field: an eval keeps its config as a dict, a smoke as a typed model."""
     return config.get(key) if isinstance(config, dict) else getattr(config, key, None)
 
 
