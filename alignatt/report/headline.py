@@ -119,6 +119,10 @@ def _quality(inputs: ReportInputs) -> list[dict[str, str]]:
     for band, r in talks:
         parts.append(f"IWSLT {band} band: `{r.preset}` BLEU **{r.bleu:.1f}** at StreamLAAL "
                      f"{r.latency['ca_stream_laal'] / 1000:.2f} s (computation-aware, real-time queue)")
+    if not talks and any(r.form == "longform" and r.tail == "asr" and r.segmentation == "punctuation"
+                         for r in a.rows):
+        parts.append("whole talks with ASR-like errors: no row within the IWSLT bands (StreamLAAL <= 4 s, "
+                     "computation-aware); sentence rows")
     for preset in QUALITY_BANDS if not talks else ():
         r = next((r for r in rows if r.preset == preset and r.tail == tail
                   and (tail != "asr" or r.committed_wer == wer)), None)
