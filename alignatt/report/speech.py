@@ -149,7 +149,7 @@ def speech_timeline(inputs: ReportInputs) -> list[Figure]:
             ax.set_ylim(bottom=0)
             ax.grid(True, linewidth=0.3)
             ax.set_title(f"{clip}: {_get(a.config, 'model')} on {a.provenance.date}", fontsize=9)
-            ax.legend(fontsize=8, loc="upper left", frameon=False)
+            ax.legend(fontsize=8, loc="lower right", frameon=False)  # the words rise from the lower left
             caption = (f"Clip `{clip}`, recognised live by LocalAgreement over faster-whisper, replayed through "
                        f"the MT server at {_get(a.config, 'speed')}x (`{rel}`). For each source word: its end in the "
                        "audio, when the recogniser committed it, when new translation was first shown once it "
