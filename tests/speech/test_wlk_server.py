@@ -22,13 +22,13 @@ SPEED = 0.5  # x real time: two cores run both the recogniser and the MT model
 CLIP = "beckett"  # 10 s, six short sentences
 
 
-def _wait(process, port, path, what, seconds=240):
+def _wait(process, log, port, path, what, seconds=240):
     import time
 
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            pytest.fail(f"{what} exited ({process.returncode}):\n{process.stdout.read()[-4000:]}")
+            pytest.fail(f"{what} exited ({process.returncode}):\n{log.read_text()[-4000:]}")
         try:
             if http_json(port, path, timeout=2)[0] == 200:
                 return
@@ -45,21 +45,24 @@ def servers(tmp_path):
     from alignatt.speech.recognise import model_dir
 
     clip = fetch(CLIP)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "HF_HOME": str(tmp_path / "hf"), "XDG_CACHE_HOME": str(tmp_path / "cache")}  # an empty model cache
+    offline = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    env = {**offline, "XDG_CACHE_HOME": str(tmp_path / "cache")}  # WhisperLiveKit: an empty model cache
     mt_port, wlk_port = free_port(), free_port()
-    mt = subprocess.Popen([sys.executable, "-m", "alignatt.cli", "serve", "--port", str(mt_port)],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    logs = {name: tmp_path / f"{name}.log" for name in ("mt", "wlk")}  # files: a full pipe would block a server
+    with logs["mt"].open("w") as out:
+        mt = subprocess.Popen([sys.executable, "-m", "alignatt.cli", "serve", "--port", str(mt_port)],
+                              stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                              env=offline)  # the embedded model: alignatt's own cache, no hub
     procs = [mt]
     try:
-        _wait(mt, mt_port, "/health", "alignatt serve")
+        _wait(mt, logs["mt"], mt_port, "/health", "alignatt serve")
         with Relay(f"ws://127.0.0.1:{mt_port}") as relay:
-            wlk = subprocess.Popen(wlk_server_command(wlk_port, relay.url, model_dir("tiny.en"), clip),
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                   start_new_session=True, env=env, cwd=tmp_path)
+            with logs["wlk"].open("w") as out:
+                wlk = subprocess.Popen(wlk_server_command(wlk_port, relay.url, model_dir("tiny.en"), clip),
+                                       stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+                                       cwd=tmp_path)
             procs.append(wlk)
-            _wait(wlk, wlk_port, "/health", "whisperlivekit-server")
+            _wait(wlk, logs["wlk"], wlk_port, "/health", "whisperlivekit-server")
             yield f"ws://127.0.0.1:{wlk_port}/asr", clip, relay
     finally:
         for p in procs:
