@@ -43,8 +43,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
+from alignatt.record.artifacts.options import AsrErrors  # the error model's knobs, recorded by an eval artifact
 from alignatt.replay.stream import ends_sentence
 
 HOMOPHONE_GROUPS = (
@@ -65,43 +64,6 @@ FUNCTION_WORDS = frozenset(
 VOWELS = "aeiou"
 _MARKS = re.compile(r"[.!?]+(?=[\"')\]”’]*$)")  # a sentence's final marks, before closing quotes
 _CORE = re.compile(r"^([^\w']*)([\w'’-]+?)([^\w']*)$")
-
-
-class AsrErrors(BaseModel):
-    """The ASR-like transcript's seeded error model (one per row's committed word error rate)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    seed: int = Field(0, description="asr tail: seeds every draw, with the stream id and the word index")
-    committed_wer: float = Field(0.05, ge=0, le=0.6, description="expected word error rate of the committed "
-                                                                  "words (substitutions, deletions, merges, splits)")
-    p_substitute: float = Field(0.55, ge=0, description="share of errors that substitute a confusable word")
-    p_delete: float = Field(0.25, ge=0, description="share of errors that drop a function word")
-    p_merge: float = Field(0.10, ge=0, description="share of errors that merge a word with the next")
-    p_split: float = Field(0.10, ge=0, description="share of errors that split a long word in two")
-    p_casing: float = Field(0.02, ge=0, le=1, description="P(a committed word's first letter has the wrong case)")
-    p_punct_drop: float = Field(0.15, ge=0, le=1, description="P(a sentence mark is missing in the transcript)")
-    p_punct_insert: float = Field(0.01, ge=0, le=1, description="P(a period is added after a word)")
-    p_tail_revise: float = Field(0.6, ge=0, le=1, description="P(an early stage of a tail word shows another form "
-                                                               "than the committed one)")
-    p_tail_missing: float = Field(0.2, ge=0, le=1, description="of the first stage's other forms, the share not "
-                                                                "shown at all yet")
-    tail_stages: int = Field(3, ge=1, le=4, description="early stages a tail word goes through before it settles")
-
-    @model_validator(mode="after")
-    def _mix(self) -> "AsrErrors":
-        if self.p_substitute + self.p_delete + self.p_merge + self.p_split <= 0:
-            raise ValueError("the error mix p_substitute + p_delete + p_merge + p_split must be > 0")
-        return self
-
-    def rate(self, mergeable: float = 1.0, splittable: float = 1.0) -> float:
-        """P(a word starts an error), for a stream whose words can be merged with the next and split in
-        the given shares: a merge or a split makes two word errors, and where a word cannot take one
-        it is substituted instead (one error)."""
-        total = self.p_substitute + self.p_delete + self.p_merge + self.p_split
-        errors_per_event = (self.p_substitute + self.p_delete + self.p_merge * (1 + mergeable)
-                            + self.p_split * (1 + splittable)) / total
-        return min(1.0, self.committed_wer / errors_per_event)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from typing import Any
 
 from alignatt.core.policy import PRESET_NAMES
 from alignatt.evaluate.units import counting_note
+from alignatt.record.artifacts.evaluation import EvalRecord
 
 OFFLINE = "offline"  # the baseline row: the whole source at once, as its preset and its driver
 ROW_PRESETS = (*PRESET_NAMES, OFFLINE)
@@ -75,7 +76,7 @@ def curve_note(artifact) -> str | None:
     # the threshold the eval recorded (alignatt.evaluate.uncertainty.MIN_SENTENCES_FOR_A_CURVE);
     # read from the artifact so that the report stage does not import the scorers
     n = len(artifact.test_set.get("sentence_ids", []))
-    MIN_SENTENCES_FOR_A_CURVE = (artifact.config.get("uncertainty") or {}).get("curve_needs", 100)
+    MIN_SENTENCES_FOR_A_CURVE = artifact.config.uncertainty.curve_needs if artifact.config.uncertainty else 100
     if artifact.purpose == "scorer smoke":
         return (f"a smoke of the scorer on N = {n} sentences: not a quality result; the curve is not "
                 "significant (see the intervals)")
@@ -298,29 +299,30 @@ def report_section(root: Path, paths: list[tuple[str, Any]]) -> list[dict[str, A
             })
         cfg = a.config
         sections.append({
-            "path": rel, "date": p.date, "machine": p.gpu_name or "CPU", "model": cfg.get("model"),
+            "path": rel, "date": p.date, "machine": p.gpu_name or "CPU", "model": cfg.model,
             "synthetic": a.synthetic_weights, "test_set": a.test_set.get("name"),
             "direction": a.test_set.get("direction"), "description": a.test_set.get("description"),
             "sentences": len(a.test_set.get("sentence_ids", [])),
             "purpose": a.purpose, "curve_note": curve_note(a), "instance_logs": a.instance_logs,
-            "tails": {k: v.get("description", "") + (f" {v['tail_noise']}" if v.get("tail_noise") else "")
-                      for k, v in (cfg.get("tails") or {"gold": {"description": "tail = the gold source words"}}).items()},
-            "uncertainty": cfg.get("uncertainty"),
+            "tails": {k: v.description + (f" {v.tail_noise.model_dump()}" if v.tail_noise else "")
+                      for k, v in cfg.tail_descriptions.items()} if cfg.tail_descriptions else
+                     {"gold": "tail = the gold source words"},
+            "uncertainty": cfg.uncertainty.model_dump() if cfg.uncertainty else None,
             "talks": len(a.test_set.get("longform_ids", [])),
             "target_units": counting_note(a.test_set.get("direction") or ""),
-            "wps": cfg.get("words_per_second"), "lag": cfg.get("commit_lag_seconds"),
+            "wps": cfg.words_per_second, "lag": cfg.commit_lag_seconds,
             "presets": [(name, presets[name]) for name in ROW_PRESETS if name in presets],
             "points": point_rows(a),
             "holm_note": holm_note(a, holm),
             "brevity_penalties": brevity_penalties(a),
-            "under_load": under_load_rows(a), "under_load_note": cfg.get("under_load"),
-            "ran": {"variants": ", ".join(cfg.get("variants") or []), "presets": ", ".join(cfg.get("presets") or []),
-                    "tails": ", ".join(cfg.get("tails") or ["gold"]),
-                    "streams": cfg.get("concurrent_streams") or (
-                        f"{cfg['concurrency']} streams at once through one draft scheduler"
-                        if (cfg.get("concurrency") or 1) > 1 else "one stream at a time"),
-                    "limit": cfg.get("limit"), "max_source_words": cfg.get("max_source_words")},
-            "settle": cfg.get("settle_buffer_tokens"),  # None: every draft whole (all evals before the knob)
+            "under_load": under_load_rows(a), "under_load_note": cfg.under_load,
+            "ran": {"variants": ", ".join(cfg.variants), "presets": ", ".join(cfg.presets),
+                    "tails": ", ".join(cfg.tail_descriptions or ["gold"]),
+                    "streams": cfg.concurrent_streams or (
+                        f"{cfg.concurrency} streams at once through one draft scheduler"
+                        if cfg.concurrency > 1 else "one stream at a time"),
+                    "limit": cfg.limit, "max_source_words": cfg.max_source_words},
+            "settle": cfg.scored_settle_buffer_tokens,  # None: every draft whole (all evals before the knob)
             "scored": scored_configuration(cfg),
             "not_served": not_served_default(cfg, p.gpu_name),
             "negative_whys": negative_whys(a),
@@ -394,18 +396,11 @@ def under_load_rows(artifact) -> list[dict[str, str]]:
     return out
 
 
-def _settle_of(cfg: dict, variant: str) -> int | None:
-    """The settle_buffer_tokens a variant's drafts were scored with (None: whole drafts; an artifact
-    of before the knob recorded none: whole drafts)."""
-    value = cfg.get("settle_buffer_tokens")
-    return value.get(variant) if isinstance(value, dict) else value
-
-
-def _served_of(cfg: dict, variant: str, gpu_name: str | None) -> int | None:
+def _served_of(cfg: EvalRecord, variant: str, gpu_name: str | None) -> int | None:
     """What `alignatt serve` serves by default on the variant's seam and the eval's device."""
     from alignatt.serve.config import served_settle
 
-    device = cfg.get("device") or ("cuda" if gpu_name else "cpu")
+    device = cfg.device or ("cuda" if gpu_name else "cpu")
     return served_settle("auto", str(variant).partition(":")[0], device)
 
 
@@ -413,16 +408,15 @@ def _drafts(settle: int | None) -> str:
     return "whole drafts (max_new_tokens)" if settle is None else f"drafts settled {settle} tokens past the first held token"
 
 
-def scored_configuration(cfg: dict) -> str:
+def scored_configuration(cfg: EvalRecord) -> str:
     """Which server configuration the rows scored, per variant when they differ."""
-    variants = cfg.get("variants") or []
-    said = {v: _drafts(_settle_of(cfg, v)) for v in variants}
+    said = {v: _drafts(cfg.settle_of(v)) for v in cfg.variants}
     if len(set(said.values())) <= 1:
-        return next(iter(said.values()), _drafts(_settle_of(cfg, "")))
+        return next(iter(said.values()), _drafts(cfg.settle_of("")))
     return "; ".join(f"{v}: {d}" for v, d in said.items())
 
 
-def not_served_default(cfg: dict, gpu_name: str | None) -> bool:
+def not_served_default(cfg: EvalRecord, gpu_name: str | None) -> bool:
     """Whether the eval scored another draft length than `alignatt serve` serves by default for one of
     its variants on its device (the recorded settle_buffer_tokens against `served_settle("auto", ...)`)."""
-    return any(_settle_of(cfg, v) != _served_of(cfg, v, gpu_name) for v in cfg.get("variants") or [])
+    return any(cfg.settle_of(v) != _served_of(cfg, v, gpu_name) for v in cfg.variants)

@@ -17,11 +17,10 @@ the SimulEval instance logs are written beside the artifact (`alignatt.evaluate.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import ValidationInfo, field_validator
 
-from alignatt.capture.names import HF_QK_FAST
 from alignatt.core.errors import AlignattError
 from alignatt.core.progress import progress_bar
 from alignatt.evaluate import engines as eval_engines, scoring, uncertainty
@@ -33,96 +32,23 @@ from alignatt.evaluate.rows import (driver_check, longform_row, offline_output, 
                                    talk_id, talk_output, talks_of)
 from alignatt.evaluate.shared_engine import ConcurrentStreams, batch_limit_options, stream_runner, streams_note
 from alignatt.evaluate.asr_errors import AsrErrors
-from alignatt.evaluate.tails import TailKind, TailModel, TailNoise, vocabulary
+from alignatt.evaluate.tails import TailModel, vocabulary
 from alignatt.evaluate.testsets import TestPair, TestSet, load_test_set, select
 from alignatt.evaluate.wlk_driver import CLIENT_LATENCY, WlkDriver
 from alignatt.models.presets import SYNTHETIC_REVISION
-from alignatt.core.policy import DEFAULT_PRESET, PRESET_NAMES
+from alignatt.record.artifacts.options import EvalKnobs
+from alignatt.core.policy import DEFAULT_PRESET
 from alignatt.replay.wlk_client import load_wlk_client, wlk_version
 
-PRESETS = PRESET_NAMES
 RETRACTION_CHECK = "0 retractions in every replay"
 
 
-class EvalOptions(BaseModel):
-    """The eval's knobs: `alignatt eval`'s options (`--field-name`, or an older name its
-    validation_alias lists) and a params.yaml `eval:`/`eval_directions:` section's keys. The noisy
-    tail's model (`tail_noise`) is nested: its knobs are `--tail-noise-seed` and `--tail-p-*`
-    (`alignatt.evaluate.tails.TAIL_NOISE_KNOBS`)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    model: str = Field("gemma3-270m", description="model preset or local checkpoint")
-    variants: list[str] = Field(default_factory=lambda: [HF_QK_FAST],
-                                description="seam[:vllm_mode] variants scored on the same sentences, e.g. "
-                                            "vllm_capture:cudagraph,vllm_capture:eager")
-    presets: list[str] = Field(default_factory=lambda: list(PRESETS), description="latency presets, a row each")
-    drivers: list[Literal["inprocess", "websocket", "wlk"]] = Field(
-        default_factory=lambda: ["inprocess"],
-        description="inprocess; websocket: through alignatt serve, native client; wlk: through alignatt serve "
-                    "by WhisperLiveKit's own client")
-    test_set: str = Field("en-de", description="named set (en-de), .jsonl, word-alignment .json, or SOURCE:TARGET files")
-    direction: str | None = Field(None, description="source-target, e.g. cs-en (default: the test set's, else en-de)")
-    limit: int | None = Field(None, ge=1, description="first N sentences of the test set")
-    max_source_words: int | None = Field(None, ge=1, description="only sentences with at most this many words")
-    longform_talks: int | Literal["all"] = Field(0, description="long form: the first N whole talks of the test "
-                                                                 "set, in id order (all: every talk; 0: none)")
-    longform_max_pairs: int | None = Field(None, ge=1, description="long form: only each talk's first N pairs (a "
-                                                                   "smoke; default: whole talks)")
-    longform_oracle_tails: list[TailKind] = Field(
-        default_factory=list, description="tails whose long form is also replayed with utterances closed at the "
-                                          "reference segments' ends (oracle segmentation, a labelled comparison)")
-    tail_visible_at: Literal["end", "onset"] = Field(
-        "end", description="when a word reaches the ASR tail: at the end of its speech (end) or its onset (onset)")
-    asr_wers: list[float] = Field(default_factory=lambda: [0.05, 0.15],
-                                  description="asr tail: the committed words' word error rates, a row each")
-    asr_seed: int = Field(0, description="asr tail: seeds every draw, with the stream id and the word index")
-    asr_p_tail_revise: float = Field(0.6, ge=0, le=1, description="asr tail: P(a word shows another early form in "
-                                                                  "the tail before it settles)")
-    asr_p_punct_drop: float = Field(0.15, ge=0, le=1, description="asr tail: P(a sentence mark is missing from the "
-                                                                  "transcript)")
-    words_per_second: float = Field(2.4, gt=0, description="ASR word rate")
-    commit_lag_seconds: float = Field(2.0, ge=0, validation_alias=AliasChoices("commit_lag_seconds", "commit_lag"),
-                                      description="seconds from a word's arrival to its commit")
-    device: str = Field("cpu", description="torch device of the seam (cpu, cuda)")
-    dtype: str | None = Field(None, description="float32 | bfloat16 (default: the model's)")
-    top_k: int = Field(4, ge=1, description="alignment heads used")
-    heads: str | None = Field(None, description="head-set file or bundled name (default: the model's)")
-    comet_model: str | None = Field(None, description="local COMET checkpoint (unbabel-comet); else COMET is skipped")
-    offline_baseline: bool = Field(True, validation_alias=AliasChoices("offline_baseline", "offline"),
-                                   description="also the offline full-sentence baseline")
-    tails: list[TailKind] = Field(default_factory=lambda: ["gold", "asr", "none"],
-                                  description="ASR tails, a row each per preset: gold, asr (an ASR-like transcript, "
-                                              "a row per --asr-wers), noisy (the older seeded tail noise), none (no "
-                                              "lookahead)")
-    longform_tails: list[TailKind] = Field(default_factory=lambda: ["gold", "asr"],
-                                           description="tails of the long-form rows")
-    tail_noise: TailNoise = Field(default_factory=TailNoise,
-                                  description="the noisy tail's seeded noise model (flat knobs: --tail-noise-seed, "
-                                              "--tail-p-wrong, --tail-p-drop, --tail-p-split)")
-    bootstrap: int = Field(uncertainty.DEFAULT_BOOTSTRAP, ge=1,
-                           description="sacrebleu bootstrap resamples for the 95% intervals")
-    significance: Literal["ar", "bs"] = Field(
-        "bs", description="paired test against offline: bs (bootstrap) or ar (approximate randomization)")
-    significance_samples: int = Field(0, ge=0, description="resamples/trials of the paired test (0: sacrebleu's "
-                                                           "default, ar 10000, bs 1000)")
-    purpose: Literal["quality", "scorer_smoke"] = Field(
-        "quality", description="quality, or scorer_smoke: a few sentences that exercise the scorer (CPU CI), "
-                               "labelled so, not a quality result")
-    isolate_variants: bool | None = Field(None, description="each variant in its own process (default: when vLLM "
-                                                            "runs several)")
-    concurrency: int = Field(1, ge=1, description="in-process streams replayed at once, their drafts batched by the "
-                                                   "engines' draft schedulers (--engines: spread over several) (1: "
-                                                   "one after another)")
-    engines: int = Field(1, ge=1, description="engine processes sharing the device, a draft scheduler each, the "
-                                              "--concurrency streams spread over them (1: the seam in this process)")
-    load_levels: list[int] = Field(default_factory=list, description="quality under load: the default preset, "
-                                   "gold tail, on the first load_sentences sentences, at each of these concurrencies")
-    load_sentences: int = Field(100, ge=1, description="sentences of each quality-under-load row")
-    settle_buffer_tokens: int | Literal["auto", "none"] | None = Field(
-        "auto", description="drafts settled as `alignatt serve` settles them (its --settle-buffer-tokens): N tokens "
-                            "past the first held token; none: whole drafts; auto: the served default of the "
-                            "variant's seam and device (serve.config.served_settle)")
+class EvalOptions(EvalKnobs):
+    """The eval's knobs (declared in record/artifacts/options.py:EvalKnobs, which an eval artifact
+    records) with the checks that need serve/ and evaluate/: `alignatt eval`'s options
+    (`--field-name`, or an older name its validation_alias lists) and a params.yaml
+    `eval:`/`eval_directions:` section's keys. The noisy tail's model (`tail_noise`) is nested: its
+    knobs are `--tail-noise-seed` and `--tail-p-*` (`alignatt.evaluate.tails.TAIL_NOISE_KNOBS`)."""
 
     @field_validator("settle_buffer_tokens", mode="before")
     @classmethod
@@ -136,34 +62,9 @@ class EvalOptions(BaseModel):
         except AlignattError as e:
             raise ValueError(str(e)) from None
 
-    @field_validator("longform_talks")
-    @classmethod
-    def _talks(cls, talks: int | str) -> int | str:
-        if isinstance(talks, int) and talks < 0:
-            raise ValueError(f"longform_talks is a number of talks (0: none) or all, not {talks}")
-        return talks
-
-    @field_validator("asr_wers")
-    @classmethod
-    def _wers(cls, wers: list[float]) -> list[float]:
-        if not wers or any(not 0 <= w <= 0.6 for w in wers) or len(set(wers)) != len(wers):
-            raise ValueError(f"asr_wers must be distinct word error rates in [0, 0.6], not {wers}")
-        return wers
-
     def asr_errors(self, wer: float) -> AsrErrors:
         return AsrErrors(seed=self.asr_seed, committed_wer=wer, p_tail_revise=self.asr_p_tail_revise,
                          p_punct_drop=self.asr_p_punct_drop)
-
-    def row_tails(self, kinds: list[str]) -> list[str]:
-        """The rows' tail keys: each kind, `asr` once per committed WER (`asr@0.15`)."""
-        return [k for kind in kinds for k in ([f"asr@{w:g}" for w in self.asr_wers] if kind == "asr" else [kind])]
-
-    @field_validator("load_levels")
-    @classmethod
-    def _levels(cls, levels: list[int]) -> list[int]:
-        if any(n < 1 for n in levels) or len(set(levels)) != len(levels):
-            raise ValueError(f"load levels must be distinct positive concurrencies, not {levels}")
-        return sorted(levels)
 
     @field_validator("engines")
     @classmethod
@@ -316,15 +217,14 @@ def settle_words(settle: int | None) -> str:
 
 def settle_config(options: EvalOptions, variants: list[tuple[str, str, dict[str, Any]]]) -> dict[str, Any]:
     """The artifact config's record of the drafts scored: `settle_buffer_tokens` resolved (one value when
-    every variant resolves alike, else one per variant), the option as given, and per variant what
-    `alignatt serve` serves there by default (the page says whether the eval scored it)."""
+    every variant resolves alike, else one per variant; the option as given is the knob) and per
+    variant what `alignatt serve` serves there by default (the page says whether the eval scored it)."""
     from alignatt.serve.config import served_settle
 
     resolved = {v: variant_settle(options, seam) for v, seam, _ in variants}
     served = {v: served_settle("auto", seam, options.device) for v, seam, _ in variants}
     values = set(resolved.values())
-    return {"settle_buffer_tokens": values.pop() if len(values) == 1 else resolved,
-            "settle_buffer_tokens_option": options.settle_buffer_tokens,
+    return {"scored_settle_buffer_tokens": values.pop() if len(values) == 1 else resolved,
             "served_settle_buffer_tokens": served}
 
 
@@ -399,7 +299,7 @@ def variant_in_child(payload: dict) -> dict:
 
 def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=None, progress=print):
     """Run the whole evaluation; returns the `EvalArtifact` (written atomically to `out`)."""
-    from alignatt.record.artifacts import ARTIFACT_SCHEMA_VERSION, Check, EvalArtifact, write_artifact
+    from alignatt.record.artifacts import ARTIFACT_SCHEMA_VERSION, Check, EvalArtifact, EvalRecord, write_artifact
     from alignatt.record.provenance import collect_provenance, model_identity
     from alignatt.serve.config import default_seam_factory, resolve_preset
     from alignatt.serve.protocol import ProtocolError
@@ -481,9 +381,11 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
     artifact = EvalArtifact(
         schema_version=ARTIFACT_SCHEMA_VERSION,
         provenance=collect_provenance(model_id=model_id, model_revision=revision),
-        config={**options.model_dump(), **settle_config(options, variants), "schedule": {"words_per_second": options.words_per_second,
-                                                      "commit_lag_seconds": options.commit_lag_seconds,
-                                                      "tail_visible_at": options.tail_visible_at},
+        config=EvalRecord.model_validate({
+                **options.model_dump(), **settle_config(options, variants),
+                "schedule": {"words_per_second": options.words_per_second,
+                             "commit_lag_seconds": options.commit_lag_seconds,
+                             "tail_visible_at": options.tail_visible_at},
                 "longform": "whole talks of the test set in id order, one stream each (alignatt/data/eval/README.md)"
                             + (f", each cut to its first {options.longform_max_pairs} pairs"
                                if options.longform_max_pairs else "")
@@ -496,7 +398,7 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
                                  "positions shown when a target unit was written; words committed: committed "
                                  "only (secondary); ms: stream time of the source (CU) and when the reply was "
                                  "ready (CA)",
-                "tails": {k: m.describe() for k, m in tail_models.items()},
+                "tail_descriptions": {k: m.describe() for k, m in tail_models.items()},
                 "offline_tail": "the offline baseline is sent the whole sentence, committed, with no tail",
                 **({"concurrent_streams": streams_note(options.concurrency, options.engines)}
                    if options.concurrency > 1 else {}),
@@ -512,7 +414,7 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
                                 "curve_needs": uncertainty.MIN_SENTENCES_FOR_A_CURVE},
                 **({"whisperlivekit": wlk_version(),
                     "wlk_driver": f"the unmodified client, latency={CLIENT_LATENCY} and the row's preset; round trip: "
-                                  "its process() call, timed by the driver"} if "wlk" in options.drivers else {})},
+                                  "its process() call, timed by the driver"} if "wlk" in options.drivers else {})}),
         test_set={"name": ts.name, "direction": direction, "description": ts.description,
                   "pairs_available": len(ts.pairs), "sentence_ids": [p.id for p in pairs],
                   "longform_ids": [[p.id for p in t] for t in talks],

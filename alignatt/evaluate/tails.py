@@ -33,42 +33,19 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping
-
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import Any, Mapping
 
 from alignatt.evaluate.asr_errors import AsrErrors, AsrTranscriber
+from alignatt.record.artifacts.options import TAIL_KINDS, TailKind, TailNoise  # recorded by an eval artifact
 from alignatt.replay.stream import ends_sentence
 
-TailKind = Literal["gold", "asr", "noisy", "none"]
-TAIL_KINDS: tuple[str, ...] = ("gold", "asr", "noisy", "none")
 TAIL_DESCRIPTIONS = {
     "gold": "tail = the gold source words (perfect lookahead)",
     "asr": "an ASR-like transcript: committed words with errors at the row's committed WER, a tail that "
-           "revises itself consistently (see config.tails[...].asr_errors)",
+           "revises itself consistently (see config.tail_descriptions[...].asr_errors)",
     "noisy": "tail = a seeded noisy ASR hypothesis (see config.tail_noise)",
     "none": "no lookahead: the tail is never shown, only committed words",
 }
-
-
-class TailNoise(BaseModel):
-    """The seeded tail-noise model of the `noisy` tail (probabilities per shown tail word, per update)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    seed: int = Field(0, description="noisy tail: seeds every draw, with the stream id and the event number")
-    p_wrong: float = Field(0.2, ge=0, le=1, description="noisy tail: P(a tail word is shown as another vocabulary word)")
-    p_drop: float = Field(0.05, ge=0, le=1, description="noisy tail: P(a tail word is missing from the tail)")
-    p_split: float = Field(0.05, ge=0, le=1, description="noisy tail: P(a tail word is shown as two pieces)")
-    confusion: Literal["test_set_vocabulary"] = Field(
-        "test_set_vocabulary", description="a wrong word is drawn uniformly from the test set's distinct "
-                                           "source tokens, the true word excluded")
-
-    @model_validator(mode="after")
-    def _exclusive(self) -> "TailNoise":
-        if self.p_wrong + self.p_drop + self.p_split > 1:
-            raise ValueError("p_wrong + p_drop + p_split must be at most 1 (the outcomes exclude each other)")
-        return self
 
 
 # The eval's flat knobs of its nested `tail_noise` (EvalOptions.tail_noise): `alignatt eval

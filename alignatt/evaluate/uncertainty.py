@@ -32,9 +32,10 @@ import os
 from collections.abc import Sequence
 from typing import Literal
 
+from alignatt.record.artifacts.options import DEFAULT_BOOTSTRAP  # an eval knob's default
+
 MIN_SENTENCES_FOR_A_CURVE = 100
 SIGNIFICANCE_LEVEL = 0.05
-DEFAULT_BOOTSTRAP = 1000
 TEST_NAMES = {"ar": "paired approximate randomization (sacrebleu)", "bs": "paired bootstrap resampling (sacrebleu)"}
 
 

@@ -106,7 +106,7 @@ def _quality(inputs: ReportInputs) -> list[dict[str, str]]:
     rel, a = found
     from alignatt.report.rows import machine_of
 
-    heading = (f"{a.config.get('test_set')}: {a.config.get('model')} on {machine_of(a)}, {a.provenance.date}"
+    heading = (f"{a.config.test_set}: {a.config.model} on {machine_of(a)}, {a.provenance.date}"
                + (" — latency only (synthetic weights: BLEU is not a translation score)" if a.synthetic_weights else ""))
     rows = [r for r in a.rows if r.role == "quality" and r.form == "sentence" and r.driver == "inprocess"]
     from alignatt.evaluate.outputs import headline_talk_rows
@@ -137,15 +137,15 @@ def _quality(inputs: ReportInputs) -> list[dict[str, str]]:
 
     if not_served_default(a.config, a.provenance.gpu_name):  # the page scores what is served, or says not
         parts.append("**not the served default**: its section says which server configuration was scored")
-    model = a.config.get("model")
+    model = a.config.model
     caveat = " — synthetic weights: not a translation score" if a.synthetic_weights else ""
     if talks:
         r = talks[0][1]
-        what = (f"Quality, {a.config.get('test_set')} ({model}, {r.latency.get('talks')} whole talks, no oracle "
+        what = (f"Quality, {a.config.test_set} ({model}, {r.latency.get('talks')} whole talks, no oracle "
                 f"segmentation, ASR-like transcript at {100 * r.committed_wer:g} % committed WER, N = "
                 f"{r.instances} segments)")
     else:  # an artifact from before whole talks: sentences with their gold ends, as recorded
-        what = (f"Quality, {a.config.get('test_set')} ({model}, sentences with oracle ends, "
+        what = (f"Quality, {a.config.test_set} ({model}, sentences with oracle ends, "
                 + (f"{tail} ASR tail over gold committed words" if tail == QUALITY_TAIL
                    else f"ASR-like transcript at {100 * (wer or 0):g} % committed WER")
                 + f", N = {rows[0].instances if rows else 0})")

@@ -30,13 +30,8 @@ NO_REFERENCES = ("Quality cannot be scored without references: no package ships 
                  "so the rows say what a viewer waited and saw change, not how good the translation is.")
 
 
-def _get(config: Any, key: str) -> Any:
-    """An artifact config's field: an eval keeps its config as a dict, a smoke as a typed model."""
-    return config.get(key) if isinstance(config, dict) else getattr(config, key, None)
-
-
 def speech_smokes(inputs: ReportInputs) -> list[tuple[str, Any]]:
-    return [(rel, a) for rel, a in inputs.smokes if _get(a.config, "speech")]
+    return [(rel, a) for rel, a in inputs.smokes if a.config.speech]
 
 
 def _pct(value: float | None) -> str:
@@ -54,12 +49,12 @@ def speech_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
 
     rows = []
     for rel, a in speech_smokes(inputs):
-        speech = _get(a.config, "speech")
+        speech = a.config.speech
         clip = speech.get("clip") or {}
         erasure = normalized_erasure([e for e in a.events if e.client == NATIVE])
         wer = speech.get("wer_committed")
         rows.append(dict(
-            date=a.provenance.date, machine=machine_of(a), source=rel, stream=_get(a.config, "stream"),
+            date=a.provenance.date, machine=machine_of(a), source=rel, stream=a.config.stream,
             clip=clip.get("package") or clip.get("path") or "—", licence=clip.get("licence") or "—",
             asr=f"faster-whisper {speech.get('asr_model')}", rtf=speech.get("real_time_factor"),
             audio_s=speech.get("audio_s"),
@@ -67,7 +62,7 @@ def speech_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
             tail_revised=_pct((speech.get("tail_revisions") or {}).get("revised_share")),
             delay_p50=_s(speech.get("caption_delay_s_p50")), delay_p95=_s(speech.get("caption_delay_s_p95")),
             caption_words=speech.get("caption_words"), never_covered=speech.get("words_never_covered"),
-            erasure="—" if erasure is None else f"{erasure:.2f}", speed=_get(a.config, "speed"),
+            erasure="—" if erasure is None else f"{erasure:.2f}", speed=a.config.speed,
         ))
     return sorted(rows, key=lambda r: (r["date"], r["source"]))
 
@@ -78,9 +73,8 @@ def seeded_levels(inputs: ReportInputs) -> list[dict[str, Any]]:
     errors at a set WER, a tail that revises through early forms: `alignatt/evaluate/asr_errors.py`)."""
     out = []
     for rel, a in sorted(inputs.of_kind("eval"), key=lambda t: t[0]):
-        tails = _get(a.config, "tails") or {}
-        for kind, tail in sorted(tails.items()):
-            tail = tail if isinstance(tail, dict) else tail.model_dump()
+        for kind, tail in sorted((a.config.tail_descriptions or {}).items()):
+            tail = tail.model_dump()
             if tail.get("tail_noise"):
                 n = tail["tail_noise"]
                 out.append(dict(source=rel, tail=kind, committed="0.0 % (gold)",
@@ -106,17 +100,17 @@ def _timeline(a) -> dict[str, list[tuple[int, float]]] | None:
     from alignatt.speech.captions import word_times
 
     try:
-        stream = load_stream(_get(a.config, "stream"))
+        stream = load_stream(a.config.stream)
     except AlignattError:
         return None
     ends = (stream.recognised or {}).get("word_ends_s") or []
-    if not stream.timeline or len(ends) != len(stream.words) or len(ends) != _get(a.config, "stream_words"):
+    if not stream.timeline or len(ends) != len(stream.words) or len(ends) != a.config.stream_words:
         return None
     recognised: dict[int, float] = {}
     for step in stream.timeline:
         for j in range(len(recognised), step.committed):
             recognised[j] = step.t
-    shown, committed = word_times([e for e in a.events if e.client == NATIVE], _get(a.config, "speed") or 1.0)
+    shown, committed = word_times([e for e in a.events if e.client == NATIVE], a.config.speed or 1.0)
     return {"spoken": list(enumerate(ends)), "recognised": sorted(recognised.items()),
             "shown": sorted(shown.items()), "committed": sorted(committed.items())}
 
@@ -134,7 +128,7 @@ def speech_timeline(inputs: ReportInputs) -> list[Figure]:
         if series is None:
             continue
         where = [part for part in rel.removesuffix(".json").split("/")[1:] if part != "speech"]  # past outputs/
-        clip = str(_get(a.config, "stream")).removeprefix("speech:")
+        clip = str(a.config.stream).removeprefix("speech:")
 
         def draw(series=series, clip=clip, a=a, name="speech_timeline_" + "_".join(where)) -> Figure:
             fig, ax = new_figure(7.0, 4.2)
@@ -148,10 +142,10 @@ def speech_timeline(inputs: ReportInputs) -> list[Figure]:
             ax.set_xlim(left=0)
             ax.set_ylim(bottom=0)
             ax.grid(True, linewidth=0.3)
-            ax.set_title(f"{clip}: {_get(a.config, 'model')} on {a.provenance.date}", fontsize=9)
+            ax.set_title(f"{clip}: {a.config.model} on {a.provenance.date}", fontsize=9)
             ax.legend(fontsize=8, loc="lower right", frameon=False)  # the words rise from the lower left
             caption = (f"Clip `{clip}`, recognised live by LocalAgreement over faster-whisper, replayed through "
-                       f"the MT server at {_get(a.config, 'speed')}x (`{rel}`). For each source word: its end in the "
+                       f"the MT server at {a.config.speed}x (`{rel}`). For each source word: its end in the "
                        "audio, when the recogniser committed it, when new translation was first shown once it "
                        "was heard (the held draft has no per-word alignment), and when a committed translation "
                        "first covered it (the AlignAtt alignment). The gap between the black and green lines is "

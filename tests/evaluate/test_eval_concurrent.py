@@ -68,10 +68,10 @@ def test_the_engine_batched_drafts_of_several_streams(runs):
 
 def test_rows_and_config_record_the_concurrency(runs, tmp_path):
     sequential, concurrent, _ = runs
-    assert {r.concurrency for r in sequential.rows} == {1} and sequential.config["concurrency"] == 1
-    assert "concurrent_streams" not in sequential.config
-    assert {r.concurrency for r in concurrent.rows} == {CONCURRENCY} and concurrent.config["concurrency"] == CONCURRENCY
-    assert "4 in-process streams at once" in concurrent.config["concurrent_streams"]
+    assert {r.concurrency for r in sequential.rows} == {1} and sequential.config.concurrency == 1
+    assert sequential.config.concurrent_streams is None
+    assert {r.concurrency for r in concurrent.rows} == {CONCURRENCY} and concurrent.config.concurrency == CONCURRENCY
+    assert "4 in-process streams at once" in concurrent.config.concurrent_streams
     # artifacts written before the field was recorded still load (it is optional)
     data = json.loads((Path(__file__).resolve().parents[2] / "outputs" / "h200" / "eval_e4b_synthetic.json").read_text())
     for row in data["rows"]:
@@ -143,7 +143,7 @@ def test_quality_under_load_is_a_row_per_level_on_the_first_sentences(under_load
     quality = next(r for r in artifact.rows if r.role == "quality" and r.tail == "gold" and r.driver == "inprocess")
     # the stand-in is batch-invariant: each level replays the first sentences as the whole run did
     assert [r.hypotheses for r in rows] == [quality.hypotheses[:3]] * 2
-    assert "first 3 sentences" in artifact.config["under_load"] and "[1, 4]" in artifact.config["under_load"]
+    assert "first 3 sentences" in artifact.config.under_load and "[1, 4]" in artifact.config.under_load
     # under-load rows are no preset rows: no paired test, no point on the quality-latency curve
     assert all(r.significance is None for r in rows)
     assert quality.significance is not None and quality.significance.n == 6

@@ -89,11 +89,11 @@ def test_two_engine_processes_replay_what_one_engine_does_and_both_draft(runs):
 
 def test_the_config_records_the_engines(runs):
     one, two = runs[1][0], runs[2][0]
-    assert one.config["engines"] == 1 and "engine_processes" not in one.config
-    assert "one draft scheduler on the variant's engine" in one.config["concurrent_streams"]
-    assert two.config["engines"] == 2 and "engine i mod 2" in two.config["engine_processes"]
-    assert "each of the variant's 2 engines" in two.config["concurrent_streams"]
-    assert two.config["under_load"].endswith("first engine alone")
+    assert one.config.engines == 1 and one.config.engine_processes is None
+    assert "one draft scheduler on the variant's engine" in one.config.concurrent_streams
+    assert two.config.engines == 2 and "engine i mod 2" in two.config.engine_processes
+    assert "each of the variant's 2 engines" in two.config.concurrent_streams
+    assert two.config.under_load.endswith("first engine alone")
 
 
 def test_streams_are_dealt_over_the_engines_and_the_under_load_rows_run_on_the_first_alone(runs):

@@ -204,7 +204,7 @@ def test_the_wlk_driver_emits_what_the_inprocess_one_does_unless_the_client_spli
     assert wlk.hypotheses[1] == "W0:Yes. W0:We W1:go W2:home W3:now"  # the client closed "Yes." on its own
     assert wlk.emissions[1][0][:2] == (1, 5) and wlk.retractions == 0 and wlk.buffer_units_shown == 0
     assert wlk.updates == inproc.updates and wlk.engine_calls > 0 and wlk.wall_ms > 0
-    assert a.config["whisperlivekit"] == "0.2.26"
+    assert a.config.whisperlivekit == "0.2.26"
 
 
 @needs_wlk

@@ -83,7 +83,7 @@ def test_n_reaches_every_session_and_stops_drafts_where_serve_would(concurrency)
     assert ("longform", "quality", "balanced") in kinds and ("sentence", "quality", "offline") in kinds
     if concurrency > 1:
         assert ("sentence", "under_load", "balanced") in kinds
-    assert settled.config["settle_buffer_tokens"] == 0 and whole.config["settle_buffer_tokens"] is None
+    assert settled.config.scored_settle_buffer_tokens == 0 and whole.config.scored_settle_buffer_tokens is None
 
 
 def test_the_stand_in_stops_a_draft_where_its_answer_is_known():
@@ -108,19 +108,19 @@ def test_the_recorded_configuration_round_trips_and_the_page_says_what_was_score
     loaded = load_artifact(out)
     assert isinstance(loaded, EvalArtifact)
     cfg = loaded.config
-    assert (cfg["settle_buffer_tokens"], cfg["settle_buffer_tokens_option"]) == (2, 2)
-    assert cfg["served_settle_buffer_tokens"] == {"vllm_capture": None}  # on the CPU serve drafts whole
+    assert (cfg.scored_settle_buffer_tokens, cfg.settle_buffer_tokens) == (2, 2)
+    assert cfg.served_settle_buffer_tokens == {"vllm_capture": None}  # on the CPU serve drafts whole
     # the recorded option runs the same drafts again
-    assert variant_settle(EvalOptions(settle_buffer_tokens=cfg["settle_buffer_tokens_option"]), "vllm_capture") == 2
+    assert variant_settle(EvalOptions(settle_buffer_tokens=cfg.settle_buffer_tokens), "vllm_capture") == 2
     (section,) = report_section(tmp_path, [("outputs/eval.json", loaded)])
     assert section["scored"] == "drafts settled 2 tokens past the first held token"
     assert section["not_served"]  # settled on the CPU, where serve drafts whole
     # on CUDA, vllm_capture: 2 is the served default, whole drafts are not; auto records what it resolved to
-    gpu = {**cfg, "device": "cuda"}
+    gpu = cfg.model_copy(update={"device": "cuda"})
     assert not not_served_default(gpu, "NVIDIA H200")
-    assert not_served_default({**gpu, "settle_buffer_tokens": None}, "NVIDIA H200")
-    mixed = {**gpu, "variants": ["vllm_capture", "hf_qk_fast"],
-             "settle_buffer_tokens": {"vllm_capture": 2, "hf_qk_fast": None}}
+    assert not_served_default(gpu.model_copy(update={"scored_settle_buffer_tokens": None}), "NVIDIA H200")
+    mixed = gpu.model_copy(update={"variants": ["vllm_capture", "hf_qk_fast"],
+                                   "scored_settle_buffer_tokens": {"vllm_capture": 2, "hf_qk_fast": None}})
     assert not not_served_default(mixed, "NVIDIA H200")
     assert scored_configuration(mixed) == ("vllm_capture: drafts settled 2 tokens past the first held token; "
                                            "hf_qk_fast: whole drafts (max_new_tokens)")
@@ -138,11 +138,11 @@ def test_the_cli_passes_the_option_and_refuses_a_bad_one(tmp_path):
 def test_committed_eval_artifacts_still_load_and_say_what_they_scored(path):
     artifact = load_artifact(ROOT / path)
     (section,) = report_section(ROOT, [(path, artifact)])
-    settle = artifact.config.get("settle_buffer_tokens")
+    settle = artifact.config.scored_settle_buffer_tokens
     assert section["scored"] == ("whole drafts (max_new_tokens)" if settle is None
                                  else f"drafts settled {settle} tokens past the first held token")
     on_gpu_vllm = bool(artifact.provenance.gpu_name) and any(
-        str(v).startswith("vllm_capture") for v in artifact.config.get("variants") or [])
+        str(v).startswith("vllm_capture") for v in artifact.config.variants)
     # whole drafts on the CPU are what serve serves there; on CUDA vllm_capture it settles 2 tokens
     assert section["not_served"] == (on_gpu_vllm and settle != SERVED_SETTLE_BUFFER_TOKENS)
 

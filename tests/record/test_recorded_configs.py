@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from alignatt.core.errors import AlignattError
-from alignatt.record.artifacts import (FailoverOptions, LoadKnobs, LoadRecord, ReplicasOptions, SmokeRecord, SoakRecord,
-                                       load_artifact, parse_artifact)
+from alignatt.record.artifacts import (EvalKnobs, EvalRecord, FailoverOptions, LoadKnobs, LoadRecord, ReplicasOptions,
+                                       SmokeRecord, SoakRecord, load_artifact, parse_artifact)
 from alignatt.record.artifacts.options import SmokeOptions, SoakOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDED = {"server_smoke": SmokeRecord, "soak": SoakRecord, "failover": FailoverOptions,
-            "replicas": ReplicasOptions, "load": LoadRecord}
+            "replicas": ReplicasOptions, "load": LoadRecord, "eval": EvalRecord}
 
 
 def _committed(kind: str) -> list[Path]:
@@ -40,6 +40,16 @@ def test_a_recorded_config_of_the_wrong_type_fails_to_load_in_one_line(tmp_path)
     with pytest.raises(AlignattError) as e:
         load_artifact(bad)
     assert "\n" not in str(e.value) and "server_smoke.config.replay_speed" in str(e.value)
+
+
+def test_an_eval_config_of_the_wrong_type_fails_to_load_in_one_line(tmp_path):
+    data = json.loads((ROOT / "outputs" / "cpu" / "eval.json").read_text())
+    data["config"]["bootstrap"] = "many"
+    bad = tmp_path / "eval.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(AlignattError) as e:
+        load_artifact(bad)
+    assert "\n" not in str(e.value) and "eval.config.bootstrap" in str(e.value)
 
 
 def test_an_unknown_recorded_key_fails_too(tmp_path):
@@ -80,8 +90,36 @@ def test_the_load_options_add_only_their_configurations_to_what_is_recorded():
     assert set(LoadOptions.model_fields) - set(LoadRecord.model_fields) == {"configurations"}
 
 
+def test_an_eval_recorded_before_its_knobs_were_kept_whole_loads():
+    """Before: the resolved settle under `settle_buffer_tokens`, the option under
+    `settle_buffer_tokens_option`, each row tail's model under `tails` (the H200 eval); neither settle
+    nor tails in the oldest (every draft whole, the gold tail alone)."""
+    data = json.loads((ROOT / "outputs" / "h200" / "eval.json").read_text())["config"]
+    record = EvalRecord.model_validate(data)
+    assert (record.settle_buffer_tokens, record.scored_settle_buffer_tokens) == (
+        data["settle_buffer_tokens_option"], data["settle_buffer_tokens"])
+    assert list(record.tail_descriptions) == list(data["tails"]) and record.tails == list(data["tails"])
+    assert record.tail_descriptions["noisy"].tail_noise.p_wrong == data["tails"]["noisy"]["tail_noise"]["p_wrong"]
+    # the long form of then, in chunks of pairs: read as the artifact says
+    assert (record.pairs_per_talk, record.longform_talks) == (data["pairs_per_talk"], data["longform_talks"])
+    oldest = json.loads((ROOT / "outputs" / "h200" / "eval_e4b_synthetic.json").read_text())["config"]
+    assert not {"tails", "settle_buffer_tokens"} & set(oldest)
+    record = EvalRecord.model_validate(oldest)
+    assert record.tails == ["gold"] and record.tail_descriptions is None
+    assert record.settle_buffer_tokens == "none" and record.settle_of(record.variants[0]) is None
+
+
+def test_the_eval_options_declare_no_knob_the_record_lacks():
+    """EvalOptions (evaluate/) = EvalKnobs (recorded) + checks that need serve/ and evaluate/."""
+    from alignatt.evaluate.run import EvalOptions
+
+    assert issubclass(EvalOptions, EvalKnobs) and issubclass(EvalRecord, EvalKnobs)
+    assert set(EvalOptions.model_fields) - set(EvalRecord.model_fields) == set()
+    assert set(EvalOptions.model_fields) == set(EvalKnobs.model_fields)
+
+
 @pytest.mark.parametrize("options, record", [(SmokeOptions, SmokeRecord), (SoakOptions, SoakRecord),
-                                             (LoadKnobs, LoadRecord)])
+                                             (LoadKnobs, LoadRecord), (EvalKnobs, EvalRecord)])
 def test_every_knob_of_a_command_is_recorded(options, record):
     """The record model derives from the options model: a knob added there is recorded, typed alike."""
     assert issubclass(record, options)

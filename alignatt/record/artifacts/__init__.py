@@ -16,12 +16,12 @@ from alignatt.record.artifacts.bench import (BenchArtifact, BenchConfig, BenchPr
                                              Divergence, FastPathEvent, MedianSummary, PromptSummary, SeamResult,
                                              ServerSmokeArtifact, SmokeRecord)
 from alignatt.record.artifacts.evaluation import (EvalArtifact, EvalInterval, EvalNegativeLatency, EvalPairedTest,
-                                                  EvalRow)
+                                                  EvalRecord, EvalRow, TailDescription)
 from alignatt.record.artifacts.load import (BalancerRtt, CaptureCostRow, FailoverArtifact, FailoverSession,
                                             LoadArtifact, LoadEngine, LoadLevel, LoadVerification, ReplicasArtifact,
                                             SoakArtifact, SoakRecord, LoadRecord, VerifyEquality)
-from alignatt.record.artifacts.options import (FailoverOptions, LoadKnobs, ReplicasOptions, ServedModelOptions,
-                                              ServersUnderFaults, SmokeOptions, SoakOptions)
+from alignatt.record.artifacts.options import (EvalKnobs, FailoverOptions, LoadKnobs, ReplicasOptions,
+                                              ServedModelOptions, ServersUnderFaults, SmokeOptions, SoakOptions)
 from alignatt.record.artifacts.suite import GpuTestCase, GpuTestsArtifact, measured_on_gpu
 from alignatt.record.digest import sha256_file
 
@@ -31,7 +31,8 @@ __all__ = [  # the schema's public names, wherever they are defined
     "Divergence", "FastPathEvent", "MedianSummary", "PromptSummary", "SeamResult", "ServerSmokeArtifact",
     "ClientSummary", "SmokeRecord", "SoakRecord", "LoadRecord", "LoadKnobs", "FailoverOptions", "ReplicasOptions", "ServedModelOptions",
     "ServersUnderFaults", "SmokeOptions", "SoakOptions",
-    "EvalArtifact", "EvalInterval", "EvalNegativeLatency", "EvalPairedTest", "EvalRow", "CaptureCostRow",
+    "EvalArtifact", "EvalInterval", "EvalNegativeLatency", "EvalPairedTest", "EvalRow", "EvalKnobs", "EvalRecord",
+    "TailDescription", "CaptureCostRow",
     "FailoverArtifact", "FailoverSession", "ReplicasArtifact", "BalancerRtt", "LoadArtifact", "LoadEngine", "LoadLevel", "LoadVerification", "VerifyEquality",
     "SoakArtifact", "GpuTestCase", "GpuTestsArtifact", "measured_on_gpu", "Artifact", "AnyArtifact",
     "parse_artifact", "sha256_file", "load_json", "load_artifact", "validation_line", "artifact_json", "env_artifact",

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from alignatt.record.artifacts.base import Check, _Artifact, _Strict
+from alignatt.record.artifacts.options import AsrErrors, EvalKnobs, TailKind, TailNoise
 
 
 class EvalInterval(_Strict):
@@ -118,9 +119,87 @@ class EvalRow(_Strict):
     streams: list[str] = Field(default_factory=list)  # long form: each talk's output as emitted, before resegmentation
 
 
+class TailDescription(_Strict):
+    """What a row's tail showed the translator (alignatt.evaluate.tails.TailModel.describe)."""
+
+    tail: TailKind
+    description: str
+    asr_errors: AsrErrors | None = None  # asr: the row's seeded error model
+    tail_noise: TailNoise | None = None  # noisy: the seeded noise model
+    vocabulary_size: int | None = None  # asr, noisy: the confusion set's distinct source tokens
+
+
+class EvalSchedule(_Strict):
+    words_per_second: float
+    commit_lag_seconds: float
+    tail_visible_at: Literal["end", "onset"] = "end"  # artifacts from before it: words reached the tail at their end
+
+
+class EvalUncertainty(_Strict):
+    intervals: str  # the bootstrap intervals, in words
+    significance: str  # the paired test, in words
+    curve_needs: int  # sentences a row needs for its latency-quality curve point
+
+
+Settle = int | None  # drafts settled N tokens past the first held token; None: whole drafts
+
+
+class EvalRecord(EvalKnobs):
+    """What an eval artifact records: `alignatt eval`'s knobs as run (`settle_buffer_tokens` the option
+    as given, `tails` the kinds asked for) and what the run resolved: the drafts each variant scored,
+    each row tail's model, and notes in words on the clock, the units and the long form."""
+
+    tail_descriptions: dict[str, TailDescription] | None = None  # by row tail (asr@0.05); None: gold only
+    # settle_buffer_tokens resolved per variant's seam and device (one value when all resolve alike);
+    # None: whole drafts (so every eval written before the knob)
+    scored_settle_buffer_tokens: Settle | dict[str, Settle] = None
+    served_settle_buffer_tokens: dict[str, Settle] | None = None  # `alignatt serve`'s default per variant
+    schedule: EvalSchedule
+    uncertainty: EvalUncertainty | None = None  # None: before intervals were recorded
+    longform: str | None = None
+    computation_aware_clock: str
+    latency_units: str
+    offline_tail: str | None = None
+    concurrent_streams: str | None = None
+    engine_processes: str | None = None
+    under_load: str | None = None
+    whisperlivekit: str | None = None
+    wlk_driver: str | None = None
+    # before whole talks: the long form replayed talks in chunks of this many pairs, and
+    # longform_talks counted those chunks (kept as the artifact says; None since)
+    pairs_per_talk: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _historical(cls, data: Any) -> Any:
+        """Artifacts written before the knobs were recorded whole kept the resolved settle under
+        `settle_buffer_tokens` and the option under `settle_buffer_tokens_option` (both absent before
+        the knob: whole drafts), and each row tail's model under `tails` (absent in the oldest: the
+        gold tail alone): they move to their fields, `tails` reads as the kinds of those row tails."""
+        if not isinstance(data, dict) or "tail_descriptions" in data:
+            return data
+        data = dict(data)
+        if isinstance(data.get("tails"), dict):
+            data["tail_descriptions"] = data["tails"]
+            data["tails"] = list(dict.fromkeys(k.partition("@")[0] for k in data["tails"]))
+        elif "tails" not in data:
+            data["tails"] = ["gold"]
+        if "settle_buffer_tokens_option" in data:
+            data["scored_settle_buffer_tokens"] = data.pop("settle_buffer_tokens")
+            data["settle_buffer_tokens"] = data.pop("settle_buffer_tokens_option")
+        elif "settle_buffer_tokens" not in data:
+            data["settle_buffer_tokens"] = "none"
+        return data
+
+    def settle_of(self, variant: str) -> Settle:
+        """The settle_buffer_tokens a variant's drafts were scored with (None: whole drafts)."""
+        value = self.scored_settle_buffer_tokens
+        return value.get(variant) if isinstance(value, dict) else value
+
+
 class EvalArtifact(_Artifact):
     kind: Literal["eval"] = "eval"
-    config: dict[str, Any]  # model, variants, presets, drivers, schedule, subset sizes
+    config: EvalRecord
     test_set: dict[str, Any]  # name, direction, description, ids of the pairs used
     synthetic_weights: bool
     rows: list[EvalRow]
