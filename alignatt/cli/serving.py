@@ -103,7 +103,8 @@ def speech_stream_cmd(
     write_artifact(out, stream)
     r = stream.recognised or {}
     typer.echo(f"{len(stream.words)} words in {r.get('audio_s')} s of audio, real-time factor "
-               f"{r.get('real_time_factor')}, committed WER {r.get('wer_committed')}, tail revised in "
+               f"{r.get('real_time_factor')}, committed WER {r.get('wer_committed')} (live tail "
+               f"{r.get('wer_tail')}), tail revised in "
                f"{(r.get('tail_revisions') or {}).get('revised_share')} of the steps that showed one")
     typer.echo(f"wrote {out}")
 
@@ -114,15 +115,20 @@ def load_cmd(
     out: str = typer.Option(None, help="where to write the load artifact (default: runs/load-<time>/)"),
     metrics: str = typer.Option(None, help="DVC metrics JSON"),
     plot: str = typer.Option(None, help="plot CSV: RTT against speakers"),
-    profile: str = profile_option("`load:`"),
+    profile: str = profile_option("`load:` (or --section's)"),
     params: str = params_option(),
+    section: str = typer.Option("load", help="the profile's section --profile reads: load, or load_speech "
+                                             "(the capacity benchmark on a recognised speech stream)"),
     **fields,
 ) -> None:
     """N concurrent real-time speakers on one server per load level; writes the load artifact."""
+    from alignatt.core.errors import AlignattError
     from alignatt.measure.capacity import run_load
     from alignatt.pipeline.params import stage_options
 
-    options = stage_options(LoadOptions, "load", fields, params, profile, "load option ")
+    if section not in ("load", "load_speech"):
+        raise AlignattError(f"--section {section}: load reads the profile's load or load_speech section")
+    options = stage_options(LoadOptions, section, fields, params, profile, "load option ")
     check_served_model(options.model, options.seam, options.heads)
     out = scratch_out(out, "load", "load.json")
     for path, option in ((out, "--out"), (metrics, "--metrics"), (plot, "--plot")):

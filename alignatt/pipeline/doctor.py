@@ -202,7 +202,8 @@ def stage_sections() -> dict[str, tuple[type, Callable[..., dict]]]:
     from alignatt.measure.capacity import LoadOptions
     from alignatt.measure.smoke import SmokeOptions
 
-    return {"smoke": (SmokeOptions, dict), "load": (LoadOptions, dict), "eval": (EvalOptions, fold_tail_noise),
+    return {"smoke": (SmokeOptions, dict), "load": (LoadOptions, dict),
+            "load_speech": (LoadOptions, dict), "eval": (EvalOptions, fold_tail_noise),
             "eval_directions": (EvalOptions, fold_tail_noise)}
 
 

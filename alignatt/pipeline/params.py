@@ -36,6 +36,8 @@ class Profile(BaseModel):
     # stages do not depend on the server's code.
     smoke: dict[str, Any] = Field(default_factory=dict)  # SmokeOptions of `alignatt smoke --profile`
     load: dict[str, Any] = Field(default_factory=dict)  # LoadOptions of `alignatt load --profile`
+    # LoadOptions of `alignatt load --profile P --section load_speech`: capacity on a recognised stream
+    load_speech: dict[str, Any] = Field(default_factory=dict)
     eval: dict[str, Any] = Field(default_factory=dict)  # EvalOptions of `alignatt eval --profile` (en-de)
     # EvalOptions of the eval-direction stages (en-it, en-zh, cs-en: `alignatt eval --profile P --test-set <d>`)
     eval_directions: dict[str, Any] = Field(default_factory=dict)
@@ -145,7 +147,8 @@ def bench_config(
 
 # ---- a stage command's options: its profile section, the command's flags over it ---------------
 
-STAGE_SECTIONS = ("smoke", "load", "eval", "eval_directions")  # the profile keys that are a command's options
+# the profile keys that are a command's options
+STAGE_SECTIONS = ("smoke", "load", "load_speech", "eval", "eval_directions")
 
 
 def section_knobs(prof: Profile, section: str) -> dict[str, Any]:

@@ -151,7 +151,7 @@ def test_the_doctor_checks_each_section_with_the_model_its_command_reads():
     assert tuple(stage_sections()) == STAGE_SECTIONS
     group = {info.name: info.callback for info in app.registered_commands}
     for section, (model, _) in stage_sections().items():
-        command = "eval" if section.startswith("eval") else section
+        command = "eval" if section.startswith("eval") else section.removesuffix("_speech")  # load_speech: load
         knobs: CommandKnobs = group[command].alignatt_knobs
         assert model in {s.model for s in knobs.sources}, (section, command)
         assert {"profile", "params"} <= set(knobs.own), command
@@ -189,6 +189,7 @@ def test_each_stage_depends_on_the_profile_params_its_command_reads():
         if command not in ("smoke", "load", "eval"):
             continue
         section = "eval_directions" if command == "eval" and "--test-set" in cmd else command
+        section = re.search(r"--section (\w+)", cmd)[1] if "--section " in cmd else section  # load's load_speech
         params = body["params"]
         if "profiles.${profile}" in params:
             continue
