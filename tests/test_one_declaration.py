@@ -22,7 +22,8 @@ NOT_FIELDS = {
     "soak": {"out"},
     # --profile, --params: the params profile whose section gives the options (pipeline/params.py:stage_options)
     "smoke": {"out", "profile", "params"},
-    "load": {"out", "metrics", "plot", "profile", "params"},
+    # --section: which of the profile's sections (load or load_speech) --profile reads
+    "load": {"out", "metrics", "plot", "profile", "params", "section"},
     "failover": {"out"},
     # the direction is a key of `directions`; the rest are resolved for the route serve builds
     "serve": {"direction", "vllm_mode", "settle_buffer_tokens", "engine_process", "config"},
