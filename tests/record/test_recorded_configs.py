@@ -32,24 +32,18 @@ def test_the_committed_artifacts_load_with_a_typed_config(kind):
         assert type(load_artifact(path).config) is RECORDED[kind], path
 
 
-def test_a_recorded_config_of_the_wrong_type_fails_to_load_in_one_line(tmp_path):
-    data = json.loads(_committed("server_smoke")[0].read_text())
-    data["config"]["replay_speed"] = "fast"
-    bad = tmp_path / "server_smoke.json"
+@pytest.mark.parametrize("committed, key, value", [
+    (lambda: _committed("server_smoke")[0], "replay_speed", "fast"),
+    (lambda: ROOT / "outputs" / "cpu" / "eval.json", "bootstrap", "many"),
+], ids=["server_smoke", "eval"])
+def test_a_recorded_config_of_the_wrong_type_fails_to_load_in_one_line(tmp_path, committed, key, value):
+    data = json.loads(committed().read_text())
+    data["config"][key] = value
+    bad = tmp_path / f"{data['kind']}.json"
     bad.write_text(json.dumps(data))
     with pytest.raises(AlignattError) as e:
         load_artifact(bad)
-    assert "\n" not in str(e.value) and "server_smoke.config.replay_speed" in str(e.value)
-
-
-def test_an_eval_config_of_the_wrong_type_fails_to_load_in_one_line(tmp_path):
-    data = json.loads((ROOT / "outputs" / "cpu" / "eval.json").read_text())
-    data["config"]["bootstrap"] = "many"
-    bad = tmp_path / "eval.json"
-    bad.write_text(json.dumps(data))
-    with pytest.raises(AlignattError) as e:
-        load_artifact(bad)
-    assert "\n" not in str(e.value) and "eval.config.bootstrap" in str(e.value)
+    assert "\n" not in str(e.value) and f"{data['kind']}.config.{key}" in str(e.value)
 
 
 def test_an_unknown_recorded_key_fails_too(tmp_path):
