@@ -52,6 +52,10 @@ def _int_list(value: Any) -> list[int]:
             return [int(x) for x in value.replace(" ", "").split(",") if x]
         except ValueError:
             raise ValueError(f"expected comma-separated integers, got {value!r}") from None
+    if isinstance(value, int) and not isinstance(value, bool):  # `speakers: 128` in YAML, or `-S ...=128`
+        return [value]
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"expected comma-separated integers, got {value!r}")
     return [int(x) for x in value]
 
 

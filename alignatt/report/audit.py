@@ -239,23 +239,26 @@ def audit_artifact(path: Path, result: AuditResult):
 def audit_gpu_suites(artifacts: list[tuple[Path, object]], result: AuditResult) -> None:
     """A GPU figure stands on its code's GPU suite: the suite must have passed, at the same commit.
 
-    Per folder: the `gpu_tests.json` beside the measurements names the commit whose suite ran.
-    Every other artifact there that ran on a GPU must carry that commit, and the suite must have
-    passed; a GPU folder without a suite artifact is a finding too."""
+    Per folder: the `gpu_tests.json` beside the measurements names the commit whose suite ran; a
+    folder without one (a profile's `speech/`, measured by stages of its own) stands on its nearest
+    parent's. Every other artifact there that ran on a GPU must carry that commit, and the suite
+    must have passed; a GPU folder with no suite above it is a finding too."""
     by_folder: dict[Path, list[tuple[Path, object]]] = {}
+    suites_in: dict[Path, list] = {}
     for f, artifact in artifacts:
         by_folder.setdefault(f.parent, []).append((f, artifact))
+        if isinstance(artifact, GpuTestsArtifact):
+            suites_in.setdefault(f.parent, []).append(artifact)
+            if artifact.ran and not artifact.passed:
+                c = artifact.counts
+                result.add(str(f), "gpu-suite", f"the GPU suite failed at {(artifact.provenance.git_commit or '?')[:12]}: "
+                           f"{c['failed']} failed, {c['error']} errors ({artifact.reason})")
     for folder, entries in sorted(by_folder.items()):
-        suites = [(f, a) for f, a in entries if isinstance(a, GpuTestsArtifact)]
         on_gpu = [(f, a) for f, a in entries if measured_on_gpu(a)]
-        for f, suite in suites:
-            if suite.ran and not suite.passed:
-                c = suite.counts
-                result.add(str(f), "gpu-suite", f"the GPU suite failed at {(suite.provenance.git_commit or '?')[:12]}: "
-                           f"{c['failed']} failed, {c['error']} errors ({suite.reason})")
         if not on_gpu:
             continue
-        passed = [a for _, a in suites if a.passed]
+        owner = next((d for d in (folder, *folder.parents) if d in suites_in), folder)
+        passed = [a for a in suites_in.get(owner, []) if a.passed]
         if not passed:
             result.add(str(folder), "gpu-suite", f"no passing GPU suite in {folder.name}/ (alignatt test-gpu)")
             continue

@@ -30,7 +30,10 @@ def configuration(rel: str, artifact: Any, vllm_mode: str | None = None) -> str:
     extra = "" if caching is None else (", prefix caching" if caching else ", no prefix caching")
     mode = vllm_mode or c.configurations_label
     profiled = ", under cProfile (slowed: where the time goes, not capacity)" if c.engine_profile_dir else ""
-    return f"{folder}: {c.seam}{f' {mode}' if mode else ''}{extra}{profiled}"
+    # a `dvc exp run -S` other than the profile: the row is not what params.yaml asks for
+    changed = {k: v for k, v in (artifact.provenance.params_changed or {}).items() if k != "profile"}
+    deviated = "".join(f", run with `-S {k}={v}` (not params.yaml's)" for k, v in sorted(changed.items()))
+    return f"{folder}: {c.seam}{f' {mode}' if mode else ''}{extra}{profiled}{deviated}"
 
 
 def kernel_profiled(level: Any) -> str:

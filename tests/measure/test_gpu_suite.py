@@ -92,6 +92,14 @@ def test_the_audit_holds_gpu_figures_to_the_commit_whose_suite_passed(tmp_path):
     findings = [f for f in run_audit([str(folder)], tmp_path, report=False).findings if f.check == "gpu-suite"]
     assert [(Path(f.path).name, f.message.split(";")[0]) for f in findings] == [
         ("other_old.json", "measured at bbbbbbbbbbbb")]
+    speech = folder / "speech"  # a folder of its own stages: it stands on its profile's suite
+    speech.mkdir()
+    write_artifact(speech / "load_clip.json", same)
+    write_artifact(speech / "smoke_clip.json", older)
+    findings = [f for f in run_audit([str(folder)], tmp_path, report=False).findings if f.check == "gpu-suite"]
+    assert sorted((Path(f.path).name, f.message.split(";")[0]) for f in findings) == [
+        ("other_old.json", "measured at bbbbbbbbbbbb"), ("smoke_clip.json", "measured at bbbbbbbbbbbb")]
+    (speech / "smoke_clip.json").unlink()
     write_artifact(folder / "gpu_tests.json", _suite(tmp_path, "a" * 40, passed=False))
     messages = [f.message for f in run_audit([str(folder)], tmp_path, report=False).findings if f.check == "gpu-suite"]
     assert any(m.startswith("the GPU suite failed at aaaaaaaaaaaa: 1 failed") for m in messages)

@@ -81,6 +81,24 @@ def test_load_takes_its_section_under_older_names_and_its_flags_over_them(monkey
     assert (flagged.speakers, flagged.stagger_s, flagged.streams) == ([2], 0.1, ["smoke"])
 
 
+def test_one_level_may_be_a_yaml_number_and_a_bad_one_is_one_line(tmp_path):
+    """`speakers: 128` (what `dvc exp run -S ...speakers=128` writes) is one level, not a traceback."""
+    one = yaml.safe_load(yaml.safe_dump(PARAMS))
+    one["profiles"]["t"]["load"]["speakers"] = 128
+    path = tmp_path / "one.yaml"
+    path.write_text(yaml.safe_dump(one))
+    from alignatt.measure.capacity import LoadOptions
+    from alignatt.pipeline.params import stage_options
+
+    assert stage_options(LoadOptions, "load", {}, path, profile="t").speakers == [128]
+    one["profiles"]["t"]["load"]["speakers"] = {"a": 1}
+    path.write_text(yaml.safe_dump(one))
+    result = CliRunner().invoke(app, ["load", "--profile", "t", "--params", str(path)])
+    assert result.exit_code == 2 and result.stderr.startswith("error: bad profiles.t.load option speakers:"), \
+        result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
 def test_eval_reads_its_section_and_with_a_test_set_the_directions_section(monkeypatch, tmp_path, params):
     run = ("alignatt.evaluate.run", "run_eval")
     en_de = _options(monkeypatch, tmp_path, *run, ["eval", "--profile", "t", "--params", str(params)])

@@ -55,3 +55,16 @@ def test_a_label_that_differs_in_one_field_is_not_the_served_default():
     assert served_rows(load) == set()
     items = {i["what"]: i["result"] for i in headline(inputs_of(load))}
     assert items["Served configuration"] == "`fullgraph+settle2+process`, not measured in `outputs/h200/load.json`"
+
+
+def test_a_row_run_with_changed_parameters_says_so():
+    """`dvc exp run -S` beyond the profile measures what params.yaml does not ask for: the row names it."""
+    from alignatt.report.capacity import capacity_rows
+
+    load = relabelled("", "")
+    assert not any("run with `-S" in r["configuration"] for r in capacity_rows(inputs_of(load)))
+    changed = load.provenance.model_copy(update={"params_changed": {"profile": "h200",
+                                                                    "profiles.h200.load.speakers": "128"}})
+    rows = capacity_rows(inputs_of(load.model_copy(update={"provenance": changed})))
+    assert rows and all(r["configuration"].endswith(
+        "run with `-S profiles.h200.load.speakers=128` (not params.yaml's)") for r in rows)
