@@ -138,6 +138,7 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
                                   settle_buffer_tokens=settle)
             server = ServerThread(config, lambda r, h: _Borrowed(seam)).start()
         try:
+            talk_outputs = _talk_outputs(options, streams, presets, talks, driver_of, schedule, tail_models, tgt, tick)
             for preset in presets:
                 for tail_key in options.row_tails(options.tails):
                     tails = tail_models[tail_key]
@@ -164,8 +165,7 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
                                                         sentence_outputs["inprocess"], sentence_outputs[driver_name]))
                 for tail_key, segmentation in _longform_rows(options) if talks else []:
                     tails = tail_models[tail_key]
-                    outs = streams.map(lambda s, t: tick(talk_output(driver_of(s, preset), t, schedule, tails, tgt,
-                                                                      segmentation)), talks, [talk_id(t) for t in talks])
+                    outs = talk_outputs[preset, tail_key, segmentation]
                     rows.append(longform_row(talks, outs, preset, variant, "inprocess", label, ts, schedule,
                                               tails.kind, options.bootstrap, concurrency, tails.committed_wer,
                                               segmentation))
@@ -235,6 +235,28 @@ def _streams_to_replay(options: EvalOptions, presets: list[str], pairs: list[Tes
                   + (len(_longform_rows(options)) * len(talks) if talks else 0))
     return (len(presets) * per_preset + (len(pairs) if options.offline_baseline else 0)
             + len(options.load_levels) * len(pairs[:options.load_sentences]))
+
+
+def _talk_outputs(options: EvalOptions, streams, presets: list[str], talks: list[list[TestPair]], driver_of,
+                  schedule: Schedule, tail_models: dict[str, TailModel], tgt: str, tick) -> dict:
+    """Every long-form stream of the variant (preset x long-form row x talk) in one map, longest talks
+    first: {(preset, tail key, segmentation): outputs in talk order}. A talk is one long sequential
+    stream, so rows replayed one after another kept only a row's talks in flight (17 at once for
+    en-de, the engines nearly idle: 2.5 min a row on the H200); one map keeps `concurrency` in flight."""
+    jobs = [(preset, tail_key, segmentation, i) for preset in presets
+            for tail_key, segmentation in (_longform_rows(options) if talks else []) for i in range(len(talks))]
+    order = sorted(range(len(jobs)), key=lambda j: -sum(len(p.source_words) for p in talks[jobs[j][3]]))
+
+    def replay(seam, j: int):
+        preset, tail_key, segmentation, i = jobs[j]
+        return tick(talk_output(driver_of(seam, preset), talks[i], schedule, tail_models[tail_key], tgt, segmentation))
+
+    names = [f"{jobs[j][0]}/{jobs[j][1]}/{jobs[j][2]}/{talk_id(talks[jobs[j][3]])}" for j in order]
+    by_job = dict(zip(order, streams.map(replay, order, names)))
+    outputs: dict[tuple[str, str, str], list] = {}
+    for j, (preset, tail_key, segmentation, _) in enumerate(jobs):
+        outputs.setdefault((preset, tail_key, segmentation), []).append(by_job[j])
+    return outputs
 
 
 def _longform_rows(options: EvalOptions) -> list[tuple[str, str]]:

@@ -191,3 +191,29 @@ def test_under_load_rows_need_no_gold_row_of_their_own():
     assert [(r.role, r.tail) for r in artifact.rows] == [("quality", "none"), ("quality", "none"),
                                                          ("under_load", "gold")]
     assert not any(t.name == "engine-eval" for t in threading.enumerate())  # every scheduler ended
+
+
+def test_every_long_form_stream_of_a_variant_is_in_flight_together(monkeypatch):
+    """A talk is one long sequential stream: the long-form rows (preset x tail x talk) go through one
+    map, so `concurrency` of them draft at once, not one row's talks; the rows are what one stream at
+    a time gives."""
+    from alignatt.evaluate.shared_engine import ConcurrentStreams
+
+    maps = []
+    real_map = ConcurrentStreams.map
+
+    def recording_map(self, replay_one, items, names):
+        maps.append(list(names))
+        return real_map(self, replay_one, items, names)
+
+    monkeypatch.setattr(ConcurrentStreams, "map", recording_map)
+    options = {**OPTIONS, "presets": ["low_latency", "balanced"], "tails": ["gold"], "longform_tails": ["gold", "asr"],
+               "offline_baseline": False}
+    concurrent = run_eval(EvalOptions(**options, concurrency=8), None, seam_factory=lambda r, h: _batching_seam(),
+                          progress=lambda m: None)
+    talk_maps = [m for m in maps if all(n.count("/") == 3 for n in m)]
+    assert [len(m) for m in talk_maps] == [2 * 2 * 2]  # 2 presets x 2 tails x 2 talks, one map
+    sequential = run_eval(EvalOptions(**options, concurrency=1), None, seam_factory=lambda r, h: FakeSeam(),
+                          progress=lambda m: None)
+    assert [_replayed(r) for r in concurrent.rows] == [_replayed(r) for r in sequential.rows]
+    assert sum(r.form == "longform" for r in concurrent.rows) == 4
