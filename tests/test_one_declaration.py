@@ -22,6 +22,7 @@ NOT_FIELDS = {
     "soak": {"out"},
     # --profile, --params: the params profile whose section gives the options (pipeline/params.py:stage_options)
     "smoke": {"out", "profile", "params"},
+    "speech-e2e": {"out", "profile", "params"},
     # --section: which of the profile's sections (load or load_speech) --profile reads
     "load": {"out", "metrics", "plot", "profile", "params", "section"},
     "failover": {"out"},

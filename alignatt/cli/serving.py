@@ -1,5 +1,5 @@
-"""Commands that serve a model or measure one served: serve, smoke, load, soak, failover, replicas, eval,
-and deploy haproxy (the balancer's configuration)."""
+"""Commands that serve a model or measure one served: serve, smoke, speech-stream, speech-e2e, load, soak,
+failover, replicas, eval, and deploy haproxy (the balancer's configuration)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from alignatt.measure.failover import FailoverOptions
 from alignatt.measure.replicas import ReplicasOptions
 from alignatt.measure.smoke import SmokeOptions
 from alignatt.measure.soak import SoakOptions
+from alignatt.record.artifacts.speech import SpeechE2EOptions
 from alignatt.speech.recognise import RecogniserOptions
 from alignatt.serve.balancer import BalancerOptions
 from alignatt.serve.config import (SERVE_CONFIG_FIELDS, SERVE_LIMIT_FIELDS, SERVE_ROUTE_FIELDS, DirectionRoute,
@@ -106,6 +107,27 @@ def speech_stream_cmd(
                f"{r.get('real_time_factor')}, committed WER {r.get('wer_committed')} (live tail "
                f"{r.get('wer_tail')}), tail revised in "
                f"{(r.get('tail_revisions') or {}).get('revised_share')} of the steps that showed one")
+    typer.echo(f"wrote {out}")
+
+
+@app.command("speech-e2e")
+@model_options(SpeechE2EOptions)
+def speech_e2e_cmd(
+    out: str = typer.Option(None, help="where to write the speech_e2e artifact (default: runs/speech-e2e-<time>/)"),
+    profile: str = profile_option("`speech_e2e:`"),
+    params: str = params_option(),
+    **fields,
+) -> None:
+    """The user's path end to end: whisperlivekit-server hears a clip as PCM and asks `alignatt serve`; write the artifact."""
+    from alignatt.measure.speech_e2e import run_speech_e2e, summary_line
+    from alignatt.pipeline.params import stage_options
+
+    options = stage_options(SpeechE2EOptions, "speech_e2e", fields, params, profile, "speech-e2e option ")
+    check_served_model(options.model, options.seam)
+    out = scratch_out(out, "speech-e2e", "speech_e2e.json")
+    check_output(out)
+    artifact = run_speech_e2e(options, out)
+    typer.echo(summary_line(artifact))
     typer.echo(f"wrote {out}")
 
 

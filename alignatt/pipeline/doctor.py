@@ -196,15 +196,16 @@ def seam_gaps(seam: str, model: str, device: str) -> list[str]:
 
 def stage_sections() -> dict[str, tuple[type, Callable[..., dict]]]:
     """Each stage section of a profile: the options model of the command that reads it (`alignatt
-    smoke|load|eval --profile`) and how its flat knobs fold into that model's fields."""
+    smoke|load|eval|speech-e2e --profile`) and how its flat knobs fold into that model's fields."""
     from alignatt.evaluate.run import EvalOptions
     from alignatt.evaluate.tails import fold_tail_noise
     from alignatt.measure.capacity import LoadOptions
     from alignatt.measure.smoke import SmokeOptions
+    from alignatt.record.artifacts.speech import SpeechE2EOptions
 
     return {"smoke": (SmokeOptions, dict), "load": (LoadOptions, dict),
             "load_speech": (LoadOptions, dict), "eval": (EvalOptions, fold_tail_noise),
-            "eval_directions": (EvalOptions, fold_tail_noise)}
+            "eval_directions": (EvalOptions, fold_tail_noise), "speech_e2e": (SpeechE2EOptions, dict)}
 
 
 def check_stage_options(params: dict, profile: str | None = None) -> None:

@@ -3,8 +3,8 @@
 `profile:` selects one of `profiles:` (model, device, dtype, protocol overrides, a section of
 options per stage command); `bench:` holds the published protocol and `modes:` (one DVC stage per
 vLLM mode, with the seams it measures). `config_from_params` turns them into the `BenchConfig` of
-one stage; `stage_options` turns a profile's `smoke:`, `load:`, `eval:` or `eval_directions:`
-section into its command's options model, the command's own flags over it. Every stage command
+one stage; `stage_options` turns a profile's `smoke:`, `load:`, `eval:`, `eval_directions:` or
+`speech_e2e:` section into its command's options model, the command's own flags over it. Every stage command
 reads params.yaml itself (`--profile`): dvc.yaml splices no options into command lines.
 """
 
@@ -41,6 +41,8 @@ class Profile(BaseModel):
     eval: dict[str, Any] = Field(default_factory=dict)  # EvalOptions of `alignatt eval --profile` (en-de)
     # EvalOptions of the eval-direction stages (en-it, en-zh, cs-en: `alignatt eval --profile P --test-set <d>`)
     eval_directions: dict[str, Any] = Field(default_factory=dict)
+    # SpeechE2EOptions of `alignatt speech-e2e --profile`: WhisperLiveKit's own server in front of ours
+    speech_e2e: dict[str, Any] = Field(default_factory=dict)
     note: str = ""  # why the profile deviates from the protocol, shown in the methodology
     # seams that cannot run on this profile's machine by design (vllm_capture on a CPU): their
     # skip is expected; a bench stage where every *other* seam was skipped fails
@@ -148,7 +150,7 @@ def bench_config(
 # ---- a stage command's options: its profile section, the command's flags over it ---------------
 
 # the profile keys that are a command's options
-STAGE_SECTIONS = ("smoke", "load", "load_speech", "eval", "eval_directions")
+STAGE_SECTIONS = ("smoke", "load", "load_speech", "eval", "eval_directions", "speech_e2e")
 
 
 def section_knobs(prof: Profile, section: str) -> dict[str, Any]:

@@ -7,7 +7,8 @@ a local warm-up file (WhisperLiveKit's default warm-up downloads one), and `--tr
 alignatt` at our server. `Relay` sits between the two servers on loopback and keeps every protocol
 frame they exchange, so what WhisperLiveKit committed and what our server answered can be checked
 word by word. `feed_pcm` plays audio into WhisperLiveKit's `/asr` WebSocket as a browser does
-(16-bit PCM pieces, at a chosen speed) and keeps every message it shows.
+(16-bit PCM pieces, each sent once it would have been spoken, at a chosen speed) and keeps every
+message it shows. `alignatt speech-e2e` (measure/speech_e2e.py) runs the two servers and measures.
 """
 
 from __future__ import annotations
@@ -28,15 +29,20 @@ from alignatt.core.errors import AlignattError
 WLK_SERVER_HINT = "pip install 'alignatt[wlk-server]' and pip install --no-deps whisperlivekit==0.2.26"
 
 
-def wlk_server_command(port: int, alignatt_url: str, model_dir: Path, warmup_file: Path,
-                       source_lang: str = "en", target_lang: str = "de") -> list[str]:
-    """`whisperlivekit-server` as a user starts it in front of `alignatt serve` (no download: the
-    model is a local CTranslate2 directory, the warm-up a local file)."""
+def wlk_server_exe() -> str:
+    """`whisperlivekit-server` beside this interpreter (the venv's), else on PATH."""
     exe = shutil.which("whisperlivekit-server", path=str(Path(sys.executable).parent)) or shutil.which(
         "whisperlivekit-server")
     if exe is None:
         raise AlignattError(f"whisperlivekit-server is not installed: {WLK_SERVER_HINT}")
-    return [exe, "--host", "127.0.0.1", "--port", str(port),
+    return exe
+
+
+def wlk_server_command(port: int, alignatt_url: str, model_dir: Path, warmup_file: Path,
+                       source_lang: str = "en", target_lang: str = "de") -> list[str]:
+    """`whisperlivekit-server` as a user starts it in front of `alignatt serve` (no download: the
+    model is a local CTranslate2 directory, the warm-up a local file)."""
+    return [wlk_server_exe(), "--host", "127.0.0.1", "--port", str(port),
             "--backend", "faster-whisper", "--backend-policy", "localagreement",
             "--model_dir", str(model_dir), "--pcm-input", "--warmup-file", str(warmup_file),
             "--lan", source_lang, "--target-language", target_lang,
@@ -48,6 +54,7 @@ class Frame:
     t: float  # seconds since the relay started
     direction: str  # "up" (WhisperLiveKit -> alignatt) or "down"
     data: dict
+    connection: int = 0  # which of WhisperLiveKit's connections to the relay (a reconnect opens another)
 
 
 @dataclass
@@ -60,7 +67,8 @@ class Relay:
 
     def __post_init__(self) -> None:
         self._loop = asyncio.new_event_loop()
-        self._began = time.monotonic()
+        self.began = time.monotonic()  # the frames' clock starts here
+        self._connections = 0
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="wlk-relay", daemon=True)
 
@@ -78,23 +86,26 @@ class Relay:
     def url(self) -> str:
         return f"ws://127.0.0.1:{self.port}"
 
-    def _keep(self, direction: str, message) -> None:
+    def _keep(self, direction: str, message, connection: int) -> None:
         try:
-            self.frames.append(Frame(round(time.monotonic() - self._began, 3), direction, json.loads(message)))
+            self.frames.append(Frame(round(time.monotonic() - self.began, 3), direction, json.loads(message),
+                                     connection))
         except (TypeError, ValueError):
             pass
 
-    async def _pipe(self, source, sink, direction: str) -> None:
+    async def _pipe(self, source, sink, direction: str, connection: int) -> None:
         async for message in source:
-            self._keep(direction, message)
+            self._keep(direction, message, connection)
             await sink.send(message)
 
     async def _handle(self, client) -> None:
         from websockets.asyncio.client import connect
 
+        connection = self._connections
+        self._connections += 1
         async with connect(self.upstream, max_size=None) as server:
-            pipes = [asyncio.create_task(self._pipe(client, server, "up")),
-                     asyncio.create_task(self._pipe(server, client, "down"))]
+            pipes = [asyncio.create_task(self._pipe(client, server, "up", connection)),
+                     asyncio.create_task(self._pipe(server, client, "down", connection))]
             await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
             for p in pipes:
                 p.cancel()
@@ -117,39 +128,55 @@ def pcm16(audio: np.ndarray) -> bytes:
     return (np.clip(audio, -1.0, 1.0) * 32767).astype("<i2").tobytes()
 
 
-async def _feed(url: str, pcm: bytes, chunk_s: float, speed: float, timeout_s: float) -> list[dict]:
+@dataclass
+class Fed:
+    began: float  # time.monotonic() when the feed began (the audio's clock: 0 here)
+    shown: list[dict]  # every message WhisperLiveKit showed, `t`: seconds since `began`
+    wall_s: float  # `began` to WhisperLiveKit's ready_to_stop
+
+
+async def _feed(url: str, pcm: bytes, chunk_s: float, speed: float, timeout_s: float) -> Fed:
     from websockets.asyncio.client import connect
 
     shown: list[dict] = []
-    began = time.monotonic()
     step = int(chunk_s * 16000) * 2
     async with connect(url, max_size=None) as ws:
         config = json.loads(await ws.recv())
         if not config.get("useAudioWorklet"):
             raise AlignattError("WhisperLiveKit does not take PCM: start it with --pcm-input")
+        began = time.monotonic()
 
         async def send() -> None:
+            # a piece goes once its last sample would have been spoken (a microphone's pace), on a
+            # fixed schedule so that sending never drifts the audio's clock
             for i in range(0, len(pcm), step):
-                await ws.send(pcm[i:i + step])
-                await asyncio.sleep(chunk_s / speed)
+                piece = pcm[i:i + step]
+                await asyncio.sleep(max(0.0, began + (i + len(piece)) / 32000 / speed - time.monotonic()))
+                await ws.send(piece)
             await ws.send(b"")  # end of audio
 
         sender = asyncio.create_task(send())
         deadline = began + len(pcm) / 32000 / speed + timeout_s
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AlignattError(f"WhisperLiveKit did not finish within {timeout_s:.0f} s of the audio's end")
-            message = json.loads(await asyncio.wait_for(ws.recv(), left))
-            if message.get("type") == "ready_to_stop":
-                break
-            shown.append({"t": round(time.monotonic() - began, 3), **message})
-        await sender
-    return shown
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AlignattError(f"WhisperLiveKit did not finish within {timeout_s:.0f} s of the audio's end")
+                try:
+                    message = json.loads(await asyncio.wait_for(ws.recv(), left))
+                except asyncio.TimeoutError:
+                    continue  # the deadline says so above
+                if message.get("type") == "ready_to_stop":
+                    break
+                shown.append({"t": round(time.monotonic() - began, 3), **message})
+            await sender
+        finally:
+            sender.cancel()
+    return Fed(began, shown, round(time.monotonic() - began, 3))
 
 
 def feed_pcm(url: str, audio: np.ndarray, chunk_s: float = 0.5, speed: float = 1.0,
-             timeout_s: float = 120.0) -> list[dict]:
+             timeout_s: float = 120.0) -> Fed:
     """Play `audio` (16 kHz mono float32) into WhisperLiveKit's `/asr` at `speed` x real time; every
-    message it showed (the time since the first piece was sent as `t`) until it said `ready_to_stop`."""
+    message it showed until it said `ready_to_stop`."""
     return asyncio.run(_feed(url, pcm16(audio), chunk_s, speed, timeout_s))

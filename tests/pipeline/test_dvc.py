@@ -41,7 +41,7 @@ def test_stage_graph_and_outputs():
     spec = yaml.safe_load((ROOT / "dvc.yaml").read_text())
     stages = dvc(ROOT, "stage", "list", "--names-only").split()
     assert stages == ["env", "gpu-tests", "bench@eager", "bench@cudagraph", "bench@fullgraph", "smoke", "speech-smoke",
-                      "load", "load-speech", "eval", "eval-direction@cs-en", "eval-direction@en-zh", "eval-direction@en-it", "report"]
+                      "speech-e2e", "load", "load-speech", "eval", "eval-direction@cs-en", "eval-direction@en-zh", "eval-direction@en-it", "report"]
     for name, stage in spec["stages"].items():
         body = stage.get("do", stage)
         cmds = body["cmd"] if isinstance(body["cmd"], list) else [body["cmd"]]
@@ -58,7 +58,7 @@ def test_stage_graph_and_outputs():
     # env -> every measuring stage -> report (report depends on the whole outputs folder)
     edges = {line.strip().rstrip(";") for line in dvc(ROOT, "dag", "--dot", "report").splitlines()
              if "->" in line}
-    for stage in ("bench@eager", "bench@cudagraph", "bench@fullgraph", "smoke", "speech-smoke", "load", "load-speech", "eval",
+    for stage in ("bench@eager", "bench@cudagraph", "bench@fullgraph", "smoke", "speech-smoke", "speech-e2e", "load", "load-speech", "eval",
                   *(f"eval-direction@{d}" for d in ("en-it", "en-zh", "cs-en"))):
         assert f'"env" -> "{stage}"' in edges
         assert f'"gpu-tests" -> "{stage}"' in edges  # no measurement before the GPU suite's verdict
@@ -75,6 +75,7 @@ STAGE_ENTRY_MODULES = {
     "bench": ["alignatt.measure.bench", "alignatt.pipeline.params"],
     "smoke": ["alignatt.measure.smoke", "alignatt.pipeline.params"],
     "speech-smoke": ["alignatt.measure.smoke", "alignatt.pipeline.params"],
+    "speech-e2e": ["alignatt.measure.speech_e2e", "alignatt.pipeline.params"],
     "eval": ["alignatt.evaluate.run", "alignatt.evaluate.outputs", "alignatt.pipeline.params"],
     "eval-direction": ["alignatt.evaluate.run", "alignatt.evaluate.outputs", "alignatt.pipeline.params"],
     "load": ["alignatt.measure.capacity", "alignatt.pipeline.params"],

@@ -170,6 +170,7 @@ def test_the_doctor_checks_each_section_with_the_model_its_command_reads():
     group = {info.name: info.callback for info in app.registered_commands}
     for section, (model, _) in stage_sections().items():
         command = "eval" if section.startswith("eval") else section.removesuffix("_speech")  # load_speech: load
+        command = command.replace("_", "-")  # speech_e2e: speech-e2e
         knobs: CommandKnobs = group[command].alignatt_knobs
         assert model in {s.model for s in knobs.sources}, (section, command)
         assert {"profile", "params"} <= set(knobs.own), command
@@ -204,9 +205,9 @@ def test_each_stage_depends_on_the_profile_params_its_command_reads():
     the command's section (pipeline/params.py:section_knobs), or the whole profile."""
     for name, body, cmd in _stage_commands():
         command = re.search(r"\balignatt ([\w-]+)", cmd)[1]
-        if command not in ("smoke", "load", "eval"):
+        if command not in ("smoke", "load", "eval", "speech-e2e"):
             continue
-        section = "eval_directions" if command == "eval" and "--test-set" in cmd else command
+        section = "eval_directions" if command == "eval" and "--test-set" in cmd else command.replace("-", "_")
         section = re.search(r"--section (\w+)", cmd)[1] if "--section " in cmd else section  # load's load_speech
         params = body["params"]
         if "profiles.${profile}" in params:

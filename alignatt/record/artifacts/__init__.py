@@ -22,6 +22,8 @@ from alignatt.record.artifacts.load import (BalancerRtt, CaptureCostRow, Failove
                                             SoakArtifact, SoakRecord, LoadRecord, VerifyEquality)
 from alignatt.record.artifacts.options import (EvalKnobs, FailoverOptions, LoadKnobs, ReplicasOptions,
                                               ServedModelOptions, ServersUnderFaults, SmokeOptions, SoakOptions)
+from alignatt.record.artifacts.speech import (CAPTION_DELAY, E2EClip, E2EServed, E2EWord, SpeechE2EArtifact,
+                                             SpeechE2EOptions)
 from alignatt.record.artifacts.suite import GpuTestCase, GpuTestsArtifact, measured_on_gpu
 from alignatt.record.digest import sha256_file
 
@@ -35,17 +37,19 @@ __all__ = [  # the schema's public names, wherever they are defined
     "TailDescription", "CaptureCostRow",
     "FailoverArtifact", "FailoverSession", "ReplicasArtifact", "BalancerRtt", "LoadArtifact", "LoadEngine", "LoadLevel", "LoadVerification", "VerifyEquality",
     "SoakArtifact", "GpuTestCase", "GpuTestsArtifact", "measured_on_gpu", "Artifact", "AnyArtifact",
+    "CAPTION_DELAY", "E2EClip", "E2EServed", "E2EWord", "SpeechE2EArtifact", "SpeechE2EOptions",
     "parse_artifact", "sha256_file", "load_json", "load_artifact", "validation_line", "artifact_json", "env_artifact",
     "fingerprint_artifact", "measurement_artifact", "write_artifact",
 ]
 
 Artifact = Annotated[
     Union[EnvArtifact, FingerprintArtifact, BenchArtifact, ServerSmokeArtifact, MeasurementArtifact, SoakArtifact,
-          EvalArtifact, LoadArtifact, GpuTestsArtifact, FailoverArtifact, ReplicasArtifact],
+          EvalArtifact, LoadArtifact, GpuTestsArtifact, FailoverArtifact, ReplicasArtifact, SpeechE2EArtifact],
     Field(discriminator="kind"),
 ]
 AnyArtifact = Union[EnvArtifact, FingerprintArtifact, BenchArtifact, ServerSmokeArtifact, MeasurementArtifact,
-                    SoakArtifact, EvalArtifact, LoadArtifact, GpuTestsArtifact, FailoverArtifact, ReplicasArtifact]
+                    SoakArtifact, EvalArtifact, LoadArtifact, GpuTestsArtifact, FailoverArtifact, ReplicasArtifact,
+                    SpeechE2EArtifact]
 _ARTIFACT = TypeAdapter(Artifact)
 
 
