@@ -118,7 +118,7 @@ def speech_e2e_cmd(
     params: str = params_option(),
     **fields,
 ) -> None:
-    """The user's path end to end: whisperlivekit-server hears a clip as PCM and asks `alignatt serve`; write the artifact."""
+    """The user's path end to end: whisperlivekit-server hears a clip, asks `alignatt serve`; the artifact."""
     from alignatt.measure.speech_e2e import run_speech_e2e, summary_line
     from alignatt.pipeline.params import stage_options
 

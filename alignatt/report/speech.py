@@ -1,4 +1,5 @@
-"""The page's "Real speech" section: smokes replayed on recognised streams (`--stream speech:<clip>`).
+"""The page's "Real speech" section: smokes replayed on recognised streams (`--stream speech:<clip>`),
+and the user's path end to end (`alignatt speech-e2e`: WhisperLiveKit's own server in front of ours).
 
 Per speech stream, from its smoke artifact: what the recogniser did (committed WER where the clip
 ships a transcript and the live tail's beside it, `alignatt/speech/recognise.py:tail_wer`; the
@@ -97,9 +98,47 @@ def seeded_levels(inputs: ReportInputs) -> list[dict[str, Any]]:
     return out
 
 
+def _ms(value: float | None) -> str:
+    return "—" if value is None else f"{value:.0f} ms"
+
+
+def _clock(speed: float) -> str:
+    """What the caption delay of a run at `speed` is: below 1x, the audio's clock, not a viewer's wait."""
+    if speed < 1:
+        return (f"fed at {speed:g}x: the delay is on the audio's clock (wall x {speed:g}), not what a live viewer "
+                "on that machine would wait")
+    return f"fed at {speed:g}x: the delay is what a live viewer waits"
+
+
+def e2e_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
+    """One row per `speech_e2e` artifact: WhisperLiveKit's own server in front of `alignatt serve`."""
+    from alignatt.report.rows import machine_of
+
+    rows = []
+    for rel, a in inputs.of_kind("speech_e2e"):
+        c = a.clip
+        retractions = a.source_retractions + a.transcript_retractions + a.translation_retractions
+        rows.append(dict(
+            date=a.provenance.date, machine=machine_of(a), source=rel, clip=c.name, seconds=c.seconds,
+            origin=c.package or "a user's file", licence=c.licence or "—", speed=a.config.speed,
+            clock=_clock(a.config.speed), wlk=a.whisperlivekit or "—", asr=a.config.asr_model,
+            served=f"{a.served.model} / {a.served.seam} on {a.served.device}",
+            translations=a.replies_with_committed_text, retractions=retractions,
+            covered=f"{a.committed_words - a.words_never_covered} / {a.committed_words}",
+            delay_p50=_s(a.caption_delay_s_p50), delay_p95=_s(a.caption_delay_s_p95),
+            rtt_p50=_ms(a.rtt_ms_p50), rtt_p95=_ms(a.rtt_ms_p95), errors=a.error_frames,
+            wer=_pct(a.wer_committed) if a.wer_committed is not None else (a.wer_reason or "—"),
+        ))
+    return sorted(rows, key=lambda r: (r["date"], r["source"]))
+
+
 def speech_section(inputs: ReportInputs) -> dict[str, Any]:
-    """The section's rows, the eval's seeded levels beside them, and what cannot be scored."""
-    return dict(rows=speech_rows(inputs), seeded=seeded_levels(inputs), no_references=NO_REFERENCES)
+    """The section's rows, the end-to-end runs, the eval's seeded levels beside them, and what cannot
+    be scored."""
+    from alignatt.record.artifacts import CAPTION_DELAY
+
+    return dict(rows=speech_rows(inputs), e2e=e2e_rows(inputs), e2e_delay=CAPTION_DELAY,
+                seeded=seeded_levels(inputs), no_references=NO_REFERENCES)
 
 
 def _timeline(a) -> dict[str, list[tuple[int, float]]] | None:

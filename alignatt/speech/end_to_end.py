@@ -154,7 +154,7 @@ def measure(frames: list[Frame], shown: list[dict], began_s: float, speed: float
     _, covered_at = word_times(events, speed)
     return EndToEnd(
         events=events, updates=updates, errors=errors,
-        words=[(w, end, covered_at.get(j)) for j, (w, end) in enumerate(words)],
+        words=[(w, end, None if j not in covered_at else round(covered_at[j], 3)) for j, (w, end) in enumerate(words)],
         rtt_ms=[e.rtt_ms for e in events if e.rtt_ms is not None],
         source_retractions=source_retractions([f for f in frames if f.t >= began_s]),
         transcript_retractions=transcript_retractions(shown),

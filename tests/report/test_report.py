@@ -289,6 +289,8 @@ KIND_SECTIONS = {
                   "## The GPU suite these figures stand on"),
     "failover": ("outputs/cpu/failover.json", "## Other measurements"),
     "replicas": ("outputs/cpu/replicas.json", "## Other measurements"),
+    "speech_e2e": ("tests/golden/speech_e2e.json",  # a CPU run of `alignatt speech-e2e --profile cpu`
+                   "## Real speech"),
 }
 UNIQUE_DATE = "2031-07-19"  # no fixture artifact is of this day: where it appears, the added one is shown
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
 import wave
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -67,6 +69,9 @@ def test_a_server_that_does_not_start_is_one_line_and_both_are_stopped(tmp_path,
                                       "--start-timeout-s", "60"])
     _one_line_error(result, "whisperlivekit-server exited (3) before listening: no model here")
     assert not out.exists()
+    log = Path(result.stderr.strip().rsplit("(log: ", 1)[1].rstrip(")"))
+    assert log.read_text().strip() == "no model here"  # the servers' logs are kept, and named
+    shutil.rmtree(log.parent)
     assert len(started) == 1 and started[0].process.poll() is not None  # alignatt serve stopped
     import os
 

@@ -1,20 +1,16 @@
 """The user's path, end to end: the unmodified `whisperlivekit-server` (faster-whisper, LocalAgreement,
 the packaged tiny.en) hears a packaged clip through its own WebSocket and asks `alignatt serve`
-(the embedded model) for translations. Translations arrive, the committed transcript only grows,
-and every word WhisperLiveKit committed is covered by the final translation of its utterance.
+(the embedded model) for translations, run as `alignatt speech-e2e` runs it
+(`measure/speech_e2e.py:run_speech_e2e`). Translations arrive, committed text only grows, every
+word WhisperLiveKit committed is covered by a committed translation by the end, and each has its
+caption delay.
 
 On 2 CPU cores the recogniser and the MT model share the machine, so the audio is fed at half real
-time (SPEED); nothing is downloaded (the clip and tiny.en come from packages, the warm-up file is
-local, the hub is offline)."""
-
-import os
-import subprocess
-import sys
+time (SPEED, as params.yaml's cpu `speech_e2e:`): the caption delay is then on the audio's clock.
+Nothing is downloaded (the clip and tiny.en come from packages, the warm-up file is the clip, the
+hub is offline)."""
 
 import pytest
-
-from alignatt.measure.server_process import free_port, http_json
-from alignatt.speech.wlk_server import Relay, feed_pcm, wlk_server_command
 
 pytestmark = pytest.mark.slow
 
@@ -22,85 +18,32 @@ SPEED = 0.5  # x real time: two cores run both the recogniser and the MT model
 CLIP = "beckett"  # 10 s, six short sentences
 
 
-def _wait(process, log, port, path, what, seconds=240):
-    import time
-
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"{what} exited ({process.returncode}):\n{log.read_text()[-4000:]}")
-        try:
-            if http_json(port, path, timeout=2)[0] == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    pytest.fail(f"{what} did not answer {path} within {seconds} s")
-
-
-@pytest.fixture
-def servers(tmp_path):
+def test_a_clip_through_whisperlivekit_is_translated_word_by_word(tmp_path):
     pytest.importorskip("fastapi", reason="the wlk-server extra is not installed")
-    from alignatt.speech.clips import fetch
-    from alignatt.speech.recognise import model_dir
+    from alignatt.measure.speech_e2e import run_speech_e2e
+    from alignatt.record.artifacts import SpeechE2EOptions, load_artifact
+    from alignatt.speech.clips import CLIPS, transcript
 
-    clip = fetch(CLIP)
-    offline = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    env = {**offline, "XDG_CACHE_HOME": str(tmp_path / "cache")}  # WhisperLiveKit: an empty model cache
-    mt_port, wlk_port = free_port(), free_port()
-    logs = {name: tmp_path / f"{name}.log" for name in ("mt", "wlk")}  # files: a full pipe would block a server
-    with logs["mt"].open("w") as out:
-        mt = subprocess.Popen([sys.executable, "-m", "alignatt.cli", "serve", "--port", str(mt_port)],
-                              stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                              env=offline)  # the embedded model: alignatt's own cache, no hub
-    procs = [mt]
-    try:
-        _wait(mt, logs["mt"], mt_port, "/health", "alignatt serve")
-        with Relay(f"ws://127.0.0.1:{mt_port}") as relay:
-            with logs["wlk"].open("w") as out:
-                wlk = subprocess.Popen(wlk_server_command(wlk_port, relay.url, model_dir("tiny.en"), clip),
-                                       stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env,
-                                       cwd=tmp_path)
-            procs.append(wlk)
-            _wait(wlk, logs["wlk"], wlk_port, "/health", "whisperlivekit-server")
-            yield f"ws://127.0.0.1:{wlk_port}/asr", clip, relay
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+    out = tmp_path / "e2e.json"
+    written = run_speech_e2e(SpeechE2EOptions(clip=CLIP, speed=SPEED, chunk_s=0.5, timeout_s=180), out)
+    a = load_artifact(out)
+    assert a == written and a.kind == "speech_e2e"
+    assert a.clip.sha256 == CLIPS[CLIP].sha256 and a.clip.licence and abs(a.clip.seconds - CLIPS[CLIP].seconds) < 0.1
+    assert a.config.speed == SPEED and a.whisperlivekit and a.wlk_command[0].endswith("whisperlivekit-server")
 
-
-def test_a_clip_through_whisperlivekit_is_translated_word_by_word(servers):
-    from alignatt.speech.recognise import load_audio
-
-    url, clip, relay = servers
-    shown = feed_pcm(url, load_audio(clip), chunk_s=0.5, speed=SPEED, timeout_s=180)
-
-    # What a viewer saw: the committed transcript only grows, and translations arrive.
-    committed = ["".join(line.get("text") or "" for line in m.get("lines", [])) for m in shown]
-    assert committed[-1].strip(), "WhisperLiveKit committed nothing"
-    for before, after in zip(committed, committed[1:]):
-        assert after.startswith(before), f"committed text shrank: {before!r} -> {after!r}"
-    translated = [line.get("translation") for line in shown[-1]["lines"] if line.get("translation")]
-    assert translated, "no translation reached WhisperLiveKit's output"
-
-    # What the two servers said: every utterance WhisperLiveKit closed was answered, and its final
-    # translation covers every word it committed.
-    updates = {}
-    for f in relay.frames:
-        if f.direction == "up" and f.data.get("type") == "update":
-            updates[f.data["seq"]] = f.data
-    finals = [f.data for f in relay.frames if f.direction == "down" and f.data.get("type") == "translation"
-              and f.data.get("final")]
-    closed = [u for u in updates.values() if u["is_final"]]
-    assert closed and len(finals) == len(closed)
-    sent_words = sum(len(u["words"]) for u in closed)
-    assert sent_words >= 10  # "Ever tried. Ever failed. ..." heard as committed words
-    for reply in finals:
-        words = updates[reply["seq"]]["words"]
-        assert reply["covered_source_units"] == len(words), (words, reply)
-        assert reply["committed_text"].strip()
+    # translations arrived, at the two servers and in what WhisperLiveKit showed
+    assert a.replies_with_committed_text > 0 and a.shown_translations > 0
+    assert a.error_frames == 0 and a.finals > 0
+    # committed text only grew: the source WhisperLiveKit sent, its shown transcript, our translation
+    assert (a.source_retractions, a.transcript_retractions, a.translation_retractions) == (0, 0, 0)
+    # every committed word covered by the end, each with a caption delay
+    assert a.committed_words >= 10  # "Ever tried. Ever failed. ..." heard as committed words
+    assert a.words_never_covered == 0
+    assert all(w.covered_s is not None and w.covered_s >= w.end_s for w in a.words)
+    assert a.caption_delay_s_p50 is not None and 0 < a.caption_delay_s_p50 <= a.caption_delay_s_p95
+    assert a.rtt_ms_p50 is not None and a.rtt_ms_p50 > 0
+    # WER against the transcript where the clip's package ships one
+    if transcript(CLIP):
+        assert a.wer_committed is not None
+    else:
+        assert a.wer_committed is None and "no transcript" in a.wer_reason
