@@ -85,6 +85,7 @@ def _small(argv: list[str], tmp: Path) -> list[str] | None:
         ("load",): TINY + ["--speakers", "1", "--speed", "40"] + out,
         ("soak",): None,  # its warm-up visits every hostile case, minutes even for --minutes 0.05 (tests/measure)
         ("speech-stream",): ["--clip", "beckett"] + out,
+        ("speech-e2e",): None,  # two servers and a clip fed as PCM: minutes (tests/speech/test_wlk_server.py, slow)
         ("replicas",): None,  # three servers and HAProxy, a minute at least (tests/measure/test_replicas.py)
         ("deploy", "haproxy"): ["--out", str(tmp / "haproxy.cfg")],
         ("bench",): TINY + ["--seams", "hf_qk_fast", "--repeats", "1", "--warmup", "0", "--max-new-tokens", "2"] + out,
