@@ -138,7 +138,8 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
                                   settle_buffer_tokens=settle)
             server = ServerThread(config, lambda r, h: _Borrowed(seam)).start()
         try:
-            talk_outputs = _talk_outputs(options, streams, presets, talks, driver_of, schedule, tail_models, tgt, tick)
+            replayed = _inprocess_outputs(options, streams, presets, pairs, talks, driver_of, schedule, tail_models,
+                                          tgt, tick)
             for preset in presets:
                 for tail_key in options.row_tails(options.tails):
                     tails = tail_models[tail_key]
@@ -146,8 +147,7 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
                     sentence_outputs: dict[str, list[StreamOutput]] = {}
                     for driver_name in options.drivers:
                         if driver_name == "inprocess":
-                            outs = streams.map(lambda s, p: tick(sentence_output(driver_of(s, preset),
-                                                                                  p, schedule, tails, tgt)), pairs, pair_ids)
+                            outs = replayed[preset, tail_key]
                         else:  # through the server, one stream at a time
                             driver = (WebSocketDriver(server.url, preset, src, tgt) if driver_name == "websocket"
                                       else WlkDriver(server, preset, src, tgt, schedule.words_per_second))
@@ -165,7 +165,7 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
                                                         sentence_outputs["inprocess"], sentence_outputs[driver_name]))
                 for tail_key, segmentation in _longform_rows(options) if talks else []:
                     tails = tail_models[tail_key]
-                    outs = talk_outputs[preset, tail_key, segmentation]
+                    outs = replayed[preset, tail_key, segmentation]
                     rows.append(longform_row(talks, outs, preset, variant, "inprocess", label, ts, schedule,
                                               tails.kind, options.bootstrap, concurrency, tails.committed_wer,
                                               segmentation))
@@ -237,26 +237,40 @@ def _streams_to_replay(options: EvalOptions, presets: list[str], pairs: list[Tes
             + len(options.load_levels) * len(pairs[:options.load_sentences]))
 
 
-def _talk_outputs(options: EvalOptions, streams, presets: list[str], talks: list[list[TestPair]], driver_of,
-                  schedule: Schedule, tail_models: dict[str, TailModel], tgt: str, tick) -> dict:
-    """Every long-form stream of the variant (preset x long-form row x talk) in one map, longest talks
-    first: {(preset, tail key, segmentation): outputs in talk order}. A talk is one long sequential
-    stream, so rows replayed one after another kept only a row's talks in flight (17 at once for
-    en-de, the engines nearly idle: 2.5 min a row on the H200); one map keeps `concurrency` in flight."""
-    jobs = [(preset, tail_key, segmentation, i) for preset in presets
-            for tail_key, segmentation in (_longform_rows(options) if talks else []) for i in range(len(talks))]
-    order = sorted(range(len(jobs)), key=lambda j: -sum(len(p.source_words) for p in talks[jobs[j][3]]))
+def _inprocess_outputs(options: EvalOptions, streams, presets: list[str], pairs: list[TestPair],
+                       talks: list[list[TestPair]], driver_of, schedule: Schedule, tail_models: dict[str, TailModel],
+                       tgt: str, tick) -> dict:
+    """Every in-process stream of the variant's rows in one map, longest first: {(preset, tail key):
+    sentence outputs in pair order, (preset, tail key, segmentation): talk outputs in talk order}.
+    A talk is one long sequential stream: rows replayed one after another kept only a row's talks in
+    flight (17 at once for en-de, the engines nearly idle: 2.5 min a long-form row on the H200, 32
+    min for the eval), and each row ended on its slowest stream. In one map `concurrency` streams
+    are in flight until the last, the talks first and the sentences filling the other places."""
+    jobs = [((preset, tail_key), pair) for preset in presets if "inprocess" in options.drivers
+            for tail_key in options.row_tails(options.tails) for pair in pairs]
+    jobs += [((preset, tail_key, segmentation), talk) for preset in presets
+             for tail_key, segmentation in (_longform_rows(options) if talks else []) for talk in talks]
+    order = sorted(range(len(jobs)), key=lambda j: -_words(jobs[j][1]))
 
     def replay(seam, j: int):
-        preset, tail_key, segmentation, i = jobs[j]
-        return tick(talk_output(driver_of(seam, preset), talks[i], schedule, tail_models[tail_key], tgt, segmentation))
+        key, item = jobs[j]
+        driver, tails = driver_of(seam, key[0]), tail_models[key[1]]
+        if len(key) == 2:
+            return tick(sentence_output(driver, item, schedule, tails, tgt))
+        return tick(talk_output(driver, item, schedule, tails, tgt, key[2]))
 
-    names = [f"{jobs[j][0]}/{jobs[j][1]}/{jobs[j][2]}/{talk_id(talks[jobs[j][3]])}" for j in order]
+    names = ["/".join(jobs[j][0]) + "/" + (talk_id(jobs[j][1]) if len(jobs[j][0]) == 3 else str(jobs[j][1].id))
+             for j in order]
     by_job = dict(zip(order, streams.map(replay, order, names)))
-    outputs: dict[tuple[str, str, str], list] = {}
-    for j, (preset, tail_key, segmentation, _) in enumerate(jobs):
-        outputs.setdefault((preset, tail_key, segmentation), []).append(by_job[j])
+    outputs: dict[tuple[str, ...], list] = {}
+    for j, (key, _) in enumerate(jobs):
+        outputs.setdefault(key, []).append(by_job[j])
     return outputs
+
+
+def _words(item) -> int:
+    """A stream's source words: a pair's, or a talk's (its pairs')."""
+    return sum(len(p.source_words) for p in item) if isinstance(item, list) else len(item.source_words)
 
 
 def _longform_rows(options: EvalOptions) -> list[tuple[str, str]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from pathlib import Path
 
@@ -88,7 +89,9 @@ def test_a_failing_draft_fails_the_eval_in_one_line_and_writes_nothing(tmp_path)
     with pytest.raises(AlignattError) as failed:
         _eval(CONCURRENCY, seam, out)
     message = str(failed.value)
-    assert message.startswith("stream en-de:") and "RuntimeError: fake engine failure" in message, message
+    # the stream named by its row (preset/tail[/segmentation]) and its sentence or talk ids
+    assert re.match(r"stream balanced/\S*en-de:\d+\S* failed", message), message
+    assert "RuntimeError: fake engine failure" in message, message
     assert "\n" not in message
     assert not out.exists() and list(tmp_path.iterdir()) == []
     assert seam.closed_on is not None and not any(t.name == "engine-eval" for t in threading.enumerate())
@@ -193,10 +196,10 @@ def test_under_load_rows_need_no_gold_row_of_their_own():
     assert not any(t.name == "engine-eval" for t in threading.enumerate())  # every scheduler ended
 
 
-def test_every_long_form_stream_of_a_variant_is_in_flight_together(monkeypatch):
-    """A talk is one long sequential stream: the long-form rows (preset x tail x talk) go through one
-    map, so `concurrency` of them draft at once, not one row's talks; the rows are what one stream at
-    a time gives."""
+def test_every_in_process_stream_of_a_variant_is_in_flight_together(monkeypatch):
+    """A talk is one long sequential stream: the rows' streams (preset x tail x sentence or talk) go
+    through one map, talks first, so `concurrency` of them draft at once, not one row's; the rows are
+    what one stream at a time gives."""
     from alignatt.evaluate.shared_engine import ConcurrentStreams
 
     maps = []
@@ -211,8 +214,12 @@ def test_every_long_form_stream_of_a_variant_is_in_flight_together(monkeypatch):
                "offline_baseline": False}
     concurrent = run_eval(EvalOptions(**options, concurrency=8), None, seam_factory=lambda r, h: _batching_seam(),
                           progress=lambda m: None)
-    talk_maps = [m for m in maps if all(n.count("/") == 3 for n in m)]
-    assert [len(m) for m in talk_maps] == [2 * 2 * 2]  # 2 presets x 2 tails x 2 talks, one map
+    rows_map = [m for m in maps if any(n.count("/") == 3 for n in m)]
+    assert len(rows_map) == 1, maps
+    talks, sentences = [n for n in rows_map[0] if n.count("/") == 3], [n for n in rows_map[0] if n.count("/") == 2]
+    assert len(talks) == 2 * 2 * 2  # 2 presets x 2 long-form tails x 2 talks
+    assert len(sentences) == 2 * OPTIONS["limit"]  # 2 presets x the gold tail x every sentence
+    assert rows_map[0][:len(talks)] == talks  # the longest streams first
     sequential = run_eval(EvalOptions(**options, concurrency=1), None, seam_factory=lambda r, h: FakeSeam(),
                           progress=lambda m: None)
     assert [_replayed(r) for r in concurrent.rows] == [_replayed(r) for r in sequential.rows]
