@@ -171,6 +171,8 @@ def _version(package: str) -> str | None:
 
 def run_speech_e2e(options: SpeechE2EOptions, out: str | Path) -> SpeechE2EArtifact:
     """Run the path once and write its artifact to `out` (atomically; nothing on failure)."""
+    from websockets.exceptions import WebSocketException
+
     from alignatt.record.artifacts import ARTIFACT_SCHEMA_VERSION, write_artifact
     from alignatt.record.provenance import collect_provenance, model_identity
     from alignatt.speech.end_to_end import measure
@@ -184,7 +186,11 @@ def run_speech_e2e(options: SpeechE2EOptions, out: str | Path) -> SpeechE2EArtif
     facts = clip.facts.model_copy(update={"seconds": round(len(audio) / SAMPLE_RATE, 3)})
     workdir = Path(tempfile.mkdtemp(prefix="alignatt-speech-e2e-"))  # the servers' logs: kept on failure
     with running_servers(options, clip.path, workdir) as servers:
-        fed = feed_pcm(servers.asr_url, audio, options.chunk_s, options.speed, options.timeout_s)
+        try:
+            fed = feed_pcm(servers.asr_url, audio, options.chunk_s, options.speed, options.timeout_s)
+        except (AlignattError, OSError, WebSocketException) as e:  # e.g. WhisperLiveKit closed on us
+            said = str(e) if isinstance(e, AlignattError) else f"feeding WhisperLiveKit failed: {type(e).__name__}: {e}"
+            raise AlignattError(f"{said} (the servers' logs: {workdir})") from None
         frames = list(servers.relay.frames)
     run = measure(frames, fed.shown, fed.began - servers.relay.began, options.speed)
     words = [w for w, _, _ in run.words]

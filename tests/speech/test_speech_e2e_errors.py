@@ -77,3 +77,23 @@ def test_a_server_that_does_not_start_is_one_line_and_both_are_stopped(tmp_path,
 
     with pytest.raises(ProcessLookupError):
         os.killpg(started[0].process.pid, 0)  # nothing of its group is left
+
+
+def test_a_whisperlivekit_that_goes_away_mid_run_is_one_line_naming_the_logs(tmp_path, monkeypatch):
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    from alignatt.measure import speech_e2e
+    from alignatt.measure.server_process import free_port
+
+    @contextmanager
+    def gone(options, warmup, workdir):  # noqa: ANN001, ANN202 - servers that listened, then went away
+        yield speech_e2e.Servers(f"ws://127.0.0.1:{free_port()}/asr", SimpleNamespace(frames=[], began=0.0), [],
+                                 None)
+
+    monkeypatch.setattr(speech_e2e, "running_servers", gone)
+    out = tmp_path / "e2e.json"
+    result = CliRunner().invoke(app, ["speech-e2e", "--clip", str(_wav(tmp_path / "a.wav")), "--out", str(out)])
+    _one_line_error(result, "feeding WhisperLiveKit failed: ConnectionRefusedError")
+    assert "(the servers' logs: " in result.stderr and not out.exists()
+    shutil.rmtree(result.stderr.strip().rsplit("(the servers' logs: ", 1)[1].rstrip(")"))
