@@ -196,12 +196,13 @@ FAKE_ENV = {
 }
 
 
-SERVER_STAGES = ("smoke", "speech-smoke", "load", "load-speech", "eval", "eval-direction")
+SERVER_STAGES = ("smoke", "speech-smoke", "speech-e2e", "load", "load-speech", "eval", "eval-direction")
 
 
 def _bench_and_report_only(project: Path) -> None:
-    """The server stages need the real model (minutes on 2 cores; tests/test_smoke*, test_load*
-    and test_eval* cover them): the incremental behaviour is shown on bench and report."""
+    """The server stages need the real model (minutes on 2 cores; tests/test_smoke*, test_load*,
+    test_eval* and tests/speech/test_wlk_server.py cover them): the incremental behaviour is shown
+    on bench and report."""
     spec = yaml.safe_load((project / "dvc.yaml").read_text())
     for stage in SERVER_STAGES:
         del spec["stages"][stage]
