@@ -63,6 +63,9 @@ def speech_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
         joined = clip.get("joined") or []
         rows.append(dict(
             date=a.provenance.date, machine=machine_of(a), source=rel, stream=a.config.stream,
+            # random weights align nothing: a viewer would not wait what such a row says
+            model=a.config.model + (" (synthetic weights: its alignment is random, so are its delays)"
+                                    if a.provenance.synthetic_weights else ""),
             clip=clip.get("package") or clip.get("path") or _joined(joined),
             licence=clip.get("licence") or ", ".join(sorted({p.get("licence") for p in joined})) or "—",
             asr=f"faster-whisper {speech.get('asr_model')}", rtf=speech.get("real_time_factor"),

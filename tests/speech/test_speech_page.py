@@ -41,6 +41,8 @@ def test_a_speech_smoke_makes_a_row_and_a_timeline(tmp_path):
     assert row["wer_tail"].endswith(" %") and row["wer_tail"] != row["wer"]  # the live tail's, beside it
     assert row["delay_p50"].endswith(" s") and row["erasure"] != "—" and row["tail_revised"].endswith("%")
     assert section["no_references"] == NO_REFERENCES and "without references" in NO_REFERENCES
+    # random weights align nothing: the row says whose delays these are
+    assert row["model"] == "gemma4-e4b-synthetic (synthetic weights: its alignment is random, so are its delays)"
     [figure] = speech_timeline(inputs)
     assert figure.kind == "speech" and figure.name == "speech_timeline_cpu_speech_smoke"
     for label in ("word ends in the audio", "recogniser commits it", "translation first shown",
