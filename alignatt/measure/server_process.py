@@ -37,6 +37,18 @@ def http_json(port: int, path: str, timeout: float = 5.0) -> tuple[int, dict]:
         return e.code, json.loads(e.read())
 
 
+def kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL a process's group (a server and the engine processes it started), then reap it."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
 class ServerProcess:
     """A server listening on `config["port"]` (a ServerConfig as JSON data), started and waited for."""
 
@@ -89,11 +101,7 @@ class ServerProcess:
 
     def kill(self) -> None:
         """SIGKILL the server and its engine processes (its process group)."""
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.process.wait(10)
+        kill_group(self.process)
 
     def stop(self) -> None:
         if self.process.poll() is None:

@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Iterator
 
 from alignatt.core.errors import AlignattError
-from alignatt.measure.server_process import ServerProcess, free_port, http_json
+from alignatt.measure.server_process import ServerProcess, free_port, http_json, kill_group
 from alignatt.measure.smoke import percentile
 from alignatt.record.artifacts.speech import E2EClip, E2EServed, E2EWord, SpeechE2EArtifact, SpeechE2EOptions
+from alignatt.speech.recognise import SAMPLE_RATE
 
-SAMPLE_RATE = 16000
 # the offline environment both servers run in: nothing from the hub
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
@@ -97,18 +97,7 @@ def _stop_group(process: subprocess.Popen, seconds: float = 20.0) -> None:
         pass
     except subprocess.TimeoutExpired:
         pass
-    _kill_group(process)
-
-
-def _kill_group(process: subprocess.Popen) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        pass
+    kill_group(process)
 
 
 @dataclass
@@ -157,7 +146,7 @@ def running_servers(options: SpeechE2EOptions, warmup: Path, workdir: Path) -> I
             _stop_group(wlk)
         if mt is not None:
             mt.stop()  # SIGTERM: it drains and stops its engines; killed past a minute
-            _kill_group(mt.process)  # whatever of its process group is left
+            kill_group(mt.process)  # whatever of its process group is left
 
 
 def _version(package: str) -> str | None:

@@ -25,7 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from alignatt.core.errors import AlignattError
+from alignatt.speech.recognise import SAMPLE_RATE
 
+BYTES_PER_SAMPLE = 2  # s16le, what `--pcm-input` takes
 WLK_SERVER_HINT = "pip install 'alignatt[wlk-server]' and pip install --no-deps whisperlivekit==0.2.26"
 
 
@@ -139,7 +141,7 @@ async def _feed(url: str, pcm: bytes, chunk_s: float, speed: float, timeout_s: f
     from websockets.asyncio.client import connect
 
     shown: list[dict] = []
-    step = int(chunk_s * 16000) * 2
+    step = int(chunk_s * SAMPLE_RATE) * BYTES_PER_SAMPLE
     async with connect(url, max_size=None) as ws:
         config = json.loads(await ws.recv())
         if not config.get("useAudioWorklet"):
@@ -151,12 +153,12 @@ async def _feed(url: str, pcm: bytes, chunk_s: float, speed: float, timeout_s: f
             # fixed schedule so that sending never drifts the audio's clock
             for i in range(0, len(pcm), step):
                 piece = pcm[i:i + step]
-                await asyncio.sleep(max(0.0, began + (i + len(piece)) / 32000 / speed - time.monotonic()))
+                await asyncio.sleep(max(0.0, began + (i + len(piece)) / (SAMPLE_RATE * BYTES_PER_SAMPLE) / speed - time.monotonic()))
                 await ws.send(piece)
             await ws.send(b"")  # end of audio
 
         sender = asyncio.create_task(send())
-        deadline = began + len(pcm) / 32000 / speed + timeout_s
+        deadline = began + len(pcm) / (SAMPLE_RATE * BYTES_PER_SAMPLE) / speed + timeout_s
         try:
             while True:
                 left = deadline - time.monotonic()
