@@ -2,7 +2,8 @@
 # On the offline GPU host, once every chunk and SUMS are in one folder: check, unpack, install the
 # bundle ($PREFIX/site) and the wheels ($PREFIX/xsite) with no index, check out the carried commit
 # in $PREFIX/checkout as a git repository (DVC needs one; ALIGNATT_GIT_COMMIT names the real
-# commit), convert the embedded model once, and write $PREFIX/env.sh for later shells.
+# commit), put the speech clips in the alignatt cache, convert the embedded model once, and write
+# $PREFIX/env.sh for later shells.
 # Usage: bash unpack.sh CHUNK_DIR [PREFIX]   (chunk00 holds ctl/unpack.sh: `cat chunk* | tar -x` first)
 set -euo pipefail
 chunks="${1:?usage: unpack.sh CHUNK_DIR [PREFIX]}" prefix="${2:-/root}"
@@ -29,5 +30,7 @@ source "$prefix/env.sh"
 mkdir -p "$prefix/checkout" && cd "$prefix/checkout" && tar -xJf "$carry/src.tar.xz"
 python3 -m pip install -q --no-deps --no-build-isolation -e .
 git init -q && git add -A && git -c user.email=host@offline -c user.name=host commit -qm "$ALIGNATT_GIT_COMMIT"
+cache="$(python3 -c 'from alignatt.models.embedded import cache_dir; print(cache_dir())')"
+[ -d "$carry/clips" ] && mkdir -p "$cache" && cp -r "$carry/clips" "$cache/"  # re-checked by SHA-256 on use
 python3 -c "from alignatt.models.embedded import ensure_embedded_model as e; print('embedded model:', e())"
 alignatt doctor --profile h200
