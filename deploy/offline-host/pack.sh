@@ -14,7 +14,7 @@ git archive HEAD | xz -T0 -6 > "$stage/src.tar.xz"
 .venv/bin/python -m alignatt.speech.clips > /dev/null
 cp -r "${ALIGNATT_CACHE:-$HOME/.cache/alignatt}/clips" "$stage/clips"
 git rev-parse HEAD > "$stage/ctl/COMMIT"
-cp "$(dirname "$0")/unpack.sh" "$stage/ctl/"
+cp "$(dirname "$0")"/{unpack,stages,collect}.sh "$stage/ctl/"
 [ -n "${ALIGNATT_SIGNING_KEY:-}" ] && cp "$ALIGNATT_SIGNING_KEY" "$stage/ctl/signing_key"
 if command -v ssh-keygen >/dev/null; then  # for a host without OpenSSH: the binary and its non-libc libraries
   mkdir -p "$stage/ctl/lib"; cp "$(command -v ssh-keygen)" "$stage/ctl/"

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# On the GPU host, after unpack.sh: `dvc exp run -S profile=h200 -s STAGE` for each STAGE in order,
+# detached from the calling shell (a device call may return long before the stages end), each
+# stage's output in $LOGS/STAGE.log and one line per start and exit status in $LOGS/stages.log.
+# A failed stage does not stop the next. `-s`: each stage alone, without re-running the stages it
+# depends on (run gpu-tests first by naming it). Then `collect.sh`.
+# Usage: bash stages.sh STAGE...   (env: PREFIX=/root, LOGS=$PREFIX/logs)
+set -euo pipefail
+prefix="${PREFIX:-/root}" logs="${LOGS:-${PREFIX:-/root}/logs}"
+[ $# -gt 0 ] || { echo "usage: stages.sh STAGE..." >&2; exit 2; }
+mkdir -p "$logs"
+run() {
+  # shellcheck disable=SC1091
+  source "$prefix/env.sh"; cd "$prefix/checkout"
+  for stage in "$@"; do
+    echo "start $stage $(date -u +%T)" >> "$logs/stages.log"
+    rc=0; dvc exp run -S profile=h200 -s "$stage" > "$logs/$stage.log" 2>&1 || rc=$?
+    echo "exit $stage $rc $(date -u +%T)" >> "$logs/stages.log"
+  done
+  echo "done $(date -u +%T)" >> "$logs/stages.log"
+}
+export -f run; export prefix logs
+setsid nohup bash -c 'run "$@"' stages "$@" > "$logs/stages.out" 2>&1 < /dev/null &
+echo "started: $* (logs in $logs)"

@@ -1,0 +1,70 @@
+"""The offline GPU host's stage runner and collector (deploy/offline-host): stages run in order,
+detached, a failed one does not stop the next, and what comes back holds each artifact's run record
+with its signature, never a deleted path."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "deploy" / "offline-host"
+
+pytestmark = pytest.mark.skipif(shutil.which("git") is None or shutil.which("setsid") is None,
+                                reason="needs git and setsid")
+
+# stands in for DVC: writes an artifact and its run record's signature; the stage `bad` fails
+FAKE_DVC = """#!/bin/bash
+stage="${@: -1}"
+echo "$stage" > "outputs/h200/$stage.json"; echo sig > "outputs/run-records/$stage.intoto.jsonl.sig"
+[ "$stage" != bad ]
+"""
+
+
+def _host(tmp_path: Path) -> Path:
+    prefix = tmp_path / "host"
+    (prefix / "bin").mkdir(parents=True)
+    checkout = prefix / "checkout"
+    for d in ("outputs/h200", "outputs/run-records"):
+        (checkout / d).mkdir(parents=True)
+    (checkout / "outputs/h200/old.json").write_text("old")
+    (checkout / "outputs/h200/gone.json").write_text("gone")
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(["git", "init", "-q"], cwd=checkout, check=True)
+    subprocess.run(["git", "add", "-A"], cwd=checkout, check=True)
+    subprocess.run([*git, "commit", "-qm", "carried"], cwd=checkout, check=True)
+    (checkout / "outputs/h200/gone.json").unlink()  # a stage's out, removed before it runs
+    dvc = prefix / "bin" / "dvc"
+    dvc.write_text(FAKE_DVC)
+    dvc.chmod(0o755)
+    (prefix / "env.sh").write_text(f"export PATH={prefix / 'bin'}:$PATH\n")
+    return prefix
+
+
+def test_stages_run_in_order_detached_and_collect_brings_back_records_with_signatures(tmp_path):
+    prefix = _host(tmp_path)
+    env = {**os.environ, "PREFIX": str(prefix)}
+    subprocess.run(["bash", str(SCRIPTS / "stages.sh"), "bad", "good"], env=env, check=True)
+    log = prefix / "logs" / "stages.log"
+    for _ in range(100):
+        if log.exists() and "done" in log.read_text():
+            break
+        time.sleep(0.1)
+    lines = [line.split()[:-1] for line in log.read_text().splitlines()]  # less the time
+    assert lines[:4] == [["start", "bad"], ["exit", "bad", "1"], ["start", "good"], ["exit", "good", "0"]]
+    out = tmp_path / "back.tgz"
+    subprocess.run(["bash", str(SCRIPTS / "collect.sh"), str(out)], env=env, check=True, capture_output=True)
+    names = set(subprocess.run(["tar", "-tzf", str(out)], capture_output=True, text=True, check=True).stdout.split())
+    assert {"outputs/h200/good.json", "outputs/run-records/good.intoto.jsonl.sig", "outputs/h200/bad.json"} <= names
+    assert "outputs/h200/gone.json" not in names and "outputs/h200/old.json" not in names
+    assert any(n.endswith("logs/good.log") for n in names)
+
+
+def test_stages_without_a_stage_is_a_usage_error(tmp_path):
+    done = subprocess.run(["bash", str(SCRIPTS / "stages.sh")], env={**os.environ, "PREFIX": str(tmp_path)},
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "usage" in done.stderr
