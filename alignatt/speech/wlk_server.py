@@ -142,6 +142,7 @@ async def _feed(url: str, pcm: bytes, chunk_s: float, speed: float, timeout_s: f
 
     shown: list[dict] = []
     step = int(chunk_s * SAMPLE_RATE) * BYTES_PER_SAMPLE
+    bytes_per_s = SAMPLE_RATE * BYTES_PER_SAMPLE * speed  # the audio's clock, at `speed`
     async with connect(url, max_size=None) as ws:
         config = json.loads(await ws.recv())
         if not config.get("useAudioWorklet"):
@@ -153,12 +154,12 @@ async def _feed(url: str, pcm: bytes, chunk_s: float, speed: float, timeout_s: f
             # fixed schedule so that sending never drifts the audio's clock
             for i in range(0, len(pcm), step):
                 piece = pcm[i:i + step]
-                await asyncio.sleep(max(0.0, began + (i + len(piece)) / (SAMPLE_RATE * BYTES_PER_SAMPLE) / speed - time.monotonic()))
+                await asyncio.sleep(max(0.0, began + (i + len(piece)) / bytes_per_s - time.monotonic()))
                 await ws.send(piece)
             await ws.send(b"")  # end of audio
 
         sender = asyncio.create_task(send())
-        deadline = began + len(pcm) / (SAMPLE_RATE * BYTES_PER_SAMPLE) / speed + timeout_s
+        deadline = began + len(pcm) / bytes_per_s + timeout_s
         try:
             while True:
                 left = deadline - time.monotonic()
