@@ -1,5 +1,6 @@
 """Stand-in seams for engines in their own processes: a picklable factory, and a record of which
-process drafted what (one file per process, one line per draft: the request's first source word).
+process drafted what (one file per process that built a seam, one line per draft: the request's first
+source word).
 
 The route's `seam_options` configure it: `record_dir` (none: nothing is recorded), FakeSeam's `delay_s`, and
 `fail_word` (a draft whose source holds that word raises ValueError), `hang_word` (a draft whose
@@ -30,6 +31,8 @@ class RecordingSeam(FakeSeam):
                  slow_count_word: str = "", slow_count_s: float = 0.0, **options) -> None:
         super().__init__(heads=heads, **options)
         self.record = Path(record_dir) / f"{os.getpid()}.log" if record_dir else None
+        if self.record is not None:
+            self.record.touch()  # a process that built a seam is on record before it drafts (it may never)
         self.fail_word = fail_word
         self.hang_word = hang_word
         self.slow_count_word, self.slow_count_s = slow_count_word, slow_count_s
