@@ -176,6 +176,7 @@ def default_configurations(seam: str, device: str) -> list[LoadConfiguration]:
     return list(dict.fromkeys([served, served.model_copy(update={"settle_buffer_tokens": None})]))
 
 
-def is_served_default(label: str | None) -> bool:
-    """Whether a recorded label names the served default (by configuration, not by its text)."""
-    return LoadConfiguration.from_label(label) == served_default()
+def is_served_default(label: str | None, seam: str = VLLM_CAPTURE, device: str = "cuda") -> bool:
+    """Whether a recorded label names what `alignatt serve` serves by default on a route of this seam
+    and device (by configuration, not by its text): a CPU run's whole drafts are its served default."""
+    return LoadConfiguration.from_label(label) == served_configuration(seam, device)

@@ -173,7 +173,7 @@ def capacity_targets(inputs: ReportInputs) -> list[dict[str, Any]]:
                 level = next((lv for lv in a.levels if lv.vllm_mode == mode and lv.speakers == target["speakers"]), None)
                 ok, said = _judge(level, target) if level is not None else (None, ["not measured"])
                 rows.append(dict(date=a.provenance.date, configuration=configuration(rel, a, mode),
-                                 served=is_served_default(mode),
+                                 served=is_served_default(mode, a.config.seam, a.config.device),
                                  speakers=target["speakers"], verdict={True: "met", False: "missed", None: "—"}[ok],
                                  measured="; ".join(said)))
     return rows
@@ -241,7 +241,8 @@ def rtt_against_speakers(inputs: ReportInputs) -> list[Figure]:
         for lv in a.levels:
             key = lv.vllm_mode or ""
             s = series.setdefault(key, dict(label=configuration_words(a, lv.vllm_mode),
-                                            served=is_served_default(lv.vllm_mode), points=[]))
+                                            served=is_served_default(lv.vllm_mode, a.config.seam, a.config.device),
+                                            points=[]))
             s["points"].append(lv)
         if not series:
             continue

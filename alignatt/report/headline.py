@@ -42,16 +42,16 @@ def _headline_profile_file(inputs: ReportInputs, name: str) -> tuple[str, Any] |
 def _served_level(load: Any, speakers: int) -> Any:
     from alignatt.measure.load_configurations import is_served_default
 
-    return next((lv for lv in load.levels if is_served_default(lv.vllm_mode) and lv.speakers == speakers), None)
+    return next((lv for lv in load.levels if is_served_default(lv.vllm_mode, load.config.seam, load.config.device)
+                 and lv.speakers == speakers), None)
 
 
 def headline(inputs: ReportInputs) -> list[dict[str, str]]:
     """The opening results, as `what`, `result`, `stamp` (date, commit, machine) and `link`."""
-    from alignatt.measure.load_configurations import is_served_default, served_default_label
+    from alignatt.measure.load_configurations import is_served_default, served_configuration
     from alignatt.report.capacity import _judge, configuration_words
 
     items = []
-    served = served_default_label()
     capacity_link = anchor(CAPACITY_SECTION)
     found = _headline_profile_file(inputs, "load.json")
     if found is None:
@@ -59,10 +59,14 @@ def headline(inputs: ReportInputs) -> list[dict[str, str]]:
     else:
         rel, load = found
         stamp = _stamp(load)
-        measured = next((lv.vllm_mode for lv in load.levels if is_served_default(lv.vllm_mode)), None)
-        words = configuration_words(load, measured) if measured else None
-        items.append(dict(what="Served configuration", result=(f"{words} (`{served}`)" if words else
-                          f"`{served}`, not measured in `{rel}`"), stamp=stamp, link=capacity_link))
+        measured = next((lv for lv in load.levels
+                         if is_served_default(lv.vllm_mode, load.config.seam, load.config.device)), None)
+        served = served_configuration(load.config.seam, load.config.device).label()
+        named = f" (`{served}`)" if served else ""
+        items.append(dict(what="Served configuration",
+                          result=(f"{configuration_words(load, measured.vllm_mode)}{named}" if measured else
+                                  f"the served default{named}, not measured in `{rel}`"),
+                          stamp=stamp, link=capacity_link))
         streams = ", ".join(dict.fromkeys(s.rsplit("/", 1)[-1].removesuffix(".json")
                                           for lv in load.levels for s in lv.streams))
         verdicts = []

@@ -33,6 +33,16 @@ def test_the_served_row_is_found_by_configuration_not_by_its_text():
     assert not is_served_default(None) and not is_served_default("fullgraph+settle4+process")
 
 
+def test_the_served_row_depends_on_the_route_a_run_measured():
+    # `alignatt serve` on CPU (hf_qk_fast, the bare default) drafts whole in the server's process: a
+    # CPU load run's unlabelled configuration is what it serves, and the CUDA default's label is not
+    assert is_served_default(None, "hf_qk_fast", "cpu")
+    assert not is_served_default("fullgraph+settle2+process", "hf_qk_fast", "cpu")
+    assert is_served_default("fullgraph+settle2+process", "vllm_capture", "cuda:1")
+    # on CUDA only vllm_capture settles by default and has its engine in a process of its own
+    assert is_served_default(None, "hf_qk_fast", "cuda") and not is_served_default(None, "vllm_capture", "cuda")
+
+
 def test_whole_drafts_stay_one_option_away_and_cpu_routes_draft_whole():
     assert server_config(seam="vllm_capture", device="cuda", settle_buffer_tokens="none").settle_buffer_tokens is None
     assert server_config(seam="vllm_capture", device="cuda", settle_buffer_tokens="4").settle_buffer_tokens == 4
