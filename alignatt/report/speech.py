@@ -80,11 +80,28 @@ def speech_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (r["date"], r["source"]))
 
 
+def recognised_levels(inputs: ReportInputs) -> list[dict[str, Any]]:
+    """What a real recogniser did, per recognised stream with a transcript: the first smoke of it (a
+    stream's WER is the bundled recognition's, the same whichever machine replayed it)."""
+    out: dict[str, dict[str, Any]] = {}
+    for rel, a in sorted(speech_smokes(inputs), key=lambda t: t[0]):
+        speech = a.config.speech
+        if speech.get("wer_committed") is None or a.config.stream in out:
+            continue
+        out[a.config.stream] = dict(
+            source=rel, tail=f"recognised live (faster-whisper {speech.get('asr_model')}, `{a.config.stream}`)",
+            committed=f"{_pct(speech.get('wer_committed'))} (measured)",
+            errors=f"tail WER {_pct(speech.get('wer_tail'))} (prefix WER over the steps); tail revised at "
+                   f"{_pct((speech.get('tail_revisions') or {}).get('revised_share'))} of the steps")
+    return list(out.values())
+
+
 def seeded_levels(inputs: ReportInputs) -> list[dict[str, Any]]:
     """The ASR errors each eval seeded into its replay, per tail kind that seeds any: `noisy` (gold
     committed words, a tail redrawn with errors at every event) and `asr@<wer>` (committed words with
-    errors at a set WER, a tail that revises through early forms: `alignatt/evaluate/asr_errors.py`)."""
-    out = []
+    errors at a set WER, a tail that revises through early forms: `alignatt/evaluate/asr_errors.py`),
+    after the measured levels they stand for (`recognised_levels`)."""
+    out = recognised_levels(inputs)
     for rel, a in sorted(inputs.of_kind("eval"), key=lambda t: t[0]):
         for kind, tail in sorted((a.config.tail_descriptions or {}).items()):
             tail = tail.model_dump()

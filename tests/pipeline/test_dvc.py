@@ -40,8 +40,9 @@ def test_dvc_is_initialised_without_analytics():
 def test_stage_graph_and_outputs():
     spec = yaml.safe_load((ROOT / "dvc.yaml").read_text())
     stages = dvc(ROOT, "stage", "list", "--names-only").split()
-    assert stages == ["env", "gpu-tests", "bench@eager", "bench@cudagraph", "bench@fullgraph", "smoke", "speech-smoke",
-                      "speech-e2e", "load", "load-speech", "eval", "eval-direction@cs-en", "eval-direction@en-zh", "eval-direction@en-it", "report"]
+    assert stages == ["env", "gpu-tests", "bench@eager", "bench@cudagraph", "bench@fullgraph", "smoke",
+                      "speech-smoke@two_cities", "speech-smoke@phone_call", "speech-e2e", "load", "load-speech",
+                      "eval", "eval-direction@cs-en", "eval-direction@en-zh", "eval-direction@en-it", "report"]
     for name, stage in spec["stages"].items():
         body = stage.get("do", stage)
         cmds = body["cmd"] if isinstance(body["cmd"], list) else [body["cmd"]]
@@ -58,7 +59,8 @@ def test_stage_graph_and_outputs():
     # env -> every measuring stage -> report (report depends on the whole outputs folder)
     edges = {line.strip().rstrip(";") for line in dvc(ROOT, "dag", "--dot", "report").splitlines()
              if "->" in line}
-    for stage in ("bench@eager", "bench@cudagraph", "bench@fullgraph", "smoke", "speech-smoke", "speech-e2e", "load", "load-speech", "eval",
+    for stage in ("bench@eager", "bench@cudagraph", "bench@fullgraph", "smoke", "speech-smoke@two_cities",
+                  "speech-smoke@phone_call", "speech-e2e", "load", "load-speech", "eval",
                   *(f"eval-direction@{d}" for d in ("en-it", "en-zh", "cs-en"))):
         assert f'"env" -> "{stage}"' in edges
         assert f'"gpu-tests" -> "{stage}"' in edges  # no measurement before the GPU suite's verdict

@@ -54,7 +54,8 @@ def test_a_label_that_differs_in_one_field_is_not_the_served_default():
     load = relabelled("fullgraph+settle2+process", "fullgraph+settle4+process")
     assert served_rows(load) == set()
     items = {i["what"]: i["result"] for i in headline(inputs_of(load))}
-    assert items["Served configuration"] == "`fullgraph+settle2+process`, not measured in `outputs/h200/load.json`"
+    assert items["Served configuration"] == ("the served default (`fullgraph+settle2+process`), not measured in "
+                                             "`outputs/h200/load.json`")
 
 
 def test_a_row_run_with_changed_parameters_says_so():

@@ -43,6 +43,13 @@ def test_a_speech_smoke_makes_a_row_and_a_timeline(tmp_path):
     assert section["no_references"] == NO_REFERENCES and "without references" in NO_REFERENCES
     # random weights align nothing: the row says whose delays these are
     assert row["model"] == "gemma4-e4b-synthetic (synthetic weights: its alignment is random, so are its delays)"
+    # the recogniser's measured WER heads the table of the eval's seeded levels, once per stream
+    run_smoke(SmokeOptions(model="gemma4-e4b-synthetic", seam="fake", speed=20.0, client="native",
+                           stream="speech:phone_call"), tmp_path / "outputs" / "h200" / "speech_smoke.json",
+              seam_factory=FakeFactory())
+    [measured] = speech_section(collect_inputs(tmp_path, {"profile": "cpu"}))["seeded"]
+    assert measured["committed"] == "17.3 % (measured)" and measured["source"] == "outputs/cpu/speech_smoke.json"
+    assert "speech:phone_call" in measured["tail"] and measured["errors"].startswith(f"tail WER {row['wer_tail']}")
     [figure] = speech_timeline(inputs)
     assert figure.kind == "speech" and figure.name == "speech_timeline_cpu_speech_smoke"
     for label in ("word ends in the audio", "recogniser commits it", "translation first shown",
@@ -62,7 +69,8 @@ def test_the_evals_seeded_levels_stand_beside_the_measured_ones():
              "asr@0.15": {"tail": "asr", "asr_errors": {"committed_wer": 0.15, "p_tail_revise": 0.6, "tail_stages": 3}}}
     config = SimpleNamespace(tail_descriptions={kind: TailDescription.model_validate({**t, "description": kind})
                                                 for kind, t in tails.items()})  # as an EvalRecord holds them
-    inputs = SimpleNamespace(of_kind=lambda kind: [("outputs/cpu/eval.json", SimpleNamespace(config=config))])
+    inputs = SimpleNamespace(of_kind=lambda kind: [("outputs/cpu/eval.json", SimpleNamespace(config=config))],
+                             smokes=[])
     asr, noisy = seeded_levels(inputs)  # gold seeds nothing
     assert (noisy["tail"], noisy["committed"]) == ("noisy", "0.0 % (gold)") and "replaced 20.0 %" in noisy["errors"]
     assert (asr["tail"], asr["committed"]) == ("asr@0.15", "15.0 % (set)") and "60.0 %" in asr["errors"]
