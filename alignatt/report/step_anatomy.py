@@ -43,6 +43,8 @@ def step_anatomy_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
         rows.append(dict(
             row, missing=None, steps=s.steps, wall=f"{s.step_wall_ms:.2f}", busy=f"{s.gpu_busy_ms:.2f}",
             idle=f"{s.idle_ms:.2f}", parts="; ".join(f"{p} {ms:.2f}" for p, ms in parts) or "—",
+            host="—" if s.host_ms is None else f"{s.host_ms:.2f} / {s.gpu_wait_ms:.2f} / {s.between_steps_ms:.2f}",
+            host_ranges="; ".join(f"{name} {ms:.2f}" for name, ms in s.host_ranges_ms.items()) or "—",
             tokens=f"{s.tokens.get('prefill', 0) / s.steps:.0f} + {s.tokens.get('decode', 0) / s.steps:.0f}"
             if s.tokens else "—",
             bandwidth="—" if s.weights_gb_per_s is None else f"{s.weights_gb_per_s:.0f} GB/s ({_share(s.bandwidth_share)})",
@@ -65,12 +67,23 @@ def _drawn_parts(bars: list[tuple[str, StepAnatomy]]) -> list[str]:
             if any(s.parts_ms.get(p, 0.0) >= SMALL_SHARE * max(sum(s.parts_ms.values()), 1e-9) for _, s in bars)]
 
 
+HOST_PARTS = (("host work", "#555555", None), ("waiting on the GPU", "#BBBBBB", None),
+              ("between steps (engine loop)", "#FFFFFF", ".."))
+
+
+def _host_ms(s: StepAnatomy) -> list[float]:
+    return [s.host_ms, s.gpu_wait_ms, s.between_steps_ms]
+
+
 def step_anatomy_figure(inputs: ReportInputs) -> list[Figure]:
-    """One stacked bar per profiled engine: ms per step by part, then the idle time."""
+    """One stacked bar per profiled engine: ms per step by part, then the idle time; under it, where
+    the artifact has them, the engine thread's bar: host work, waiting on the GPU, between steps."""
     bars = [(f"{a.provenance.date} {lv.vllm_mode or a.config.seam}, {lv.speakers} speakers, engine {engine}", s)
             for _, a, lv, engine, s in _profiled(inputs) if isinstance(s, StepAnatomy)]
     if not bars:
         return []
+    rows = [row for label, s in bars for row in
+            ([(f"{label}: GPU", s, "gpu")] + ([("engine thread", s, "host")] if s.host_ms is not None else []))]
 
     def draw() -> Figure:
         from alignatt.report.capacity import OKABE_ITO
@@ -78,9 +91,21 @@ def step_anatomy_figure(inputs: ReportInputs) -> list[Figure]:
         drawn = _drawn_parts(bars)
         names = drawn + [SMALL, IDLE]
         colors = dict(zip(drawn, OKABE_ITO)) | {SMALL: "#999999"}
-        fig, ax = new_figure(7.5, 1.7 + 0.5 * len(bars))
-        for i, (_, s) in enumerate(bars):
+        fig, ax = new_figure(7.5, 1.7 + 0.5 * len(rows))
+        labelled: set[str] = set()
+
+        def segment(i: int, left: float, ms: float, name: str, color: str, hatch: str | None) -> float:
+            ax.barh(i, ms, left=left, color=color, edgecolor="#000000" if hatch else "none", hatch=hatch,
+                    linewidth=0.5, label=None if name in labelled else SHORT.get(name, name))
+            labelled.add(name)
+            return left + ms
+
+        for i, (_, s, kind) in enumerate(rows):
             left = 0.0
+            if kind == "host":
+                for (name, color, hatch), ms in zip(HOST_PARTS, _host_ms(s)):
+                    left = segment(i, left, ms, name, color, hatch)
+                continue
             for part in names:
                 if part == IDLE:
                     ms = s.idle_ms
@@ -88,15 +113,13 @@ def step_anatomy_figure(inputs: ReportInputs) -> list[Figure]:
                     ms = sum(v for p, v in s.parts_ms.items() if p not in drawn)
                 else:
                     ms = s.parts_ms.get(part, 0.0)
-                idle = part == IDLE
-                ax.barh(i, ms, left=left, color="#FFFFFF" if idle else colors[part],
-                        edgecolor="#000000" if idle else "none", hatch="//" if idle else None,
-                        linewidth=0.5, label=SHORT.get(part, part) if i == 0 else None)
-                left += ms
+                left = segment(i, left, ms, part, "#FFFFFF" if part == IDLE else colors[part],
+                               "//" if part == IDLE else None)
             if s.weight_read_floor_ms:
                 ax.plot([s.weight_read_floor_ms] * 2, [i - 0.4, i + 0.4], color="#000000", linewidth=1.5,
-                        label="weights read once at peak bandwidth" if i == 0 else None)
-        ax.set_yticks(range(len(bars)), [label for label, _ in bars], fontsize=7)
+                        label=None if "floor" in labelled else "weights read once at peak bandwidth")
+                labelled.add("floor")
+        ax.set_yticks(range(len(rows)), [label for label, _, _ in rows], fontsize=7)
         ax.invert_yaxis()
         ax.set_xlabel("ms per engine step", fontsize=8)
         ax.tick_params(labelsize=7)
@@ -105,7 +128,9 @@ def step_anatomy_figure(inputs: ReportInputs) -> list[Figure]:
                    "kernels sorted into parts by name, `alignatt/serve/step_anatomy.py`; parts under 5 % of the "
                    "GPU time drawn as one, each listed in the table; idle: the traced window's time that no "
                    "kernel or copy covers, between steps too), against the time the step's weights take to read "
-                   "once at the device's peak bandwidth (the black tick).")
+                   "once at the device's peak bandwidth (the black tick); under a GPU bar, where recorded, the "
+                   "engine thread's: host work, waiting on the GPU (CUDA synchronisation calls) and the engine "
+                   "loop's time between steps.")
         return Figure("step_anatomy", "load", "GPU step anatomy", caption, svg_text(fig))
 
     return [styled(draw)]

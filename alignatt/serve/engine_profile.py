@@ -71,6 +71,7 @@ class KernelWindow:
         if path is None:
             if self._profile is not None:
                 self._profile.__exit__(None, None, None)
+                self._host_scopes(False)
             self._profile = self._armed = None
             return Profiled(None, "")
         if self._armed is not None or self._profile is not None:
@@ -79,6 +80,12 @@ class KernelWindow:
             raise ValueError("a kernel profile needs at least one step")
         self._armed = (Path(path), steps)
         return Profiled(None, "")
+
+    def _host_scopes(self, on: bool) -> None:
+        """The seam's own host ranges in the trace while the window runs (a seam may have none)."""
+        switch = getattr(self._seam, "host_scopes", None)
+        if callable(switch):
+            switch(on)
 
     def _tokens(self) -> dict[str, int]:
         counts = getattr(self._seam, "step_token_counts", None)
@@ -97,6 +104,7 @@ class KernelWindow:
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
             self._profile = profile(activities=activities, record_shapes=False)
             self._profile.__enter__()
+            self._host_scopes(True)
             self._left = self._armed[1]
             self._tokens_before = self._tokens()
         with record_function(STEP_RANGE):
@@ -116,6 +124,7 @@ class KernelWindow:
 
         started = time.perf_counter()  # the engine does not step until the anatomy is written
         prof, (path, _), self._profile, self._armed = self._profile, self._armed, None, None
+        self._host_scopes(False)
         prof.__exit__(None, None, None)
         after = self._tokens()
         tokens = {k: after[k] - self._tokens_before.get(k, 0) for k in after}

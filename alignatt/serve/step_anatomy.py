@@ -5,6 +5,12 @@ replayed from CUDA graphs are traced too) and `anatomy` reduces the trace to wha
 artifact keeps: per step, the GPU time of each part, the idle time (the step's wall that no kernel
 or copy covers), the tokens the step computed, and the memory bandwidth and FLOP/s those imply.
 
+The host side of the same steps: the engine thread's time blocked in CUDA synchronisation calls
+(`SYNC_CALL`: vLLM's step ends waiting on its output copy's event) is its wait on the GPU; the
+rest of a step's wall is host work, and the time between two steps is the engine loop's own. While
+the window runs, vLLM's own host ranges are on (`gpu_model_runner: ...`, `schedule: ...`; the seam's
+`host_scopes`), so the host work is split by phase too.
+
 Kernels are sorted into parts by name (`PARTS`, first match wins), except the capture's own
 fetch, which runs inside an `alignatt.capture_fetch` range. Names are the stack's: vLLM's
 TRITON_ATTN backend (`kernel_unified_attention_2d` for steps with prefill, `_3d` + `reduce_segments`
@@ -22,6 +28,11 @@ from typing import Any, Iterable
 from alignatt.capture.names import FETCH_RANGE  # the range the vllm seam's fetch runs in
 
 STEP_RANGE = "alignatt.engine_step"  # the engine process's step, around the seam's step
+# CUDA runtime calls that block the calling thread until the GPU has caught up.
+SYNC_CALL = re.compile(r"^cuda(Event|Stream|Device)Synchronize$|^cudaMemcpy$")
+# vLLM's record_function scopes (vllm.v1.utils.record_function_or_nullcontext), when switched on.
+VLLM_SCOPE = re.compile(r"^(gpu_model_runner|schedule): ")
+HOST_RANGES_KEPT = 10
 
 # Ordered: the first pattern that matches a kernel's name names its part.
 PARTS: tuple[tuple[str, str], ...] = (
@@ -73,6 +84,39 @@ def _within(spans: list[tuple[float, float]], starts: list[float], a: float, b: 
     after another on the stream. A bisection, not a scan: a window holds ~10^5 kernels."""
     i = bisect.bisect_right(starts, a) - 1
     return i >= 0 and b <= spans[i][1]
+
+
+def _host_side(events: list[dict[str, Any]], steps: list[tuple[float, float]], n: int) -> dict[str, Any]:
+    """Per step, on the engine thread (the one whose step ranges these are): time blocked on the GPU,
+    host work (the rest of the step's wall), time between steps, and vLLM's host ranges by name."""
+    threads = {(e.get("pid"), e.get("tid")) for e in events
+               if e.get("name") == STEP_RANGE and e.get("cat") == "user_annotation"}
+    spans = sorted(steps)
+    starts = [a for a, _ in spans]
+
+    def inside(e: dict[str, Any]) -> float:
+        """The µs of event `e` inside the step that holds its start (0 outside every step)."""
+        a, b = e["ts"], e["ts"] + e["dur"]
+        i = bisect.bisect_right(starts, a) - 1
+        return max(0.0, min(b, spans[i][1]) - a) if i >= 0 and a < spans[i][1] else 0.0
+
+    wait_us, ranges = 0.0, {}
+    for e in events:
+        if "dur" not in e or (e.get("pid"), e.get("tid")) not in threads:
+            continue
+        name = e.get("name", "")
+        if e.get("cat") == "cuda_runtime" and SYNC_CALL.match(name):
+            wait_us += inside(e)
+        elif e.get("cat") == "user_annotation" and VLLM_SCOPE.match(name):
+            ranges[name] = ranges.get(name, 0.0) + inside(e)
+    wall_us = sum(b - a for a, b in spans)
+    return {
+        "gpu_wait_ms": round(wait_us / n / 1e3, 4),  # the engine thread blocked on the GPU, per step
+        "host_ms": round((wall_us - wait_us) / n / 1e3, 4),  # the rest of the step's wall: host work
+        "between_steps_ms": round((spans[-1][1] - spans[0][0] - wall_us) / n / 1e3, 4),  # the engine loop's own
+        "host_ranges_ms": {k: round(v / n / 1e3, 4)
+                           for k, v in sorted(ranges.items(), key=lambda kv: -kv[1])[:HOST_RANGES_KEPT]},
+    }
 
 
 def anatomy(events: list[dict[str, Any]], tokens: dict[str, int], weight_bytes: int | None,
@@ -148,6 +192,7 @@ def anatomy(events: list[dict[str, Any]], tokens: dict[str, int], weight_bytes: 
         out["tflops"] = round(tflops, 3) if tflops is not None else None
         if peak_tflops and tflops is not None:
             out["flops_share"] = round(tflops / peak_tflops, 4)
+    out.update(_host_side(events, steps, n))
     out["largest_part"] = max(ORDER, key=lambda p: by_part[p]) if busy else None
     out["peaks"] = {"bandwidth_gbs": peak_bandwidth_gbs, "tflops": peak_tflops}
     return out

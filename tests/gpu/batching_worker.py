@@ -43,6 +43,29 @@ def open_seam(spec: dict, **options):
                            kv_cache_memory_gib=spec["kv_cache_memory_gib"], **options)
 
 
+def kernel_window(seam, reqs, path: Path) -> dict[str, np.ndarray]:
+    """The requests in one batch again, under the engine process's kernel window (3 steps): its
+    anatomy's host side, and whether vLLM's scope function is back to what it was after it."""
+    import vllm.v1.utils as vllm_utils
+
+    from alignatt.serve.engine_profile import KernelWindow
+
+    before = vllm_utils._PROFILER_FUNC
+    window = KernelWindow(seam)
+    window.arm(str(path), 3)
+    for r in reqs:
+        seam.submit(r)
+    while seam.has_unfinished():
+        window.step(seam.step)
+    anatomy = json.loads(path.read_text())
+    return {"window_gpu_busy_ms": np.asarray(anatomy["gpu_busy_ms"]),
+            "window_gpu_wait_ms": np.asarray(anatomy["gpu_wait_ms"]),
+            "window_host_ms": np.asarray(anatomy["host_ms"]),
+            "window_step_wall_ms": np.asarray(anatomy["step_wall_ms"]),
+            "window_host_ranges": np.asarray(sorted(anatomy["host_ranges_ms"]) or [""]),
+            "window_scopes_restored": np.asarray(vllm_utils._PROFILER_FUNC is before)}
+
+
 def main(spec_path: str, out_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     seam = open_seam(spec, enable_prefix_caching=spec["prefix_caching"])
@@ -69,6 +92,7 @@ def main(spec_path: str, out_path: str) -> int:
                 out[f"{kind}_tokens_{i}"] = np.asarray([t.token_id for t in d.tokens])
                 out[f"{kind}_rows_{i}"] = np.stack([t.rows for t in d.tokens])
         seam.reconstruct = "batched"
+        out.update(kernel_window(seam, reqs, Path(out_path).with_suffix(".anatomy.json")))
         facts = seam.describe()
         out["cached_prompt_tokens"] = np.asarray(facts["cached_prompt_tokens"])
         out["prompt_tokens"] = np.asarray(facts["prompt_tokens"])

@@ -105,3 +105,13 @@ def test_requests_joining_a_running_batch_get_their_own_rows(workdir):
     for (t_a, r_a), (t_b, r_b) in zip(drafts(result, "alone"), drafts(result, "batch")):
         assert np.array_equal(t_a, t_b)
         assert_same_rows(r_a, r_b)
+
+
+def test_a_kernel_window_splits_the_step_into_host_work_and_gpu_wait_with_vllms_own_ranges(workdir):
+    result = run(workdir, "cudagraph", "bfloat16", True)
+    assert float(result["window_gpu_busy_ms"]) > 0 and float(result["window_gpu_wait_ms"]) > 0
+    assert float(result["window_host_ms"]) + float(result["window_gpu_wait_ms"]) == \
+        pytest.approx(float(result["window_step_wall_ms"]), abs=1e-3)
+    ranges = [str(r) for r in result["window_host_ranges"]]
+    assert any(r.startswith("gpu_model_runner: ") for r in ranges), ranges  # vLLM's scopes, on for the window
+    assert bool(result["window_scopes_restored"])  # and off again after it

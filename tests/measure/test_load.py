@@ -628,9 +628,14 @@ def test_a_kernel_profile_traces_each_engine_process_at_its_level(short_stream, 
     # no CUDA here: the steps are traced, no kernel is; the whole window is idle GPU time
     assert anatomy.steps == 3 and anatomy.gpu_busy_ms == 0 and anatomy.idle_ms > 0 and anatomy.device == "cpu"
     assert anatomy.write_s >= 0  # how long the engine stopped stepping to write it
+    # the engine thread's side: no CUDA to wait on, so the whole step is host work
+    assert anatomy.gpu_wait_ms == 0 and anatomy.host_ms == pytest.approx(anatomy.step_wall_ms, abs=1e-3)
+    assert anatomy.between_steps_ms >= 0 and anatomy.host_ranges_ms == {}  # the stand-in has no vLLM scopes
     text, figures = render_site(site)
     (row,) = [line for line in text.splitlines() if line.startswith("| ") and "fullgraph+process | 2 | 0 | 3 |" in line]
-    assert "step_anatomy" in [f.name for f in figures]
+    assert f"| {anatomy.host_ms:.2f} / 0.00 / {anatomy.between_steps_ms:.2f} | — |" in row
+    (figure,) = [f for f in figures if f.name == "step_anatomy"]
+    assert "engine thread" in figure.svg and "waiting on the GPU" in figure.svg
     too_long = run_load(options.model_copy(update={"kernel_profile_steps": 10**6}), None,
                         seam_factory=vllm_route_factory)
     (missing,) = too_long.levels[1].step_anatomy.values()

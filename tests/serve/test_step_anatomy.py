@@ -61,3 +61,91 @@ def test_a_trace_without_a_step_says_so():
 def test_peaks_come_from_the_device_table_or_not_at_all():
     assert device_peaks("NVIDIA H200") == (4800.0, 989.0)
     assert device_peaks("cpu") == (None, None)
+
+
+def _on(thread, name, ts, dur, cat):
+    return {**_x(name, ts, dur, cat), "pid": 1, "tid": thread}
+
+
+def test_a_step_is_split_into_host_work_and_waiting_on_the_gpu():
+    engine, other = 7, 8
+    events = [
+        _on(engine, STEP_RANGE, 0, 1000, "user_annotation"), _on(engine, STEP_RANGE, 1500, 1000, "user_annotation"),
+        _on(engine, "schedule: allocate_slots", 10, 200, "user_annotation"),
+        _on(engine, "gpu_model_runner: forward", 300, 100, "user_annotation"),
+        _on(engine, "gpu_model_runner: forward", 1600, 300, "user_annotation"),
+        _on(engine, "cudaEventSynchronize", 500, 400, "cuda_runtime"),  # vLLM waits on its output copy
+        _on(engine, "cudaStreamSynchronize", 2000, 100, "cuda_runtime"),
+        _on(engine, "cudaLaunchKernel", 420, 5, "cuda_runtime"),  # a launch does not wait
+        _on(engine, "cudaEventSynchronize", 1100, 300, "cuda_runtime"),  # between steps: the loop's own
+        _on(other, "cudaDeviceSynchronize", 0, 900, "cuda_runtime"),  # another thread's wait
+        _on(other, "schedule: allocate_slots", 0, 900, "user_annotation"),
+        _x("nvjet_gemm", 500, 400),
+    ]
+    a = anatomy(events, {}, None, None, None, None)
+    assert a["gpu_wait_ms"] == pytest.approx((400 + 100) / 2 / 1e3)
+    assert a["host_ms"] == pytest.approx((2000 - 500) / 2 / 1e3)
+    assert a["host_ms"] + a["gpu_wait_ms"] == pytest.approx(a["step_wall_ms"])
+    assert a["between_steps_ms"] == pytest.approx(500 / 2 / 1e3)
+    assert a["host_ranges_ms"] == {"gpu_model_runner: forward": 0.2, "schedule: allocate_slots": 0.1}
+
+
+class _ScopedSeam:
+    """A seam with host scopes: its step opens a vLLM-named range only while they are on."""
+
+    def __init__(self):
+        self.switched: list[bool] = []
+
+    def host_scopes(self, on):
+        self.switched.append(on)
+
+    def run(self):
+        from torch.profiler import record_function
+
+        if self.switched and self.switched[-1]:
+            with record_function("schedule: stand-in"):
+                sum(range(20000))
+        return []
+
+
+def test_a_kernel_window_turns_the_seams_host_scopes_on_for_its_steps_only(tmp_path):
+    import json
+
+    from alignatt.serve.engine_profile import KernelWindow
+
+    seam = _ScopedSeam()
+    window = KernelWindow(seam)
+    window.step(seam.run)  # not armed: no scopes
+    assert seam.switched == []
+    window.arm(str(tmp_path / "engine0.json"), 2)
+    window.step(seam.run), window.step(seam.run)
+    assert seam.switched == [True, False]
+    written = json.loads((tmp_path / "engine0.json").read_text())
+    assert written["host_ranges_ms"]["schedule: stand-in"] > 0 and written["gpu_wait_ms"] == 0
+    window.arm(str(tmp_path / "dropped.json"), 5)
+    window.step(seam.run), window.arm(None, 0)  # a window dropped mid-way switches them off too
+    assert seam.switched == [True, False, True, False] and not (tmp_path / "dropped.json").exists()
+
+
+def test_the_vllm_seam_switches_vllms_scope_function_and_restores_it(monkeypatch):
+    import sys
+    import types
+
+    from torch.profiler import record_function
+
+    from alignatt.capture.vllm.seam import VllmCaptureSeam
+
+    utils = types.ModuleType("vllm.v1.utils")
+    utils._PROFILER_FUNC = None  # vLLM has not picked one yet
+    for name, module in (("vllm", types.ModuleType("vllm")), ("vllm.v1", types.ModuleType("vllm.v1")),
+                         ("vllm.v1.utils", utils)):
+        monkeypatch.setitem(sys.modules, name, module)
+    sys.modules["vllm"].v1, sys.modules["vllm.v1"].utils = sys.modules["vllm.v1"], utils
+    seam = VllmCaptureSeam.__new__(VllmCaptureSeam)
+    seam._scopes_before = None
+    seam.host_scopes(True)
+    assert utils._PROFILER_FUNC is record_function
+    seam.host_scopes(False)
+    assert utils._PROFILER_FUNC is None  # vLLM picks again from its environment
+    seam.host_scopes(False)  # off twice: nothing to restore
+    assert utils._PROFILER_FUNC is None

@@ -157,6 +157,7 @@ class VllmCaptureSeam:
             self.book = vllm_verify.ProposalBook(self.config.verify_tokens)
             vllm_verify.install(self._runner(), self.book)
         self.totals: dict[str, float] = {}
+        self._scopes_before: Optional[tuple] = None  # vLLM's scope function while host_scopes is on
 
     def _runner(self) -> Any:
         hooks = self.engine.hooks
@@ -177,6 +178,23 @@ class VllmCaptureSeam:
             streamed += size
             params += p.numel()
         return {"total": total, "streamed": streamed, "active_params": params}
+
+    def host_scopes(self, on: bool) -> None:
+        """vLLM's own host ranges (schedule, model-runner phases) in a kernel profile, on or off.
+
+        vLLM picks its scope function once per process (VLLM_CUSTOM_SCOPES_FOR_PROFILING) and keeps it
+        in `vllm.v1.utils._PROFILER_FUNC`, which every scope reads; setting it only while a window
+        runs keeps the scopes' cost (a record_function per request per step) out of other steps."""
+        import vllm.v1.utils as vllm_utils
+        from torch.profiler import record_function
+
+        if not hasattr(vllm_utils, "_PROFILER_FUNC"):
+            raise AlignattError("vllm.v1.utils._PROFILER_FUNC is gone: vLLM's host scopes cannot be switched")
+        if on and self._scopes_before is None:
+            self._scopes_before = (vllm_utils._PROFILER_FUNC,)  # None too: vLLM picks again from its env
+            vllm_utils._PROFILER_FUNC = record_function
+        elif not on and self._scopes_before is not None:
+            (vllm_utils._PROFILER_FUNC,), self._scopes_before = self._scopes_before, None
 
     def acceptance_totals(self) -> dict:
         """Verification figures summed over finished drafts (the load benchmark takes differences)."""

@@ -78,6 +78,11 @@ class StepAnatomy(_Strict):
     device: str
     weights: dict[str, int]  # the seam's weight_bytes(): total, streamed, active_params
     write_s: float | None = None  # how long the engine stopped to write it (None: the artifact predates the field)
+    # The host side (None / {}: the artifact predates the fields), per step on the engine thread:
+    gpu_wait_ms: float | None = None  # blocked in CUDA synchronisation calls: waiting on the GPU
+    host_ms: float | None = None  # the rest of the step's wall: host work
+    between_steps_ms: float | None = None  # the engine loop's own time between two steps
+    host_ranges_ms: dict[str, float] = {}  # vLLM's host ranges by name (schedule, model-runner phases)
 
 
 class MissingAnatomy(_Strict):
