@@ -99,6 +99,14 @@ class LoadOptions(LoadKnobs):
         return [value] if isinstance(value, (str, dict)) else value
 
     @model_validator(mode="after")
+    def _profiled_levels(self) -> "LoadOptions":
+        unmeasured = sorted(set(self.kernel_profile_speakers) - set(self.speakers))
+        if unmeasured:  # it would never be armed: the run would end with no profile and no word why
+            raise ValueError(f"kernel_profile_speakers {unmeasured[0]} is not a level of speakers "
+                             f"{','.join(map(str, self.speakers))}: profile a level the run measures")
+        return self
+
+    @model_validator(mode="after")
     def _configurations(self) -> "LoadOptions":
         if self.configurations is None:
             self.configurations = default_configurations(self.seam, self.device)

@@ -84,10 +84,12 @@ def load_stream(path: str | None = None) -> SmokeStream:
         where = "bundled smoke stream"
     elif path.startswith(SPEECH_PREFIX):
         clip = path[len(SPEECH_PREFIX):]
-        bundled = resources.files("alignatt") / "data" / "speech" / f"{clip}.json"
-        if not bundled.is_file():
-            raise AlignattError(f"no recognised stream for clip {clip!r}: make it with `alignatt speech-stream "
-                                f"--clip {clip}`")
+        folder = resources.files("alignatt") / "data" / "speech"
+        bundled = folder / f"{clip}.json"
+        if not clip or not bundled.is_file():
+            made = ", ".join(sorted(f.name.removesuffix(".json") for f in folder.iterdir() if f.name.endswith(".json")))
+            raise AlignattError(f"no recognised stream for clip {clip!r}: the bundled ones are {made} (a clip's "
+                                "stream is made with `alignatt speech-stream --clip NAME`)")
         text, where = bundled.read_text(encoding="utf-8"), path
     else:
         try:

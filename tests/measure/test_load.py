@@ -323,6 +323,15 @@ def test_a_bad_configuration_fails_in_one_line_before_any_server_starts(configur
     assert "\n" not in str(raised.value) and str(raised.value).startswith("bad load option configurations")
 
 
+def test_a_kernel_profile_of_a_level_the_run_does_not_measure_is_refused_before_it_starts():
+    from alignatt.core.options import validate_flat
+
+    with pytest.raises(AlignattError, match="kernel_profile_speakers 3 is not a level of speakers 1,2"):
+        validate_flat(LoadOptions, {"speakers": "1,2", "kernel_profile_speakers": "2,3"}, "load option")
+    assert validate_flat(LoadOptions, {"speakers": "1,2", "kernel_profile_speakers": "2"},
+                         "load option").kernel_profile_speakers == [2]
+
+
 def test_the_command_line_takes_one_configuration_per_option_and_refuses_a_bad_one(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 

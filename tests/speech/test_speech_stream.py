@@ -59,8 +59,10 @@ def test_the_bundled_speech_streams_load_by_name():
     stream = load_stream("speech:phone_call")
     assert stream.timeline and stream.recognised["wer_committed"] is not None  # it has a transcript
     assert stream.recognised["wer_tail"] > stream.recognised["wer_committed"]  # the tail is the rougher draft
-    with pytest.raises(AlignattError, match="alignatt speech-stream --clip nope"):
-        load_stream("speech:nope")
+    for clip in ("nope", ""):  # a misspelt or missing name: the bundled names, in one line
+        with pytest.raises(AlignattError, match="the bundled ones are beckett, clips_joined, .*phone_call") as raised:
+            load_stream(f"speech:{clip}")
+        assert f"clip {clip!r}" in str(raised.value) and "\n" not in str(raised.value)
 
 
 def test_the_live_tail_wer_scores_the_tail_not_what_committed():
