@@ -86,9 +86,9 @@ def _within(spans: list[tuple[float, float]], starts: list[float], a: float, b: 
     return i >= 0 and b <= spans[i][1]
 
 
-def _host_side(events: list[dict[str, Any]], steps: list[tuple[float, float]], n: int) -> dict[str, Any]:
-    """Per step, on the engine thread (the one whose step ranges these are): time blocked on the GPU,
-    host work (the rest of the step's wall), time between steps, and vLLM's host ranges by name."""
+def _host_side(events: list[dict[str, Any]], steps: list[tuple[float, float]]) -> tuple[float, dict[str, float]]:
+    """On the engine thread (the one whose step ranges these are), inside the steps: the µs blocked
+    on the GPU, and the µs of each of vLLM's host ranges by name."""
     threads = {(e.get("pid"), e.get("tid")) for e in events
                if e.get("name") == STEP_RANGE and e.get("cat") == "user_annotation"}
     spans = sorted(steps)
@@ -109,14 +109,7 @@ def _host_side(events: list[dict[str, Any]], steps: list[tuple[float, float]], n
             wait_us += inside(e)
         elif e.get("cat") == "user_annotation" and VLLM_SCOPE.match(name):
             ranges[name] = ranges.get(name, 0.0) + inside(e)
-    wall_us = sum(b - a for a, b in spans)
-    return {
-        "gpu_wait_ms": round(wait_us / n / 1e3, 4),  # the engine thread blocked on the GPU, per step
-        "host_ms": round((wall_us - wait_us) / n / 1e3, 4),  # the rest of the step's wall: host work
-        "between_steps_ms": round((spans[-1][1] - spans[0][0] - wall_us) / n / 1e3, 4),  # the engine loop's own
-        "host_ranges_ms": {k: round(v / n / 1e3, 4)
-                           for k, v in sorted(ranges.items(), key=lambda kv: -kv[1])[:HOST_RANGES_KEPT]},
-    }
+    return wait_us, ranges
 
 
 def anatomy(events: list[dict[str, Any]], tokens: dict[str, int], weight_bytes: int | None,
@@ -192,7 +185,14 @@ def anatomy(events: list[dict[str, Any]], tokens: dict[str, int], weight_bytes: 
         out["tflops"] = round(tflops, 3) if tflops is not None else None
         if peak_tflops and tflops is not None:
             out["flops_share"] = round(tflops / peak_tflops, 4)
-    out.update(_host_side(events, steps, n))
+    wait_us, ranges = _host_side(events, steps)
+    out.update({
+        "gpu_wait_ms": round(wait_us / n / 1e3, 4),  # the engine thread blocked on the GPU, per step
+        "host_ms": round((wall_us - wait_us) / n / 1e3, 4),  # the rest of the step's wall: host work
+        "between_steps_ms": round((span_us - wall_us) / n / 1e3, 4),  # the engine loop's own
+        "host_ranges_ms": {k: round(v / n / 1e3, 4)
+                           for k, v in sorted(ranges.items(), key=lambda kv: -kv[1])[:HOST_RANGES_KEPT]},
+    })
     out["largest_part"] = max(ORDER, key=lambda p: by_part[p]) if busy else None
     out["peaks"] = {"bandwidth_gbs": peak_bandwidth_gbs, "tflops": peak_tflops}
     return out

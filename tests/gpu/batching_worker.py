@@ -92,7 +92,8 @@ def main(spec_path: str, out_path: str) -> int:
                 out[f"{kind}_tokens_{i}"] = np.asarray([t.token_id for t in d.tokens])
                 out[f"{kind}_rows_{i}"] = np.stack([t.rows for t in d.tokens])
         seam.reconstruct = "batched"
-        out.update(kernel_window(seam, reqs, Path(out_path).with_suffix(".anatomy.json")))
+        if spec.get("kernel_window"):
+            out.update(kernel_window(seam, reqs, Path(out_path).with_suffix(".anatomy.json")))
         facts = seam.describe()
         out["cached_prompt_tokens"] = np.asarray(facts["cached_prompt_tokens"])
         out["prompt_tokens"] = np.asarray(facts["prompt_tokens"])
