@@ -12,7 +12,11 @@ carry="$prefix/carry"; mkdir -p "$carry"
 cat "$chunks"/chunk* | tar -x -C "$carry"
 (cd "$carry/bundle" && sha256sum -c --quiet SHA256)
 mkdir -p "$prefix/site" && cat "$carry"/bundle/part* | xz -d -T0 | tar -x -C "$prefix/site"
-python3 -m pip install -q --no-index --no-deps --target "$prefix/xsite" "$carry"/wheels/*.whl
+# uv unpacks the ~160 wheels in seconds where pip takes most of a minute of device time; pip if not
+uv_whl=("$carry"/wheels/uv-*.whl)
+if [ -f "${uv_whl[0]}" ] && python3 -m pip install -q --no-index --no-deps --target "$prefix/uv" "${uv_whl[0]}" \
+   && "$prefix/uv/bin/uv" pip install -q --offline --no-deps --python python3 --target "$prefix/xsite" "$carry"/wheels/*.whl; then :
+else python3 -m pip install -q --no-index --no-deps --target "$prefix/xsite" "$carry"/wheels/*.whl; fi
 mkdir -p "$prefix/bin"
 if ! command -v ssh-keygen >/dev/null && [ -f "$carry/ctl/ssh-keygen" ]; then
   printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$carry/ctl/lib" "$carry/ctl/ssh-keygen" > "$prefix/bin/ssh-keygen"
