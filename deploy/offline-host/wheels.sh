@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Wheels for an offline GPU host (Python 3.12, x86_64) beside a vLLM bundle that already brings
 # vLLM, transformers, pydantic, FastAPI and torch's own stack: DVC, the report, the eval scorers,
-# the embedded model, the speech stack with WhisperLiveKit's server, pytest, and numpy (the host's
-# own may be newer than the lock's numba takes), and uv (unpack.sh installs the rest with it). Versions are the GPU lock's (requirements/gpu.txt,
-# nodeps.txt); a few pure-Python sdists are built here.
+# the embedded model, the speech stack with WhisperLiveKit's server, pytest, numpy (the host's own
+# may be newer than the lock's numba takes), and uv (unpack.sh installs the rest with it). Versions
+# are the GPU lock's (requirements/gpu.txt, nodeps.txt); a few pure-Python sdists are built here.
 # Usage: deploy/offline-host/wheels.sh DEST   (run from the checkout, on a machine with an index)
 set -euo pipefail
 dest="${1:?usage: wheels.sh DEST}"
