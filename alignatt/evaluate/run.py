@@ -16,6 +16,7 @@ the SimulEval instance logs are written beside the artifact (`alignatt.evaluate.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +28,13 @@ from alignatt.evaluate import engines as eval_engines, scoring, uncertainty
 from alignatt.evaluate.instance_log import logs_dir, write_instance_logs
 from alignatt.evaluate.outputs import OFFLINE
 from alignatt.evaluate.emissions import StreamOutput
+from alignatt.evaluate.jobs import Job, Replayer, by_row, ordered, variant_jobs
 from alignatt.evaluate.replay import InProcessDriver, Schedule, WebSocketDriver
-from alignatt.evaluate.rows import (driver_check, longform_row, offline_output, sentence_output, sentence_row,
-                                   talk_id, talk_output, talks_of)
-from alignatt.evaluate.shared_engine import ConcurrentStreams, batch_limit_options, stream_runner, streams_note
+from alignatt.evaluate.rows import driver_check, longform_row, sentence_output, sentence_row, talks_of
+from alignatt.evaluate.shards import replay_in_shards
+from alignatt.evaluate.shared_engine import (ConcurrentStreams, batch_limit_options, describe_batches, stream_runner,
+                                             streams_note)
+from alignatt.serve.engine_client import ProcessBatchSeam
 from alignatt.evaluate.asr_errors import AsrErrors
 from alignatt.evaluate.tails import TailModel, vocabulary
 from alignatt.evaluate.testsets import TestPair, TestSet, load_test_set, select
@@ -101,102 +105,134 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
                  pairs: list[TestPair], talks: list[list[TestPair]], presets: list[str], schedule: Schedule,
                  label: str, factory, progress, tail_models: dict[str, TailModel]):
     """Every preset and driver (and the offline baseline) on one seam variant: (rows, checks).
-    The in-process streams of a row run `options.concurrency` at once (`shared_engine`), spread over
-    `options.engines` engines (`engines`)."""
-    from alignatt.serve.config import DirectionRoute, ServerConfig, resolve_heads
+    The in-process streams of a row run `options.concurrency` at once (`shared_engine`); with
+    `options.engines` > 1, in that many processes, an engine each (`shards`)."""
+    from alignatt.serve.config import DirectionRoute, resolve_heads
 
     direction = f"{ts.source_lang}-{ts.target_lang}"
-    src, tgt, concurrency = ts.source_lang, ts.target_lang, options.concurrency
+    concurrency = options.concurrency
     settle = variant_settle(options, seam_name)  # what `alignatt serve` gives its sessions on this route
-
-    def driver_of(seam, preset: str) -> InProcessDriver:
-        return InProcessDriver(seam, preset, src, tgt, settle)
-
-    rows, checks = [], []
+    replayer = Replayer(ts.source_lang, ts.target_lang, settle, schedule, tail_models)
     route = DirectionRoute(model=options.model, seam=seam_name, heads=options.heads, top_k=options.top_k,
                            device=options.device, dtype=options.dtype,
                            seam_options=batch_limit_options(seam_name, seam_options,
                                                             max([concurrency, *options.load_levels])))
     heads = resolve_heads(route, direction)
-    progress(f"[{variant}] loading the seam"
-             + (f" in {options.engines} engine processes" if options.engines > 1 else "")
-             + f"; drafts {settle_words(settle)}")
-    engines = eval_engines.load_engines(factory, route, heads, options.engines)
-    seam = engines.seams[0]  # the server's and the under-load rows' engine
-    streams = None
+    jobs = variant_jobs(presets if "inprocess" in options.drivers else [], options.row_tails(options.tails),
+                        _longform_rows(options), pairs, talks, options.offline_baseline)
     bar = progress_bar(_streams_to_replay(options, presets, pairs, talks), f"eval {variant}", "stream")
     tick = _ticker(bar)
+    under_load = partial(_under_load_rows, options, pairs=pairs[:options.load_sentences], variant=variant,
+                         label=label, ts=ts, schedule=schedule, tails=tail_models.get(LOAD_TAIL), progress=progress,
+                         tick=tick, settle=settle)
     try:
-        streams = stream_runner(engines.seams, concurrency)
-        pair_ids = [p.id for p in pairs]
-        server = None
+        if options.engines == 1:
+            progress(f"[{variant}] loading the seam; drafts {settle_words(settle)}")
+            seam = factory(route, heads)
+            try:
+                rows, checks = _replay_here(options, variant, seam, route, direction, settle, jobs, replayer, ts,
+                                            pairs, talks, presets, schedule, label, tail_models, progress, tick)
+                rows += under_load(seam=seam)
+            finally:
+                seam.close()
+        else:
+            specs = eval_engines.engine_specs(factory, route, heads, options.engines)  # refusals before any process
+            progress(f"[{variant}] replaying in {options.engines} processes, an engine each; drafts "
+                     f"{settle_words(settle)}")
+            got = replay_in_shards(specs, jobs, ordered(jobs), replayer, concurrency, bar.update)
+            rows, checks = _variant_rows(options, variant, ts, pairs, talks, presets, schedule, label, tail_models,
+                                         by_row(jobs, got.outputs), None, tick, progress)
+            progress(f"[{variant}] in-process streams: "
+                     f"{describe_batches(got.batch_sizes, concurrency, got.engine_limit)}")
+            if options.load_levels:  # what one engine sees: a fresh one, the shards' engines closed
+                seam = ProcessBatchSeam(specs[0], "eval-load")
+                try:
+                    rows += under_load(seam=seam)
+                finally:
+                    seam.close()
+    finally:
+        bar.close()
+    return rows, checks
+
+
+def _replay_here(options: EvalOptions, variant: str, seam, route, direction: str, settle: int | None,
+                 jobs: list[Job], replayer: Replayer, ts: TestSet, pairs: list[TestPair],
+                 talks: list[list[TestPair]], presets: list[str], schedule: Schedule, label: str,
+                 tail_models: dict[str, TailModel], progress, tick):
+    """The variant's rows on its seam in this process (and, for the protocol drivers, a server lent it)."""
+    from alignatt.serve.config import ServerConfig
+
+    streams = stream_runner([seam], options.concurrency)
+    server = None
+    try:
         if {"websocket", "wlk"} & set(options.drivers):
             from alignatt.serve.server import ServerThread
 
-            # One engine, in this process: the server drafts with the seam loaded above.
+            # One engine, in this process: the server drafts with the variant's seam.
             config = ServerConfig(host="127.0.0.1", port=0, directions={direction: route}, engines=1,
                                   settle_buffer_tokens=settle)
             server = ServerThread(config, lambda r, h: _Borrowed(seam)).start()
+        order = ordered(jobs)
+        outputs = streams.map(lambda s, j: tick(replayer(s, jobs[j])), order, [jobs[j].name for j in order])
+        replayed = by_row(jobs, dict(zip(order, outputs)))
+        rows, checks = _variant_rows(options, variant, ts, pairs, talks, presets, schedule, label, tail_models,
+                                     replayed, server, tick, progress)
+        if options.concurrency > 1:
+            progress(f"[{variant}] in-process streams: {streams.describe()}")
+    finally:
         try:
-            replayed = _inprocess_outputs(options, streams, presets, pairs, talks, driver_of, schedule, tail_models,
-                                          tgt, tick)
-            for preset in presets:
-                for tail_key in options.row_tails(options.tails):
-                    tails = tail_models[tail_key]
-                    tail, wer = tails.kind, tails.committed_wer
-                    sentence_outputs: dict[str, list[StreamOutput]] = {}
-                    for driver_name in options.drivers:
-                        if driver_name == "inprocess":
-                            outs = replayed[preset, tail_key]
-                        else:  # through the server, one stream at a time
-                            driver = (WebSocketDriver(server.url, preset, src, tgt) if driver_name == "websocket"
-                                      else WlkDriver(server, preset, src, tgt, schedule.words_per_second))
-                            outs = [tick(sentence_output(driver, p, schedule, tails, tgt)) for p in pairs]
-                        sentence_outputs[driver_name] = outs
-                        rows.append(sentence_row(pairs, outs, preset, variant, driver_name, label, ts, schedule,
-                                                  tail, options.bootstrap,
-                                                  concurrency if driver_name == "inprocess" else 1,
-                                                  committed_wer=wer))
-                        progress(f"[{variant}] {preset} {driver_name} tail={tail_key}: BLEU {rows[-1].bleu:.2f} "
-                                 f"(N={len(pairs)}), LAAL {rows[-1].latency.get('laal_words_read')} words read")
-                    for driver_name in ("websocket", "wlk"):
-                        if "inprocess" in sentence_outputs and driver_name in sentence_outputs:
-                            checks.append(driver_check(f"{variant} tail={tail_key}", preset, driver_name, pairs,
-                                                        sentence_outputs["inprocess"], sentence_outputs[driver_name]))
-                for tail_key, segmentation in _longform_rows(options) if talks else []:
-                    tails = tail_models[tail_key]
-                    outs = replayed[preset, tail_key, segmentation]
-                    rows.append(longform_row(talks, outs, preset, variant, "inprocess", label, ts, schedule,
-                                              tails.kind, options.bootstrap, concurrency, tails.committed_wer,
-                                              segmentation))
-                    progress(f"[{variant}] {preset} long form tail={tail_key} segmentation={segmentation}: "
-                             f"StreamLAAL {rows[-1].latency.get('stream_laal')} ms, LongYAAL "
-                             f"{rows[-1].latency.get('long_yaal')} ms")
-        finally:
             if server is not None:
                 server.stop()
-        if options.offline_baseline:
-            outs = streams.map(lambda s, p: tick(offline_output(driver_of(s, DEFAULT_PRESET),
-                                                                 p.source_words, tgt, schedule)), pairs, pair_ids)
-            row = sentence_row(pairs, outs, OFFLINE, variant, OFFLINE, label, ts, schedule, "none",
-                                options.bootstrap, concurrency)
-            rows.append(row)
-            progress(f"[{variant}] offline baseline: BLEU {row.bleu:.2f}")
-        if concurrency > 1:
-            progress(f"[{variant}] in-process streams: {streams.describe()}")
-        # The rows' schedulers end before the levels' start: two engine threads must never share a seam,
-        # and the levels measure what one engine sees, undisturbed by the others.
-        streams.close()
-        streams = None
-        rows += _under_load_rows(options, seam, pairs[:options.load_sentences], variant, label, ts, schedule,
-                                 tail_models.get(LOAD_TAIL), progress, tick, settle)
-    finally:
-        bar.close()
-        try:
-            if streams is not None:
-                streams.close()
         finally:
-            engines.close()
+            # The rows' scheduler ends before the levels' start: two engine threads must never share a seam.
+            streams.close()
+    return rows, checks
+
+
+def _variant_rows(options: EvalOptions, variant: str, ts: TestSet, pairs: list[TestPair],
+                  talks: list[list[TestPair]], presets: list[str], schedule: Schedule, label: str,
+                  tail_models: dict[str, TailModel], replayed: dict, server, tick, progress):
+    """The variant's quality rows from its replayed streams (and the protocol drivers' replays
+    through `server`, one stream at a time): (rows, checks)."""
+    src, tgt, concurrency = ts.source_lang, ts.target_lang, options.concurrency
+    rows, checks = [], []
+    for preset in presets:
+        for tail_key in options.row_tails(options.tails):
+            tails = tail_models[tail_key]
+            tail, wer = tails.kind, tails.committed_wer
+            sentence_outputs: dict[str, list[StreamOutput]] = {}
+            for driver_name in options.drivers:
+                if driver_name == "inprocess":
+                    outs = replayed[preset, tail_key]
+                else:  # through the server, one stream at a time
+                    driver = (WebSocketDriver(server.url, preset, src, tgt) if driver_name == "websocket"
+                              else WlkDriver(server, preset, src, tgt, schedule.words_per_second))
+                    outs = [tick(sentence_output(driver, p, schedule, tails, tgt)) for p in pairs]
+                sentence_outputs[driver_name] = outs
+                rows.append(sentence_row(pairs, outs, preset, variant, driver_name, label, ts, schedule,
+                                          tail, options.bootstrap,
+                                          concurrency if driver_name == "inprocess" else 1,
+                                          committed_wer=wer))
+                progress(f"[{variant}] {preset} {driver_name} tail={tail_key}: BLEU {rows[-1].bleu:.2f} "
+                         f"(N={len(pairs)}), LAAL {rows[-1].latency.get('laal_words_read')} words read")
+            for driver_name in ("websocket", "wlk"):
+                if "inprocess" in sentence_outputs and driver_name in sentence_outputs:
+                    checks.append(driver_check(f"{variant} tail={tail_key}", preset, driver_name, pairs,
+                                                sentence_outputs["inprocess"], sentence_outputs[driver_name]))
+        for tail_key, segmentation in _longform_rows(options) if talks else []:
+            tails = tail_models[tail_key]
+            outs = replayed[preset, tail_key, segmentation]
+            rows.append(longform_row(talks, outs, preset, variant, "inprocess", label, ts, schedule,
+                                      tails.kind, options.bootstrap, concurrency, tails.committed_wer,
+                                      segmentation))
+            progress(f"[{variant}] {preset} long form tail={tail_key} segmentation={segmentation}: "
+                     f"StreamLAAL {rows[-1].latency.get('stream_laal')} ms, LongYAAL "
+                     f"{rows[-1].latency.get('long_yaal')} ms")
+    if options.offline_baseline:
+        row = sentence_row(pairs, replayed[OFFLINE,], OFFLINE, variant, OFFLINE, label, ts, schedule, "none",
+                           options.bootstrap, concurrency)
+        rows.append(row)
+        progress(f"[{variant}] offline baseline: BLEU {row.bleu:.2f}")
     return rows, checks
 
 
@@ -237,42 +273,6 @@ def _streams_to_replay(options: EvalOptions, presets: list[str], pairs: list[Tes
             + len(options.load_levels) * len(pairs[:options.load_sentences]))
 
 
-def _inprocess_outputs(options: EvalOptions, streams, presets: list[str], pairs: list[TestPair],
-                       talks: list[list[TestPair]], driver_of, schedule: Schedule, tail_models: dict[str, TailModel],
-                       tgt: str, tick) -> dict:
-    """Every in-process stream of the variant's rows in one map, longest first: {(preset, tail key):
-    sentence outputs in pair order, (preset, tail key, segmentation): talk outputs in talk order}.
-    A talk is one long sequential stream: rows replayed one after another kept only a row's talks in
-    flight (17 at once for en-de, the engines nearly idle: 2.5 min a long-form row on the H200, 32
-    min for the eval), and each row ended on its slowest stream. In one map `concurrency` streams
-    are in flight until the last, the talks first and the sentences filling the other places."""
-    jobs = [((preset, tail_key), pair) for preset in presets if "inprocess" in options.drivers
-            for tail_key in options.row_tails(options.tails) for pair in pairs]
-    jobs += [((preset, tail_key, segmentation), talk) for preset in presets
-             for tail_key, segmentation in (_longform_rows(options) if talks else []) for talk in talks]
-    order = sorted(range(len(jobs)), key=lambda j: -_words(jobs[j][1]))
-
-    def replay(seam, j: int):
-        key, item = jobs[j]
-        driver, tails = driver_of(seam, key[0]), tail_models[key[1]]
-        if len(key) == 2:
-            return tick(sentence_output(driver, item, schedule, tails, tgt))
-        return tick(talk_output(driver, item, schedule, tails, tgt, key[2]))
-
-    names = ["/".join(jobs[j][0]) + "/" + (talk_id(jobs[j][1]) if len(jobs[j][0]) == 3 else str(jobs[j][1].id))
-             for j in order]
-    by_job = dict(zip(order, streams.map(replay, order, names)))
-    outputs: dict[tuple[str, ...], list] = {}
-    for j, (key, _) in enumerate(jobs):
-        outputs.setdefault(key, []).append(by_job[j])
-    return outputs
-
-
-def _words(item) -> int:
-    """A stream's source words: a pair's, or a talk's (its pairs')."""
-    return sum(len(p.source_words) for p in item) if isinstance(item, list) else len(item.source_words)
-
-
 def _longform_rows(options: EvalOptions) -> list[tuple[str, str]]:
     """(tail key, segmentation) of each long-form row: every long-form tail closed by the client's
     rule, and the oracle comparison for `longform_oracle_tails`."""
@@ -292,8 +292,8 @@ def _under_load_rows(options: EvalOptions, seam, pairs: list[TestPair], variant:
                      schedule: Schedule, tails: TailModel, progress, tick=lambda out: out,
                      settle: int | None = None) -> list:
     """Quality under load: the default preset's gold-tail replay of the same first sentences at each
-    of `options.load_levels` streams at once, on the variant's first engine alone (its batch limit
-    was raised to the highest level). Each level, 1 included, drafts through a draft scheduler of
+    of `options.load_levels` streams at once, on one engine alone (the variant's seam, or with several
+    engines a fresh process of the first one's; its batch limit was raised to the highest level). Each level, 1 included, drafts through a draft scheduler of
     its own, as a server drafts for its speakers."""
     rows = []
     src, tgt = ts.source_lang, ts.target_lang
@@ -442,7 +442,7 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
                 **({"under_load": f"the {DEFAULT_PRESET} preset, {LOAD_TAIL} tail, the first "
                                   f"{min(options.load_sentences, len(pairs))} sentences, replayed at each of "
                                   f"{options.load_levels} in-process streams at once on the variant's "
-                                  + ("one engine" if options.engines == 1 else "first engine alone")}
+                                  + ("one engine" if options.engines == 1 else "one fresh engine process alone")}
                    if options.load_levels else {}),
                 "uncertainty": {"intervals": f"sacrebleu bootstrap, {options.bootstrap} resamples, 95 %",
                                 "significance": f"{uncertainty.TEST_NAMES[options.significance]} of each preset "

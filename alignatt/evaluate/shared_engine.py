@@ -103,17 +103,17 @@ class ConcurrentStreams:
             raise
         self._calls = itertools.count()
 
-    def map(self, replay_one: ReplayOne, items: Sequence[Item], names: Sequence[str]) -> list[Output]:
+    def map(self, replay_one: ReplayOne, items: Sequence[Item], names: Sequence[str], stop=None) -> list[Output]:
         """Every item replayed, up to N at once; the outputs in the items' order. The first stream
         to fail fails the whole map (AlignattError naming it) once the running ones have ended;
-        no stream starts after a failure."""
+        no stream starts after a failure, nor once `stop` (an Event: another process's failure) is set."""
         call = next(self._calls)
         outputs: list[Any] = [None] * len(items)
         failures: list[tuple[str, BaseException]] = []
         lock = threading.Lock()
 
         def run(i: int) -> None:
-            if failures:
+            if failures or (stop is not None and stop.is_set()):
                 return
             key = (call, i)  # a scheduler session per stream, closed when the stream ends
             scheduler = self.schedulers[i % len(self.schedulers)]
@@ -134,21 +134,17 @@ class ConcurrentStreams:
             detail = (str(error).splitlines() or [""])[0]
             raise AlignattError(f"stream {name} failed ({len(failures)} of {len(items)} streams failed, "
                                 f"{self.concurrency} at once): {type(error).__name__}: {detail}") from error
+        if stop is not None and stop.is_set():
+            raise AlignattError(f"stopped after {sum(o is not None for o in outputs)} of {len(items)} streams")
         return outputs
+
+    def batch_sizes(self) -> list[collections.Counter]:
+        """Per engine: how many steps ran each batch size."""
+        return [collections.Counter(s.stats.batch_sizes) for s in self.schedulers]
 
     def describe(self) -> str:
         """Engine steps and batch sizes, summed over the engines (and the steps of each)."""
-        sizes = sum((s.stats.batch_sizes for s in self.schedulers), collections.Counter())
-        steps = sum(sizes.values())
-        engines = len(self.schedulers)
-        at_once = f"{self.concurrency} streams at once" + (f" on {engines} engines" if engines > 1 else "")
-        if not steps:
-            return f"{at_once}: no engine steps"
-        mean = sum(k * v for k, v in sizes.items()) / steps
-        each = (f" ({'/'.join(str(sum(s.stats.batch_sizes.values())) for s in self.schedulers)} per engine)"
-                if engines > 1 else "")
-        return (f"{at_once}: {steps} engine steps{each}, batch mean {mean:.1f}, max {max(sizes)} "
-                f"(engine limit {self.schedulers[0].max_batch})")
+        return describe_batches(self.batch_sizes(), self.concurrency, self.schedulers[0].max_batch)
 
     def close(self) -> None:
         """Stop every scheduler (the engines stay open); the first failure is raised at the end."""
@@ -160,6 +156,20 @@ class ConcurrentStreams:
                 errors.append(e)
         if errors:
             raise errors[0]
+
+
+def describe_batches(sizes: Sequence[collections.Counter], concurrency: int, engine_limit: int) -> str:
+    """`sizes`: per engine, the steps of each batch size; the line the eval prints and records."""
+    total = sum(sizes, collections.Counter())
+    steps = sum(total.values())
+    engines = len(sizes)
+    at_once = f"{concurrency} streams at once" + (f" on {engines} engines" if engines > 1 else "")
+    if not steps:
+        return f"{at_once}: no engine steps"
+    mean = sum(k * v for k, v in total.items()) / steps
+    each = f" ({'/'.join(str(sum(s.values())) for s in sizes)} per engine)" if engines > 1 else ""
+    return (f"{at_once}: {steps} engine steps{each}, batch mean {mean:.1f}, max {max(total)} "
+            f"(engine limit {engine_limit})")
 
 
 def stream_runner(seams: Sequence[Seam], concurrency: int) -> SequentialStreams | ConcurrentStreams:

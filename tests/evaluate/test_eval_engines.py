@@ -1,5 +1,5 @@
-"""`alignatt eval --engines N`: the in-process streams spread over N engine processes (stand-in
-seams in child processes, on CPU)."""
+"""`alignatt eval --engines N`: the in-process streams spread over N replay processes, each with an
+engine process of its own (stand-in seams in child processes, on CPU)."""
 
 from __future__ import annotations
 
@@ -74,44 +74,50 @@ def _replayed(row):
             [[e[:3] for e in stream] for stream in row.emissions], row.updates, row.engine_calls, row.paths)
 
 
-def test_two_engine_processes_replay_what_one_engine_does_and_both_draft(runs):
+def _load_engine(record) -> int:
+    """The engine process that drafted only sentences a and b: the under-load rows' own."""
+    (pid,) = [pid for pid, words in drafts_by_process(record).items() if {w[0] for w in words} == {"a", "b"}]
+    return pid
+
+
+def test_two_replay_processes_replay_what_one_engine_does_and_both_draft(runs):
     (one, one_record, _), (two, two_record, progress) = runs[1], runs[2]
     assert len(two.rows) == 4  # gold, none, offline, under load 2
     assert [_replayed(r) for r in two.rows] == [_replayed(r) for r in one.rows]
     assert set(drafts_by_process(one_record)) == {os.getpid()}  # engines 1: the seam in this process
     by_process = drafts_by_process(two_record)
-    assert len(by_process) == 2 and os.getpid() not in by_process and all(by_process.values())
-    assert next(m for m in progress if "in-process streams" in m).endswith("(engine limit 1)")
-    assert "4 streams at once on 2 engines" in next(m for m in progress if "in-process streams" in m)
-    # every engine process was closed and reaped
+    rows_engines = set(by_process) - {_load_engine(two_record)}
+    assert len(rows_engines) == 2 and os.getpid() not in by_process and all(by_process.values())
+    line = next(m for m in progress if "in-process streams" in m)
+    assert "4 streams at once on 2 engines" in line and line.endswith("(engine limit 1)")
+    # every replay and engine process was closed and reaped
     assert not _engine_processes() and all(_gone(pid) for pid in by_process)
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("alignatt-eval-shard")]
 
 
 def test_the_config_records_the_engines(runs):
     one, two = runs[1][0], runs[2][0]
     assert one.config.engines == 1 and one.config.engine_processes is None
     assert "one draft scheduler on the variant's engine" in one.config.concurrent_streams
-    assert two.config.engines == 2 and "engine i mod 2" in two.config.engine_processes
+    assert two.config.engines == 2 and "process i mod 2" in two.config.engine_processes
     assert "each of the variant's 2 engines" in two.config.concurrent_streams
-    assert two.config.under_load.endswith("first engine alone")
+    assert two.config.under_load.endswith("one fresh engine process alone")
 
 
-def test_streams_are_dealt_over_the_engines_and_the_under_load_rows_run_on_the_first_alone(runs):
+def test_streams_are_dealt_over_the_engines_and_the_under_load_rows_run_on_a_fresh_one(runs):
     _, record, progress = runs[2]
-    (first,), (second,) = process_of(record, "a"), process_of(record, "d")
-    assert first != second
+    load = _load_engine(record)
+    (first,), (second,) = process_of(record, "c"), process_of(record, "d")
+    assert len({first, second, load}) == 3
     # the rows' streams dealt over both engines (one map, by position: the longest first)
-    assert set().union(*(process_of(record, t) for t in TAGS)) == {first, second}
-    # under load, sentences a and b on the first engine alone, after everything else there
-    words = drafts_by_process(record)[first]
-    last_other = max(i for i, w in enumerate(words) if w[0] not in "ab")
-    assert {w[0] for w in words[last_other + 1:]} == {"a", "b"}
+    assert set().union(*(process_of(record, t) for t in TAGS)) - {load} == {first, second}
+    # under load, sentences a and b, two at once on the fresh engine alone
     load_line = next(m for m in progress if "under load, 2 at once" in m)
     assert "2 streams at once:" in load_line and "engines" not in load_line
 
 
 @pytest.mark.parametrize("update, says", [
-    ({"engines": 2, "concurrency": 1}, "need concurrency > 1"),
+    ({"engines": 2, "concurrency": 1}, "need concurrency >= 2"),
     ({"engines": 2, "drivers": ["inprocess", "websocket"]}, "inprocess driver only"),
     ({"engines": 0}, "greater than or equal to 1"),
 ])
@@ -125,7 +131,7 @@ def test_the_cli_refuses_engines_without_concurrency_in_one_line(tmp_path):
     out = tmp_path / "eval.json"
     r = CliRunner().invoke(app, ["eval", "--engines", "2", "--limit", "1", "--out", str(out)])
     assert r.exit_code == 2, r.output
-    assert r.output.startswith("error: engines:") and "concurrency > 1" in r.output
+    assert r.output.startswith("error: engines:") and "concurrency >= 2" in r.output
     assert len(r.output.strip().splitlines()) == 1 and not out.exists()
 
 
@@ -175,3 +181,23 @@ def test_an_engine_that_cannot_start_fails_the_eval_and_the_started_one_is_close
         run_eval(_options(test_set, engines=2), None, seam_factory=WithOptions(fail_first_build=str(tmp_path)),
                  progress=lambda m: None)
     assert (tmp_path / "built").exists() and not _engine_processes()
+
+
+def test_the_streams_at_once_are_dealt_over_the_replay_processes():
+    from alignatt.evaluate.shards import shares
+
+    assert shares(128, 4) == [32, 32, 32, 32]
+    assert shares(5, 2) == [3, 2] and sum(shares(7, 3)) == 7
+
+
+def test_jobs_replay_longest_first_and_talks_before_sentences():
+    from alignatt.evaluate.jobs import by_row, ordered, variant_jobs
+    from alignatt.evaluate.testsets import TestPair
+
+    pairs = [TestPair(id=f"s{i}", source=" ".join(["w"] * (2 + i)) + ".", reference="r") for i in range(3)]
+    jobs = variant_jobs(["balanced"], ["gold"], [("gold", "punctuation")], pairs, [pairs], offline=True)
+    assert [j.key for j in jobs] == [("balanced", "gold")] * 3 + [("balanced", "gold", "punctuation")] + [("offline",)] * 3
+    order = ordered(jobs)
+    assert order[0] == 3 and [jobs[j].words for j in order] == sorted((j.words for j in jobs), reverse=True)
+    rows = by_row(jobs, {j: f"out{j}" for j in range(len(jobs))})
+    assert rows["balanced", "gold"] == ["out0", "out1", "out2"] and rows["offline",] == ["out4", "out5", "out6"]
