@@ -77,13 +77,25 @@ def replay_in_shards(specs: Sequence[EngineSpec], jobs: Sequence[Job], order: Se
                     errors.append(body[0])
                     stop.set()
     finally:
-        if pending or errors:
+        if pending:  # left early (this process was interrupted): stop the shards, read them out to their end
             stop.set()
+            _drain(pending)
         for process in processes:
             process.join()
     if errors:  # the failure itself, not a shard that stopped because of it
         raise next((e for e in errors if not str(e).startswith("stopped after")), errors[0])
     return got
+
+
+def _drain(pending: dict) -> None:
+    """Read every pending shard's messages until it closes its end: a shard blocked on a full pipe
+    would never exit, and joining it would wait forever."""
+    while pending:
+        for conn in wait(list(pending)):
+            try:
+                conn.recv()
+            except EOFError:
+                del pending[conn]
 
 
 def _shard_main(conn, spec: EngineSpec, index: int, jobs: list[Job], replayer: Replayer, concurrency: int,

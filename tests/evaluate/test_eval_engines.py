@@ -201,3 +201,27 @@ def test_jobs_replay_longest_first_and_talks_before_sentences():
     assert order[0] == 3 and [jobs[j].words for j in order] == sorted((j.words for j in jobs), reverse=True)
     rows = by_row(jobs, {j: f"out{j}" for j in range(len(jobs))})
     assert rows["balanced", "gold"] == ["out0", "out1", "out2"] and rows["offline",] == ["out4", "out5", "out6"]
+
+
+def test_an_eval_interrupted_while_its_shards_replay_stops_and_reaps_them(test_set, tmp_path):
+    from alignatt.evaluate.jobs import Replayer, ordered, variant_jobs
+    from alignatt.evaluate.replay import Schedule
+    from alignatt.evaluate.shards import replay_in_shards
+    from alignatt.evaluate.tails import TailModel
+    from alignatt.evaluate.testsets import load_test_set
+
+    pairs = load_test_set(test_set, None).pairs
+    jobs = variant_jobs(["balanced"] * 40, ["gold"], [], pairs, [], offline=True)  # 246 streams
+    replayer = Replayer("en", "de", None, Schedule(), {"gold": TailModel("gold")})
+    route = DirectionRoute(model="gemma3-270m", seam="fake", device="cpu")
+    specs = engine_specs(WithOptions(record_dir=str(tmp_path)), route, [Head(0, 0)], 2)
+
+    def interrupted(n: int) -> None:
+        raise KeyboardInterrupt  # the first stream's end: as a Ctrl-C in the eval's process
+
+    with pytest.raises(KeyboardInterrupt):
+        replay_in_shards(specs, jobs, ordered(jobs), replayer, 2, interrupted)
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("alignatt-eval-shard")]
+    assert not _engine_processes()
+    # stopped: only the streams already running ended (about a dozen drafts, of over 800)
+    assert sum(len(words) for words in drafts_by_process(tmp_path).values()) < 100
