@@ -162,7 +162,7 @@ def _replay_here(options: EvalOptions, variant: str, seam, route, direction: str
     """The variant's rows on its seam in this process (and, for the protocol drivers, a server lent it)."""
     from alignatt.serve.config import ServerConfig
 
-    streams = stream_runner([seam], options.concurrency)
+    streams = stream_runner(seam, options.concurrency)
     server = None
     try:
         if {"websocket", "wlk"} & set(options.drivers):
@@ -298,7 +298,7 @@ def _under_load_rows(options: EvalOptions, seam, pairs: list[TestPair], variant:
     rows = []
     src, tgt = ts.source_lang, ts.target_lang
     for level in options.load_levels:
-        runner = ConcurrentStreams([seam], level)
+        runner = ConcurrentStreams(seam, level)
         try:
             outs = runner.map(lambda s, p: tick(sentence_output(InProcessDriver(s, DEFAULT_PRESET, src, tgt, settle), p,
                                                                  schedule, tails, tgt)), pairs, [p.id for p in pairs])

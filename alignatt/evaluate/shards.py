@@ -115,10 +115,10 @@ def _shard_main(conn, spec: EngineSpec, index: int, jobs: list[Job], replayer: R
     try:
         seam = ProcessBatchSeam(spec, f"eval-{index}")
         try:
-            streams = ConcurrentStreams([seam], concurrency)
+            streams = ConcurrentStreams(seam, concurrency, name=f"eval-{index}")
             try:
                 outputs = streams.map(replay, jobs, [job.name for job in jobs], stop=stop)
-                sizes, limit = streams.batch_sizes()[0], streams.schedulers[0].max_batch
+                sizes, limit = streams.batch_sizes(), streams.scheduler.max_batch
             finally:
                 streams.close()
         finally:

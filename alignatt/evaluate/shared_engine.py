@@ -7,8 +7,8 @@ through one `DraftScheduler` over the variant's seam, as `alignatt serve` drafts
 a seam with a batch interface (vllm_capture) takes the streams' drafts into one running batch, one
 without runs them one at a time (`OneAtATime`). Each stream stays lockstep (its next update after
 its reply), and the outputs come back in the streams' order, whichever finishes first. With several
-engines E (`--engines`, `alignatt.evaluate.engines`) each has a scheduler of its own, and stream i
-of a row drafts through engine i mod E (still N streams at once in all), the same way every run.
+engines (`--engines`), each replay process runs its share of the streams so, over its own engine
+(`alignatt.evaluate.shards`).
 
 bf16 batching can change a draft (a batch runs other kernels than a lone request), so the rows
 record the concurrency they ran at.
@@ -86,21 +86,14 @@ class SequentialStreams:
 
 
 class ConcurrentStreams:
-    """Concurrency N > 1: N streams at once, their drafts batched by a scheduler per engine (`seams`:
-    the variant's engines, each a seam or a batch seam; the schedulers leave them open)."""
+    """Concurrency N > 1: N streams at once, their drafts batched by one draft scheduler over the
+    seam (a seam or a batch seam; the scheduler leaves it open)."""
 
-    def __init__(self, seams: Sequence[Seam], concurrency: int) -> None:
+    def __init__(self, seam: Seam, concurrency: int, name: str = "eval") -> None:
         self.concurrency = concurrency
-        self.schedulers: list[DraftScheduler] = []
-        try:
-            for i, seam in enumerate(seams):
-                # Every stream may land on one engine (streams end out of order): each admits them all.
-                self.schedulers.append(DraftScheduler(lambda s=seam: LentBatchSeam(s),
-                                                      SchedulerConfig(capacity=concurrency),
-                                                      name="eval" if len(seams) == 1 else f"eval-{i}"))
-        except BaseException:
-            self.close()
-            raise
+        # Every stream may be in flight at once: the scheduler admits them all.
+        self.scheduler = DraftScheduler(lambda: LentBatchSeam(seam), SchedulerConfig(capacity=concurrency),
+                                        name=name)
         self._calls = itertools.count()
 
     def map(self, replay_one: ReplayOne, items: Sequence[Item], names: Sequence[str], stop=None) -> list[Output]:
@@ -116,15 +109,14 @@ class ConcurrentStreams:
             if failures or (stop is not None and stop.is_set()):
                 return
             key = (call, i)  # a scheduler session per stream, closed when the stream ends
-            scheduler = self.schedulers[i % len(self.schedulers)]
-            scheduler.open_session(key)
+            self.scheduler.open_session(key)
             try:
-                outputs[i] = replay_one(SessionSeam(scheduler, key), items[i])
+                outputs[i] = replay_one(SessionSeam(self.scheduler, key), items[i])
             except BaseException as e:  # noqa: BLE001 - reported below, for the whole eval
                 with lock:
                     failures.append((names[i], e))
             finally:
-                scheduler.close_session(key)
+                self.scheduler.close_session(key)
 
         workers = max(min(self.concurrency, len(items)), 1)
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="eval-stream") as pool:
@@ -138,24 +130,17 @@ class ConcurrentStreams:
             raise AlignattError(f"stopped after {sum(o is not None for o in outputs)} of {len(items)} streams")
         return outputs
 
-    def batch_sizes(self) -> list[collections.Counter]:
-        """Per engine: how many steps ran each batch size."""
-        return [collections.Counter(s.stats.batch_sizes) for s in self.schedulers]
+    def batch_sizes(self) -> collections.Counter:
+        """How many engine steps ran each batch size."""
+        return collections.Counter(self.scheduler.stats.batch_sizes)
 
     def describe(self) -> str:
-        """Engine steps and batch sizes, summed over the engines (and the steps of each)."""
-        return describe_batches(self.batch_sizes(), self.concurrency, self.schedulers[0].max_batch)
+        """Engine steps and batch sizes."""
+        return describe_batches([self.batch_sizes()], self.concurrency, self.scheduler.max_batch)
 
     def close(self) -> None:
-        """Stop every scheduler (the engines stay open); the first failure is raised at the end."""
-        errors = []
-        for scheduler in self.schedulers:
-            try:
-                scheduler.close()
-            except Exception as e:  # noqa: BLE001 - the others still close
-                errors.append(e)
-        if errors:
-            raise errors[0]
+        """Stop the scheduler (the seam stays open)."""
+        self.scheduler.close()
 
 
 def describe_batches(sizes: Sequence[collections.Counter], concurrency: int, engine_limit: int) -> str:
@@ -172,9 +157,9 @@ def describe_batches(sizes: Sequence[collections.Counter], concurrency: int, eng
             f"(engine limit {engine_limit})")
 
 
-def stream_runner(seams: Sequence[Seam], concurrency: int) -> SequentialStreams | ConcurrentStreams:
-    """The variant's engines as a row's stream runner (one engine when the streams run one at a time)."""
-    return SequentialStreams(seams[0]) if concurrency == 1 else ConcurrentStreams(seams, concurrency)
+def stream_runner(seam: Seam, concurrency: int) -> SequentialStreams | ConcurrentStreams:
+    """The variant's seam as a row's stream runner."""
+    return SequentialStreams(seam) if concurrency == 1 else ConcurrentStreams(seam, concurrency)
 
 
 def streams_note(concurrency: int, engines: int) -> str:
