@@ -29,7 +29,7 @@ from alignatt.evaluate.instance_log import logs_dir, write_instance_logs
 from alignatt.evaluate.outputs import OFFLINE
 from alignatt.evaluate.emissions import StreamOutput
 from alignatt.evaluate.jobs import Job, Replayer, by_row, ordered, variant_jobs
-from alignatt.evaluate.replay import InProcessDriver, Schedule, WebSocketDriver
+from alignatt.evaluate.replay import Schedule, WebSocketDriver
 from alignatt.evaluate.rows import driver_check, longform_row, sentence_output, sentence_row, talks_of
 from alignatt.evaluate.shards import replay_in_shards
 from alignatt.evaluate.shared_engine import (ConcurrentStreams, batch_limit_options, describe_batches, stream_runner,
@@ -123,8 +123,7 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
     bar = progress_bar(_streams_to_replay(options, presets, pairs, talks), f"eval {variant}", "stream")
     tick = _ticker(bar)
     under_load = partial(_under_load_rows, options, pairs=pairs[:options.load_sentences], variant=variant,
-                         label=label, ts=ts, schedule=schedule, tails=tail_models.get(LOAD_TAIL), progress=progress,
-                         tick=tick, settle=settle)
+                         label=label, ts=ts, schedule=schedule, replayer=replayer, progress=progress, tick=tick)
     try:
         if options.engines == 1:
             progress(f"[{variant}] loading the seam; drafts {settle_words(settle)}")
@@ -289,19 +288,18 @@ def _ticker(bar):
 
 
 def _under_load_rows(options: EvalOptions, seam, pairs: list[TestPair], variant: str, label: str, ts: TestSet,
-                     schedule: Schedule, tails: TailModel, progress, tick=lambda out: out,
-                     settle: int | None = None) -> list:
+                     schedule: Schedule, replayer: Replayer, progress, tick) -> list:
     """Quality under load: the default preset's gold-tail replay of the same first sentences at each
     of `options.load_levels` streams at once, on one engine alone (the variant's seam, or with several
-    engines a fresh process of the first one's; its batch limit was raised to the highest level). Each level, 1 included, drafts through a draft scheduler of
-    its own, as a server drafts for its speakers."""
+    engines a fresh process of the first one's; its batch limit was raised to the highest level).
+    Each level, 1 included, drafts through a draft scheduler of its own, as a server drafts for its
+    speakers."""
     rows = []
-    src, tgt = ts.source_lang, ts.target_lang
     for level in options.load_levels:
         runner = ConcurrentStreams(seam, level)
         try:
-            outs = runner.map(lambda s, p: tick(sentence_output(InProcessDriver(s, DEFAULT_PRESET, src, tgt, settle), p,
-                                                                 schedule, tails, tgt)), pairs, [p.id for p in pairs])
+            outs = runner.map(lambda s, p: tick(replayer(s, Job((DEFAULT_PRESET, LOAD_TAIL), p))), pairs,
+                              [p.id for p in pairs])
             described = runner.describe()
         finally:
             runner.close()
