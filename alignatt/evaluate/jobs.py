@@ -43,12 +43,13 @@ class Job:
         return sum(len(p.source_words) for p in self.item) if self.is_talk else len(self.item.source_words)
 
 
-def variant_jobs(presets: Sequence[str], tail_keys: Sequence[str], longform_rows: Sequence[tuple[str, str]],
-                 pairs: Sequence[TestPair], talks: Sequence[list[TestPair]], offline: bool) -> list[Job]:
-    """Every in-process stream of a variant's rows, in row order (the rows are rebuilt from it):
-    per preset its sentence rows, then its long-form rows; then the offline baseline."""
-    jobs = [Job((preset, tail), pair) for preset in presets for tail in tail_keys for pair in pairs]
-    jobs += [Job((preset, tail, segmentation), talk) for preset in presets
+def variant_jobs(sentence_presets: Sequence[str], talk_presets: Sequence[str], tail_keys: Sequence[str],
+                 longform_rows: Sequence[tuple[str, str]], pairs: Sequence[TestPair],
+                 talks: Sequence[list[TestPair]], offline: bool) -> list[Job]:
+    """Every in-process stream of a variant's rows (`by_row` regroups them by row): the sentence
+    rows of `sentence_presets`, the long-form rows of `talk_presets`, then the offline baseline."""
+    jobs = [Job((preset, tail), pair) for preset in sentence_presets for tail in tail_keys for pair in pairs]
+    jobs += [Job((preset, tail, segmentation), talk) for preset in talk_presets
              for tail, segmentation in (longform_rows if talks else []) for talk in talks]
     return jobs + ([Job((OFFLINE,), pair) for pair in pairs] if offline else [])
 

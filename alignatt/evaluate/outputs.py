@@ -316,7 +316,8 @@ def report_section(root: Path, paths: list[tuple[str, Any]]) -> list[dict[str, A
             "holm_note": holm_note(a, holm),
             "brevity_penalties": brevity_penalties(a),
             "under_load": under_load_rows(a), "under_load_note": cfg.under_load,
-            "ran": {"variants": ", ".join(cfg.variants), "presets": ", ".join(cfg.presets),
+            "ran": {"variants": ", ".join(cfg.variants), "presets": ", ".join(cfg.presets) + (
+                        f" (sentence rows: {', '.join(cfg.sentence_presets)})" if cfg.sentence_presets else ""),
                     "tails": ", ".join(cfg.tail_descriptions or ["gold"]),
                     "streams": cfg.concurrent_streams or (
                         f"{cfg.concurrency} streams at once through one draft scheduler"

@@ -16,9 +16,10 @@ the SimulEval instance logs are written beside the artifact (`alignatt.evaluate.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import ValidationInfo, field_validator
 
@@ -101,47 +102,73 @@ class _Borrowed:
         pass
 
 
-def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_options: dict[str, Any], ts: TestSet,
-                 pairs: list[TestPair], talks: list[list[TestPair]], presets: list[str], schedule: Schedule,
-                 label: str, factory, progress, tail_models: dict[str, TailModel]):
+@dataclass(frozen=True)
+class _Variant:
+    """What one seam variant's rows replay and how they are labelled: the same for each of its rows."""
+
+    options: EvalOptions
+    name: str  # the variant, e.g. vllm_capture:fullgraph
+    ts: TestSet
+    pairs: list[TestPair]
+    talks: list[list[TestPair]]
+    presets: list[str]  # the long-form rows' presets, resolved
+    sentence_presets: list[str]  # the sentence rows' (some of `presets`)
+    schedule: Schedule
+    label: str
+    tail_models: dict[str, TailModel]
+    progress: Callable[[str], None]
+
+    def jobs(self) -> list[Job]:
+        inprocess = "inprocess" in self.options.drivers
+        return variant_jobs(self.sentence_presets if inprocess else [], self.presets if inprocess else [],
+                            self.options.row_tails(self.options.tails), _longform_rows(self.options), self.pairs,
+                            self.talks, self.options.offline_baseline)
+
+    def streams(self) -> int:
+        """How many streams (sentences, talks) the variant replays: the progress bar's total."""
+        o = self.options
+        return (len(self.sentence_presets) * len(o.row_tails(o.tails)) * len(o.drivers) * len(self.pairs)
+                + (len(self.presets) * len(_longform_rows(o)) * len(self.talks) if self.talks else 0)
+                + (len(self.pairs) if o.offline_baseline else 0)
+                + len(o.load_levels) * len(self.pairs[:o.load_sentences]))
+
+
+def _run_variant(v: _Variant, seam_name: str, seam_options: dict[str, Any], factory):
     """Every preset and driver (and the offline baseline) on one seam variant: (rows, checks).
     The in-process streams of a row run `options.concurrency` at once (`shared_engine`); with
     `options.engines` > 1, in that many processes, an engine each (`shards`)."""
     from alignatt.serve.config import DirectionRoute, resolve_heads
 
+    options, ts, progress = v.options, v.ts, v.progress
     direction = f"{ts.source_lang}-{ts.target_lang}"
     concurrency = options.concurrency
     settle = variant_settle(options, seam_name)  # what `alignatt serve` gives its sessions on this route
-    replayer = Replayer(ts.source_lang, ts.target_lang, settle, schedule, tail_models)
+    replayer = Replayer(ts.source_lang, ts.target_lang, settle, v.schedule, v.tail_models)
     route = DirectionRoute(model=options.model, seam=seam_name, heads=options.heads, top_k=options.top_k,
                            device=options.device, dtype=options.dtype,
                            seam_options=batch_limit_options(seam_name, seam_options,
                                                             max([concurrency, *options.load_levels])))
     heads = resolve_heads(route, direction)
-    jobs = variant_jobs(presets if "inprocess" in options.drivers else [], options.row_tails(options.tails),
-                        _longform_rows(options), pairs, talks, options.offline_baseline)
-    bar = progress_bar(_streams_to_replay(options, presets, pairs, talks), f"eval {variant}", "stream")
+    jobs = v.jobs()
+    bar = progress_bar(v.streams(), f"eval {v.name}", "stream")
     tick = _ticker(bar)
-    under_load = partial(_under_load_rows, options, pairs=pairs[:options.load_sentences], variant=variant,
-                         label=label, ts=ts, schedule=schedule, replayer=replayer, progress=progress, tick=tick)
+    under_load = partial(_under_load_rows, v, replayer=replayer, tick=tick)
     try:
         if options.engines == 1:
-            progress(f"[{variant}] loading the seam; drafts {settle_words(settle)}")
+            progress(f"[{v.name}] loading the seam; drafts {settle_words(settle)}")
             seam = factory(route, heads)
             try:
-                rows, checks = _replay_here(options, variant, seam, route, direction, settle, jobs, replayer, ts,
-                                            pairs, talks, presets, schedule, label, tail_models, progress, tick)
+                rows, checks = _replay_here(v, seam, route, direction, settle, jobs, replayer, tick)
                 rows += under_load(seam=seam)
             finally:
                 seam.close()
         else:
             specs = eval_engines.engine_specs(factory, route, heads, options.engines)  # refusals before any process
-            progress(f"[{variant}] replaying in {options.engines} processes, an engine each; drafts "
+            progress(f"[{v.name}] replaying in {options.engines} processes, an engine each; drafts "
                      f"{settle_words(settle)}")
             got = replay_in_shards(specs, jobs, ordered(jobs), replayer, concurrency, bar.update)
-            rows, checks = _variant_rows(options, variant, ts, pairs, talks, presets, schedule, label, tail_models,
-                                         by_row(jobs, got.outputs), None, tick, progress)
-            progress(f"[{variant}] in-process streams: "
+            rows, checks = _variant_rows(v, by_row(jobs, got.outputs), None, tick)
+            progress(f"[{v.name}] in-process streams: "
                      f"{describe_batches(got.batch_sizes, concurrency, got.engine_limit)}")
             if options.load_levels:  # what one engine sees: a fresh one, the shards' engines closed
                 seam = ProcessBatchSeam(specs[0], "eval-load")
@@ -154,13 +181,12 @@ def _run_variant(options: EvalOptions, variant: str, seam_name: str, seam_option
     return rows, checks
 
 
-def _replay_here(options: EvalOptions, variant: str, seam, route, direction: str, settle: int | None,
-                 jobs: list[Job], replayer: Replayer, ts: TestSet, pairs: list[TestPair],
-                 talks: list[list[TestPair]], presets: list[str], schedule: Schedule, label: str,
-                 tail_models: dict[str, TailModel], progress, tick):
+def _replay_here(v: _Variant, seam, route, direction: str, settle: int | None, jobs: list[Job], replayer: Replayer,
+                 tick):
     """The variant's rows on its seam in this process (and, for the protocol drivers, a server lent it)."""
     from alignatt.serve.config import ServerConfig
 
+    options = v.options
     streams = stream_runner(seam, options.concurrency)
     server = None
     try:
@@ -173,11 +199,9 @@ def _replay_here(options: EvalOptions, variant: str, seam, route, direction: str
             server = ServerThread(config, lambda r, h: _Borrowed(seam)).start()
         order = ordered(jobs)
         outputs = streams.map(lambda s, j: tick(replayer(s, jobs[j])), order, [jobs[j].name for j in order])
-        replayed = by_row(jobs, dict(zip(order, outputs)))
-        rows, checks = _variant_rows(options, variant, ts, pairs, talks, presets, schedule, label, tail_models,
-                                     replayed, server, tick, progress)
+        rows, checks = _variant_rows(v, by_row(jobs, dict(zip(order, outputs))), server, tick)
         if options.concurrency > 1:
-            progress(f"[{variant}] in-process streams: {streams.describe()}")
+            v.progress(f"[{v.name}] in-process streams: {streams.describe()}")
     finally:
         try:
             if server is not None:
@@ -188,16 +212,15 @@ def _replay_here(options: EvalOptions, variant: str, seam, route, direction: str
     return rows, checks
 
 
-def _variant_rows(options: EvalOptions, variant: str, ts: TestSet, pairs: list[TestPair],
-                  talks: list[list[TestPair]], presets: list[str], schedule: Schedule, label: str,
-                  tail_models: dict[str, TailModel], replayed: dict, server, tick, progress):
+def _variant_rows(v: _Variant, replayed: dict, server, tick):
     """The variant's quality rows from its replayed streams (and the protocol drivers' replays
     through `server`, one stream at a time): (rows, checks)."""
+    options, ts, pairs, talks, schedule, variant = v.options, v.ts, v.pairs, v.talks, v.schedule, v.name
     src, tgt, concurrency = ts.source_lang, ts.target_lang, options.concurrency
     rows, checks = [], []
-    for preset in presets:
-        for tail_key in options.row_tails(options.tails):
-            tails = tail_models[tail_key]
+    for preset in v.presets:
+        for tail_key in options.row_tails(options.tails) if preset in v.sentence_presets else []:
+            tails = v.tail_models[tail_key]
             tail, wer = tails.kind, tails.committed_wer
             sentence_outputs: dict[str, list[StreamOutput]] = {}
             for driver_name in options.drivers:
@@ -208,30 +231,30 @@ def _variant_rows(options: EvalOptions, variant: str, ts: TestSet, pairs: list[T
                               else WlkDriver(server, preset, src, tgt, schedule.words_per_second))
                     outs = [tick(sentence_output(driver, p, schedule, tails, tgt)) for p in pairs]
                 sentence_outputs[driver_name] = outs
-                rows.append(sentence_row(pairs, outs, preset, variant, driver_name, label, ts, schedule,
+                rows.append(sentence_row(pairs, outs, preset, variant, driver_name, v.label, ts, schedule,
                                           tail, options.bootstrap,
                                           concurrency if driver_name == "inprocess" else 1,
                                           committed_wer=wer))
-                progress(f"[{variant}] {preset} {driver_name} tail={tail_key}: BLEU {rows[-1].bleu:.2f} "
-                         f"(N={len(pairs)}), LAAL {rows[-1].latency.get('laal_words_read')} words read")
+                v.progress(f"[{variant}] {preset} {driver_name} tail={tail_key}: BLEU {rows[-1].bleu:.2f} "
+                           f"(N={len(pairs)}), LAAL {rows[-1].latency.get('laal_words_read')} words read")
             for driver_name in ("websocket", "wlk"):
                 if "inprocess" in sentence_outputs and driver_name in sentence_outputs:
                     checks.append(driver_check(f"{variant} tail={tail_key}", preset, driver_name, pairs,
                                                 sentence_outputs["inprocess"], sentence_outputs[driver_name]))
         for tail_key, segmentation in _longform_rows(options) if talks else []:
-            tails = tail_models[tail_key]
+            tails = v.tail_models[tail_key]
             outs = replayed[preset, tail_key, segmentation]
-            rows.append(longform_row(talks, outs, preset, variant, "inprocess", label, ts, schedule,
+            rows.append(longform_row(talks, outs, preset, variant, "inprocess", v.label, ts, schedule,
                                       tails.kind, options.bootstrap, concurrency, tails.committed_wer,
                                       segmentation))
-            progress(f"[{variant}] {preset} long form tail={tail_key} segmentation={segmentation}: "
-                     f"StreamLAAL {rows[-1].latency.get('stream_laal')} ms, LongYAAL "
-                     f"{rows[-1].latency.get('long_yaal')} ms")
+            v.progress(f"[{variant}] {preset} long form tail={tail_key} segmentation={segmentation}: "
+                       f"StreamLAAL {rows[-1].latency.get('stream_laal')} ms, LongYAAL "
+                       f"{rows[-1].latency.get('long_yaal')} ms")
     if options.offline_baseline:
-        row = sentence_row(pairs, replayed[OFFLINE,], OFFLINE, variant, OFFLINE, label, ts, schedule, "none",
+        row = sentence_row(pairs, replayed[OFFLINE,], OFFLINE, variant, OFFLINE, v.label, ts, schedule, "none",
                            options.bootstrap, concurrency)
         rows.append(row)
-        progress(f"[{variant}] offline baseline: BLEU {row.bleu:.2f}")
+        v.progress(f"[{variant}] offline baseline: BLEU {row.bleu:.2f}")
     return rows, checks
 
 
@@ -263,15 +286,6 @@ def settle_config(options: EvalOptions, variants: list[tuple[str, str, dict[str,
             "served_settle_buffer_tokens": served}
 
 
-def _streams_to_replay(options: EvalOptions, presets: list[str], pairs: list[TestPair],
-                       talks: list[list[TestPair]]) -> int:
-    """How many streams (sentences, talks) one variant replays: the progress bar's total."""
-    per_preset = (len(options.row_tails(options.tails)) * len(options.drivers) * len(pairs)
-                  + (len(_longform_rows(options)) * len(talks) if talks else 0))
-    return (len(presets) * per_preset + (len(pairs) if options.offline_baseline else 0)
-            + len(options.load_levels) * len(pairs[:options.load_sentences]))
-
-
 def _longform_rows(options: EvalOptions) -> list[tuple[str, str]]:
     """(tail key, segmentation) of each long-form row: every long-form tail closed by the client's
     rule, and the oracle comparison for `longform_oracle_tails`."""
@@ -287,13 +301,13 @@ def _ticker(bar):
     return tick
 
 
-def _under_load_rows(options: EvalOptions, seam, pairs: list[TestPair], variant: str, label: str, ts: TestSet,
-                     schedule: Schedule, replayer: Replayer, progress, tick) -> list:
+def _under_load_rows(v: _Variant, seam, replayer: Replayer, tick) -> list:
     """Quality under load: the default preset's gold-tail replay of the same first sentences at each
     of `options.load_levels` streams at once, on one engine alone (the variant's seam, or with several
     engines a fresh process of the first one's; its batch limit was raised to the highest level).
     Each level, 1 included, drafts through a draft scheduler of its own, as a server drafts for its
     speakers."""
+    options, pairs = v.options, v.pairs[:v.options.load_sentences]
     rows = []
     for level in options.load_levels:
         runner = ConcurrentStreams(seam, level)
@@ -303,9 +317,9 @@ def _under_load_rows(options: EvalOptions, seam, pairs: list[TestPair], variant:
             described = runner.describe()
         finally:
             runner.close()
-        rows.append(sentence_row(pairs, outs, DEFAULT_PRESET, variant, "inprocess", label, ts, schedule, LOAD_TAIL,
-                                  options.bootstrap, level, role="under_load"))
-        progress(f"[{variant}] under load, {level} at once (N={len(pairs)}): BLEU {rows[-1].bleu:.2f}, "
+        rows.append(sentence_row(pairs, outs, DEFAULT_PRESET, v.name, "inprocess", v.label, v.ts, v.schedule,
+                                  LOAD_TAIL, options.bootstrap, level, role="under_load"))
+        v.progress(f"[{v.name}] under load, {level} at once (N={len(pairs)}): BLEU {rows[-1].bleu:.2f}, "
                  f"LAAL CA {rows[-1].latency.get('ca_laal_ms')} ms; {described}")
     return rows
 
@@ -347,8 +361,12 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
         progress(f"test set {ts.name}: no talks (alignatt/data/eval/README.md), so no long-form rows")
     try:
         presets = [resolve_preset(p).name for p in options.presets]
+        sentence_presets = [resolve_preset(p).name for p in options.sentence_presets or options.presets]
     except ProtocolError as e:
         raise AlignattError(e.message) from None
+    if not set(sentence_presets) <= set(presets):
+        raise AlignattError(f"sentence_presets must be some of presets ({', '.join(presets)}), "
+                            f"not {', '.join(sentence_presets)}")
     variants = [(v, *parse_variant(v)) for v in options.variants]
     if "wlk" in options.drivers:
         load_wlk_client()  # not installed: one line naming the package, before any model loads
@@ -382,8 +400,9 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
         if isolate and seam_factory is None:
             got_rows, got_checks = _variant_in_child(options, variant)
         else:
-            got_rows, got_checks = _run_variant(options, variant, seam_name, seam_options, ts, pairs, talks,
-                                                presets, schedule, label, factory, progress, tail_models)
+            v = _Variant(options, variant, ts, pairs, talks, presets, sentence_presets, schedule, label, tail_models,
+                         progress)
+            got_rows, got_checks = _run_variant(v, seam_name, seam_options, factory)
         rows += got_rows
         checks += got_checks
     _paired_tests(rows, ts.target_lang, options, [p.reference for p in pairs])
@@ -396,7 +415,7 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
     if len(variants) > 1:
         first = variants[0][0]
         for variant, _, _ in variants[1:]:
-            for preset, tail in [*((p, t) for p in presets for t in options.row_tails(options.tails)),
+            for preset, tail in [*((p, t) for p in sentence_presets for t in options.row_tails(options.tails)),
                                  *([(OFFLINE, "none")] if options.offline_baseline else [])]:
                 a, b = by_variant.get((first, preset, tail)), by_variant.get((variant, preset, tail))
                 if a is None or b is None:

@@ -195,7 +195,7 @@ def test_jobs_replay_longest_first_and_talks_before_sentences():
     from alignatt.evaluate.testsets import TestPair
 
     pairs = [TestPair(id=f"s{i}", source=" ".join(["w"] * (2 + i)) + ".", reference="r") for i in range(3)]
-    jobs = variant_jobs(["balanced"], ["gold"], [("gold", "punctuation")], pairs, [pairs], offline=True)
+    jobs = variant_jobs(["balanced"], ["balanced"], ["gold"], [("gold", "punctuation")], pairs, [pairs], offline=True)
     assert [j.key for j in jobs] == [("balanced", "gold")] * 3 + [("balanced", "gold", "punctuation")] + [("offline",)] * 3
     order = ordered(jobs)
     assert order[0] == 3 and [jobs[j].words for j in order] == sorted((j.words for j in jobs), reverse=True)
@@ -211,7 +211,7 @@ def test_an_eval_interrupted_while_its_shards_replay_stops_and_reaps_them(test_s
     from alignatt.evaluate.testsets import load_test_set
 
     pairs = load_test_set(test_set, None).pairs
-    jobs = variant_jobs(["balanced"] * 40, ["gold"], [], pairs, [], offline=True)  # 246 streams
+    jobs = variant_jobs(["balanced"] * 40, [], ["gold"], [], pairs, [], offline=True)  # 246 streams
     replayer = Replayer("en", "de", None, Schedule(), {"gold": TailModel("gold")})
     route = DirectionRoute(model="gemma3-270m", seam="fake", device="cpu")
     specs = engine_specs(WithOptions(record_dir=str(tmp_path)), route, [Head(0, 0)], 2)

@@ -291,3 +291,24 @@ def test_the_eval_command_end_to_end_writes_what_the_audit_accepts(tmp_path):
     audit = runner.invoke(app, ["audit", "--json", "--no-report", "--root", str(tmp_path), str(outputs)])
     findings = json.loads(audit.output)["findings"]
     assert not [f for f in findings if f["check"] in ("schema", "derived")], findings
+
+
+def test_sentence_presets_score_sentences_at_fewer_presets_than_the_talks(tmp_path):
+    options = EvalOptions(limit=2, max_source_words=8, presets=["low_latency", "balanced", "high_latency"],
+                          sentence_presets=["balanced"], tails=["gold", "none"], longform_talks=1,
+                          longform_max_pairs=2, longform_tails=["gold"], offline_baseline=False)
+    a = run_eval(options, None, seam_factory=lambda route, heads: FakeSeam(), progress=lambda m: None)
+    assert sorted((r.preset, r.tail) for r in a.rows if r.form == "sentence") == [("balanced", "gold"),
+                                                                                   ("balanced", "none")]
+    assert sorted(r.preset for r in a.rows if r.form == "longform") == ["balanced", "high_latency", "low_latency"]
+    assert a.config.sentence_presets == ["balanced"]
+
+
+def test_sentence_presets_outside_the_presets_are_refused_in_one_line(tmp_path):
+    def no_model(route, heads):
+        raise AssertionError("refused before a model loads")
+
+    with pytest.raises(AlignattError, match="sentence_presets must be some of presets") as e:
+        run_eval(EvalOptions(limit=1, presets=["balanced"], sentence_presets=["low"]), tmp_path / "eval.json",
+                 seam_factory=no_model, progress=lambda m: None)
+    assert "\n" not in str(e.value) and not (tmp_path / "eval.json").exists()

@@ -265,7 +265,11 @@ class EvalKnobs(_Strict):
     variants: list[str] = Field(default_factory=lambda: [HF_QK_FAST],
                                 description="seam[:vllm_mode] variants scored on the same sentences, e.g. "
                                             "vllm_capture:cudagraph,vllm_capture:eager")
-    presets: list[str] = Field(default_factory=lambda: list(PRESET_NAMES), description="latency presets, a row each")
+    presets: list[str] = Field(default_factory=lambda: list(PRESET_NAMES),
+                               description="latency presets, a row each (sentence and long-form rows)")
+    sentence_presets: list[str] | None = Field(
+        None, description="the sentence rows' presets, some of `presets` (default: all): a grid can sweep the "
+                          "presets on whole talks and score sentences at fewer")
     drivers: list[Literal["inprocess", "websocket", "wlk"]] = Field(
         default_factory=lambda: ["inprocess"],
         description="inprocess; websocket: through alignatt serve, native client; wlk: through alignatt serve "
