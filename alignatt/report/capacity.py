@@ -11,7 +11,7 @@ from typing import Any
 
 from alignatt.measure.load_configurations import LoadConfiguration, is_served_default
 from alignatt.core.errors import AlignattError
-from alignatt.report.figures import Figure, new_figure, styled, svg_text
+from alignatt.report.figures import SERVED_COLOR, Figure, new_figure, styled, svg_text
 from alignatt.report.inputs import ReportInputs
 
 
@@ -218,7 +218,6 @@ def configuration_words(artifact: Any, vllm_mode: str | None = None) -> str:
 
 # Okabe & Ito's colour-blind-safe palette; black is kept for the served default.
 OKABE_ITO = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442")
-SERVED_COLOR = "#000000"
 MAX_SERIES = 6  # per panel; the capacity table has every level of every run
 RTT_PANELS = (("partial_rtt_ms_p50", "rtt_p50_ms", "RTT p50"), ("partial_rtt_ms_p95", "rtt_p95_ms", "RTT p95"))
 

@@ -30,6 +30,7 @@ SVG_RC = {"svg.hashsalt": "alignatt-report", "svg.fonttype": "none", "svg.image_
           "path.simplify": False}
 SVG_METADATA = {"Date": None, "Creator": "alignatt report", "Format": None, "Type": None}
 # Okabe & Ito's colour-blind-safe palette (vermillion, blue, bluish green)
+SERVED_COLOR = "#000000"  # the served default, drawn heavy, in every figure that shows it
 SEAM_COLORS = {HF_EAGER: "#D55E00", HF_QK_FAST: "#0072B2", VLLM_CAPTURE: "#009E73"}
 MODE_MARKERS = dict(zip(VLLM_MODES, ("o", "s", "D", "^"), strict=True))  # a new mode needs its marker
 
@@ -146,15 +147,19 @@ def latency_by_prompt_length(inputs: ReportInputs) -> list[Figure]:
         def draw(series=series, profile=profile, machine=machine, day=day, model=any_art.config.model,
                  synthetic=synthetic) -> Figure:
             fig, ax = new_figure()
+            served = _served_engine([(seam, mode) for seam, mode, _ in series])
             for seam, mode, points in series:
                 xs, ys = zip(*points)
-                ax.plot(xs, ys, marker=MODE_MARKERS.get(mode, "x"), linestyle="-", linewidth=1,
-                        color=SEAM_COLORS.get(seam, "#000000"), label=f"{seam} ({mode})")
+                is_served = (seam, mode) == served
+                ax.plot(xs, ys, marker=MODE_MARKERS.get(mode, "x"), linestyle="-",
+                        linewidth=2.2 if is_served else 1, zorder=3 if is_served else 2,
+                        color=SERVED_COLOR if is_served else SEAM_COLORS.get(seam, "#7f7f7f"),
+                        label=("served default: " if is_served else "") + f"{seam} ({mode})")
             ax.set_xlabel("prompt length (tokens)")
             ax.set_ylabel("ms per generated token (median)")
             ax.set_ylim(bottom=0)
             ax.grid(True, linewidth=0.3)
-            ax.set_title(f"{profile}: {model}{synthetic} on {machine}, {day}", fontsize=9)
+            ax.set_title(f"{profile}: {model}{synthetic} on {machine}, {day}", fontsize=9, loc="left")  # wider than the axes
             ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # outside the data
             caption = (f"Per-seam latency by prompt length, profile `{profile}` ({day}): each point is one "
                        "prompt's median over its measured passes; `dvc plots show` has the same data by prompt.")
@@ -163,6 +168,18 @@ def latency_by_prompt_length(inputs: ReportInputs) -> list[Figure]:
 
         figures.append(styled(draw))
     return figures
+
+
+def _served_engine(series: Sequence[tuple[str, str]]) -> tuple[str, str] | None:
+    """The (seam, mode) of a bench's series that `alignatt serve` drafts with by default: vllm_capture
+    in its served mode where vLLM ran (CUDA), else the default seam (CPU); None if the bench lacks it."""
+    from alignatt.capture.names import DEFAULT_SEAM
+    from alignatt.serve.config import SERVED_VLLM_OPTIONS
+
+    if any(seam == VLLM_CAPTURE for seam, _ in series):
+        wanted = (VLLM_CAPTURE, SERVED_VLLM_OPTIONS["vllm_mode"])
+        return wanted if wanted in series else None
+    return next(((seam, mode) for seam, mode in series if seam == DEFAULT_SEAM), None)
 
 
 def headline_ratio_history(inputs: ReportInputs) -> list[Figure]:

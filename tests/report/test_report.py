@@ -537,3 +537,12 @@ def test_the_methodology_is_what_the_bench_artifacts_recorded_not_todays_params(
     art = load_artifact(path)
     write_artifact(path, art.model_copy(update={"config": art.config.model_copy(update={"max_new_tokens": 12})}))
     assert "at most 20 / 12 new tokens" in report.render_report(tree)
+
+
+def test_the_bench_figure_marks_the_engine_serve_drafts_with():
+    from alignatt.report.figures import _served_engine
+
+    gpu = [("hf_eager", "eager"), ("vllm_capture", "eager"), ("vllm_capture", "fullgraph")]
+    assert _served_engine(gpu) == ("vllm_capture", "fullgraph")
+    assert _served_engine(gpu[:2]) is None  # vLLM ran, but not in the served mode: nothing is marked
+    assert _served_engine([("hf_eager", "eager"), ("hf_qk_fast", "eager")]) == ("hf_qk_fast", "eager")
