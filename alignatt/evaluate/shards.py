@@ -24,7 +24,7 @@ from alignatt.evaluate.emissions import StreamOutput
 from alignatt.evaluate.jobs import Job, Replayer
 from alignatt.evaluate.shared_engine import ConcurrentStreams
 from alignatt.serve.engine_client import ProcessBatchSeam
-from alignatt.serve.engine_process import EngineSpec, _portable
+from alignatt.serve.engine_process import EngineSpec, portable_error
 
 
 class Replayed:
@@ -126,6 +126,6 @@ def _shard_main(conn, spec: EngineSpec, index: int, jobs: list[Job], replayer: R
         send(("done", outputs, sizes, limit))
     except BaseException as e:  # noqa: BLE001 - sent to the eval's process, which raises it
         stop.set()
-        send(("failed", _portable(e)))
+        send(("failed", portable_error(e)))
     finally:
         conn.close()

@@ -43,7 +43,7 @@ class EngineSpec:
     heartbeat_s: float = 1.0  # the child beats twice in this time
 
 
-def _portable(error: BaseException) -> BaseException:
+def portable_error(error: BaseException) -> BaseException:
     """The error itself if it survives pickling, else a RuntimeError that names it."""
     try:
         pickle.loads(pickle.dumps(error))
@@ -85,7 +85,7 @@ def serve_engine(conn: multiprocessing.connection.Connection, spec: EngineSpec, 
         freeze_startup_heap()  # the engine's startup objects: no full collection walks them again
         pauses = process_pauses()
     except BaseException as e:  # noqa: BLE001 - reported to the server, which raises it
-        conn.send(Failed(_portable(e)))
+        conn.send(Failed(portable_error(e)))
         return
 
     profiler = StepProfiler()
@@ -106,7 +106,7 @@ def serve_engine(conn: multiprocessing.connection.Connection, spec: EngineSpec, 
                 handle = (engine.submit(item.request) if item.prepared is None
                           else engine.submit(item.request, item.prepared))
             except Exception as e:  # noqa: BLE001 - a bad request fails alone
-                refused.append((item.handle, _portable(e)))
+                refused.append((item.handle, portable_error(e)))
                 continue
             to_seam[item.handle], to_server[handle] = handle, item.handle
         return refused
@@ -152,7 +152,7 @@ def serve_engine(conn: multiprocessing.connection.Connection, spec: EngineSpec, 
             try:
                 reply = answer(message)
             except Exception as e:  # noqa: BLE001 - the server raises it where it asked
-                reply = Failed(_portable(e))
+                reply = Failed(portable_error(e))
             try:
                 conn.send(reply)  # pickled whole before a byte is sent
             except (pickle.PicklingError, AttributeError, TypeError) as e:

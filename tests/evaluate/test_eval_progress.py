@@ -22,3 +22,30 @@ def test_eval_counts_every_replayed_stream_on_stderr(capsys):
     assert "about" in captured.err and "left" in captured.err  # a time left while under way
     assert "\r" not in captured.err and captured.out == ""
     assert len(artifact.rows) == 4
+
+
+def test_the_stream_count_holds_talks_only_where_the_inprocess_driver_replays_them():
+    """Whole talks are in-process jobs: a variant replayed only over WebSocket counts its sentences
+    (one stream each, per preset and tail) and none of the talks it does not replay."""
+    from alignatt.evaluate.replay import Schedule
+    from alignatt.evaluate.rows import talks_of
+    from alignatt.evaluate.testsets import load_test_set, select
+    from alignatt.evaluate.variant import Variant
+
+    def count(drivers: list[str]) -> int:
+        options = EvalOptions(limit=3, max_source_words=8, presets=["balanced"], tails=["gold", "none"],
+                              drivers=drivers, longform_talks=1, longform_max_pairs=2, longform_tails=["gold"],
+                              offline_baseline=False,
+                              load_levels=[1], load_sentences=2)
+        ts = load_test_set(options.test_set, options.direction)
+        talks = talks_of(ts.pairs, 1, 2)
+        assert len(talks) == 1
+        v = Variant(options, "hf_qk_fast", ts, select(ts, 3, 8), talks, ["balanced"], ["balanced"],
+                    Schedule(options.words_per_second, options.commit_lag_seconds, options.tail_visible_at),
+                    "scored", {}, lambda m: None)
+        return v.streams()
+
+    # 2 tails x 3 sentences + the load level's 2; in process, also 1 talk per long-form row (gold punctuation)
+    assert count(["websocket"]) == 2 * 3 + 2
+    assert count(["inprocess"]) == 2 * 3 + 1 + 2
+    assert count(["inprocess", "websocket"]) == 2 * 2 * 3 + 1 + 2

@@ -15,7 +15,8 @@ from alignatt.core.draft import DraftRequest  # noqa: E402
 from alignatt.core.policy import PolicyConfig  # noqa: E402
 from alignatt.core.settle import SETTLED, cut, rule_for  # noqa: E402
 from alignatt.evaluate.outputs import not_served_default, report_section, scored_configuration  # noqa: E402
-from alignatt.evaluate.run import EvalOptions, run_eval, variant_settle  # noqa: E402
+from alignatt.evaluate.run import EvalOptions, run_eval  # noqa: E402
+from alignatt.evaluate.variant import variant_settle  # noqa: E402
 from alignatt.record.artifacts import EvalArtifact, load_artifact  # noqa: E402
 from alignatt.serve.config import SERVED_SETTLE_BUFFER_TOKENS  # noqa: E402
 from tests.fakes.batch_fakes import StandInBatchSeam  # noqa: E402
