@@ -73,6 +73,11 @@ class LoadOptions(LoadKnobs):
     def _levels(cls, value: Any) -> list[int]:
         return _int_list(value) if value not in (None, "") else []
 
+    @field_validator("compared_speakers", mode="before")
+    @classmethod
+    def _compared(cls, value: Any) -> list[int] | None:
+        return _int_list(value) if value not in (None, "") else None
+
     @field_validator("speakers", "capture_cost_batches", mode="before")
     @classmethod
     def _ints(cls, value: Any) -> list[int]:
@@ -104,6 +109,10 @@ class LoadOptions(LoadKnobs):
         if unmeasured:  # it would never be armed: the run would end with no profile and no word why
             raise ValueError(f"kernel_profile_speakers {unmeasured[0]} is not a level of speakers "
                              f"{','.join(map(str, self.speakers))}: profile a level the run measures")
+        extra = sorted(set(self.compared_speakers or []) - set(self.speakers))
+        if extra:
+            raise ValueError(f"compared_speakers {extra[0]} is not a level of speakers "
+                             f"{','.join(map(str, self.speakers))}: compare at levels the first configuration runs")
         return self
 
     @model_validator(mode="after")
@@ -121,6 +130,16 @@ class LoadOptions(LoadKnobs):
     def runs(self) -> list[LoadConfiguration]:
         """The configurations, as validated (the default resolved)."""
         return list(self.configurations or [])
+
+    def for_later_configurations(self) -> "LoadOptions":
+        """The options a configuration after the first runs with: `compared_speakers`' levels (and the
+        kernel profiles among them)."""
+        if self.compared_speakers is None:
+            return self
+        levels = self.compared_speakers
+        return self.model_copy(update={"speakers": levels, "compared_speakers": None,
+                                       "kernel_profile_speakers": [n for n in self.kernel_profile_speakers
+                                                                   if n in levels]})
 
 
 def resolve_streams(names: list[str]) -> list[tuple[str, SmokeStream]]:
@@ -333,11 +352,12 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
     # configuration runs in a child of its own.
     isolate = seam_factory is None and options.seam == VLLM_CAPTURE and (len(configurations) > 1 or want_cost)
     runs: list[dict] = []
-    for configuration in configurations:
-        payload = {"options": options.model_dump(), "configuration": configuration.model_dump()}
+    for i, configuration in enumerate(configurations):
+        levels = options if i == 0 else options.for_later_configurations()
+        payload = {"options": levels.model_dump(), "configuration": configuration.model_dump()}
         runs.append(run_in_child("alignatt.measure.capacity:configuration_in_child", payload,
                                  f"load ({configuration.label()})")
-                    if isolate else run_configuration(options, configuration, seam_factory))
+                    if isolate else run_configuration(levels, configuration, seam_factory))
     for r in runs[1:]:  # one speaker alone on each later configuration against the first
         difference = configuration_difference(runs[0]["alone"], r["alone"])
         for lv in r["levels"]:

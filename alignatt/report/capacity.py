@@ -156,7 +156,7 @@ def _judge(lv: Any, target: dict[str, Any]) -> tuple[bool, list[str]]:
 
 def capacity_targets(inputs: ReportInputs) -> list[dict[str, Any]]:
     """params.yaml's `report.capacity_targets`, judged on each profile's `load` stage artifact
-    (`<profile>/load.json`), per configuration: met, missed, or not measured."""
+    (`<profile>/load.json`), per configuration: met, missed, or (the run's first configuration) not measured."""
     targets = (inputs.params.get("report") or {}).get("capacity_targets") or []
     for target in targets:  # a misspelt bound would otherwise be judged met without being checked
         unknown = set(target) - set(TARGET_BOUNDS) - {"speakers", "lag_steady"}
@@ -171,9 +171,11 @@ def capacity_targets(inputs: ReportInputs) -> list[dict[str, Any]]:
         for target in targets:
             for mode in modes:
                 level = next((lv for lv in a.levels if lv.vllm_mode == mode and lv.speakers == target["speakers"]), None)
+                if level is None and mode != modes[0]:  # a later configuration, run at fewer levels (compared_speakers)
+                    continue
+                served = is_served_default(mode, a.config.seam, a.config.device)
                 ok, said = _judge(level, target) if level is not None else (None, ["not measured"])
-                rows.append(dict(date=a.provenance.date, configuration=configuration(rel, a, mode),
-                                 served=is_served_default(mode, a.config.seam, a.config.device),
+                rows.append(dict(date=a.provenance.date, configuration=configuration(rel, a, mode), served=served,
                                  speakers=target["speakers"], verdict={True: "met", False: "missed", None: "—"}[ok],
                                  measured="; ".join(said)))
     return rows

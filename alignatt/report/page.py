@@ -332,6 +332,7 @@ def build_context(inputs: ReportInputs, figures: list[Figure] | None = None) -> 
         served_default=served_default_label(),
         capture_cost=capture_cost_rows(inputs),
         step_anatomy=step_anatomy.step_anatomy_rows(inputs),
+        step_bandwidth=step_anatomy.bandwidth_verdicts(inputs),
         exactness=exactness,
         served=served_criterion(exactness, scored_mode),
         independence=load_independence(inputs),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from alignatt.core.errors import AlignattError
 from alignatt.record.artifacts.load import StepAnatomy
 from alignatt.report.figures import Figure, new_figure, styled, svg_text
 from alignatt.report.inputs import ReportInputs
@@ -52,6 +53,36 @@ def step_anatomy_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
             flops="—" if s.tflops is None else f"{s.tflops:.1f} ({_share(s.flops_share)})",
             stopped="—" if s.write_s is None else f"{s.write_s:.1f}"))
     return rows
+
+
+def bandwidth_verdicts(inputs: ReportInputs) -> list[str]:
+    """params.yaml's `report.step_bandwidth_target` ({speakers, share}) judged on each profiled engine
+    at that level: met or missed, and what keeps the step from it. At the target share, a step may take
+    the weights' read floor divided by it; the step's period (GPU busy + idle) is set against that,
+    part by part, and without its idle time (the kernels alone, as they are)."""
+    target = (inputs.params.get("report") or {}).get("step_bandwidth_target")
+    if not target:
+        return []
+    if set(target) != {"speakers", "share"} or not 0 < target["share"] <= 1:
+        raise AlignattError(f"report.step_bandwidth_target {target}: give speakers and share (0 < share <= 1)")
+    said = []
+    for rel, a, lv, engine, s in _profiled(inputs):
+        if lv.speakers != target["speakers"] or not isinstance(s, StepAnatomy) or s.bandwidth_share is None:
+            continue
+        budget = s.weight_read_floor_ms / target["share"]
+        period = s.gpu_busy_ms + s.idle_ms
+        parts = sorted([(IDLE, s.idle_ms), *((p, ms) for p, ms in s.parts_ms.items() if ms > 0)], key=lambda t: -t[1])
+        over = [f"{p} {ms:.2f}" for p, ms in parts if ms >= 0.05 * period]
+        said.append(f"{a.provenance.date}, `{rel}`, {lv.vllm_mode or a.config.seam}, {lv.speakers} speakers, engine "
+                    f"{engine}: **{'met' if s.bandwidth_share >= target['share'] else 'missed'}**, "
+                    f"{_share(s.bandwidth_share)} of the peak (target {_share(target['share'])}). At "
+                    f"{_share(target['share'])} a step may take {budget:.2f} ms (the {s.weight_read_floor_ms:.2f} ms "
+                    f"floor ÷ {target['share']:g}); it took {period:.2f} ms of GPU busy and idle time: "
+                    f"{'; '.join(over)} (ms per step, each part ≥ 5 % of it). With no idle time the kernels as they "
+                    f"are would reach {_share(s.weight_read_floor_ms / s.gpu_busy_ms)}"
+                    + (f"; the GEMMs alone take {s.parts_ms['GEMM'] / budget:.1f}× the target's step"
+                       if s.parts_ms.get("GEMM", 0) > budget else "") + ".")
+    return said
 
 
 SMALL = "smaller parts (each under 5 % of the GPU time)"

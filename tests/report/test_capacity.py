@@ -69,3 +69,40 @@ def test_a_row_run_with_changed_parameters_says_so():
     rows = capacity_rows(inputs_of(load.model_copy(update={"provenance": changed})))
     assert rows and all(r["configuration"].endswith(
         "run with `-S profiles.h200.load.speakers=128` (not params.yaml's)") for r in rows)
+
+
+def test_a_later_configuration_is_judged_only_where_it_ran_and_the_first_everywhere():
+    from alignatt.report.capacity import capacity_targets
+
+    load = relabelled("", "")
+    inputs = ReportInputs(root=ROOT, params={"report": {"capacity_targets": [{"speakers": 96, "rtt_p95_ms": 300},
+                                                                             {"speakers": 128, "rtt_p95_ms": 300}]}},
+                          published=[], runs={}, smokes=[], envs=[], measurements=[],
+                          by_kind={"load": [("outputs/h200/load.json", load)]})
+    rows = [(r["speakers"], r["served"], r["verdict"]) for r in capacity_targets(inputs)]
+    assert rows == [(96, True, "—"), (128, True, "missed"), (128, False, "missed")]
+
+
+def test_the_step_bandwidth_target_is_judged_with_what_keeps_the_step_from_it():
+    import pytest
+
+    from alignatt.core.errors import AlignattError
+    from alignatt.report.step_anatomy import IDLE, bandwidth_verdicts
+
+    anatomy = load_artifact(ROOT / "outputs" / "h200" / "load_step_anatomy.json")
+
+    def verdicts(target):
+        return bandwidth_verdicts(ReportInputs(
+            root=ROOT, params={"report": {"step_bandwidth_target": target}}, published=[], runs={}, smokes=[],
+            envs=[], measurements=[], by_kind={"load": [("outputs/h200/load_step_anatomy.json", anatomy)]}))
+
+    (line,) = verdicts({"speakers": 128, "share": 0.5})
+    s = next(iter(anatomy.levels[1].step_anatomy.values()))
+    assert "**missed**" in line and f"{s.bandwidth_share:.1%} of the peak" in line
+    assert f"may take {s.weight_read_floor_ms / 0.5:.2f} ms" in line
+    assert line.split("idle time: ")[1].startswith(f"{IDLE} {s.idle_ms:.2f}")  # the largest part first
+    (met,) = verdicts({"speakers": 128, "share": 0.1})
+    assert "**met**" in met
+    assert verdicts({"speakers": 64, "share": 0.5}) == []  # no level profiled there
+    with pytest.raises(AlignattError, match="step_bandwidth_target"):
+        verdicts({"speakers": 128, "share": 50})

@@ -46,6 +46,9 @@ class LoadKnobs(ServedModel):
 
     speakers: list[int] = Field(default_factory=lambda: [1, 2, 4],
                                 description="load levels: concurrent speakers, comma-separated")
+    compared_speakers: list[int] | None = Field(
+        None, description="the levels of each configuration after the first, some of speakers (default: all); "
+                          "at 1 speaker each is matched update by update against the first")
     streams: list[str] = Field(default_factory=lambda: ["smoke", "long"],
                                description="streams speakers replay in turn: smoke, long, speech:<clip> or paths")
     speed: float = Field(1.0, gt=0, description="replay speed (1.0: real time)")
