@@ -101,6 +101,21 @@ class PromptLayout:
         return [p for p, w in zip(self.source_token_positions, self.source_word_of_token) if w == word]
 
 
+# Where a prompt's tokens sit, in order: what changes between two updates of a session is in the
+# source (new and revised words) and everything after it, which a prefix cache cannot serve.
+PROMPT_REGIONS = ("before the source", "source", "after the source", "target prefix")
+
+
+def uncached_by_region(layout: PromptLayout, cached: int) -> dict[str, int]:
+    """The prompt's tokens past its first `cached` (those a prefix cache did not serve), by region:
+    before the source (instructions, examples, context, history, the turn's start), the source, after
+    it (the turn's end and the generation prompt) and the accepted target prefix."""
+    src = layout.source_token_positions
+    start, end = (src[0], src[-1] + 1) if src else (layout.prefix_start, layout.prefix_start)
+    bounds = (0, start, end, layout.prefix_start, len(layout.input_ids))
+    return {name: max(0, b - max(a, cached)) for name, a, b in zip(PROMPT_REGIONS, bounds, bounds[1:])}
+
+
 def language_name(code: str) -> str:
     return LANGUAGE_NAMES.get(code, code)
 

@@ -224,6 +224,30 @@ MAX_SERIES = 6  # per panel; the capacity table has every level of every run
 RTT_PANELS = (("partial_rtt_ms_p50", "rtt_p50_ms", "RTT p50"), ("partial_rtt_ms_p95", "rtt_p95_ms", "RTT p95"))
 
 
+def prefix_cache_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
+    """vLLM's prefix cache over each configuration's whole run, in each profile's `load` stage run and
+    in the kernel-profiled runs: the prompt tokens it served, and per draft those it did not, by where
+    they sit in the prompt (`core/prompt.py:uncached_by_region`; — where the artifact predates it)."""
+    from alignatt.core.prompt import PROMPT_REGIONS
+
+    rows = []
+    for rel, a in sorted(inputs.of_kind("load"), key=lambda t: t[0]):
+        if not (rel.endswith("/load.json") or any(lv.step_anatomy for lv in a.levels)):
+            continue
+        for mode in dict.fromkeys(lv.vllm_mode for lv in a.levels):
+            d = a.config.engine_of(mode).get("seam_describe") or {}
+            total, cached = d.get("prompt_tokens"), d.get("cached_prompt_tokens")
+            if not total or cached is None:
+                continue
+            drafts, regions = d.get("prompt_drafts"), d.get("uncached_prompt_tokens") or {}
+            per = (lambda n: f"{n / drafts:.1f}") if drafts else (lambda n: "—")  # noqa: E731
+            rows.append(dict(date=a.provenance.date, configuration=configuration(rel, a, mode),
+                             drafts=drafts or "—", prompt=per(total), served=f"{cached / total:.1%}",
+                             computed=per(total - cached),
+                             regions=" / ".join(per(regions[r]) for r in PROMPT_REGIONS) if regions else "—"))
+    return rows
+
+
 def _stage_runs(inputs: ReportInputs) -> list[tuple[str, Any]]:
     """Each profile's `load` stage artifact (`<profile>/load.json`): the runs the figure draws."""
     return [(rel, a) for rel, a in sorted(inputs.of_kind("load"), key=lambda t: t[0]) if rel.endswith("/load.json")]

@@ -11,7 +11,7 @@ from alignatt.capture.vllm.fetch import DraftState
 from alignatt.capture.vllm.seam import STEP_PHASES, VllmCaptureSeam, draft_sampling
 from alignatt.capture.vllm.settling import Settler
 from alignatt.core.draft import DraftRequest
-from alignatt.core.prompt import PromptLayout
+from alignatt.core.prompt import PROMPT_REGIONS, PromptLayout
 from tests.capture.test_vllm_fetch import HEADS, StandInEngine
 
 # (request id, block ids per group, prompt length, drafted tokens, source positions, prefix start)
@@ -25,13 +25,14 @@ REQUESTS = {
 class ScriptedCore:
     """vLLM's engine core as the seam sees it: each `step` returns the next scripted outputs."""
 
-    def __init__(self, script):
+    def __init__(self, script, cached=None):
         self.script = list(script)
         self.aborted = []
+        self.cached = cached or {}  # prompt tokens vLLM's prefix cache served, by request
 
     def step(self):
         outputs = self.script.pop(0) if self.script else []
-        return [SimpleNamespace(request_id=rid, finished=True, num_cached_tokens=0,
+        return [SimpleNamespace(request_id=rid, finished=True, num_cached_tokens=self.cached.get(rid, 0),
                                 outputs=[SimpleNamespace(token_ids=list(range(7, 7 + REQUESTS[rid][2])),
                                                          finish_reason="length")])
                 for rid in outputs]
@@ -48,18 +49,19 @@ class Tokens:
         return "".join(f"<{i}>" for i in ids)
 
 
-def scripted_seam(script):
+def scripted_seam(script, cached=None):
     engine = StandInEngine()
     items = {rid: engine.add(rid, *args) for rid, args in REQUESTS.items()}
     seam = VllmCaptureSeam.__new__(VllmCaptureSeam)  # everything but the vLLM engine
-    seam.engine = SimpleNamespace(core=ScriptedCore(script), hooks=SimpleNamespace(block_ids=engine.block_ids))
+    seam.engine = SimpleNamespace(core=ScriptedCore(script, cached), hooks=SimpleNamespace(block_ids=engine.block_ids))
     seam.fetcher, seam.plans, seam.heads, seam.tokenizer = engine.fetcher, engine.plans, HEADS, Tokens()
     seam.config = SimpleNamespace(capture=True)
     seam.fixed_length, seam.reconstruct, seam.keep_raw = True, "batched", False
     seam.stop_ids, seam._newline_ids = set(), set()
     seam.raw, seam.last_raw_id = {}, None
     seam._states, seam._pending, seam._aborted, seam._warned = {}, [], set(), set()
-    seam.prompt_tokens = seam.cached_prompt_tokens = 0
+    seam.prompt_tokens = seam.cached_prompt_tokens = seam.prompt_drafts = 0
+    seam.uncached_prompt_tokens = dict.fromkeys(PROMPT_REGIONS, 0)
     seam.step_phases_s = dict.fromkeys(STEP_PHASES, 0.0)
     seam.step_token_counts = {"prefill": 0, "decode": 0}
     seam.settler = Settler(engine.fetcher, 3, seam.step_phases_s)
@@ -128,3 +130,13 @@ def test_a_drafts_sampling_fields_are_its_own_and_spare_vllms_deep_copy():
     assert (free["min_tokens"], free["ignore_eos"], free["temperature"], free["detokenize"]) == (0, False, 0.0, False)
     fixed = draft_sampling(16, True, stops)  # fixed-length drafts (latency runs): no stops, all 16 tokens
     assert (fixed["stop_token_ids"], fixed["min_tokens"], fixed["max_tokens"], fixed["ignore_eos"]) == (None, 16, 16, True)
+
+
+def test_the_prompt_tokens_the_prefix_cache_did_not_serve_are_counted_by_where_they_sit():
+    """a: 8 of 14 served (source 3..10, prefix from 12); b: 16 of 20 (source 2..13, prefix from 17); c: none."""
+    seam, _ = scripted_seam([["a", "b", "c"]], cached={"a": 8, "b": 16})
+    seam.step()
+    assert (seam.prompt_tokens, seam.cached_prompt_tokens, seam.prompt_drafts) == (43, 24, 3)
+    assert seam.uncached_prompt_tokens == {"before the source": 1, "source": 3 + 3, "after the source": 1 + 1 + 4,
+                                           "target prefix": 2 + 3 + 1}
+    assert sum(seam.uncached_prompt_tokens.values()) == seam.prompt_tokens - seam.cached_prompt_tokens

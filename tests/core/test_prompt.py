@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from alignatt.core.draft import DraftRequest
 from alignatt.core.errors import AlignattError
 from alignatt.models.presets import tiny_tokenizer
-from alignatt.core.prompt import build_prompt, language_name
+from alignatt.core.prompt import build_prompt, language_name, uncached_by_region
 
 TOKENIZER = tiny_tokenizer()
 
@@ -67,6 +67,25 @@ def test_chat_prompt_has_instruction_source_and_continued_prefix():
     no_prefix = build_prompt(TOKENIZER, DraftRequest(source_words="the cat sat".split(), committed_words=2))
     assert no_prefix.prefix_start == len(no_prefix.input_ids)
     assert no_prefix.source_token_positions == layout.source_token_positions  # prefix comes after
+
+
+def test_uncached_prompt_tokens_are_counted_by_region_up_to_a_grown_source():
+    """Two updates of one session: a prefix cache serves the first prompt's tokens up to where the
+    source grew; the rest is the new source, the turn's end with the generation prompt, the prefix."""
+    before = build_prompt(TOKENIZER, DraftRequest(source_words="the cat sat".split(), committed_words=2,
+                                                  target_prefix="Die Katze"))
+    after = build_prompt(TOKENIZER, DraftRequest(source_words="the cat sat down".split(), committed_words=3,
+                                                 target_prefix="Die Katze"))
+    shared = next(i for i, (a, b) in enumerate(zip(before.input_ids, after.input_ids)) if a != b)
+    got = uncached_by_region(after, shared)
+    assert got["before the source"] == 0 and got["source"] >= 1
+    end = after.source_token_positions[-1] + 1
+    assert got["after the source"] == after.prefix_start - end
+    assert TOKENIZER.decode(after.input_ids[end:after.prefix_start]).endswith("<start_of_turn>model\n")
+    assert got["target prefix"] == len(after.input_ids) - after.prefix_start
+    assert sum(got.values()) == len(after.input_ids) - shared
+    assert sum(uncached_by_region(after, 0).values()) == len(after.input_ids)  # nothing served
+    assert set(uncached_by_region(after, len(after.input_ids)).values()) == {0}  # all served
 
 
 def test_prefix_trailing_whitespace_is_not_part_of_the_prompt():

@@ -106,3 +106,24 @@ def test_the_step_bandwidth_target_is_judged_with_what_keeps_the_step_from_it():
     assert verdicts({"speakers": 64, "share": 0.5}) == []  # no level profiled there
     with pytest.raises(AlignattError, match="step_bandwidth_target"):
         verdicts({"speakers": 128, "share": 50})
+
+
+def test_the_prefix_cache_table_gives_per_draft_tokens_by_region_and_dashes_for_older_runs():
+    from alignatt.report.capacity import prefix_cache_rows
+
+    anatomy = load_artifact(ROOT / "outputs" / "h200" / "load_step_anatomy.json")
+    described = dict(anatomy.config.seam_describe, prompt_tokens=1000, cached_prompt_tokens=800, prompt_drafts=4,
+                     uncached_prompt_tokens={"before the source": 0, "source": 60, "after the source": 40,
+                                             "target prefix": 100})
+    newer = anatomy.model_copy(update={"config": anatomy.config.model_copy(update={"seam_describe": described})})
+
+    def rows(artifact):
+        return prefix_cache_rows(ReportInputs(root=ROOT, params={}, published=[], runs={}, smokes=[], envs=[],
+                                              measurements=[],
+                                              by_kind={"load": [("outputs/h200/load_step_anatomy.json", artifact)]}))
+
+    (row,) = rows(newer)
+    assert (row["drafts"], row["prompt"], row["served"], row["computed"]) == (4, "250.0", "80.0%", "50.0")
+    assert row["regions"] == "0.0 / 15.0 / 10.0 / 25.0"
+    (older,) = rows(anatomy)  # recorded before the split: the hit share only
+    assert older["served"] == "87.8%" and older["computed"] == older["regions"] == "—"
