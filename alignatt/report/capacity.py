@@ -241,7 +241,9 @@ def prefix_cache_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
                 continue
             drafts, regions = d.get("prompt_drafts"), d.get("uncached_prompt_tokens") or {}
             per = (lambda n: f"{n / drafts:.1f}") if drafts else (lambda n: "—")  # noqa: E731
+            kv = d.get("kv_cache_tokens")  # per KV-cache group: the smallest bounds what stays cached
             rows.append(dict(date=a.provenance.date, configuration=configuration(rel, a, mode),
+                             kv_tokens=f"{min(kv.values()):,}" if kv else "—",
                              drafts=drafts or "—", prompt=per(total), served=f"{cached / total:.1%}",
                              computed=per(total - cached),
                              regions=" / ".join(per(regions[r]) for r in PROMPT_REGIONS) if regions else "—"))

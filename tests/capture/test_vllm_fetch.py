@@ -287,3 +287,9 @@ def test_the_packers_buffers_reach_the_device_as_put_with_aliases_and_a_copy_of_
     assert ix["positions"].tolist() == [[1 << 40], [3]]
     slots[0, 0] = 99  # the device buffers are a copy: the host arrays may be reused at once
     assert ix["slots"][0, 0].item() == -5
+
+
+def test_the_kv_cache_capacity_is_read_per_group_from_the_caches_shapes():
+    """blocks x block size of each group's cache: what running drafts and cached prefixes share."""
+    engine = StandInEngine(n_blocks=(10, 20))
+    assert engine.view.kv_cache_tokens() == {0: 10 * 16, 1: 20 * 8}

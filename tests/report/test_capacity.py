@@ -113,6 +113,7 @@ def test_the_prefix_cache_table_gives_per_draft_tokens_by_region_and_dashes_for_
 
     anatomy = load_artifact(ROOT / "outputs" / "h200" / "load_step_anatomy.json")
     described = dict(anatomy.config.seam_describe, prompt_tokens=1000, cached_prompt_tokens=800, prompt_drafts=4,
+                     kv_cache_tokens={"0": 70000, "1": 65536},
                      uncached_prompt_tokens={"before the source": 0, "source": 60, "after the source": 40,
                                              "target prefix": 100})
     newer = anatomy.model_copy(update={"config": anatomy.config.model_copy(update={"seam_describe": described})})
@@ -124,6 +125,6 @@ def test_the_prefix_cache_table_gives_per_draft_tokens_by_region_and_dashes_for_
 
     (row,) = rows(newer)
     assert (row["drafts"], row["prompt"], row["served"], row["computed"]) == (4, "250.0", "80.0%", "50.0")
-    assert row["regions"] == "0.0 / 15.0 / 10.0 / 25.0"
+    assert row["regions"] == "0.0 / 15.0 / 10.0 / 25.0" and row["kv_tokens"] == "65,536"
     (older,) = rows(anatomy)  # recorded before the split: the hit share only
-    assert older["served"] == "87.8%" and older["computed"] == older["regions"] == "—"
+    assert older["served"] == "87.8%" and older["computed"] == older["regions"] == older["kv_tokens"] == "—"

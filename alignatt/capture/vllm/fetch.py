@@ -164,6 +164,11 @@ class EngineView:
     def device(self) -> torch.device:
         return next(iter(self.layers.values())).cache.q.device
 
+    def kv_cache_tokens(self) -> dict[int, int]:
+        """Per KV-cache group of the captured layers, the tokens its cache holds (blocks x block size):
+        every running draft and every cached prefix share them."""
+        return {src.group: int(src.kv_cache.shape[0] * src.kv_cache.shape[2]) for src in self.layers.values()}
+
 
 @dataclass
 class FetchTimings:

@@ -484,6 +484,7 @@ class VllmCaptureSeam:
             "cached_prompt_tokens": self.cached_prompt_tokens,
             "uncached_prompt_tokens": dict(self.uncached_prompt_tokens),  # by region (core/prompt.py)
             "prompt_drafts": self.prompt_drafts,
+            "kv_cache_tokens": self.fetcher.view.kv_cache_tokens() if self.fetcher is not None else None,
             "query_cache_mib": round(sum(c.nbytes() for c in hooks.caches.values()) / 2**20, 1) if hooks else 0,
             "keep_alive_add": bool(hooks.keep_alive) if hooks else False,
         }
