@@ -293,6 +293,7 @@ def rtt_against_speakers(inputs: ReportInputs) -> list[Figure]:
         for i, run in enumerate(runs):
             row = [fig.add_subplot(spec[2 * i, 0]), fig.add_subplot(spec[2 * i, 1])]
             for ax, (field, bound, name) in zip(row, RTT_PANELS):
+                ax.set_yscale("log")  # before anything is drawn: the limits then autoscale in log space
                 colors = iter(OKABE_ITO)
                 for s in run["series"]:
                     pts = sorted((lv.speakers, getattr(lv, field)) for lv in s["points"] if getattr(lv, field) is not None)
@@ -303,19 +304,24 @@ def rtt_against_speakers(inputs: ReportInputs) -> list[Figure]:
                     style = dict(color=SERVED_COLOR, linewidth=2.2, zorder=3) if s["served"] else dict(
                         color=next(colors), linewidth=1.2)
                     ax.plot(xs, ys, marker="o", markersize=4, label=label, **style)
-                speakers = sorted({lv.speakers for s in run["series"] for lv in s["points"]})
-                for t in run["targets"]:
-                    if bound in t:
-                        right = t["speakers"] == min(speakers)  # the label beside the marker, inside the panel
-                        ax.plot([t["speakers"]], [t[bound]], marker="v", markersize=9, color="#D55E00",
-                                linestyle="none", zorder=4)
-                        ax.annotate(f"target ≤ {t[bound]} ms", (t["speakers"], t[bound]), textcoords="offset points",
-                                    xytext=(6 if right else -6, 5), ha="left" if right else "right", va="bottom", fontsize=7, color="#D55E00")
+                marked = [t for t in run["targets"] if bound in t]
+                ticks = sorted({lv.speakers for s in run["series"] for lv in s["points"]}
+                               | {t["speakers"] for t in marked})
+                for t in marked:
+                    ax.plot([t["speakers"]], [t[bound]], marker="v", markersize=9, color="#D55E00",
+                            linestyle="none", zorder=4)
+                for value in dict.fromkeys(t[bound] for t in marked):  # one label per bound, at its first marker
+                    first = min(t["speakers"] for t in marked if t[bound] == value)
+                    right = first == ticks[0]  # the label beside the marker, inside the panel
+                    ax.annotate(f"target ≤ {value} ms", (first, value), textcoords="offset points",
+                                xytext=(6 if right else -6, 5), ha="left" if right else "right", va="bottom",
+                                fontsize=7, color="#D55E00")
                 low, high = ax.get_ylim()
-                ax.set_ylim(low, high * 1.3)  # room for a target's label above the highest point
-                ax.set_xscale("log", base=2)
-                ax.set_yscale("log")
-                ax.set_xticks(speakers, [str(n) for n in speakers])
+                ax.set_ylim(low / 1.15, high * 1.3)  # room for a target's label above the highest point
+                # levels spread over a wide range (1 .. 256) read best on a linear axis; a few small ones on log2
+                if ticks[-1] / ticks[0] <= 16:
+                    ax.set_xscale("log", base=2)
+                ax.set_xticks(ticks, [str(n) for n in ticks])
                 ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
                 ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if str(v)[0] in "236" else ""))
                 ax.set_xlabel("concurrent real-time speakers", fontsize=8)

@@ -128,3 +128,19 @@ def test_the_prefix_cache_table_gives_per_draft_tokens_by_region_and_dashes_for_
     assert row["regions"] == "0.0 / 15.0 / 10.0 / 25.0" and row["kv_tokens"] == "65,536"
     (older,) = rows(anatomy)  # recorded before the split: the hit share only
     assert older["served"] == "87.8%" and older["computed"] == older["regions"] == older["kv_tokens"] == "—"
+
+
+def test_the_figure_labels_each_bound_once_and_marks_every_target_even_where_not_measured():
+    from alignatt.report.capacity import rtt_against_speakers
+
+    targets = [{"speakers": 1, "rtt_p50_ms": 15}] + [{"speakers": n, "rtt_p95_ms": 300} for n in (64, 96, 128, 256)]
+    inputs = ReportInputs(root=ROOT, params={"report": {"capacity_targets": targets}}, published=[], runs={},
+                          smokes=[], envs=[], measurements=[],
+                          by_kind={"load": [("outputs/h200/load.json", relabelled("", ""))]})
+    import re
+
+    (figure,) = rtt_against_speakers(inputs)
+    texts = re.findall(r"<text[^>]*>([^<]*)</text>", figure.svg)
+    assert texts.count("target ≤ 300 ms") == 1 and texts.count("target ≤ 15 ms") == 1
+    p95 = texts[texts.index("partial-draft RTT p50 (ms)") + 1:]  # the second panel's texts
+    assert [t for t in p95 if t in {"1", "64", "96", "128", "256"}][:5] == ["1", "64", "96", "128", "256"]
