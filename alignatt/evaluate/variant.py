@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from alignatt.core.policy import DEFAULT_PRESET
 from alignatt.core.progress import progress_bar
@@ -26,10 +26,8 @@ from alignatt.evaluate.shared_engine import ConcurrentStreams, batch_limit_optio
 from alignatt.evaluate.tails import TailModel
 from alignatt.evaluate.testsets import TestPair, TestSet
 from alignatt.evaluate.wlk_driver import WlkDriver
+from alignatt.record.artifacts.options import EvalKnobs
 from alignatt.serve.engine_client import ProcessBatchSeam
-
-if TYPE_CHECKING:
-    from alignatt.evaluate.run import EvalOptions
 
 LOAD_TAIL = "gold"  # the under-load rows' tail
 
@@ -52,7 +50,7 @@ class _Borrowed:
 class Variant:
     """What one seam variant's rows replay and how they are labelled: the same for each of its rows."""
 
-    options: EvalOptions
+    options: EvalKnobs  # run.py's EvalOptions, checked
     name: str  # the variant, e.g. vllm_capture:fullgraph
     ts: TestSet
     pairs: list[TestPair]
@@ -205,7 +203,7 @@ def _variant_rows(v: Variant, replayed: dict, server, tick):
 
 
 
-def variant_settle(options: EvalOptions, seam_name: str) -> int | None:
+def variant_settle(options: EvalKnobs, seam_name: str) -> int | None:
     """The variant's settle_buffer_tokens, resolved as `alignatt serve` resolves its option for a route of
     this seam and device (`auto`: its served default there)."""
     from alignatt.serve.config import served_settle
@@ -217,7 +215,7 @@ def settle_words(settle: int | None) -> str:
     return "whole (max_new_tokens)" if settle is None else f"settled {settle} tokens past the first held token"
 
 
-def _longform_rows(options: EvalOptions) -> list[tuple[str, str]]:
+def _longform_rows(options: EvalKnobs) -> list[tuple[str, str]]:
     """(tail key, segmentation) of each long-form row: every long-form tail closed by the client's
     rule, and the oracle comparison for `longform_oracle_tails`."""
     return ([(k, "punctuation") for k in options.row_tails(options.longform_tails)]
