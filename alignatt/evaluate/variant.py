@@ -10,7 +10,7 @@ under-load rows replay the first sentences again at each of `options.load_levels
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
+from functools import cached_property, partial
 from typing import Any, Callable
 
 from alignatt.core.policy import DEFAULT_PRESET
@@ -62,7 +62,9 @@ class Variant:
     tail_models: dict[str, TailModel]
     progress: Callable[[str], None]
 
+    @cached_property
     def jobs(self) -> list[Job]:
+        """Its in-process streams (`variant_jobs`), built once: the progress bar counts them, then they run."""
         inprocess = "inprocess" in self.options.drivers
         return variant_jobs(self.sentence_presets if inprocess else [], self.presets if inprocess else [],
                             self.options.row_tails(self.options.tails), _longform_rows(self.options), self.pairs,
@@ -73,7 +75,7 @@ class Variant:
         protocol drivers' sentences, and the under-load rows' sentences."""
         o = self.options
         protocol = len(o.drivers) - ("inprocess" in o.drivers)
-        return (len(self.jobs()) + protocol * len(self.sentence_presets) * len(o.row_tails(o.tails)) * len(self.pairs)
+        return (len(self.jobs) + protocol * len(self.sentence_presets) * len(o.row_tails(o.tails)) * len(self.pairs)
                 + len(o.load_levels) * len(self.pairs[:o.load_sentences]))
 
 
@@ -93,7 +95,7 @@ def run_variant(v: Variant, seam_name: str, seam_options: dict[str, Any], factor
                            seam_options=batch_limit_options(seam_name, seam_options,
                                                             max([concurrency, *options.load_levels])))
     heads = resolve_heads(route, direction)
-    jobs = v.jobs()
+    jobs = v.jobs
     bar = progress_bar(v.streams(), f"eval {v.name}", "stream")
     tick = _ticker(bar)
     under_load = partial(_under_load_rows, v, replayer=replayer, tick=tick)
