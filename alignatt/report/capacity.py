@@ -7,7 +7,7 @@ figure draws one line per configuration (artifact: profile, seam, vLLM mode, pre
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from alignatt.measure.load_configurations import LoadConfiguration, is_served_default
 from alignatt.core.errors import AlignattError
@@ -154,6 +154,13 @@ def _judge(lv: Any, target: dict[str, Any]) -> tuple[bool, list[str]]:
     return ok, said
 
 
+def judge_target(a: Any, mode: Optional[str], target: dict[str, Any]) -> tuple[Optional[bool], list[str]]:
+    """One target judged on the level of `a` (a load artifact) that ran `mode` at the target's speakers:
+    met (True), missed (False) or not measured (None), with what was measured against each bound."""
+    level = next((lv for lv in a.levels if lv.vllm_mode == mode and lv.speakers == target["speakers"]), None)
+    return _judge(level, target) if level is not None else (None, ["not measured"])
+
+
 def capacity_targets(inputs: ReportInputs) -> list[dict[str, Any]]:
     """params.yaml's `report.capacity_targets`, judged on each profile's `load` stage artifact
     (`<profile>/load.json`), per configuration: met, missed, or (the run's first configuration) not measured."""
@@ -170,11 +177,10 @@ def capacity_targets(inputs: ReportInputs) -> list[dict[str, Any]]:
         modes = list(dict.fromkeys(lv.vllm_mode for lv in a.levels))
         for target in targets:
             for mode in modes:
-                level = next((lv for lv in a.levels if lv.vllm_mode == mode and lv.speakers == target["speakers"]), None)
-                if level is None and mode != modes[0]:  # a later configuration, run at fewer levels (compared_speakers)
+                ok, said = judge_target(a, mode, target)
+                if ok is None and mode != modes[0]:  # a later configuration, run at fewer levels (compared_speakers)
                     continue
                 served = is_served_default(mode, a.config.seam, a.config.device)
-                ok, said = _judge(level, target) if level is not None else (None, ["not measured"])
                 rows.append(dict(date=a.provenance.date, configuration=configuration(rel, a, mode), served=served,
                                  speakers=target["speakers"], verdict={True: "met", False: "missed", None: "—"}[ok],
                                  measured="; ".join(said)))

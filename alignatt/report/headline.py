@@ -49,7 +49,7 @@ def _served_level(load: Any, speakers: int) -> Any:
 def headline(inputs: ReportInputs) -> list[dict[str, str]]:
     """The opening results, as `what`, `result`, `stamp` (date, commit, machine) and `link`."""
     from alignatt.measure.load_configurations import is_served_default, served_configuration
-    from alignatt.report.capacity import _judge, configuration_words
+    from alignatt.report.capacity import configuration_words, judge_target
 
     items = []
     capacity_link = anchor(CAPACITY_SECTION)
@@ -71,11 +71,10 @@ def headline(inputs: ReportInputs) -> list[dict[str, str]]:
                                           for lv in load.levels for s in lv.streams))
         verdicts = []
         for target in (inputs.params.get("report") or {}).get("capacity_targets") or []:
-            level = _served_level(load, target["speakers"])
-            if level is None:
+            ok, said = judge_target(load, measured.vllm_mode, target) if measured else (None, [])
+            if ok is None:
                 verdicts.append(f"{target['speakers']}: not measured")
                 continue
-            ok, said = _judge(level, target)
             verdicts.append(f"{target['speakers']} {'met' if ok else '**missed**'} ({', '.join(said[:-1])})")
         met = [int(v.split(" ")[0]) for v in verdicts if v.split(" ")[1] == "met"]
         items.append(dict(what=f"Speakers per {_machine_short(load)} at the targets, `{streams}` stream",
