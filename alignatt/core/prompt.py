@@ -116,6 +116,29 @@ def uncached_by_region(layout: PromptLayout, cached: int) -> dict[str, int]:
     return {name: max(0, b - max(a, cached)) for name, a, b in zip(PROMPT_REGIONS, bounds, bounds[1:])}
 
 
+@dataclass
+class PrefixCacheCounts:
+    """What a prefix cache served of the finished drafts' prompts, and where the rest sat
+    (the keys are those of a seam's `describe()`)."""
+
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    uncached_prompt_tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PROMPT_REGIONS, 0))
+    prompt_drafts: int = 0
+
+    def add(self, layout: PromptLayout, cached: int) -> None:
+        """One finished draft whose prompt's first `cached` tokens the cache served."""
+        self.prompt_tokens += len(layout.input_ids)
+        self.cached_prompt_tokens += cached
+        self.prompt_drafts += 1
+        for region, n in uncached_by_region(layout, cached).items():
+            self.uncached_prompt_tokens[region] += n
+
+    def describe(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "cached_prompt_tokens": self.cached_prompt_tokens,
+                "uncached_prompt_tokens": dict(self.uncached_prompt_tokens), "prompt_drafts": self.prompt_drafts}
+
+
 def language_name(code: str) -> str:
     return LANGUAGE_NAMES.get(code, code)
 

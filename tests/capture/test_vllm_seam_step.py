@@ -11,7 +11,7 @@ from alignatt.capture.vllm.fetch import DraftState
 from alignatt.capture.vllm.seam import STEP_PHASES, VllmCaptureSeam, draft_sampling
 from alignatt.capture.vllm.settling import Settler
 from alignatt.core.draft import DraftRequest
-from alignatt.core.prompt import PROMPT_REGIONS, PromptLayout
+from alignatt.core.prompt import PrefixCacheCounts, PromptLayout
 from tests.capture.test_vllm_fetch import HEADS, StandInEngine
 
 # (request id, block ids per group, prompt length, drafted tokens, source positions, prefix start)
@@ -60,8 +60,7 @@ def scripted_seam(script, cached=None):
     seam.stop_ids, seam._newline_ids = set(), set()
     seam.raw, seam.last_raw_id = {}, None
     seam._states, seam._pending, seam._aborted, seam._warned = {}, [], set(), set()
-    seam.prompt_tokens = seam.cached_prompt_tokens = seam.prompt_drafts = 0
-    seam.uncached_prompt_tokens = dict.fromkeys(PROMPT_REGIONS, 0)
+    seam.prefix_cache = PrefixCacheCounts()
     seam.step_phases_s = dict.fromkeys(STEP_PHASES, 0.0)
     seam.step_token_counts = {"prefill": 0, "decode": 0}
     seam.settler = Settler(engine.fetcher, 3, seam.step_phases_s)
@@ -136,7 +135,8 @@ def test_the_prompt_tokens_the_prefix_cache_did_not_serve_are_counted_by_where_t
     """a: 8 of 14 served (source 3..10, prefix from 12); b: 16 of 20 (source 2..13, prefix from 17); c: none."""
     seam, _ = scripted_seam([["a", "b", "c"]], cached={"a": 8, "b": 16})
     seam.step()
-    assert (seam.prompt_tokens, seam.cached_prompt_tokens, seam.prompt_drafts) == (43, 24, 3)
-    assert seam.uncached_prompt_tokens == {"before the source": 1, "source": 3 + 3, "after the source": 1 + 1 + 4,
+    counts = seam.prefix_cache.describe()
+    assert (counts["prompt_tokens"], counts["cached_prompt_tokens"], counts["prompt_drafts"]) == (43, 24, 3)
+    assert counts["uncached_prompt_tokens"] == {"before the source": 1, "source": 3 + 3, "after the source": 1 + 1 + 4,
                                            "target prefix": 2 + 3 + 1}
-    assert sum(seam.uncached_prompt_tokens.values()) == seam.prompt_tokens - seam.cached_prompt_tokens
+    assert sum(counts["uncached_prompt_tokens"].values()) == counts["prompt_tokens"] - counts["cached_prompt_tokens"]

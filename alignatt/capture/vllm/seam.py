@@ -60,7 +60,7 @@ from alignatt.capture.vllm.settling import SETTLE_PHASES, Settler
 from alignatt.core.draft import Draft, DraftRequest, Head, add_acceptance
 from alignatt.core.errors import AlignattError
 from alignatt.core.layout import AttentionLayout
-from alignatt.core.prompt import PROMPT_REGIONS, PromptLayout, PromptPreparer, uncached_by_region
+from alignatt.core.prompt import PrefixCacheCounts, PromptLayout, PromptPreparer
 from alignatt.models.synthetic_init import HFLikeInit
 
 CAPTURED_FAMILIES = ("gemma4_text", "gemma3_text")  # vLLM's Gemma4Attention and Gemma3Attention
@@ -146,9 +146,7 @@ class VllmCaptureSeam:
         self._aborted: set[str] = set()
         self._counter = 0
         self._warned: set[str] = set()
-        self.prompt_tokens = self.cached_prompt_tokens = 0  # prefix-cache hits, over finished drafts
-        self.uncached_prompt_tokens = dict.fromkeys(PROMPT_REGIONS, 0)  # the rest, by where it sits
-        self.prompt_drafts = 0  # the finished drafts they count
+        self.prefix_cache = PrefixCacheCounts()  # over the finished drafts
         # Verified re-drafts (docs/batching.md): off leaves the engine without a speculative config.
         # Drafts with a settle rule leave the engine once their rows hold the answer (settling.py).
         self.step_phases_s = dict.fromkeys(STEP_PHASES, 0.0)
@@ -387,11 +385,7 @@ class VllmCaptureSeam:
         for st in states:
             done.timings.append(engine_timings(st))
             done.trimmed.append(trimmed(st, self.stop_ids, self._newline_ids, self.fixed_length))
-            self.cached_prompt_tokens += st.cached_tokens or 0
-            self.prompt_tokens += len(st.prompt.input_ids)
-            self.prompt_drafts += 1
-            for region, n in uncached_by_region(st.prompt, st.cached_tokens or 0).items():
-                self.uncached_prompt_tokens[region] += n
+            self.prefix_cache.add(st.prompt, st.cached_tokens or 0)
         if self.fetcher is None:
             return done
         for i, (st, (tok, _)) in enumerate(zip(states, done.trimmed)):
@@ -480,10 +474,7 @@ class VllmCaptureSeam:
             "reconstruct": self.reconstruct,
             "engine_start_s": round(e.start_s, 2) if e else None,
             "options": engine_options(self.config.vllm_mode),
-            "prompt_tokens": self.prompt_tokens,
-            "cached_prompt_tokens": self.cached_prompt_tokens,
-            "uncached_prompt_tokens": dict(self.uncached_prompt_tokens),  # by region (core/prompt.py)
-            "prompt_drafts": self.prompt_drafts,
+            **self.prefix_cache.describe(),  # uncached prompt tokens by region (core/prompt.py)
             "kv_cache_tokens": self.fetcher.view.kv_cache_tokens() if self.fetcher is not None else None,
             "query_cache_mib": round(sum(c.nbytes() for c in hooks.caches.values()) / 2**20, 1) if hooks else 0,
             "keep_alive_add": bool(hooks.keep_alive) if hooks else False,
