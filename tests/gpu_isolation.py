@@ -11,8 +11,8 @@ its engines' results between its tests (a module-level cache): its GPU tests for
 run together in one child.
 
 Lanes (`ALIGNATT_GPU_LANES`, default 1): with N > 1, N children run at once, longest first by the
-durations of an earlier run (`ALIGNATT_GPU_DURATIONS`, a gpu_tests artifact), and each vLLM
-engine asks vLLM's start-up check for 0.9/N of the device (`ALIGNATT_VLLM_GPU_MEMORY_SHARE`;
+durations of an earlier run (`ALIGNATT_GPU_DURATIONS`, a gpu_tests artifact), and each child's vLLM
+engines ask vLLM's start-up check for 0.9/N of the device between them (`ALIGNATT_VLLM_GPU_MEMORY_SHARE`;
 the engines set their KV cache size themselves, so the share only gates the start). Engine
 starts are CPU-bound (graph capture, torch.compile), so lanes cut the suite's wall time.
 

@@ -175,7 +175,7 @@ def test_units_start_longest_first_by_the_earlier_run():
 
 
 def test_the_plugin_and_the_engine_name_the_same_memory_share_variable():
-    from alignatt.capture.vllm.engine import GPU_MEMORY_SHARE_ENV
+    from alignatt.capture.names import GPU_MEMORY_SHARE_ENV
     from tests.gpu_isolation import MEMORY_SHARE_ENV
 
     assert MEMORY_SHARE_ENV == GPU_MEMORY_SHARE_ENV

@@ -4,6 +4,10 @@ Kept apart from the registry so that the schema (and the audit) know the names w
 torch or any seam.
 """
 
+import os
+
+from alignatt.core.errors import AlignattError
+
 HF_EAGER = "hf_eager"
 HF_QK_FAST = "hf_qk_fast"
 VLLM_CAPTURE = "vllm_capture"
@@ -19,3 +23,22 @@ VLLM_MODES = ("eager", "cudagraph", "fullgraph", "compiled")
 # The profiler range the vllm seam's fetch runs in: a kernel profile (serve.step_anatomy) tells
 # the capture's own GPU work from the model's by it.
 FETCH_RANGE = "alignatt.capture_fetch"
+
+
+# Set where several engines start side by side on one GPU (the GPU suite's lanes): the share of the
+# device vLLM's start-up check may ask for, split further by a server between its engines
+# (serve/pool.py). The KV cache is sized by kv_cache_memory_gib either way.
+GPU_MEMORY_SHARE_ENV = "ALIGNATT_VLLM_GPU_MEMORY_SHARE"
+
+
+def gpu_memory_share() -> float | None:
+    raw = os.environ.get(GPU_MEMORY_SHARE_ENV)
+    if not raw:
+        return None
+    try:
+        share = float(raw)
+    except ValueError:
+        share = -1.0
+    if not 0 < share <= 1:
+        raise AlignattError(f"{GPU_MEMORY_SHARE_ENV} must be a fraction in (0, 1], not {raw!r}")
+    return share

@@ -24,7 +24,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Callable, Hashable, Sequence
 
-from alignatt.capture.names import VLLM_CAPTURE
+from alignatt.capture.names import VLLM_CAPTURE, gpu_memory_share
 from alignatt.core.draft import Draft, DraftRequest, Head, Seam
 from alignatt.serve.budget import PromptBudget
 from alignatt.serve.config import SERVED_VLLM_OPTIONS, DirectionRoute, EngineCount, ReplicaConfig, SeamFactory, resolve_heads
@@ -40,17 +40,19 @@ log = logging.getLogger("alignatt.serve.server")
 
 
 # The share of a GPU's memory that vLLM's start-up check may ask for, split between the engines on it
-# (vLLM refuses to start when less than gpu_memory_utilization x total is free).
+# (vLLM refuses to start when less than gpu_memory_utilization x total is free); less where this process
+# has only a part of the device (ALIGNATT_VLLM_GPU_MEMORY_SHARE: the GPU suite's lanes).
 GPU_MEMORY_SHARED = 0.9
 
 
 def shared_gpu_route(route: DirectionRoute, engines_on_gpu: int) -> DirectionRoute:
     """The route one of `engines_on_gpu` engines on one GPU builds: vllm_capture asks for its share
-    of the memory, unless the route's engine options say how much."""
+    of the memory this process may use, unless the route's engine options say how much."""
     if route.seam != VLLM_CAPTURE or engines_on_gpu <= 1:
         return route
     kwargs = dict(route.seam_options.get("engine_kwargs") or {})
-    kwargs.setdefault("gpu_memory_utilization", round(GPU_MEMORY_SHARED / engines_on_gpu, 3))
+    ours = gpu_memory_share() or GPU_MEMORY_SHARED
+    kwargs.setdefault("gpu_memory_utilization", round(ours / engines_on_gpu, 3))
     return route.model_copy(update={"seam_options": {**route.seam_options, "engine_kwargs": kwargs}})
 
 

@@ -23,7 +23,7 @@ def test_llm_arguments_follow_the_config():
 
 
 def test_a_memory_share_from_the_environment_gates_the_start_and_the_route_still_wins(monkeypatch):
-    from alignatt.capture.vllm.engine import GPU_MEMORY_SHARE_ENV
+    from alignatt.capture.names import GPU_MEMORY_SHARE_ENV
 
     spec = ModelSpec("m", "/models/m", "dummy", True, "/models/m")
     assert "gpu_memory_utilization" not in VllmEngineConfig(model="m").llm_arguments(spec)  # vLLM's own default

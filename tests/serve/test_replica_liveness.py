@@ -142,3 +142,7 @@ def test_several_engines_share_one_gpu_each_asking_for_its_share_of_the_memory(m
     pinned = cuda.model_copy(update={"seam_options": {"engine_kwargs": {"gpu_memory_utilization": 0.2}}})
     assert served_route(pinned, engines_on_gpu=3).seam_options["engine_kwargs"]["gpu_memory_utilization"] == 0.2
     assert "engine_kwargs" not in served_route(cuda).seam_options  # alone on its GPU: vLLM's default
+    # a process with a part of the device (a GPU-suite lane) splits that part, not the whole device:
+    # four lanes of two engines each asking 0.45 did not fit an H100 (cc3577e)
+    monkeypatch.setenv("ALIGNATT_VLLM_GPU_MEMORY_SHARE", "0.225")
+    assert served_route(cuda, engines_on_gpu=3).seam_options["engine_kwargs"] == {"gpu_memory_utilization": 0.075}

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from alignatt.capture.vllm import hooks as vllm_hooks
 from alignatt.capture.vllm.hooks import PINNED_VLLM, log
-from alignatt.capture.names import VLLM_MODES
+from alignatt.capture.names import VLLM_MODES, gpu_memory_share
 from alignatt.capture.vllm.qcache import LayerPlan
 from alignatt.core.errors import AlignattError
 from alignatt.models.synthetic_init import HFLikeInit
@@ -127,23 +127,7 @@ class VllmEngineConfig(BaseModel):
         return args
 
 
-# Set where several engines start side by side on one GPU (the GPU suite's lanes): the share of the
-# device vLLM's start-up check may ask for. The KV cache is sized by kv_cache_memory_gib either way.
-GPU_MEMORY_SHARE_ENV = "ALIGNATT_VLLM_GPU_MEMORY_SHARE"
 TRITON_ATTN = "TRITON_ATTN"
-
-
-def gpu_memory_share() -> Optional[float]:
-    raw = os.environ.get(GPU_MEMORY_SHARE_ENV)
-    if not raw:
-        return None
-    try:
-        share = float(raw)
-    except ValueError:
-        share = -1.0
-    if not 0 < share <= 1:
-        raise AlignattError(f"{GPU_MEMORY_SHARE_ENV} must be a fraction in (0, 1], not {raw!r}")
-    return share
 
 
 # ---- model resolution (facts from the preset table) ----
