@@ -139,17 +139,18 @@ def load_cmd(
     plot: str = typer.Option(None, help="plot CSV: RTT against speakers"),
     profile: str = profile_option("`load:` (or --section's)"),
     params: str = params_option(),
-    section: str = typer.Option("load", help="the profile's section --profile reads: load, or load_speech "
-                                             "(the capacity benchmark on a recognised speech stream)"),
+    section: str = typer.Option("load", help="the profile's section --profile reads: load, load_speech (the "
+                                             "capacity benchmark on a recognised speech stream) or load_anatomy "
+                                             "(a level traced step by step)"),
     **fields,
 ) -> None:
     """N concurrent real-time speakers on one server per load level; writes the load artifact."""
     from alignatt.core.errors import AlignattError
     from alignatt.measure.capacity import run_load
-    from alignatt.pipeline.params import stage_options
+    from alignatt.pipeline.params import LOAD_SECTIONS, stage_options
 
-    if section not in ("load", "load_speech"):
-        raise AlignattError(f"--section {section}: load reads the profile's load or load_speech section")
+    if section not in LOAD_SECTIONS:
+        raise AlignattError(f"--section {section}: load reads the profile's {', '.join(LOAD_SECTIONS)} section")
     options = stage_options(LoadOptions, section, fields, params, profile, "load option ")
     check_served_model(options.model, options.seam, options.heads)
     out = scratch_out(out, "load", "load.json")

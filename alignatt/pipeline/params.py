@@ -3,9 +3,10 @@
 `profile:` selects one of `profiles:` (model, device, dtype, protocol overrides, a section of
 options per stage command); `bench:` holds the published protocol and `modes:` (one DVC stage per
 vLLM mode, with the seams it measures). `config_from_params` turns them into the `BenchConfig` of
-one stage; `stage_options` turns a profile's `smoke:`, `load:`, `eval:`, `eval_directions:` or
-`speech_e2e:` section into its command's options model, the command's own flags over it. Every stage command
-reads params.yaml itself (`--profile`): dvc.yaml splices no options into command lines.
+one stage; `stage_options` turns a profile's `smoke:`, `load:` (and `load_speech:`, `load_anatomy:`),
+`eval:`, `eval_directions:` or `speech_e2e:` section into its command's options model, the command's
+own flags over it. Every stage command reads params.yaml itself (`--profile`): dvc.yaml splices no
+options into command lines.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ class Profile(BaseModel):
     load: dict[str, Any] = Field(default_factory=dict)  # LoadOptions of `alignatt load --profile`
     # LoadOptions of `alignatt load --profile P --section load_speech`: capacity on a recognised stream
     load_speech: dict[str, Any] = Field(default_factory=dict)
+    # LoadOptions of `alignatt load --profile P --section load_anatomy`: one level traced step by step
+    # (the GPU step's anatomy), apart from the load stage's levels, whose latency the tracing would slow
+    load_anatomy: dict[str, Any] = Field(default_factory=dict)
     eval: dict[str, Any] = Field(default_factory=dict)  # EvalOptions of `alignatt eval --profile` (en-de)
     # EvalOptions of the eval-direction stages (en-it, en-zh, cs-en: `alignatt eval --profile P --test-set <d>`)
     eval_directions: dict[str, Any] = Field(default_factory=dict)
@@ -150,7 +154,9 @@ def bench_config(
 # ---- a stage command's options: its profile section, the command's flags over it ---------------
 
 # the profile keys that are a command's options
-STAGE_SECTIONS = ("smoke", "load", "load_speech", "eval", "eval_directions", "speech_e2e")
+STAGE_SECTIONS = ("smoke", "load", "load_speech", "load_anatomy", "eval", "eval_directions", "speech_e2e")
+# the sections `alignatt load --section` reads
+LOAD_SECTIONS = ("load", "load_speech", "load_anatomy")
 
 
 def section_knobs(prof: Profile, section: str) -> dict[str, Any]:

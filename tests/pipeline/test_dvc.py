@@ -42,7 +42,7 @@ def test_stage_graph_and_outputs():
     stages = dvc(ROOT, "stage", "list", "--names-only").split()
     assert stages == ["env", "gpu-tests", "bench@eager", "bench@cudagraph", "bench@fullgraph", "smoke",
                       "speech-smoke@two_cities", "speech-smoke@phone_call", "speech-e2e", "load", "load-speech",
-                      "eval", "eval-direction@cs-en", "eval-direction@en-zh", "eval-direction@en-it", "report"]
+                      "load-anatomy", "eval", "eval-direction@cs-en", "eval-direction@en-zh", "eval-direction@en-it", "report"]
     for name, stage in spec["stages"].items():
         body = stage.get("do", stage)
         cmds = body["cmd"] if isinstance(body["cmd"], list) else [body["cmd"]]
@@ -60,7 +60,7 @@ def test_stage_graph_and_outputs():
     edges = {line.strip().rstrip(";") for line in dvc(ROOT, "dag", "--dot", "report").splitlines()
              if "->" in line}
     for stage in ("bench@eager", "bench@cudagraph", "bench@fullgraph", "smoke", "speech-smoke@two_cities",
-                  "speech-smoke@phone_call", "speech-e2e", "load", "load-speech", "eval",
+                  "speech-smoke@phone_call", "speech-e2e", "load", "load-speech", "load-anatomy", "eval",
                   *(f"eval-direction@{d}" for d in ("en-it", "en-zh", "cs-en"))):
         assert f'"env" -> "{stage}"' in edges
         assert f'"gpu-tests" -> "{stage}"' in edges  # no measurement before the GPU suite's verdict
@@ -82,6 +82,7 @@ STAGE_ENTRY_MODULES = {
     "eval-direction": ["alignatt.evaluate.run", "alignatt.evaluate.outputs", "alignatt.pipeline.params"],
     "load": ["alignatt.measure.capacity", "alignatt.pipeline.params"],
     "load-speech": ["alignatt.measure.capacity", "alignatt.pipeline.params"],
+    "load-anatomy": ["alignatt.measure.capacity", "alignatt.pipeline.params"],
     "report": ["alignatt.report.page", "alignatt.report.figures"],
 }
 
@@ -198,7 +199,8 @@ FAKE_ENV = {
 }
 
 
-SERVER_STAGES = ("smoke", "speech-smoke", "speech-e2e", "load", "load-speech", "eval", "eval-direction")
+SERVER_STAGES = ("smoke", "speech-smoke", "speech-e2e", "load", "load-speech", "load-anatomy", "eval",
+                 "eval-direction")
 
 
 def _bench_and_report_only(project: Path) -> None:

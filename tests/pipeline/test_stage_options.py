@@ -169,7 +169,7 @@ def test_the_doctor_checks_each_section_with_the_model_its_command_reads():
     assert tuple(stage_sections()) == STAGE_SECTIONS
     group = {info.name: info.callback for info in app.registered_commands}
     for section, (model, _) in stage_sections().items():
-        command = "eval" if section.startswith("eval") else section.removesuffix("_speech")  # load_speech: load
+        command = next((c for c in ("eval", "load") if section.startswith(c)), section)  # load_speech: load
         command = command.replace("_", "-")  # speech_e2e: speech-e2e
         knobs: CommandKnobs = group[command].alignatt_knobs
         assert model in {s.model for s in knobs.sources}, (section, command)
@@ -224,3 +224,20 @@ def test_the_repos_profiles_give_every_stage_command_its_options():
     for profile in yaml.safe_load((ROOT / "params.yaml").read_text())["profiles"]:
         for section, (model, fold) in stage_sections().items():
             assert isinstance(stage_options(model, section, {}, ROOT / "params.yaml", profile, fold=fold), model)
+
+
+def test_the_step_anatomy_is_traced_on_a_level_of_its_own_at_the_bandwidth_targets_speakers():
+    """A traced level stalls while its trace is written: the load stage's levels stay untraced, and
+    load-anatomy traces the level that report.step_bandwidth_target is judged at."""
+    from alignatt.measure.capacity import LoadOptions
+    from alignatt.pipeline.params import stage_options
+
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    for profile in params["profiles"]:
+        load = stage_options(LoadOptions, "load", {}, ROOT / "params.yaml", profile)
+        anatomy = stage_options(LoadOptions, "load_anatomy", {}, ROOT / "params.yaml", profile)
+        assert load.kernel_profile_speakers == [] and anatomy.kernel_profile_speakers == anatomy.speakers, profile
+        assert all(c.own_process for c in anatomy.runs()), profile  # the traced engine is a process of its own
+    h200 = stage_options(LoadOptions, "load_anatomy", {}, ROOT / "params.yaml", "h200")
+    assert h200.speakers == [params["report"]["step_bandwidth_target"]["speakers"]]
+    assert h200.capture_cost == "off"  # params' bare `false`, as YAML 1.1 reads it

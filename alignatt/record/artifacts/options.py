@@ -80,6 +80,12 @@ class LoadKnobs(ServedModel):
                                       "stepping while their trace is reduced)")
     kernel_profile_after_s: float = Field(60.0, ge=0, description="seconds into the level the kernel profile starts")
 
+    @field_validator("capture_cost", mode="before")
+    @classmethod
+    def _switch(cls, value: Any) -> Any:
+        """YAML 1.1 reads a bare off/on as a boolean, and DVC's writer (YAML 1.2) drops the quotes."""
+        return {True: "on", False: "off"}[value] if isinstance(value, bool) else value
+
 
 class SmokeOptions(ServedModelOptions):
     speed: float | None = Field(None, gt=0, description="replay speed (default: the stream file's, 4x)")
