@@ -106,15 +106,28 @@ def _host_ms(s: StepAnatomy) -> list[float]:
     return [s.host_ms, s.gpu_wait_ms, s.between_steps_ms]
 
 
+# A step traced where torch sees no CUDA device: its steps are host work alone, hundreds of times a
+# GPU step's, so it is drawn in a figure of its own rather than on the GPU steps' axis.
+NO_GPU = "cpu"
+
+
 def step_anatomy_figure(inputs: ReportInputs) -> list[Figure]:
     """One stacked bar per profiled engine: ms per step by part, then the idle time; under it, where
-    the artifact has them, the engine thread's bar: host work, waiting on the GPU, between steps."""
+    the artifact has them, the engine thread's bar: host work, waiting on the GPU, between steps.
+    The steps traced on GPUs and those traced on a CPU are two figures."""
     bars = [(f"{a.provenance.date} {lv.vllm_mode or a.config.seam}, {lv.speakers} speakers, engine {engine}", s)
             for _, a, lv, engine, s in _profiled(inputs) if isinstance(s, StepAnatomy)]
-    if not bars:
-        return []
-    rows = [row for label, s in bars for row in
-            ([(f"{label}: GPU", s, "gpu")] + ([("engine thread", s, "host")] if s.host_ms is not None else []))]
+    on_gpu = [b for b in bars if b[1].device != NO_GPU]
+    on_cpu = [b for b in bars if b[1].device == NO_GPU]
+    gpu_rows = [row for label, s in on_gpu for row in
+                ([(f"{label}: GPU", s, "gpu")] + ([("engine thread", s, "host")] if s.host_ms is not None else []))]
+    cpu_rows = [(f"{label}: engine thread", s, "host") for label, s in on_cpu if s.host_ms is not None]
+    return ([_figure(gpu_rows, on_gpu, "step_anatomy", "GPU step anatomy")] if gpu_rows else []) + \
+        ([_figure(cpu_rows, on_cpu, "step_anatomy_cpu", "Engine step anatomy without a GPU")] if cpu_rows else [])
+
+
+def _figure(rows: list[tuple[str, StepAnatomy, str]], bars: list[tuple[str, StepAnatomy]], figure_name: str,
+            title: str) -> Figure:
 
     def draw() -> Figure:
         from alignatt.report.capacity import OKABE_ITO
@@ -155,6 +168,11 @@ def step_anatomy_figure(inputs: ReportInputs) -> list[Figure]:
         ax.set_xlabel("ms per engine step", fontsize=8)
         ax.tick_params(labelsize=7)
         fig.legend(*ax.get_legend_handles_labels(), fontsize=7, loc="outside lower center", ncol=3, frameon=False)
+        if figure_name != "step_anatomy":  # no GPU: the engine thread's bars alone
+            caption = ("Where an engine step's time went where torch saw no GPU (torch profiler on the engine "
+                       "process, `alignatt/serve/step_anatomy.py`): the engine thread's host work and the engine "
+                       "loop's time between steps. A smoke of the tracing, not a GPU step.")
+            return Figure(figure_name, "load", title, caption, svg_text(fig))
         caption = ("Where an engine step's time went at a profiled load level (torch profiler, CUDA kernels, "
                    "kernels sorted into parts by name, `alignatt/serve/step_anatomy.py`; parts under 5 % of the "
                    "GPU time drawn as one, each listed in the table; idle: the traced window's time that no "
@@ -162,6 +180,6 @@ def step_anatomy_figure(inputs: ReportInputs) -> list[Figure]:
                    "once at the device's peak bandwidth (the black tick); under a GPU bar, where recorded, the "
                    "engine thread's: host work, waiting on the GPU (CUDA synchronisation calls) and the engine "
                    "loop's time between steps.")
-        return Figure("step_anatomy", "load", "GPU step anatomy", caption, svg_text(fig))
+        return Figure(figure_name, "load", title, caption, svg_text(fig))
 
-    return [styled(draw)]
+    return styled(draw)

@@ -144,3 +144,19 @@ def test_the_figure_labels_each_bound_once_and_marks_every_target_even_where_not
     assert texts.count("target ≤ 300 ms") == 1 and texts.count("target ≤ 15 ms") == 1
     p95 = texts[texts.index("partial-draft RTT p50 (ms)") + 1:]  # the second panel's texts
     assert [t for t in p95 if t in {"1", "64", "96", "128", "256"}][:5] == ["1", "64", "96", "128", "256"]
+
+
+def test_steps_traced_without_a_gpu_are_drawn_apart_from_the_gpu_steps():
+    """A CPU-traced step is hundreds of times a GPU step: on one axis the GPU bars would not show."""
+    from alignatt.report.step_anatomy import step_anatomy_figure
+
+    on_gpu = load_artifact(ROOT / "outputs" / "h200" / "load_step_anatomy.json")
+    on_cpu = load_artifact(ROOT / "outputs" / "cpu" / "load_step_anatomy.json")
+    inputs = ReportInputs(root=ROOT, params={}, published=[], runs={}, smokes=[], envs=[], measurements=[],
+                          by_kind={"load": [("outputs/cpu/load_step_anatomy.json", on_cpu),
+                                            ("outputs/h200/load_step_anatomy.json", on_gpu)]})
+    gpu, cpu = step_anatomy_figure(inputs)
+    assert (gpu.name, cpu.name) == ("step_anatomy", "step_anatomy_cpu")
+    assert "128 speakers" in gpu.svg and "default+process" not in gpu.svg
+    assert "default+process, 1 speakers, engine 0: engine thread" in cpu.svg and "fullgraph" not in cpu.svg
+    assert "GPU idle" not in cpu.svg  # no GPU bar where there was no GPU
