@@ -203,8 +203,8 @@ def stage_sections() -> dict[str, tuple[type, Callable[..., dict]]]:
     from alignatt.measure.smoke import SmokeOptions
     from alignatt.record.artifacts.speech import SpeechE2EOptions
 
-    return {"smoke": (SmokeOptions, dict), "load": (LoadOptions, dict),
-            "load_speech": (LoadOptions, dict), "load_anatomy": (LoadOptions, dict), "eval": (EvalOptions, fold_tail_noise),
+    return {"smoke": (SmokeOptions, dict), "load": (LoadOptions, dict), "load_speech": (LoadOptions, dict),
+            "load_anatomy": (LoadOptions, dict), "eval": (EvalOptions, fold_tail_noise),
             "eval_directions": (EvalOptions, fold_tail_noise), "speech_e2e": (SpeechE2EOptions, dict)}
 
 

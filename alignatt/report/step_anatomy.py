@@ -122,18 +122,19 @@ def step_anatomy_figure(inputs: ReportInputs) -> list[Figure]:
     gpu_rows = [row for label, s in on_gpu for row in
                 ([(f"{label}: GPU", s, "gpu")] + ([("engine thread", s, "host")] if s.host_ms is not None else []))]
     cpu_rows = [(f"{label}: engine thread", s, "host") for label, s in on_cpu if s.host_ms is not None]
-    return ([_figure(gpu_rows, on_gpu, "step_anatomy", "GPU step anatomy", True)] if gpu_rows else []) + \
-        ([_figure(cpu_rows, on_cpu, "step_anatomy_cpu", "Engine step anatomy without a GPU", False)]
-         if cpu_rows else [])
+    return ([_figure(gpu_rows, "step_anatomy", "GPU step anatomy")] if gpu_rows else []) + \
+        ([_figure(cpu_rows, "step_anatomy_cpu", "Engine step anatomy without a GPU")] if cpu_rows else [])
 
 
-def _figure(rows: list[tuple[str, StepAnatomy, str]], bars: list[tuple[str, StepAnatomy]], figure_name: str,
-            title: str, on_gpu: bool) -> Figure:
+def _figure(rows: list[tuple[str, StepAnatomy, str]], figure_name: str, title: str) -> Figure:
+    """The figure of `rows` (label, anatomy, "gpu" or "host"): a GPU bar splits into parts, a host bar
+    into the engine thread's time."""
+    gpu_bars = [(label, s) for label, s, kind in rows if kind == "gpu"]
 
     def draw() -> Figure:
         from alignatt.report.capacity import OKABE_ITO
 
-        drawn = _drawn_parts(bars)
+        drawn = _drawn_parts(gpu_bars)
         names = drawn + [SMALL, IDLE]
         colors = dict(zip(drawn, OKABE_ITO)) | {SMALL: "#999999"}
         fig, ax = new_figure(7.5, 1.7 + 0.5 * len(rows))
@@ -169,7 +170,7 @@ def _figure(rows: list[tuple[str, StepAnatomy, str]], bars: list[tuple[str, Step
         ax.set_xlabel("ms per engine step", fontsize=8)
         ax.tick_params(labelsize=7)
         fig.legend(*ax.get_legend_handles_labels(), fontsize=7, loc="outside lower center", ncol=3, frameon=False)
-        if not on_gpu:  # the engine thread's bars alone
+        if not gpu_bars:  # the engine thread's bars alone
             caption = ("Where an engine step's time went where torch saw no GPU (torch profiler on the engine "
                        "process, `alignatt/serve/step_anatomy.py`): the engine thread's host work and the engine "
                        "loop's time between steps. A smoke of the tracing, not a GPU step.")
