@@ -325,6 +325,7 @@ def report_section(root: Path, paths: list[tuple[str, Any]]) -> list[dict[str, A
                     "limit": cfg.limit, "max_source_words": cfg.max_source_words},
             "settle": cfg.scored_settle_buffer_tokens,  # None: every draft whole (all evals before the knob)
             "scored": scored_configuration(cfg),
+            "engine": engine_words(cfg),
             "not_served": not_served_default(cfg, p.gpu_name),
             "negative_whys": negative_whys(a),
             "checks": [("✓" if c.passed else "✗", c.name, c.detail) for c in a.checks],
@@ -415,6 +416,23 @@ def scored_configuration(cfg: EvalRecord) -> str:
     if len(set(said.values())) <= 1:
         return next(iter(said.values()), _drafts(cfg.settle_of("")))
     return "; ".join(f"{v}: {d}" for v, d in said.items())
+
+
+def engine_words(cfg: EvalRecord) -> str | None:
+    """The vLLM engine settings the rows ran with, beside the server's (None: no vllm_capture variant)."""
+    vllm = [v for v in cfg.variants if v.partition(":")[0] == "vllm_capture"]
+    if not vllm:
+        return None
+    if cfg.engine_options is None:  # before the eval built the served route
+        return ("the eval's vLLM engines ran without prefix caching, which `alignatt serve` turns on, and with a "
+                "batch limit (`max_num_seqs`) of their own. Neither changes the model's math, only the GEMM shapes "
+                "a key is computed with: in float32, rows with the cache on and off agree to the cross-engine "
+                "bound with identical tokens (`tests/gpu/test_vllm_batching.py`); in bfloat16 the difference, "
+                "like that of two batch compositions, can part a served stream from the scored one where two "
+                "tokens are that close")
+    said = "; ".join(f"`{v}`: " + ", ".join(f"{k} {o}" for k, o in sorted(cfg.engine_options.get(v, {}).items()))
+                     for v in vllm)
+    return f"the route `alignatt serve` builds, prefix caching and batch limit included ({said})"
 
 
 def not_served_default(cfg: EvalRecord, gpu_name: str | None) -> bool:

@@ -31,7 +31,7 @@ from alignatt.evaluate.rows import talks_of
 from alignatt.evaluate.shared_engine import streams_note
 from alignatt.evaluate.tails import TailModel, vocabulary
 from alignatt.evaluate.testsets import load_test_set, select
-from alignatt.evaluate.variant import LOAD_TAIL, Variant, run_variant, variant_settle
+from alignatt.evaluate.variant import LOAD_TAIL, Variant, eval_route, run_variant, variant_settle
 from alignatt.evaluate.wlk_driver import CLIENT_LATENCY
 from alignatt.models.presets import SYNTHETIC_REVISION
 from alignatt.record.artifacts.options import EvalKnobs
@@ -222,6 +222,7 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
                                  "ready (CA)",
                 "tail_descriptions": {k: m.describe() for k, m in tail_models.items()},
                 "offline_tail": "the offline baseline is sent the whole sentence, committed, with no tail",
+                "engine_options": {v: eval_route(options, seam, opts).seam_options for v, seam, opts in variants},
                 **({"concurrent_streams": streams_note(options.concurrency, options.engines)}
                    if options.concurrency > 1 else {}),
                 **eval_engines.config_notes(options.engines),

@@ -32,14 +32,6 @@ Output = TypeVar("Output")
 ReplayOne = Callable[[Seam, Item], Output]  # replays one stream, drafting through the seam it is given
 
 
-def batch_limit_options(seam_name: str, seam_options: dict[str, Any], concurrency: int) -> dict[str, Any]:
-    """The variant's seam options, with vllm_capture's batch limit raised to the streams at once
-    (its default, 16, would hold 64 streams to 16 drafts a step); an explicit limit wins."""
-    if concurrency > 1 and seam_name == "vllm_capture":
-        return {"max_num_seqs": concurrency, **seam_options}
-    return seam_options
-
-
 class LentBatchSeam:
     """The variant's seam as a scheduler's engine (batched when the seam batches, else a batch of
     one). Closing the scheduler leaves the seam open: the variant closes it after its last row."""
@@ -167,5 +159,5 @@ def streams_note(concurrency: int, engines: int) -> str:
     where = ("one draft scheduler on the variant's engine" if engines == 1
              else f"a draft scheduler on each of the variant's {engines} engines")
     return (f"{concurrency} in-process streams at once, their drafts batched by {where} (vllm_capture: "
-            f"max_num_seqs {concurrency} unless set); a round trip includes the wait for the batch; protocol "
+            f"at most the served route's max_num_seqs a step); a round trip includes the wait for the batch; protocol "
             "drivers replay one stream at a time")

@@ -22,7 +22,7 @@ from alignatt.evaluate.outputs import OFFLINE
 from alignatt.evaluate.replay import Schedule, WebSocketDriver
 from alignatt.evaluate.rows import driver_check, longform_row, sentence_output, sentence_row
 from alignatt.evaluate.shards import replay_in_shards
-from alignatt.evaluate.shared_engine import ConcurrentStreams, batch_limit_options, describe_batches, stream_runner
+from alignatt.evaluate.shared_engine import ConcurrentStreams, describe_batches, stream_runner
 from alignatt.evaluate.tails import TailModel
 from alignatt.evaluate.testsets import TestPair, TestSet
 from alignatt.evaluate.wlk_driver import WlkDriver
@@ -79,21 +79,29 @@ class Variant:
                 + len(o.load_levels) * len(self.pairs[:o.load_sentences]))
 
 
+def eval_route(options: EvalKnobs, seam_name: str, seam_options: dict[str, Any]):
+    """The route the variant's engines build: the one `alignatt serve` builds (`served_route`:
+    vllm_capture with the server's prefix caching and batch limit), in the variant's mode."""
+    from alignatt.serve.config import DirectionRoute
+    from alignatt.serve.pool import served_route
+
+    return served_route(DirectionRoute(model=options.model, seam=seam_name, heads=options.heads,
+                                       top_k=options.top_k, device=options.device, dtype=options.dtype,
+                                       seam_options=seam_options))
+
+
 def run_variant(v: Variant, seam_name: str, seam_options: dict[str, Any], factory):
     """Every preset and driver (and the offline baseline) on one seam variant: (rows, checks).
     The in-process streams of a row run `options.concurrency` at once (`shared_engine`); with
     `options.engines` > 1, in that many processes, an engine each (`shards`)."""
-    from alignatt.serve.config import DirectionRoute, resolve_heads
+    from alignatt.serve.config import resolve_heads
 
     options, ts, progress = v.options, v.ts, v.progress
     direction = f"{ts.source_lang}-{ts.target_lang}"
     concurrency = options.concurrency
     settle = variant_settle(options, seam_name)  # what `alignatt serve` gives its sessions on this route
     replayer = Replayer(ts.source_lang, ts.target_lang, settle, v.schedule, v.tail_models)
-    route = DirectionRoute(model=options.model, seam=seam_name, heads=options.heads, top_k=options.top_k,
-                           device=options.device, dtype=options.dtype,
-                           seam_options=batch_limit_options(seam_name, seam_options,
-                                                            max([concurrency, *options.load_levels])))
+    route = eval_route(options, seam_name, seam_options)
     heads = resolve_heads(route, direction)
     jobs = v.jobs
     bar = progress_bar(v.streams(), f"eval {v.name}", "stream")

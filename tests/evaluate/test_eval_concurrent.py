@@ -15,7 +15,6 @@ pytest.importorskip("omnisteval")
 from alignatt.cli import app  # noqa: E402
 from alignatt.core.errors import AlignattError  # noqa: E402
 from alignatt.evaluate.run import EvalOptions, run_eval  # noqa: E402
-from alignatt.evaluate.shared_engine import batch_limit_options  # noqa: E402
 from alignatt.record.artifacts import EvalArtifact, load_artifact  # noqa: E402
 from tests.fakes.batch_fakes import StandInBatchSeam  # noqa: E402
 from tests.fakes.mt_fakes import FakeSeam  # noqa: E402
@@ -120,13 +119,6 @@ def test_a_profile_sets_the_concurrency_through_its_eval_options(tmp_path):
     assert "--concurrency" in CliRunner().invoke(app, ["eval", "--help"], terminal_width=200).output
 
 
-def test_vllm_batch_limit_covers_the_streams_unless_set():
-    assert batch_limit_options("vllm_capture", {"vllm_mode": "eager"}, 64) == {"max_num_seqs": 64, "vllm_mode": "eager"}
-    assert batch_limit_options("vllm_capture", {"max_num_seqs": 8}, 64) == {"max_num_seqs": 8}
-    assert batch_limit_options("vllm_capture", {}, 1) == {}
-    assert batch_limit_options("hf_qk_fast", {}, 64) == {}
-
-
 @pytest.fixture(scope="module")
 def under_load(tmp_path_factory):
     """An eval with quality-under-load levels 1 and 4 on the first 3 of its 6 sentences."""
@@ -167,17 +159,26 @@ def test_under_load_rows_have_their_own_metrics_logs_and_page_rows(under_load):
     assert plot_path(out).name == "quality_latency_x.csv" and plot_path(out.with_name("eval.json")).name == "quality_latency.csv"
 
 
-def test_the_engine_batch_limit_covers_the_highest_load_level():
-    seen = {}
+@pytest.mark.parametrize("variant, mode", [("vllm_capture", "fullgraph"), ("vllm_capture:eager", "eager")])
+def test_the_engines_build_the_route_the_server_builds_and_the_artifact_says_so(variant, mode):
+    from alignatt.evaluate.outputs import engine_words
+
+    seen = []
 
     def factory(route, heads):
-        seen.update(route.seam_options)
+        seen.append(route.seam_options)
         return FakeSeam()
 
-    options = EvalOptions(**{**OPTIONS, "limit": 1, "tails": ["gold"], "longform_talks": 0}, variants=["vllm_capture"],
+    options = EvalOptions(**{**OPTIONS, "limit": 1, "tails": ["gold"], "longform_talks": 0}, variants=[variant],
                           offline_baseline=False, concurrency=2, load_levels=[1, 8], load_sentences=1)
-    run_eval(options, None, seam_factory=factory, progress=lambda m: None)
-    assert seen["max_num_seqs"] == 8
+    artifact = run_eval(options, None, seam_factory=factory, progress=lambda m: None)
+    served = {"enable_prefix_caching": True, "max_num_seqs": 128, "vllm_mode": mode}
+    assert seen and all(s == served for s in seen)  # the rows' engine and the under-load rows' alike
+    assert artifact.config.engine_options == {variant: served}
+    assert "enable_prefix_caching True, max_num_seqs 128" in engine_words(artifact.config)
+    before = artifact.config.model_copy(update={"engine_options": None})  # an artifact from before the record
+    assert "ran without prefix caching" in engine_words(before)
+    assert engine_words(artifact.config.model_copy(update={"variants": ["hf_qk_fast"]})) is None
 
 
 @pytest.mark.parametrize("levels", [[0], [4, 4]])

@@ -161,6 +161,9 @@ class EvalRecord(EvalKnobs):
     latency_units: str
     offline_tail: str | None = None
     concurrent_streams: str | None = None
+    # per variant, the seam options its engines built: the served route's (`served_route`); None:
+    # recorded before, when vllm_capture engines ran without prefix caching, at the eval's batch limit
+    engine_options: dict[str, dict[str, Any]] | None = None
     engine_processes: str | None = None
     under_load: str | None = None
     whisperlivekit: str | None = None
