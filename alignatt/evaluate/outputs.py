@@ -430,9 +430,17 @@ def engine_words(cfg: EvalRecord) -> str | None:
                 "bound with identical tokens (`tests/gpu/test_vllm_batching.py`); in bfloat16 the difference, "
                 "like that of two batch compositions, can part a served stream from the scored one where two "
                 "tokens are that close")
-    said = "; ".join(f"`{v}`: " + ", ".join(f"{k} {o}" for k, o in sorted(cfg.engine_options.get(v, {}).items()))
-                     for v in vllm)
-    return f"the route `alignatt serve` builds, prefix caching and batch limit included ({said})"
+    from alignatt.serve.config import SERVED_VLLM_OPTIONS
+
+    said = []
+    for v in vllm:
+        got = cfg.engine_options.get(v, {})
+        other = [k for k in ("enable_prefix_caching", "max_num_seqs") if got.get(k) != SERVED_VLLM_OPTIONS[k]]
+        said.append(f"`{v}`: " + ", ".join(f"{k} {o}" for k, o in sorted(got.items()))
+                    + (f" (**not the server's {', '.join(other)}**: the protocol drivers' replays are checked "
+                       "against the in-process ones for identical emissions, which needs the same engine state)"
+                       if other else " (the server's)"))
+    return "; ".join(said)
 
 
 def not_served_default(cfg: EvalRecord, gpu_name: str | None) -> bool:

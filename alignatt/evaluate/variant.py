@@ -81,13 +81,19 @@ class Variant:
 
 def eval_route(options: EvalKnobs, seam_name: str, seam_options: dict[str, Any]):
     """The route the variant's engines build: the one `alignatt serve` builds (`served_route`:
-    vllm_capture with the server's prefix caching and batch limit), in the variant's mode."""
+    vllm_capture with the server's prefix caching and batch limit), in the variant's mode. With a
+    protocol driver, prefix caching is off: its replay is checked against the in-process one for
+    identical emissions, which needs the same engine state, and a cache the in-process replay
+    warmed is not (a cached key was computed in another prefill's shapes: bf16 bits may move)."""
     from alignatt.serve.config import DirectionRoute
     from alignatt.serve.pool import served_route
 
-    return served_route(DirectionRoute(model=options.model, seam=seam_name, heads=options.heads,
-                                       top_k=options.top_k, device=options.device, dtype=options.dtype,
-                                       seam_options=seam_options))
+    route = served_route(DirectionRoute(model=options.model, seam=seam_name, heads=options.heads,
+                                        top_k=options.top_k, device=options.device, dtype=options.dtype,
+                                        seam_options=seam_options))
+    if route.seam == "vllm_capture" and set(options.drivers) - {"inprocess"}:
+        return route.model_copy(update={"seam_options": {**route.seam_options, "enable_prefix_caching": False}})
+    return route
 
 
 def run_variant(v: Variant, seam_name: str, seam_options: dict[str, Any], factory):

@@ -175,10 +175,26 @@ def test_the_engines_build_the_route_the_server_builds_and_the_artifact_says_so(
     served = {"enable_prefix_caching": True, "max_num_seqs": 128, "vllm_mode": mode}
     assert seen and all(s == served for s in seen)  # the rows' engine and the under-load rows' alike
     assert artifact.config.engine_options == {variant: served}
-    assert "enable_prefix_caching True, max_num_seqs 128" in engine_words(artifact.config)
+    assert engine_words(artifact.config) == (f"`{variant}`: enable_prefix_caching True, max_num_seqs 128, "
+                                             f"vllm_mode {mode} (the server's)")
     before = artifact.config.model_copy(update={"engine_options": None})  # an artifact from before the record
     assert "ran without prefix caching" in engine_words(before)
     assert engine_words(artifact.config.model_copy(update={"variants": ["hf_qk_fast"]})) is None
+
+
+def test_beside_a_protocol_driver_the_engines_run_without_prefix_caching_and_the_page_says_why():
+    from alignatt.evaluate.outputs import engine_words
+    from alignatt.evaluate.variant import eval_route
+
+    options = EvalOptions(**OPTIONS, variants=["vllm_capture"], drivers=["inprocess", "websocket"])
+    off = {"enable_prefix_caching": False, "max_num_seqs": 128, "vllm_mode": "fullgraph"}
+    assert eval_route(options, "vllm_capture", {}).seam_options == off
+    assert eval_route(options, "hf_qk_fast", {}).seam_options == {}
+    inprocess = EvalOptions(**{**OPTIONS, "limit": 1, "tails": ["gold"], "longform_talks": 0},
+                            variants=["vllm_capture"], offline_baseline=False)
+    artifact = run_eval(inprocess, None, seam_factory=lambda route, heads: FakeSeam(), progress=lambda m: None)
+    cfg = artifact.config.model_copy(update={"engine_options": {"vllm_capture": off}})
+    assert "(**not the server's enable_prefix_caching**: the protocol drivers'" in engine_words(cfg)
 
 
 @pytest.mark.parametrize("levels", [[0], [4, 4]])
