@@ -52,6 +52,16 @@ def relative(root: Path, path: Path) -> str:
         return path.as_posix()
 
 
+def _wall(p) -> str:
+    """How long the recorded run took, m:ss (— for a record made at import: it timed no run)."""
+    from datetime import datetime
+
+    if p.recorded != "at measurement":
+        return "—"
+    seconds = round((datetime.fromisoformat(p.finished_utc) - datetime.fromisoformat(p.started_utc)).total_seconds())
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
 def _command(argv: list[str]) -> str:
     """The command as a reader would type it: `python -m alignatt` is `alignatt`."""
     for i, arg in enumerate(argv[:-1]):
@@ -83,7 +93,8 @@ def run_record_rows(root: Path) -> list[dict[str, Any]]:
         p = record.predicate
         signer = f"{p.signer.principal} (`{p.signer.key[:19]}…`)" if p.signer and signed else "**unsigned**"
         rows.append(dict(path=rel, recorded=p.recorded, signer=signer,
-                         when=p.finished_utc.replace("T", " ").removesuffix("Z"), commit=(p.commit or "—")[:12],
+                         when=p.finished_utc.replace("T", " ").removesuffix("Z"), wall=_wall(p),
+                         commit=(p.commit or "—")[:12],
                          command=_command(p.command), files=len(record.subject),
                          current=sum(1 for who in newest.values() if who == rel)))
     return rows

@@ -4,6 +4,7 @@ write time; an import record says it was made at import; the audit's record chec
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from alignatt.record.attestation import read_record, signature_path
 from alignatt.record.importing import attest_imported
 from alignatt.record.signing import SIGNING_KEY_ENV, Verifier, trusted_lines
 from alignatt.record.verify import check_records, record_findings, trusted_signers
+from alignatt.report.inputs import run_record_rows
 from tests.record.signing_keys import throwaway_key, trust
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,6 +70,8 @@ def test_a_stage_leaves_a_signed_record_of_every_file_it_wrote(project, key, mon
     p = record.predicate
     assert p.recorded == "at measurement" and p.exit_status == 0 and p.command[-2:] == ["--out", "outputs/cpu/a.json"]
     assert p.signer.principal == "ci-ephemeral" and p.params["profile"] == "cpu" and p.params["params_sha256"]
+    [row] = run_record_rows(project)  # the page's row: how long the run took, m:ss
+    assert re.fullmatch(r"\d+:[0-5]\d", row["wall"]) and row["current"] == 2
     assert "signed by ci-ephemeral" in capsys.readouterr().err
     pub = Path(str(key.path) + ".pub")
     assert _findings(project, [pub]) == []  # its key trusted for this audit only
@@ -114,6 +118,7 @@ def test_an_import_record_says_so_and_refuses_uncommitted_files(project, key):
     record, _ = read_record(path)
     assert count == 1 and record.predicate.recorded == "at import" and "not at measurement" in record.predicate.note
     assert record.predicate.commit and _findings(project, []) == []
+    assert [r["wall"] for r in run_record_rows(project)] == ["—"]  # an import timed no run
     (project / "outputs/cpu/new.csv").write_text("1\n")
     with pytest.raises(AlignattError, match="uncommitted change"):
         attest_imported(project, [project / "outputs/cpu"], key)
