@@ -1,10 +1,12 @@
-"""How busy the host's CPUs were over a load level, and how much time the hypervisor took from them.
+"""How busy the host's CPUs were over a load level, how much time the hypervisor took from them, and
+how much of one core the server's event loop used.
 
 Read from the kernel's `/proc/stat` counters at the level's start and end (no sampling thread). A
 host-bound engine (docs/batching.md) runs as fast as the CPU it gets: on a virtual machine, `steal`
 is the time its vCPUs were runnable but the hypervisor ran something else, and `busy` is the share
 of all vCPUs in use (the engine, the server, the load's client processes). Where `/proc/stat` is
-missing (not Linux) both are None.
+missing (not Linux) both are None. The server's loop is one thread: at a share near 1 of one core it
+never waited, so it, not the engine, set the level's pace, however idle the other cores were.
 """
 
 from __future__ import annotations
@@ -42,3 +44,12 @@ def shares(before: Optional[dict[str, int]], after: Optional[dict[str, int]]) ->
         return {"host_cpu_busy_share": None, "host_cpu_steal_share": None}
     idle = delta["idle"] + delta["iowait"] + delta["steal"]
     return {"host_cpu_busy_share": round(1 - idle / total, 4), "host_cpu_steal_share": round(delta["steal"] / total, 4)}
+
+
+def loop_shares(loop_cpu_s: float, process_cpu_s: float, wall_s: float) -> dict[str, Optional[float]]:
+    """`server_loop_cpu_share`: the server's event-loop thread's CPU time over the level's wall (of one
+    core); `server_process_cpu_cores`: the server process's CPU time over it, all its threads (in cores)."""
+    if wall_s <= 0:
+        return {"server_loop_cpu_share": None, "server_process_cpu_cores": None}
+    return {"server_loop_cpu_share": round(loop_cpu_s / wall_s, 4),
+            "server_process_cpu_cores": round(process_cpu_s / wall_s, 4)}

@@ -1,10 +1,11 @@
-"""The host's CPUs over a load level, from /proc/stat: the share in use and the share stolen."""
+"""The host's CPUs over a load level, from /proc/stat: the share in use and the share stolen; and
+the share of a core the server's loop used."""
 
 import sys
 
 import pytest
 
-from alignatt.measure.host_cpu import cpu_times, shares
+from alignatt.measure.host_cpu import cpu_times, loop_shares, shares
 
 STAT = "cpu  {} 0 {} {} {} 0 0 {} 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\nintr 1 2\n"
 
@@ -35,3 +36,8 @@ def test_this_linux_host_is_read():
     sum(i * i for i in range(2_000_000))  # some CPU time between the readings
     got = shares(before, cpu_times())
     assert 0 < got["host_cpu_busy_share"] <= 1 and 0 <= got["host_cpu_steal_share"] < 1
+
+
+def test_the_server_loop_share_is_its_thread_time_over_the_wall_and_a_zero_wall_gives_none():
+    assert loop_shares(1.5, 3.0, 2.0) == {"server_loop_cpu_share": 0.75, "server_process_cpu_cores": 1.5}
+    assert loop_shares(1.0, 1.0, 0.0) == {"server_loop_cpu_share": None, "server_process_cpu_cores": None}

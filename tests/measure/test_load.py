@@ -504,6 +504,8 @@ def test_a_process_flag_serves_its_one_engine_from_a_process_of_its_own(short_st
     # garbage-collector pauses per step: the server's process and the engine's own
     assert lv.engines[0].gc_ms_mean is not None and lv.engines[0].child_gc_ms_mean is not None
     assert 0 < lv.host_cpu_busy_share <= 1 and lv.host_cpu_steal_share is not None  # this Linux host's CPUs
+    # the server's loop thread did some work but waited for the engine's process: less than a core
+    assert 0 < lv.server_loop_cpu_share < 1 and lv.server_process_cpu_cores >= lv.server_loop_cpu_share
 
 
 def test_an_engine_profile_dir_profiles_each_engine_process_over_each_level(short_stream, tmp_path):

@@ -126,6 +126,11 @@ class LoadLevel(_Strict):
     # hypervisor took (steal) from a virtual machine's vCPUs. None: not Linux, or the artifact predates them.
     host_cpu_busy_share: float | None = None
     host_cpu_steal_share: float | None = None
+    # The server's process over the level (alignatt.measure.host_cpu.loop_shares): its event-loop thread's
+    # CPU time per wall second (of one core; near 1: the loop never waited and paced the level), and all
+    # its threads' (in cores; the engine's too where it is not in a process of its own). None: predates them.
+    server_loop_cpu_share: float | None = None
+    server_process_cpu_cores: float | None = None
     verification: LoadVerification | None = None  # None: the seam does not count it, or the artifact predates the field
     # One speaker alone on a later configuration of the run (verification on, say) against the first
     # (off): updates matched by seq, and how many differ in committed text, in path or released text,
