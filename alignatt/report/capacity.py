@@ -67,7 +67,7 @@ def capacity_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
                 host_cpu="—" if lv.host_cpu_busy_share is None else
                 f"{lv.host_cpu_busy_share:.0%} ({lv.host_cpu_steal_share:.1%})",
                 server_loop="—" if lv.server_loop_cpu_share is None else
-                f"{lv.server_loop_cpu_share:.0%} ({lv.server_process_cpu_cores:.2f})",
+                f"{lv.server_loop_cpu_share:.1%} ({lv.server_process_cpu_cores:.2f})",
             ))
     return rows
 
