@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from alignatt.capture.names import VLLM_CAPTURE
 from alignatt.core.policy import PRESET_NAMES
 from alignatt.evaluate.units import counting_note
 from alignatt.record.artifacts.evaluation import EvalRecord
@@ -420,7 +421,7 @@ def scored_configuration(cfg: EvalRecord) -> str:
 
 def engine_words(cfg: EvalRecord) -> str | None:
     """The vLLM engine settings the rows ran with, beside the server's (None: no vllm_capture variant)."""
-    vllm = [v for v in cfg.variants if v.partition(":")[0] == "vllm_capture"]
+    vllm = [v for v in cfg.variants if v.partition(":")[0] == VLLM_CAPTURE]
     if not vllm:
         return None
     if cfg.engine_options is None:  # before the eval built the served route
@@ -435,7 +436,8 @@ def engine_words(cfg: EvalRecord) -> str | None:
     said = []
     for v in vllm:
         got = cfg.engine_options.get(v, {})
-        other = [k for k in ("enable_prefix_caching", "max_num_seqs") if got.get(k) != SERVED_VLLM_OPTIONS[k]]
+        # the mode is the variant's own (its name says it); every other served option is compared
+        other = [k for k, served in SERVED_VLLM_OPTIONS.items() if k != "vllm_mode" and got.get(k) != served]
         said.append(f"`{v}`: " + ", ".join(f"{k} {o}" for k, o in sorted(got.items()))
                     + (f" (**not the server's {', '.join(other)}**: the protocol drivers' replays are checked "
                        "against the in-process ones for identical emissions, which needs the same engine state)"

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property, partial
 from typing import Any, Callable
 
+from alignatt.capture.names import VLLM_CAPTURE
 from alignatt.core.policy import DEFAULT_PRESET
 from alignatt.core.progress import progress_bar
 from alignatt.evaluate import engines as eval_engines
@@ -91,7 +92,7 @@ def eval_route(options: EvalKnobs, seam_name: str, seam_options: dict[str, Any])
     route = served_route(DirectionRoute(model=options.model, seam=seam_name, heads=options.heads,
                                         top_k=options.top_k, device=options.device, dtype=options.dtype,
                                         seam_options=seam_options))
-    if route.seam == "vllm_capture" and set(options.drivers) - {"inprocess"}:
+    if route.seam == VLLM_CAPTURE and set(options.drivers) - {"inprocess"}:
         return route.model_copy(update={"seam_options": {**route.seam_options, "enable_prefix_caching": False}})
     return route
 

@@ -77,7 +77,7 @@ def test_a_draft_leaves_the_engine_once_its_rows_hold_the_answer():
     assert draft.acceptance.forward_steps == 3
     assert "b" not in seam.engine.hooks.block_ids  # read while running, dropped at its finish
     phases = seam.step_phases_s  # the check's parts are timed in the seam's step parts
-    assert all(phases[name] > 0 for name in ("check_wait", "check_scan", "stop", "fetch_queue"))
+    assert all(phases[name] > 0 for name in ("check_wait", "check_scan", "stop", "fetch_pack", "fetch_queue"))
 
 
 def test_a_draft_without_a_held_token_runs_to_its_end():

@@ -212,6 +212,11 @@ class PendingFetch:
         self._timings: Optional[FetchTimings] = None
         self.packed: Optional[np.ndarray] = None  # [R, T, H, S + len(MASSES)] once read: the batch as one array
 
+    @property
+    def pack_ms(self) -> float:
+        """Host time spent building and sending the batch's indices."""
+        return self._pack_ms
+
     def ready(self) -> bool:
         return self._event is None or bool(self._event.query())
 

@@ -65,9 +65,10 @@ from alignatt.models.synthetic_init import HFLikeInit
 
 CAPTURED_FAMILIES = ("gemma4_text", "gemma3_text")  # vLLM's Gemma4Attention and Gemma3Attention
 # The parts of VllmCaptureSeam.step, timed: vLLM's own step, the settle checks' parts (settling.py),
-# trimming the finished requests, queueing the one fetch of the step's checks and finished requests,
-# and building the drafts whose rows came back.
-STEP_PHASES = ("vllm", *SETTLE_PHASES, "finish", "fetch_queue", "drafts")
+# trimming the finished requests, the one fetch of the step's checks and finished requests (its host
+# indices built and sent, then its kernels and copy-back queued), and building the drafts whose rows
+# came back.
+STEP_PHASES = ("vllm", *SETTLE_PHASES, "finish", "fetch_pack", "fetch_queue", "drafts")
 
 
 def _engine_config(model: str, options: dict) -> VllmEngineConfig:
@@ -309,7 +310,7 @@ class VllmCaptureSeam:
         ready, self._pending = self._pending, []
         done = self._start_finish(finished) if finished else None
         finish_ended = time.perf_counter()
-        self._queue_fetch(due, done)
+        pack_s = self._queue_fetch(due, done)
         if done is not None:
             if self._states and done.fetch is not None:  # rows on their way: read after the next step
                 self._pending.append(done)
@@ -318,22 +319,26 @@ class VllmCaptureSeam:
         queued_at = time.perf_counter()
         drafts = [pair for d in ready for pair in self._complete(d)]
         for phase, (a, b) in (("vllm", (started, now)), ("finish", (settled, finish_ended)),
-                              ("fetch_queue", (finish_ended, queued_at)), ("drafts", (queued_at, time.perf_counter()))):
+                              ("fetch_pack", (finish_ended, finish_ended + pack_s)),
+                              ("fetch_queue", (finish_ended + pack_s, queued_at)),
+                              ("drafts", (queued_at, time.perf_counter()))):
             self.step_phases_s[phase] += b - a
         return drafts
 
-    def _queue_fetch(self, due: list[DraftState], done: Optional[FinishedStep]) -> None:
+    def _queue_fetch(self, due: list[DraftState], done: Optional[FinishedStep]) -> float:
         """One batched fetch for the step's settle checks (their requests still run), first, and its
-        finished requests: the host packs the indices once and the kernels are launched once per step."""
+        finished requests: the host packs the indices once and the kernels are launched once per step.
+        Returns the seconds its packing took (0: nothing to fetch)."""
         checks = [self._item(st, len(st.tokens)) for st in due]
         finishes = done.items if done is not None else []
         if not checks and not finishes:
-            return
+            return 0.0
         with record_function(FETCH_RANGE):  # a kernel profile tells the capture's fetch from the model's kernels
             fetch = self.fetcher.enqueue([*checks, *finishes], running=[True] * len(checks) + [False] * len(finishes))
         self.settler.queued(due, fetch)
         if finishes:
             done.fetch, done.offset = fetch, len(checks)
+        return fetch.pack_ms / 1e3
 
     def _leave_engine(self, states: list[DraftState]) -> None:
         """Settled requests out of vLLM's batch, in one abort; their blocks stay readable until the next step."""
