@@ -97,7 +97,7 @@ def test_the_step_bandwidth_target_is_judged_with_what_keeps_the_step_from_it():
             envs=[], measurements=[], by_kind={"load": [("outputs/h200/load_step_anatomy.json", anatomy)]}))
 
     (line,) = verdicts({"speakers": 128, "share": 0.5})
-    s = next(iter(anatomy.levels[1].step_anatomy.values()))
+    s = next(iter(next(lv for lv in anatomy.levels if lv.speakers == 128).step_anatomy.values()))
     assert "**missed**" in line and f"{s.bandwidth_share:.1%} of the peak" in line
     assert f"may take {s.weight_read_floor_ms / 0.5:.2f} ms" in line
     assert line.split("idle time: ")[1].startswith(f"{IDLE} {s.idle_ms:.2f}")  # the largest part first
@@ -112,11 +112,16 @@ def test_the_prefix_cache_table_gives_per_draft_tokens_by_region_and_dashes_for_
     from alignatt.report.capacity import prefix_cache_rows
 
     anatomy = load_artifact(ROOT / "outputs" / "h200" / "load_step_anatomy.json")
-    described = dict(anatomy.config.seam_describe, prompt_tokens=1000, cached_prompt_tokens=800, prompt_drafts=4,
-                     kv_cache_tokens={"0": 70000, "1": 65536},
-                     uncached_prompt_tokens={"before the source": 0, "source": 60, "after the source": 40,
-                                             "target prefix": 100})
-    newer = anatomy.model_copy(update={"config": anatomy.config.model_copy(update={"seam_describe": described})})
+
+    def described_as(**fields):
+        d = {k: v for k, v in anatomy.config.seam_describe.items()
+             if k not in ("prompt_drafts", "kv_cache_tokens", "uncached_prompt_tokens")} | fields
+        return anatomy.model_copy(update={"config": anatomy.config.model_copy(update={"seam_describe": d})})
+
+    newer = described_as(prompt_tokens=1000, cached_prompt_tokens=800, prompt_drafts=4,
+                         kv_cache_tokens={"0": 70000, "1": 65536},
+                         uncached_prompt_tokens={"before the source": 0, "source": 60, "after the source": 40,
+                                                 "target prefix": 100})
 
     def rows(artifact):
         return prefix_cache_rows(ReportInputs(root=ROOT, params={}, published=[], runs={}, smokes=[], envs=[],
@@ -126,7 +131,7 @@ def test_the_prefix_cache_table_gives_per_draft_tokens_by_region_and_dashes_for_
     (row,) = rows(newer)
     assert (row["drafts"], row["prompt"], row["served"], row["computed"]) == (4, "250.0", "80.0%", "50.0")
     assert row["regions"] == "0.0 / 15.0 / 10.0 / 25.0" and row["kv_tokens"] == "65,536"
-    (older,) = rows(anatomy)  # recorded before the split: the hit share only
+    (older,) = rows(described_as(prompt_tokens=1000, cached_prompt_tokens=878))  # recorded before the split
     assert older["served"] == "87.8%" and older["computed"] == older["regions"] == older["kv_tokens"] == "—"
 
 
