@@ -81,8 +81,20 @@ def bandwidth_verdicts(inputs: ReportInputs) -> list[str]:
                     f"{'; '.join(over)} (ms per step, each part ≥ 5 % of it). With no idle time the kernels as they "
                     f"are would reach {_share(s.weight_read_floor_ms / s.gpu_busy_ms)}"
                     + (f"; the GEMMs alone take {s.parts_ms['GEMM'] / budget:.1f}× the target's step"
-                       if s.parts_ms.get("GEMM", 0) > budget else "") + ".")
+                       if s.parts_ms.get("GEMM", 0) > budget else "") + "." + _host_words(s, lv))
     return said
+
+
+def _host_words(s: StepAnatomy, lv: Any) -> str:
+    """Who keeps the GPU waiting, where the trace timed the engine thread: its host work against its
+    waits on the GPU, and how much of a core the server's event loop used at the level."""
+    if s.host_ms is None:
+        return ""
+    said = (f" The engine thread worked {s.host_ms:.2f} ms a step on the host and waited {s.gpu_wait_ms:.2f} ms "
+            "on the GPU" + (": the host sets the step, and the GPU idles while it works"
+                            if s.host_ms > s.gpu_busy_ms and s.gpu_wait_ms < 0.1 * s.host_ms else ""))
+    loop = getattr(lv, "server_loop_cpu_share", None)
+    return said + (f"; the server's event loop used {loop:.1%} of a core." if loop is not None else ".")
 
 
 SMALL = "smaller parts (each under 5 % of the GPU time)"

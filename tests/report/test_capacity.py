@@ -101,6 +101,8 @@ def test_the_step_bandwidth_target_is_judged_with_what_keeps_the_step_from_it():
     assert "**missed**" in line and f"{s.bandwidth_share:.1%} of the peak" in line
     assert f"may take {s.weight_read_floor_ms / 0.5:.2f} ms" in line
     assert line.split("idle time: ")[1].startswith(f"{IDLE} {s.idle_ms:.2f}")  # the largest part first
+    assert (f"worked {s.host_ms:.2f} ms a step on the host and waited {s.gpu_wait_ms:.2f} ms on the GPU: the host "
+            "sets the step" in line) and "event loop used" in line
     (met,) = verdicts({"speakers": 128, "share": 0.1})
     assert "**met**" in met
     assert verdicts({"speakers": 64, "share": 0.5}) == []  # no level profiled there
