@@ -93,7 +93,7 @@ def _host_words(s: StepAnatomy, lv: Any) -> str:
     said = (f" The engine thread worked {s.host_ms:.2f} ms a step on the host and waited {s.gpu_wait_ms:.2f} ms "
             "on the GPU" + (": the host sets the step, and the GPU idles while it works"
                             if s.host_ms > s.gpu_busy_ms and s.gpu_wait_ms < 0.1 * s.host_ms else ""))
-    loop = getattr(lv, "server_loop_cpu_share", None)
+    loop = lv.server_loop_cpu_share
     return said + (f"; the server's event loop used {loop:.1%} of a core." if loop is not None else ".")
 
 
