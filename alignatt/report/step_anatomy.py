@@ -38,11 +38,11 @@ def step_anatomy_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
         row = dict(date=a.provenance.date, configuration=configuration(rel, a, lv.vllm_mode), engine=engine,
                    synthetic=a.synthetic_weights, speakers=lv.speakers)
         if not isinstance(s, StepAnatomy):
-            rows.append(dict(row, missing=s.missing))
+            rows.append(dict(row, missing=s.missing, device="—"))
             continue
         parts = sorted(((p, ms) for p, ms in s.parts_ms.items() if ms > 0), key=lambda t: -t[1])
         rows.append(dict(
-            row, missing=None, steps=s.steps, wall=f"{s.step_wall_ms:.2f}", busy=f"{s.gpu_busy_ms:.2f}",
+            row, missing=None, device=s.device, steps=s.steps, wall=f"{s.step_wall_ms:.2f}", busy=f"{s.gpu_busy_ms:.2f}",
             idle=f"{s.idle_ms:.2f}", parts="; ".join(f"{p} {ms:.2f}" for p, ms in parts) or "—",
             host="—" if s.host_ms is None else f"{s.host_ms:.2f} / {s.gpu_wait_ms:.2f} / {s.between_steps_ms:.2f}",
             host_ranges="; ".join(f"{name} {ms:.2f}" for name, ms in s.host_ranges_ms.items()) or "—",
@@ -127,7 +127,8 @@ def step_anatomy_figure(inputs: ReportInputs) -> list[Figure]:
     """One stacked bar per profiled engine: ms per step by part, then the idle time; under it, where
     the artifact has them, the engine thread's bar: host work, waiting on the GPU, between steps.
     The steps traced on GPUs and those traced on a CPU are two figures."""
-    bars = [(f"{a.provenance.date} {lv.vllm_mode or a.config.seam}, {lv.speakers} speakers, engine {engine}", s)
+    # the device in every label: one profile's folder can hold steps traced on different cards
+    bars = [(f"{a.provenance.date} {s.device}, {lv.vllm_mode or a.config.seam}, {lv.speakers} speakers, engine {engine}", s)
             for _, a, lv, engine, s in _profiled(inputs) if isinstance(s, StepAnatomy)]
     on_gpu = [b for b in bars if b[1].device != NO_GPU]
     on_cpu = [b for b in bars if b[1].device == NO_GPU]
