@@ -128,7 +128,8 @@ def step_anatomy_figure(inputs: ReportInputs) -> list[Figure]:
     the artifact has them, the engine thread's bar: host work, waiting on the GPU, between steps.
     The steps traced on GPUs and those traced on a CPU are two figures."""
     # the device in every label: one profile's folder can hold steps traced on different cards
-    bars = [(f"{a.provenance.date} {s.device}, {lv.vllm_mode or a.config.seam}, {lv.speakers} speakers, engine {engine}", s)
+    bars = [(f"{a.provenance.date} {s.device.removeprefix('NVIDIA ')}, {lv.vllm_mode or a.config.seam}, "
+             f"{lv.speakers} speakers, engine {engine}", s)
             for _, a, lv, engine, s in _profiled(inputs) if isinstance(s, StepAnatomy)]
     on_gpu = [b for b in bars if b[1].device != NO_GPU]
     on_cpu = [b for b in bars if b[1].device == NO_GPU]
