@@ -174,16 +174,19 @@ def tail_label(row) -> str:
     return label
 
 
-def headline_talk_rows(artifact, bands=IWSLT_BANDS) -> list[tuple[str, Any]]:
-    """The headline's rows: whole talks, closed by the client, ASR-like transcript at the highest
-    committed WER; per IWSLT band, the row of best BLEU whose StreamLAAL (computation-aware, the
-    real-time queue) is within it. Empty for an artifact without such rows (older ones)."""
+def talk_rows_with_asr(artifact) -> list[Any]:
+    """Whole talks, closed by the client, ASR-like transcript at the highest committed WER: the field's
+    setting. Empty for an artifact without such rows (older ones)."""
     rows = [r for r in artifact.rows if r.role == "quality" and r.form == "longform" and r.tail == "asr"
             and getattr(r, "segmentation", None) == "punctuation" and r.committed_wer is not None]
-    if not rows:
-        return []
-    worst = max(r.committed_wer for r in rows)
-    rows = [r for r in rows if r.committed_wer == worst]
+    worst = max((r.committed_wer for r in rows), default=None)
+    return [r for r in rows if r.committed_wer == worst]
+
+
+def headline_talk_rows(artifact, bands=IWSLT_BANDS) -> list[tuple[str, Any]]:
+    """The headline's rows: per IWSLT band, the row of `talk_rows_with_asr` of best BLEU whose
+    StreamLAAL (computation-aware, the real-time queue) is within it."""
+    rows = talk_rows_with_asr(artifact)
     out = []
     for name, limit in bands:
         fit = [r for r in rows if (r.latency.get("ca_stream_laal") or float("inf")) <= limit]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from alignatt.core.policy import PRESET_NAMES
 from alignatt.record.artifacts import measured_on_gpu
 from alignatt.report.inputs import ReportInputs
 
@@ -107,43 +108,42 @@ def _quality(inputs: ReportInputs) -> list[dict[str, str]]:
         return [dict(what="Quality", result="no `eval` stage artifact yet", stamp="",
                      link=anchor("Translation quality and simultaneous latency"))]
     rel, a = found
+    from alignatt.evaluate.outputs import headline_talk_rows, not_served_default, talk_rows_with_asr
     from alignatt.report.rows import machine_of
 
     heading = (f"{a.config.test_set}: {a.config.model} on {machine_of(a)}, {a.provenance.date}"
                + (" — latency only (synthetic weights: BLEU is not a translation score)" if a.synthetic_weights else ""))
     rows = [r for r in a.rows if r.role == "quality" and r.form == "sentence" and r.driver == "inprocess"]
-    from alignatt.evaluate.outputs import headline_talk_rows
-
     talks = headline_talk_rows(a)  # whole talks, closed by the client, ASR-like errors: the field's setting
+    asr_talks = talk_rows_with_asr(a)
     tail = QUALITY_TAIL if any(r.tail == QUALITY_TAIL for r in rows) else "asr"
-    asr = [r for r in rows if r.tail == "asr"]
-    wer = max((r.committed_wer for r in asr), default=None)
+    wer = max((r.committed_wer for r in rows if r.tail == "asr"), default=None)
     parts = []
     for band, r in talks:
         parts.append(f"IWSLT {band} band: `{r.preset}` BLEU **{r.bleu:.1f}** at StreamLAAL "
                      f"{r.latency['ca_stream_laal'] / 1000:.2f} s (computation-aware, real-time queue)")
-    if not talks and any(r.form == "longform" and r.tail == "asr" and r.segmentation == "punctuation"
-                         for r in a.rows):
-        parts.append("whole talks with ASR-like errors: no row within the IWSLT bands (StreamLAAL <= 4 s, "
-                     "computation-aware); sentence rows")
-    for preset in QUALITY_BANDS if not talks else ():
+    if asr_talks and not talks:
+        near = min(asr_talks, key=lambda r: r.latency.get("ca_stream_laal") or float("inf"))
+        parts.append("whole talks: no row within the IWSLT bands (StreamLAAL <= 4 s, computation-aware, real-time "
+                     f"queue); nearest `{near.preset}` BLEU **{near.bleu:.1f}** at StreamLAAL "
+                     f"{near.latency['ca_stream_laal'] / 1000:.2f} s ({near.latency['stream_laal'] / 1000:.2f} s "
+                     "computation-unaware)" + _queue_note(a, near))
+    for preset in PRESET_NAMES:  # the sentence rows at the same transcript, each preset that has one
         r = next((r for r in rows if r.preset == preset and r.tail == tail
                   and (tail != "asr" or r.committed_wer == wer)), None)
-        if r is not None and r.bleu is not None:
+        if r is not None and r.bleu is not None and (talks or asr_talks or preset in QUALITY_BANDS):
             laal = r.latency.get("ca_laal_ms")
-            parts.append(f"`{preset}` BLEU **{r.bleu:.1f}** at LAAL {laal / 1000:.2f} s (computation-aware)" if laal is not None
-                         else f"`{preset}` BLEU **{r.bleu:.1f}**")
+            parts.append(f"sentences, `{preset}` BLEU **{r.bleu:.1f}**"
+                         + (f" at LAAL {laal / 1000:.2f} s (computation-aware)" if laal is not None else ""))
     offline = next((r for r in a.rows if r.role == "quality" and r.driver == "offline"), None)
     if offline is not None and offline.bleu is not None:
         parts.append(f"offline (whole sentence) {offline.bleu:.1f}")
-    from alignatt.evaluate.outputs import not_served_default
-
     if not_served_default(a.config, a.provenance.gpu_name):  # the page scores what is served, or says not
         parts.append("**not the served default**: its section says which server configuration was scored")
     model = a.config.model
     caveat = " — synthetic weights: not a translation score" if a.synthetic_weights else ""
-    if talks:
-        r = talks[0][1]
+    if asr_talks:
+        r = asr_talks[0]
         what = (f"Quality, {a.config.test_set} ({model}, {r.latency.get('talks')} whole talks, no oracle "
                 f"segmentation, ASR-like transcript at {100 * r.committed_wer:g} % committed WER, N = "
                 f"{r.instances} segments)")
@@ -154,3 +154,14 @@ def _quality(inputs: ReportInputs) -> list[dict[str, str]]:
                 + f", N = {rows[0].instances if rows else 0})")
     return [dict(what=what + caveat,
                  result="; ".join(parts) or "no scored rows", stamp=_stamp(a), link=anchor(heading))]
+
+
+def _queue_note(a: Any, row: Any) -> str:
+    """Why a computation-aware lag is long where the eval replayed many streams at once: each stream's
+    round trip waits for the others' (the real-time queue convention charges it to the stream)."""
+    if row.concurrency <= 1 or not row.updates:
+        return ""
+    alone = next((r for r in a.rows if r.role == "under_load" and r.concurrency == 1 and r.updates), None)
+    return (f"; the eval replayed {row.concurrency} streams at once, and a round trip averaged "
+            f"{row.wall_ms / row.updates:.0f} ms" + (f" ({alone.wall_ms / alone.updates:.0f} ms for one stream alone, quality under load)"
+                                                    if alone else ""))

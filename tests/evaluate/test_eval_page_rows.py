@@ -14,7 +14,8 @@ from alignatt.evaluate.run import EvalOptions, run_eval  # noqa: E402
 from alignatt.record.artifacts import EvalArtifact, load_artifact  # noqa: E402
 from tests.fakes.mt_fakes import FakeSeam  # noqa: E402
 
-H200_EVAL = Path(__file__).resolve().parents[2] / "outputs" / "h200" / "eval.json"
+# rows of the H200 en-de eval of 69972d8 (2026-12-04), before whole talks and the ASR-like transcript
+BEFORE_WHOLE_TALKS = Path(__file__).resolve().parents[1] / "golden" / "eval_before_whole_talks.json"
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +49,8 @@ def test_the_headline_is_whole_talks_with_asr_errors_in_the_iwslt_bands(artifact
         assert r.latency["ca_stream_laal"] <= {"low": 2000, "high": 4000}[band]
 
 
-@pytest.mark.skipif(not H200_EVAL.exists(), reason="no committed H200 eval artifact")
-def test_the_committed_old_format_h200_eval_loads_and_is_labelled():
-    a = load_artifact(H200_EVAL)
+def test_an_eval_from_before_whole_talks_loads_and_is_labelled():
+    a = load_artifact(BEFORE_WHOLE_TALKS)
     assert isinstance(a, EvalArtifact) and headline_talk_rows(a) == []
     old = [r for r in a.rows if r.form == "longform"]
     assert old and all("old format: 5-pair chunks" in tail_label(r) for r in old)

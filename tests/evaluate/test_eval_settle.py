@@ -170,5 +170,6 @@ def test_the_headline_quality_line_says_when_the_eval_did_not_score_the_served_d
     path = tmp_path / "outputs" / "h200" / "eval.json"
     data = json.loads(path.read_text())
     data["config"]["settle_buffer_tokens"] = None  # as if run with --settle-buffer-tokens none
+    data["config"]["scored_settle_buffer_tokens"] = None
     path.write_text(json.dumps(data))
     assert "not the served default" in quality_line()
