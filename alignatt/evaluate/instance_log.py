@@ -171,7 +171,7 @@ def write_instance_logs(artifact, artifact_path: Path, pairs, talks, schedule, t
                 "segmentation": row.segmentation,
                 **({"under_load": row.concurrency} if row.role == "under_load" else {})}
         if row.form == "sentence":
-            refs = [p.reference for p in pairs]
+            refs = [p.reference for p in pairs[:len(row.hypotheses)]]  # under load: the first N sentences
             subs = [("words_read", True, False), ("words_committed", False, False), ("ms", None, True)]
             if "sim_ca_laal_ms" in row.latency:
                 subs.append(("ms_simuleval", None, True))

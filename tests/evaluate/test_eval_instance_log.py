@@ -5,10 +5,6 @@ alignatt needs tqdm>=4.66) and OmniSTEval's loader and scorers."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -17,6 +13,7 @@ pytest.importorskip("omnisteval")
 from alignatt.evaluate.instance_log import INDEX  # noqa: E402
 from alignatt.evaluate.run import EvalOptions, run_eval  # noqa: E402
 from tests.fakes.mt_fakes import FakeSeam  # noqa: E402
+from tests.support.scorers import omnisteval_longform, simuleval_score  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +44,25 @@ def test_every_row_has_its_logs(evaluated):
             assert all({"reference", "prediction_length", "source"} <= set(x) for x in lines)
 
 
+def test_a_quality_under_load_log_has_the_references_of_its_own_sentences(tmp_path):
+    """An under-load row replays the first `load_sentences` sentences: its references.txt has as many
+    lines as its instances.log, or SimulEval and OmniSTEval refuse the folder (at 6a8fd9d its logs
+    carried all 703 references for 100 streams)."""
+    out = tmp_path / "eval.json"
+    options = EvalOptions(limit=3, max_source_words=10, presets=["balanced"], tails=["gold"], offline_baseline=False,
+                          load_levels=[1], load_sentences=2, bootstrap=10)
+    run_eval(options, out, seam_factory=lambda route, heads: FakeSeam(), progress=lambda m: None)
+    folder = out.with_name("eval_instances")
+    index = [json.loads(line) for line in (folder / INDEX).read_text().splitlines()]
+    loaded = [e for e in index if "under_load" in e["row"]]
+    assert loaded
+    for entry in index:
+        d = folder / entry["path"]
+        lines = len((d / "instances.log").read_text().splitlines())
+        assert len((d / "references.txt").read_text().splitlines()) == lines, entry["path"]
+        assert lines == (2 if "under_load" in entry["row"] else 3)
+
+
 def test_omnistevals_loader_and_scorers_give_our_figures(evaluated):
     from omnisteval.io import load_shortform_instances
     from omnisteval.scoring import ALScorer, LAALScorer
@@ -68,20 +84,12 @@ def test_omnistevals_loader_and_scorers_give_our_figures(evaluated):
     assert checked >= 9
 
 
-def _omnisteval(out: Path, *args: str) -> dict[str, str]:
-    cmd = [sys.executable, "-c", "from omnisteval.cli import main; main()", "longform", *args,
-           "--output_folder", str(out)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return dict(line.split("\t") for line in (out / "scores.tsv").read_text().splitlines()[1:])
-
-
 @pytest.mark.parametrize("sub", ["longform", "longform_simuleval"])
 def test_omnistevals_longform_cli_gives_our_long_yaal(evaluated, tmp_path, sub):
     artifact, folder, index = evaluated
     entry = next(e for e in index if e["row"]["form"] == "longform" and e["path"].endswith("/" + sub))
     d = folder / entry["path"]
-    scores = _omnisteval(tmp_path / "omni", "--speech_segmentation", str(d / "segmentation.yaml"),
+    scores = omnisteval_longform(tmp_path / "omni", "--speech_segmentation", str(d / "segmentation.yaml"),
                          "--ref_sentences_file", str(d / "references.txt"), "--hypothesis_file",
                          str(d / "instances.log"), "--word_level", "--lang", "de")
     yaal = next(v for k, v in scores.items() if "YAAL" in k and "CA" not in k)
@@ -94,8 +102,8 @@ def test_omnistevals_resegmented_log_gives_our_stream_laal_under_both_convention
     artifact, folder, index = evaluated
     entry = next(e for e in index if e["path"].endswith("/stream_laal"))
     log = str(folder / entry["path"] / "instances.resegmented.jsonl")
-    queue = _omnisteval(tmp_path / "queue", "--resegmented_hypothesis", log, "--word_level", "--no_quality")
-    sim = _omnisteval(tmp_path / "sim", "--resegmented_hypothesis", log, "--word_level", "--no_quality",
+    queue = omnisteval_longform(tmp_path / "queue", "--resegmented_hypothesis", log, "--word_level", "--no_quality")
+    sim = omnisteval_longform(tmp_path / "sim", "--resegmented_hypothesis", log, "--word_level", "--no_quality",
                       "--emission_ca_key", "elapsed_simuleval")
     f = entry["figures"]
 
@@ -107,15 +115,6 @@ def test_omnistevals_resegmented_log_gives_our_stream_laal_under_both_convention
     assert laal(sim, True) == pytest.approx(f["StreamLAAL_CA_simuleval"], abs=1e-2)
     # SimulEval's convention adds every compute since the stream began: never earlier than the queue's
     assert f["StreamLAAL_CA_simuleval"] >= f["StreamLAAL_CA"]
-
-
-def _simuleval_score(folder: Path, *extra: str) -> dict[str, float]:
-    cmd = [sys.executable, "-c", "from simuleval.cli import main; main()", "--score-only", "--output", str(folder),
-           "--latency-metrics", "AL", "LAAL", "--quality-metrics", "BLEU", "--sacrebleu-tokenizer", "13a", *extra]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"})
-    assert r.returncode == 0, r.stderr[-2000:]
-    header, values = [line.split() for line in r.stdout.strip().splitlines()[-2:]]
-    return dict(zip(header, map(float, values[-len(header):])))  # the printed DataFrame leads with its index
 
 
 def test_simuleval_score_only_gives_our_figures(evaluated, tmp_path):
@@ -130,13 +129,13 @@ def test_simuleval_score_only_gives_our_figures(evaluated, tmp_path):
     for entry in index:
         if entry["row"]["form"] != "sentence" or entry["row"]["preset"] not in ("balanced", "offline"):
             continue
-        got = _simuleval_score(copy / entry["path"])
+        got = simuleval_score(copy / entry["path"])
         f = entry["figures"]
         # SimulEval prints 3 decimals
         assert got["AL"] == pytest.approx(f["AL"], abs=1e-3) and got["LAAL"] == pytest.approx(f["LAAL"], abs=1e-3)
         assert got["BLEU"] == pytest.approx(f["BLEU"], abs=1e-3)
         if entry["delays"].startswith("ms"):  # with the flag, SimulEval scores every column on `elapsed`
-            ca = _simuleval_score(copy / entry["path"], "--computation-aware")
+            ca = simuleval_score(copy / entry["path"], "--computation-aware")
             assert ca["AL_CA"] == pytest.approx(f["AL_CA"], abs=1e-3)
             assert ca["LAAL_CA"] == pytest.approx(f["LAAL_CA"], abs=1e-3)
         checked += 1
