@@ -681,3 +681,20 @@ def test_a_kernel_profile_traces_each_engine_process_at_its_level(short_stream, 
     with pytest.raises(AlignattError, match="no engine in a process of its own"):
         in_server = options.model_copy(update={"configurations": [LoadConfiguration(vllm_mode="fullgraph")]})
         run_load(in_server, None, seam_factory=vllm_route_factory)
+
+
+def test_a_level_that_fails_closes_its_progress_line(tmp_path, short_stream, monkeypatch):
+    """An open progress bar keeps printing its heartbeat after the error: the run closes it."""
+    import threading
+
+    from alignatt.measure import capacity
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("speakers lost")
+
+    monkeypatch.setattr(capacity, "run_speakers", failing)
+    seam = StandInBatchSeam(max_batch=8, steps_for=lambda r: 2, step_s=0.002)
+    options = LoadOptions(speakers="1,2", streams=[short_stream], speed=4.0, stagger_s=0.0, capture_cost="off")
+    with pytest.raises(RuntimeError, match="speakers lost"):
+        run_load(options, None, seam_factory=lambda route, heads: seam)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("progress:load") and t.is_alive()]
