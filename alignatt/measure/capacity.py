@@ -227,49 +227,49 @@ def run_configuration(options: LoadOptions, configuration: LoadConfiguration, se
         describe = getattr(engine.seam, "describe", None)
         totals = getattr(engine.seam, "acceptance_totals", None)  # verification counts (a child's over its pipe)
         profiled = _profiled_engines(options, mode, engines)
-        bar = progress_bar(len(set(options.speakers)), f"load {mode or options.seam}", "level")
-        for n in sorted(set(options.speakers)):
-            _wait_for_sessions_to_close(handle)  # the last level's sessions hold admission slots until closed
-            before = [e.stats() for e in engines]
-            accepted_before = totals() if callable(totals) else None
-            server_before = handle.call(lambda: {"coalesced": handle.server.stats.coalesced})
-            _reset_gpu_peak()
-            gpu = route_gpu(route.device)
-            for name, seam in profiled.items():
-                seam.profile(str(Path(options.engine_profile_dir) / f"{name}_{n}.pstats"))
-            cpu_before = cpu_times()
-            # the loop thread's own clock, read on the loop; the server runs in this process
-            loop_before, process_before = handle.call(time.thread_time), time.process_time()
-            with GpuBusy(gpu) if gpu is not None else nullcontext() as busy, \
-                    KernelProfiles(options, mode, engines, n) as kernels:
-                runs, wall = run_speakers(plan, n, options.clients, options.speakers_per_process)
-            host = shares(cpu_before, cpu_times())
-            host.update(loop_shares(handle.call(time.thread_time) - loop_before, time.process_time() - process_before,
-                                    wall))
-            for seam in profiled.values():
-                seam.profile(None)
-            memory = _gpu_memory()
-            if in_children:  # engines in processes of their own: none of their memory is this process's
-                memory = (None, memory[1])
-            after = [e.stats() for e in engines]
-            server_after = handle.call(lambda: {"coalesced": handle.server.stats.coalesced})
-            delta = {k: server_after[k] - server_before[k] for k in server_after}
-            level = summarise_level(n, runs, streams, wall, before, after, delta, memory, alone)
-            level["vllm_mode"] = mode
-            level["gpu_busy_share"] = busy.share() if busy is not None else None
-            if kernels.armed:
-                level["step_anatomy"] = kernels.results()
-            level.update(host)
-            if accepted_before is not None:
-                level["verification"] = acceptance_level(accepted_before, totals())
-            if n == 1:
-                for i, run in enumerate(runs):
-                    if not isinstance(run, BaseException):
-                        alone[streams[i % len(streams)][0]] = signature(run.events)
-            levels.append(level)
-            print(level_line(level), flush=True)
-            bar.update(1)
-        bar.close()
+        # closed on an error too: an open bar keeps printing its heartbeat after the error line
+        with progress_bar(len(set(options.speakers)), f"load {mode or options.seam}", "level") as bar:
+            for n in sorted(set(options.speakers)):
+                _wait_for_sessions_to_close(handle)  # the last level's sessions hold admission slots until closed
+                before = [e.stats() for e in engines]
+                accepted_before = totals() if callable(totals) else None
+                server_before = handle.call(lambda: {"coalesced": handle.server.stats.coalesced})
+                _reset_gpu_peak()
+                gpu = route_gpu(route.device)
+                for name, seam in profiled.items():
+                    seam.profile(str(Path(options.engine_profile_dir) / f"{name}_{n}.pstats"))
+                cpu_before = cpu_times()
+                # the loop thread's own clock, read on the loop; the server runs in this process
+                loop_before, process_before = handle.call(time.thread_time), time.process_time()
+                with GpuBusy(gpu) if gpu is not None else nullcontext() as busy, \
+                        KernelProfiles(options, mode, engines, n) as kernels:
+                    runs, wall = run_speakers(plan, n, options.clients, options.speakers_per_process)
+                host = shares(cpu_before, cpu_times())
+                host.update(loop_shares(handle.call(time.thread_time) - loop_before,
+                                        time.process_time() - process_before, wall))
+                for seam in profiled.values():
+                    seam.profile(None)
+                memory = _gpu_memory()
+                if in_children:  # engines in processes of their own: none of their memory is this process's
+                    memory = (None, memory[1])
+                after = [e.stats() for e in engines]
+                server_after = handle.call(lambda: {"coalesced": handle.server.stats.coalesced})
+                delta = {k: server_after[k] - server_before[k] for k in server_after}
+                level = summarise_level(n, runs, streams, wall, before, after, delta, memory, alone)
+                level["vllm_mode"] = mode
+                level["gpu_busy_share"] = busy.share() if busy is not None else None
+                if kernels.armed:
+                    level["step_anatomy"] = kernels.results()
+                level.update(host)
+                if accepted_before is not None:
+                    level["verification"] = acceptance_level(accepted_before, totals())
+                if n == 1:
+                    for i, run in enumerate(runs):
+                        if not isinstance(run, BaseException):
+                            alone[streams[i % len(streams)][0]] = signature(run.events)
+                levels.append(level)
+                print(level_line(level), flush=True)
+                bar.update(1)
         # After the levels: the seam's counters (prefix-cache hits) cover the whole run. `scheduler` is
         # the first engine's (the only one, unless `engines` asked for more); `per_engine` lists them all.
         facts = {"seam_describe": describe() if callable(describe) else None,

@@ -92,6 +92,9 @@ def serve_engine(conn: multiprocessing.connection.Connection, spec: EngineSpec, 
     kernels = KernelWindow(seam)
     to_seam: dict[int, Hashable] = {}  # the server's handle -> the seam's, while the draft runs
     to_server: dict[Hashable, int] = {}
+    # The step's submits and aborts, summed: the child's step outside the seam's own parts, sent with
+    # them as `submit` (a seam without parts gets none).
+    work_s = [0.0]
 
     def take_work(work: Sequence[Submit | Abort]) -> list[tuple[int, BaseException]]:
         refused = []
@@ -115,6 +118,7 @@ def serve_engine(conn: multiprocessing.connection.Connection, spec: EngineSpec, 
         if isinstance(message, Step):
             started, cpu = time.perf_counter(), time.thread_time()
             finished: list[tuple[int, Any]] = take_work(message.work)
+            work_s[0] += time.perf_counter() - started
             if engine.has_unfinished():
                 for handle, draft in kernels.step(engine.step):
                     if handle in to_server:
@@ -122,7 +126,8 @@ def serve_engine(conn: multiprocessing.connection.Connection, spec: EngineSpec, 
                         finished.append((to_server.pop(handle), draft))
             phases = getattr(seam, "step_phases_s", None)
             return Stepped(finished, engine.has_unfinished(), time.perf_counter() - started,
-                           time.thread_time() - cpu, dict(phases) if phases is not None else None, pauses.pause_s)
+                           time.thread_time() - cpu, dict(phases, submit=work_s[0]) if phases is not None else None,
+                           pauses.pause_s)
         if isinstance(message, Count):
             if counting is None:
                 raise TypeError(f"seam {getattr(seam, 'name', '?')} cannot count tokens")

@@ -531,9 +531,11 @@ def test_an_engine_profile_dir_profiles_each_engine_process_over_each_level(shor
 
 def test_a_configuration_and_its_label_round_trip_as_artifacts_have_always_named_it():
     every = LoadConfiguration(vllm_mode="fullgraph", settle_buffer_tokens=2, own_process=True, engines=4, verify=True,
-                              batch_invariant=True)
-    assert every.label() == "fullgraph+settle2+process+engines4+verify+batch_invariant"
+                              batch_invariant=True, one_kv_group=True)
+    assert every.label() == "fullgraph+settle2+process+engines4+verify+batch_invariant+onegroup"
     assert LoadConfiguration.from_label(every.label()) == every
+    assert LoadConfiguration.from_label("fullgraph+onegroup").seam_options() == {"vllm_mode": "fullgraph",
+                                                                                  "hybrid_kv_cache": False}
     assert LoadConfiguration.from_label("fullgraph+engines4+verify") == LoadConfiguration(
         vllm_mode="fullgraph", engines=4, verify=True)
     assert LoadConfiguration.from_label(None) == LoadConfiguration() and LoadConfiguration().label() is None
@@ -679,3 +681,20 @@ def test_a_kernel_profile_traces_each_engine_process_at_its_level(short_stream, 
     with pytest.raises(AlignattError, match="no engine in a process of its own"):
         in_server = options.model_copy(update={"configurations": [LoadConfiguration(vllm_mode="fullgraph")]})
         run_load(in_server, None, seam_factory=vllm_route_factory)
+
+
+def test_a_level_that_fails_closes_its_progress_line(tmp_path, short_stream, monkeypatch):
+    """An open progress bar keeps printing its heartbeat after the error: the run closes it."""
+    import threading
+
+    from alignatt.measure import capacity
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("speakers lost")
+
+    monkeypatch.setattr(capacity, "run_speakers", failing)
+    seam = StandInBatchSeam(max_batch=8, steps_for=lambda r: 2, step_s=0.002)
+    options = LoadOptions(speakers="1,2", streams=[short_stream], speed=4.0, stagger_s=0.0, capture_cost="off")
+    with pytest.raises(RuntimeError, match="speakers lost"):
+        run_load(options, None, seam_factory=lambda route, heads: seam)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("progress:load") and t.is_alive()]
