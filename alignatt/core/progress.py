@@ -20,7 +20,8 @@ HEARTBEAT_S = 30.0
 STEP_PERCENT = 5.0
 
 
-def _clock(seconds: float) -> str:
+def clock_text(seconds: float) -> str:
+    """Seconds as h:mm:ss, or m:ss under an hour."""
     seconds = int(seconds)
     h, rest = divmod(seconds, 3600)
     m, s = divmod(rest, 60)
@@ -76,9 +77,9 @@ class PlainProgress:
         where = f"{self.n}/{self.total} {self.unit}" if self.total else f"{self.n} {self.unit}"
         if self.total:
             where += f" ({100.0 * self.n / self.total:.0f}%)"
-        text = f"{self.desc}: {where}, {_clock(elapsed)} elapsed"
+        text = f"{self.desc}: {where}, {clock_text(elapsed)} elapsed"
         if self.total and 0 < self.n < self.total:
-            text += f", about {_clock(elapsed / self.n * (self.total - self.n))} left"
+            text += f", about {clock_text(elapsed / self.n * (self.total - self.n))} left"
         return text + (f" [{self.note}]" if self.note else "")
 
     def _line(self, word: str = "") -> None:

@@ -184,7 +184,7 @@ def level_line(level: dict) -> str:
             + (f", GPU busy {level['gpu_busy_share']:.0%}" if level.get("gpu_busy_share") is not None else "")
             + (f", host CPU busy {level['host_cpu_busy_share']:.0%} (steal {level['host_cpu_steal_share']:.1%})"
                if level.get("host_cpu_busy_share") is not None else "")
-            + (f", server loop CPU {level['server_loop_cpu_share']:.0%} of a core (process "
+            + (f", server loop CPU {level['server_loop_cpu_share']:.1%} of a core (process "
                f"{level['server_process_cpu_cores']:.2f} cores)" if level.get("server_loop_cpu_share") is not None else "")
             + "".join(f", engine {e['engine']} step {e['step_ms_mean']} ms (CPU {e['step_cpu_ms_mean']}"
                       + (f"; child {e['child_step_ms_mean']}, CPU {e['child_cpu_ms_mean']}"

@@ -58,8 +58,9 @@ def _wall(p) -> str:
 
     if p.recorded != "at measurement":
         return "—"
-    seconds = round((datetime.fromisoformat(p.finished_utc) - datetime.fromisoformat(p.started_utc)).total_seconds())
-    return f"{seconds // 60}:{seconds % 60:02d}"
+    from alignatt.core.progress import clock_text
+
+    return clock_text(round((datetime.fromisoformat(p.finished_utc) - datetime.fromisoformat(p.started_utc)).total_seconds()))
 
 
 def _command(argv: list[str]) -> str:

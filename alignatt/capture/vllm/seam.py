@@ -318,11 +318,12 @@ class VllmCaptureSeam:
                 ready.append(done)
         queued_at = time.perf_counter()
         drafts = [pair for d in ready for pair in self._complete(d)]
-        for phase, (a, b) in (("vllm", (started, now)), ("finish", (settled, finish_ended)),
-                              ("fetch_pack", (finish_ended, finish_ended + pack_s)),
-                              ("fetch_queue", (finish_ended + pack_s, queued_at)),
-                              ("drafts", (queued_at, time.perf_counter()))):
-            self.step_phases_s[phase] += b - a
+        phases = self.step_phases_s
+        phases["vllm"] += now - started
+        phases["finish"] += finish_ended - settled
+        phases["fetch_pack"] += pack_s
+        phases["fetch_queue"] += queued_at - finish_ended - pack_s  # the rest: items built, kernels queued
+        phases["drafts"] += time.perf_counter() - queued_at
         return drafts
 
     def _queue_fetch(self, due: list[DraftState], done: Optional[FinishedStep]) -> float:
