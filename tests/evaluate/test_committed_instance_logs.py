@@ -42,20 +42,29 @@ def _headline_entries(index: list[dict]) -> list[dict]:
     return list(picked.values())
 
 
-def _run(command: str, cwd: Path, extra: tuple[str, ...] = ()) -> list[str]:
-    """A recorded command line as argv for this interpreter (the tools' console scripts need not be on
-    PATH), run from the folder its relative paths start in."""
+def _run(command: str, cwd: Path, extra: tuple[str, ...] = ()) -> str:
+    """A recorded command line, run by this interpreter (the tools' console scripts need not be on
+    PATH) from the folder its relative paths start in; its standard output."""
+    import subprocess
+
     argv = shlex.split(command)
     module = {"simuleval": "simuleval.cli", "omnisteval": "omnisteval.cli"}[argv[0]]
-    return [sys.executable, "-c", f"from {module} import main; main()", *argv[1:], *extra]
+    r = subprocess.run([sys.executable, "-c", f"from {module} import main; main()", *argv[1:], *extra],
+                       capture_output=True, text=True, timeout=300, cwd=cwd)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout
 
 
-def _copy(folder: str, entry: dict, tmp_path: Path) -> Path:
-    """The entry's log folder, copied under a folder named as the instances folder, so that the
-    recorded relative paths resolve from the returned directory."""
-    name = Path(folder).name
-    shutil.copytree(ROOT / folder / entry["path"], tmp_path / name / entry["path"])
-    return tmp_path
+def _headline_logs(folder: str, form: str, tmp_path: Path):
+    """(entry, the artifact's row, a directory holding a copy of its logs) for the headline entries of
+    one form: the recorded relative paths resolve from that directory."""
+    artifact = load_artifact(ROOT / (folder.removesuffix("_instances") + ".json"))
+    for entry in _headline_entries(_index(folder)):
+        if entry["row"]["form"] != form:
+            continue
+        cwd = tmp_path / entry["path"].replace("/", "_")
+        shutil.copytree(ROOT / folder / entry["path"], cwd / Path(folder).name / entry["path"])
+        yield entry, _row(artifact, entry), cwd
 
 
 def _row(artifact, entry: dict):
@@ -96,22 +105,13 @@ def test_every_sentence_log_scores_to_its_figures_in_omnisteval(folder):
 def test_the_recorded_simuleval_commands_give_the_printed_figures(folder, tmp_path):
     pytest.importorskip("simuleval", reason="pip install --no-deps simuleval==1.1.4 (and pandas, textgrid, "
                                             "tornado, soundfile)")
-    import subprocess
-
-    artifact = load_artifact(ROOT / (folder.removesuffix("_instances") + ".json"))
     checked = 0
-    for entry in _headline_entries(_index(folder)):
-        if entry["row"]["form"] != "sentence":
-            continue
-        row = _row(artifact, entry)
+    for entry, row, cwd in _headline_logs(folder, "sentence", tmp_path):
         assert entry["figures"]["BLEU"] == pytest.approx(row.bleu, abs=1e-3)  # the page prints the row
-        cwd = _copy(folder, entry, tmp_path / entry["path"].replace("/", "_"))
         for key, names in (("simuleval", ("AL", "LAAL", "BLEU")), ("simuleval_ca", ("AL_CA", "LAAL_CA"))):
             if key not in entry:
                 continue
-            r = subprocess.run(_run(entry[key], cwd), capture_output=True, text=True, timeout=300, cwd=cwd)
-            assert r.returncode == 0, r.stderr[-2000:]
-            header, values = [line.split() for line in r.stdout.strip().splitlines()[-2:]]
+            header, values = [line.split() for line in _run(entry[key], cwd).strip().splitlines()[-2:]]
             got = dict(zip(header, map(float, values[-len(header):])))
             for name in names:
                 assert got[name] == pytest.approx(entry["figures"][name], abs=TOLERANCE), (entry["path"], name)
@@ -121,23 +121,14 @@ def test_the_recorded_simuleval_commands_give_the_printed_figures(folder, tmp_pa
 
 @pytest.mark.parametrize("folder", [f for f in FOLDERS if any(e["row"]["form"] == "longform" for e in _index(f))])
 def test_the_recorded_omnisteval_commands_give_the_printed_talk_figures(folder, tmp_path):
-    import subprocess
-
-    artifact = load_artifact(ROOT / (folder.removesuffix("_instances") + ".json"))
     checked = 0
-    for entry in _headline_entries(_index(folder)):
-        if entry["row"]["form"] != "longform":
-            continue
-        row = _row(artifact, entry)
-        cwd = _copy(folder, entry, tmp_path / entry["path"].replace("/", "_"))
+    for entry, row, cwd in _headline_logs(folder, "longform", tmp_path):
         f = entry["figures"]
         for key in ("omnisteval", "omnisteval_simuleval_ca"):
             if key not in entry:
                 continue
             out = cwd / f"scores_{key}"
-            r = subprocess.run(_run(entry[key], cwd, ("--output_folder", str(out))), capture_output=True, text=True,
-                               timeout=300, cwd=cwd)
-            assert r.returncode == 0, r.stderr[-2000:]
+            _run(entry[key], cwd, ("--output_folder", str(out)))
             scores = {k: float(v) for k, v in (line.split("\t") for line in
                                                 (out / "scores.tsv").read_text().splitlines()[1:])}
 

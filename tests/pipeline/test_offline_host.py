@@ -1,6 +1,6 @@
 """The offline GPU host's stage runner and collector (deploy/offline-host): stages run in order,
 detached, a failed one does not stop the next, and what comes back holds each artifact's run record
-with its signature, never a deleted path."""
+with its signature and each instance-log folder whole, never a deleted path."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ pytestmark = pytest.mark.skipif(shutil.which("git") is None or shutil.which("set
 FAKE_DVC = """#!/bin/bash
 stage="${@: -1}"
 echo "$stage" > "outputs/h200/$stage.json"; echo sig > "outputs/run-records/$stage.intoto.jsonl.sig"
+echo "$stage" > "outputs/h200/eval_instances/index.jsonl"  # its instance logs: one file changed
 [ "$stage" != bad ]
 """
 
@@ -29,8 +30,9 @@ def _host(tmp_path: Path) -> Path:
     prefix = tmp_path / "host"
     (prefix / "bin").mkdir(parents=True)
     checkout = prefix / "checkout"
-    for d in ("outputs/h200", "outputs/run-records"):
+    for d in ("outputs/h200/eval_instances/row", "outputs/run-records"):
         (checkout / d).mkdir(parents=True)
+    (checkout / "outputs/h200/eval_instances/row/instances.log").write_text("the same after the run")
     (checkout / "outputs/h200/old.json").write_text("old")
     (checkout / "outputs/h200/gone.json").write_text("gone")
     git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
@@ -61,6 +63,8 @@ def test_stages_run_in_order_detached_and_collect_brings_back_records_with_signa
     names = set(subprocess.run(["tar", "-tzf", str(out)], capture_output=True, text=True, check=True).stdout.split())
     assert {"outputs/h200/good.json", "outputs/run-records/good.intoto.jsonl.sig", "outputs/h200/bad.json"} <= names
     assert "outputs/h200/gone.json" not in names and "outputs/h200/old.json" not in names
+    # an instance-log folder whole, the files the run wrote the same too
+    assert {"outputs/h200/eval_instances/index.jsonl", "outputs/h200/eval_instances/row/instances.log"} <= names
     assert any(n.endswith("logs/good.log") for n in names)
 
 
