@@ -122,12 +122,14 @@ def _quality(inputs: ReportInputs) -> list[dict[str, str]]:
     for band, r in talks:
         parts.append(f"IWSLT {band} band: `{r.preset}` BLEU **{r.bleu:.1f}** at StreamLAAL "
                      f"{r.latency['ca_stream_laal'] / 1000:.2f} s (computation-aware, real-time queue)")
-    if asr_talks and not talks:
-        near = min(asr_talks, key=lambda r: r.latency.get("ca_stream_laal") or float("inf"))
+    timed = [r for r in asr_talks if r.latency.get("ca_stream_laal") is not None]
+    if timed and not talks:
+        near = min(timed, key=lambda r: r.latency["ca_stream_laal"])
+        cu = near.latency.get("stream_laal")
         parts.append("whole talks: no row within the IWSLT bands (StreamLAAL <= 4 s, computation-aware, real-time "
                      f"queue); nearest `{near.preset}` BLEU **{near.bleu:.1f}** at StreamLAAL "
-                     f"{near.latency['ca_stream_laal'] / 1000:.2f} s ({near.latency['stream_laal'] / 1000:.2f} s "
-                     "computation-unaware)" + _queue_note(a, near))
+                     f"{near.latency['ca_stream_laal'] / 1000:.2f} s"
+                     + (f" ({cu / 1000:.2f} s computation-unaware)" if cu is not None else "") + _queue_note(a, near))
     for preset in PRESET_NAMES:  # the sentence rows at the same transcript, each preset that has one
         r = next((r for r in rows if r.preset == preset and r.tail == tail
                   and (tail != "asr" or r.committed_wer == wer)), None)
@@ -161,7 +163,9 @@ def _queue_note(a: Any, row: Any) -> str:
     round trip waits for the others' (the real-time queue convention charges it to the stream)."""
     if row.concurrency <= 1 or not row.updates:
         return ""
+    note = (f"; the eval replayed {row.concurrency} streams at once, and a round trip averaged "
+            f"{row.wall_ms / row.updates:.0f} ms")
     alone = next((r for r in a.rows if r.role == "under_load" and r.concurrency == 1 and r.updates), None)
-    return (f"; the eval replayed {row.concurrency} streams at once, and a round trip averaged "
-            f"{row.wall_ms / row.updates:.0f} ms" + (f" ({alone.wall_ms / alone.updates:.0f} ms for one stream alone, quality under load)"
-                                                    if alone else ""))
+    if alone is not None:
+        note += f" ({alone.wall_ms / alone.updates:.0f} ms for one stream alone, quality under load)"
+    return note
