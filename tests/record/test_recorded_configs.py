@@ -87,9 +87,9 @@ def test_the_load_options_add_only_their_configurations_to_what_is_recorded():
 
 def test_an_eval_recorded_before_its_knobs_were_kept_whole_loads():
     """Before: the resolved settle under `settle_buffer_tokens`, the option under
-    `settle_buffer_tokens_option`, each row tail's model under `tails` (the H200 eval); neither settle
-    nor tails in the oldest (every draft whole, the gold tail alone)."""
-    data = json.loads((ROOT / "outputs" / "h200" / "eval.json").read_text())["config"]
+    `settle_buffer_tokens_option`, each row tail's model under `tails` (the H200 eval of 69972d8);
+    neither settle nor tails in the oldest (every draft whole, the gold tail alone)."""
+    data = json.loads((ROOT / "tests" / "golden" / "eval_before_whole_talks.json").read_text())["config"]
     record = EvalRecord.model_validate(data)
     assert (record.settle_buffer_tokens, record.scored_settle_buffer_tokens) == (
         data["settle_buffer_tokens_option"], data["settle_buffer_tokens"])
