@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from alignatt.core.errors import AlignattError
+from alignatt.core.progress import clock_text
 from alignatt.record.artifacts import (
     BENCH_FILE,
     BenchArtifact,
@@ -58,9 +59,8 @@ def _wall(p) -> str:
 
     if p.recorded != "at measurement":
         return "—"
-    from alignatt.core.progress import clock_text
-
-    return clock_text(round((datetime.fromisoformat(p.finished_utc) - datetime.fromisoformat(p.started_utc)).total_seconds()))
+    seconds = (datetime.fromisoformat(p.finished_utc) - datetime.fromisoformat(p.started_utc)).total_seconds()
+    return clock_text(round(seconds))
 
 
 def _command(argv: list[str]) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ pytest.importorskip("omnisteval")
 
 from alignatt.evaluate.instance_log import INDEX  # noqa: E402
 from alignatt.record.artifacts import load_artifact  # noqa: E402
+from tests.support.scorers import omnisteval_scores, run_scorer, simuleval_printed  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = sorted(p.parent.relative_to(ROOT).as_posix() for p in (ROOT / "outputs").glob(f"*/eval*_instances/{INDEX}"))
@@ -40,19 +40,6 @@ def _headline_entries(index: list[dict]) -> list[dict]:
         if r["preset"] == "balanced" and (r["tail"], r["committed_wer"]) == want and "under_load" not in e["path"]:
             picked.setdefault(e["path"].rsplit("/", 1)[1], e)
     return list(picked.values())
-
-
-def _run(command: str, cwd: Path, extra: tuple[str, ...] = ()) -> str:
-    """A recorded command line, run by this interpreter (the tools' console scripts need not be on
-    PATH) from the folder its relative paths start in; its standard output."""
-    import subprocess
-
-    argv = shlex.split(command)
-    module = {"simuleval": "simuleval.cli", "omnisteval": "omnisteval.cli"}[argv[0]]
-    r = subprocess.run([sys.executable, "-c", f"from {module} import main; main()", *argv[1:], *extra],
-                       capture_output=True, text=True, timeout=300, cwd=cwd)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return r.stdout
 
 
 def _headline_logs(folder: str, form: str, tmp_path: Path):
@@ -111,8 +98,7 @@ def test_the_recorded_simuleval_commands_give_the_printed_figures(folder, tmp_pa
         for key, names in (("simuleval", ("AL", "LAAL", "BLEU")), ("simuleval_ca", ("AL_CA", "LAAL_CA"))):
             if key not in entry:
                 continue
-            header, values = [line.split() for line in _run(entry[key], cwd).strip().splitlines()[-2:]]
-            got = dict(zip(header, map(float, values[-len(header):])))
+            got = simuleval_printed(run_scorer(shlex.split(entry[key]), cwd))  # the recorded command, as recorded
             for name in names:
                 assert got[name] == pytest.approx(entry["figures"][name], abs=TOLERANCE), (entry["path"], name)
             checked += 1
@@ -128,9 +114,8 @@ def test_the_recorded_omnisteval_commands_give_the_printed_talk_figures(folder, 
             if key not in entry:
                 continue
             out = cwd / f"scores_{key}"
-            _run(entry[key], cwd, ("--output_folder", str(out)))
-            scores = {k: float(v) for k, v in (line.split("\t") for line in
-                                                (out / "scores.tsv").read_text().splitlines()[1:])}
+            run_scorer([*shlex.split(entry[key]), "--output_folder", str(out)], cwd)
+            scores = {k: float(v) for k, v in omnisteval_scores(out).items()}
 
             def metric(prefix: str, ca: bool) -> float:
                 return next(v for k, v in scores.items() if k.startswith(prefix) and ("CA" in k) == ca)
