@@ -197,6 +197,8 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
                                     + (f"; differ at {diff[:10]}" if diff else "")
                                     + (f"; {options.concurrency} streams at once: batches form by timing, and "
                                        "bf16 batching can change drafts" if options.concurrency > 1 else "")))
+    own = any(eval_engines.own_processes(options.engines, eval_route(options, seam, opts), options.drivers)
+              for _, seam, opts in variants)
     comet = scoring.comet(options.comet_model, [p.source for p in pairs],
                           next((r.hypotheses for r in rows if r.preset == OFFLINE), rows[0].hypotheses),
                           [p.reference for p in pairs])
@@ -225,11 +227,11 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
                 "engine_options": {v: eval_route(options, seam, opts).seam_options for v, seam, opts in variants},
                 **({"concurrent_streams": streams_note(options.concurrency, options.engines)}
                    if options.concurrency > 1 else {}),
-                **eval_engines.config_notes(options.engines),
+                **eval_engines.config_notes(options.engines, own),
                 **({"under_load": f"the {DEFAULT_PRESET} preset, {LOAD_TAIL} tail, the first "
                                   f"{min(options.load_sentences, len(pairs))} sentences, replayed at each of "
                                   f"{options.load_levels} in-process streams at once on the variant's "
-                                  + ("one engine" if options.engines == 1 else "one fresh engine process alone")}
+                                  + ("one fresh engine process alone" if own else "one engine")}
                    if options.load_levels else {}),
                 "uncertainty": {"intervals": f"sacrebleu bootstrap, {options.bootstrap} resamples, 95 %",
                                 "significance": f"{uncertainty.TEST_NAMES[options.significance]} of each preset "

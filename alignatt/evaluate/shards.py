@@ -43,7 +43,8 @@ def shares(total: int, count: int) -> list[int]:
 
 def replay_in_shards(specs: Sequence[EngineSpec], jobs: Sequence[Job], order: Sequence[int], replayer: Replayer,
                      concurrency: int, tick: Callable[[int], None]) -> Replayed:
-    """Every job replayed, shard i taking `order[i::len(specs)]` through an engine built from specs[i]."""
+    """Every job replayed, shard i taking `order[i::len(specs)]` through an engine built from specs[i];
+    `tick(words)` as each job ends."""
     count = len(specs)
     context = multiprocessing.get_context("spawn")
     stop = context.Event()
@@ -67,7 +68,7 @@ def replay_in_shards(specs: Sequence[EngineSpec], jobs: Sequence[Job], order: Se
                 except EOFError:
                     kind, body = "failed", [AlignattError(f"eval shard {i} ended without its outputs")]
                 if kind == "tick":
-                    tick(1)
+                    tick(body[0])
                     continue
                 del pending[conn]
                 if kind == "done":
@@ -109,7 +110,7 @@ def _shard_main(conn, spec: EngineSpec, index: int, jobs: list[Job], replayer: R
 
     def replay(seam, job: Job) -> StreamOutput:
         out = replayer(seam, job)
-        send(("tick",))
+        send(("tick", job.words))
         return out
 
     try:

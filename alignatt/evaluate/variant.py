@@ -65,19 +65,26 @@ class Variant:
 
     @cached_property
     def jobs(self) -> list[Job]:
-        """Its in-process streams (`variant_jobs`), built once: the progress bar counts them, then they run."""
+        """Its in-process streams (`variant_jobs`), built once: the progress bar counts their words, then they run."""
         inprocess = "inprocess" in self.options.drivers
         return variant_jobs(self.sentence_presets if inprocess else [], self.presets if inprocess else [],
                             self.options.row_tails(self.options.tails), _longform_rows(self.options), self.pairs,
                             self.talks, self.options.offline_baseline)
 
-    def streams(self) -> int:
-        """How many streams the variant replays (the progress bar's total): its in-process jobs, the
-        protocol drivers' sentences, and the under-load rows' sentences."""
+    def words(self) -> int:
+        """How many source words the variant replays (the progress bar's total): its in-process jobs',
+        the protocol drivers' sentences', and the under-load rows' sentences'. Words, not streams: a
+        whole talk is hundreds of sentences' work, and it runs first (`ordered`), so a count of streams
+        would promise hours while the talks run and minutes are left."""
         o = self.options
         protocol = len(o.drivers) - ("inprocess" in o.drivers)
-        return (len(self.jobs) + protocol * len(self.sentence_presets) * len(o.row_tails(o.tails)) * len(self.pairs)
-                + len(o.load_levels) * len(self.pairs[:o.load_sentences]))
+        return (sum(job.words for job in self.jobs)
+                + protocol * len(self.sentence_presets) * len(o.row_tails(o.tails)) * _words(self.pairs)
+                + len(o.load_levels) * _words(self.pairs[:o.load_sentences]))
+
+
+def _words(pairs) -> int:
+    return sum(len(p.source_words) for p in pairs)
 
 
 def eval_route(options: EvalKnobs, seam_name: str, seam_options: dict[str, Any]):
@@ -99,8 +106,8 @@ def eval_route(options: EvalKnobs, seam_name: str, seam_options: dict[str, Any])
 
 def run_variant(v: Variant, seam_name: str, seam_options: dict[str, Any], factory):
     """Every preset and driver (and the offline baseline) on one seam variant: (rows, checks).
-    The in-process streams of a row run `options.concurrency` at once (`shared_engine`); with
-    `options.engines` > 1, in that many processes, an engine each (`shards`)."""
+    The in-process streams of a row run `options.concurrency` at once (`shared_engine`); through
+    engine processes (`shards`, `options.engines` of them) where `eval_engines.own_processes` says so."""
     from alignatt.serve.config import resolve_heads
 
     options, ts, progress = v.options, v.ts, v.progress
@@ -111,11 +118,11 @@ def run_variant(v: Variant, seam_name: str, seam_options: dict[str, Any], factor
     route = eval_route(options, seam_name, seam_options)
     heads = resolve_heads(route, direction)
     jobs = v.jobs
-    bar = progress_bar(v.streams(), f"eval {v.name}", "stream")
+    bar = progress_bar(v.words(), f"eval {v.name}", "source word")
     tick = _ticker(bar)
     under_load = partial(_under_load_rows, v, replayer=replayer, tick=tick)
     try:
-        if options.engines == 1:
+        if not eval_engines.own_processes(options.engines, route, options.drivers):
             progress(f"[{v.name}] loading the seam; drafts {settle_words(settle)}")
             seam = factory(route, heads)
             try:
@@ -125,7 +132,7 @@ def run_variant(v: Variant, seam_name: str, seam_options: dict[str, Any], factor
                 seam.close()
         else:
             specs = eval_engines.engine_specs(factory, route, heads, options.engines)  # refusals before any process
-            progress(f"[{v.name}] replaying in {options.engines} processes, an engine each; drafts "
+            progress(f"[{v.name}] replaying in {options.engines} process(es), an engine process each; drafts "
                      f"{settle_words(settle)}")
             got = replay_in_shards(specs, jobs, ordered(jobs), replayer, concurrency, bar.update)
             rows, checks = _variant_rows(v, by_row(jobs, got.outputs), None, tick)
@@ -159,7 +166,7 @@ def _replay_here(v: Variant, seam, route, direction: str, settle: int | None, jo
                                   settle_buffer_tokens=settle)
             server = ServerThread(config, lambda r, h: _Borrowed(seam)).start()
         order = ordered(jobs)
-        outputs = streams.map(lambda s, j: tick(replayer(s, jobs[j])), order, [jobs[j].name for j in order])
+        outputs = streams.map(lambda s, j: tick(replayer(s, jobs[j]), jobs[j].words), order, [jobs[j].name for j in order])
         rows, checks = _variant_rows(v, by_row(jobs, dict(zip(order, outputs))), server, tick)
         if options.concurrency > 1:
             v.progress(f"[{v.name}] in-process streams: {streams.describe()}")
@@ -190,7 +197,7 @@ def _variant_rows(v: Variant, replayed: dict, server, tick):
                 else:  # through the server, one stream at a time
                     driver = (WebSocketDriver(server.url, preset, src, tgt) if driver_name == "websocket"
                               else WlkDriver(server, preset, src, tgt, schedule.words_per_second))
-                    outs = [tick(sentence_output(driver, p, schedule, tails, tgt)) for p in pairs]
+                    outs = [tick(sentence_output(driver, p, schedule, tails, tgt), len(p.source_words)) for p in pairs]
                 sentence_outputs[driver_name] = outs
                 rows.append(sentence_row(pairs, outs, preset, variant, driver_name, v.label, ts, schedule,
                                           tail, options.bootstrap,
@@ -240,9 +247,10 @@ def _longform_rows(options: EvalKnobs) -> list[tuple[str, str]]:
 
 
 def _ticker(bar):
-    """`tick(out)`: one stream replayed (the bar advances), its output passed through."""
-    def tick(out):
-        bar.update(1)
+    """`tick(out, words)`: one stream of `words` source words replayed (the bar advances by them),
+    its output passed through."""
+    def tick(out, words: int):
+        bar.update(words)
         return out
     return tick
 
@@ -258,7 +266,7 @@ def _under_load_rows(v: Variant, seam, replayer: Replayer, tick) -> list:
     for level in options.load_levels:
         runner = ConcurrentStreams(seam, level)
         try:
-            outs = runner.map(lambda s, p: tick(replayer(s, Job((DEFAULT_PRESET, LOAD_TAIL), p))), pairs,
+            outs = runner.map(lambda s, p: tick(replayer(s, Job((DEFAULT_PRESET, LOAD_TAIL), p)), len(p.source_words)), pairs,
                               [p.id for p in pairs])
             described = runner.describe()
         finally:

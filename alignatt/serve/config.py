@@ -224,6 +224,12 @@ SERVED_VLLM_OPTIONS = {"enable_prefix_caching": True, "max_num_seqs": 128, "vllm
 SERVED_SETTLE_BUFFER_TOKENS = 2
 
 
+def served_own_process(seam: str, device: str) -> bool:
+    """Whether `alignatt serve` runs a route's one engine in a process of its own by default: a
+    vLLM engine on CUDA, whose step would otherwise wait for the sessions' interpreter lock."""
+    return seam == VLLM_CAPTURE and device.startswith("cuda")
+
+
 def served_settle(requested: int | None | str, seam: str, device: str) -> int | None:
     """settle_buffer_tokens from the option: "auto" (the served default above), "none" or N."""
     if requested is None or requested == "none":
@@ -284,12 +290,12 @@ def server_config(
             if vllm_mode:
                 route_fields["seam_options"] = {"vllm_mode": vllm_mode}
             route = DirectionRoute(**route_fields)
-            on_cuda = route.seam == VLLM_CAPTURE and route.device.startswith("cuda")
             cfg = ServerConfig(
                 directions={direction.strip().lower(): route},
                 limits=ServerLimits(**limit_fields),
                 settle_buffer_tokens=served_settle(settle_buffer_tokens, route.seam, route.device),
-                replicas=ReplicaConfig(own_process=on_cuda if engine_process is None else engine_process),
+                replicas=ReplicaConfig(own_process=served_own_process(route.seam, route.device)
+                                       if engine_process is None else engine_process),
                 **fields,
             )
     except ValidationError as e:

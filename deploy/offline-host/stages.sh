@@ -3,7 +3,8 @@
 # detached from the calling shell (a device call may return long before the stages end), each
 # stage's output in $LOGS/STAGE.log and one line per start and exit status in $LOGS/stages.log.
 # A failed stage does not stop the next. `-s`: each stage alone, without re-running the stages it
-# depends on (run gpu-tests first by naming it). Then `collect.sh`.
+# depends on (run gpu-tests first by naming it). What each stage changed is kept as it exits
+# (`collect.sh --keep`), so a later stage stopped part-way cannot lose it. Then `collect.sh`.
 # Usage: bash stages.sh STAGE...   (env: PREFIX=/root, LOGS=$PREFIX/logs)
 set -euo pipefail
 prefix="${PREFIX:-/root}" logs="${LOGS:-${PREFIX:-/root}/logs}"
@@ -16,9 +17,11 @@ run() {
     echo "start $stage $(date -u +%T)" >> "$logs/stages.log"
     rc=0; dvc exp run -S profile=h200 -s "$stage" > "$logs/$stage.log" 2>&1 || rc=$?
     echo "exit $stage $rc $(date -u +%T)" >> "$logs/stages.log"
+    bash "$ctl/collect.sh" --keep || echo "keep $stage failed" >> "$logs/stages.log"
   done
   echo "done $(date -u +%T)" >> "$logs/stages.log"
 }
-export -f run; export prefix logs
+ctl="$(cd "$(dirname "$0")" && pwd)"
+export -f run; export prefix logs ctl
 setsid nohup bash -c 'run "$@"' stages "$@" > "$logs/stages.out" 2>&1 < /dev/null &
 echo "started: $* (logs in $logs)"

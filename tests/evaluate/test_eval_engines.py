@@ -227,3 +227,17 @@ def test_an_eval_interrupted_while_its_shards_replay_stops_and_reaps_them(test_s
     assert not _engine_processes()
     # stopped: only the streams already running ended (about a dozen drafts, of over 800)
     assert sum(len(words) for words in drafts_by_process(tmp_path).values()) < 100
+
+
+def test_one_engine_replays_where_alignatt_serve_runs_it():
+    """`alignatt serve` runs a vLLM route's one engine on CUDA in a process of its own, so the eval
+    replays through an engine process there too (served = scored); elsewhere, or when a protocol
+    driver's server must borrow the seam, the seam stays in the eval's process."""
+    from alignatt.evaluate.engines import config_notes, own_processes
+
+    vllm = DirectionRoute(model="gemma3-270m", seam="vllm_capture", device="cuda")
+    cpu = DirectionRoute(model="gemma3-270m", seam="hf_qk_fast", device="cpu")
+    assert own_processes(1, vllm, ["inprocess"])
+    assert not own_processes(1, vllm, ["inprocess", "websocket"])
+    assert not own_processes(1, cpu, ["inprocess"]) and own_processes(2, cpu, ["inprocess"])
+    assert config_notes(1, False) == {} and "process of its own" in config_notes(1, True)["engine_processes"]

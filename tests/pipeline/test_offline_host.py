@@ -1,6 +1,7 @@
 """The offline GPU host's stage runner and collector (deploy/offline-host): stages run in order,
 detached, a failed one does not stop the next, and what comes back holds each artifact's run record
-with its signature and each instance-log folder whole, never a deleted path."""
+with its signature and each instance-log folder whole, never a deleted path, even after a later
+stage stopped part-way reset the workspace."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "deploy" / "offline-host"
 pytestmark = pytest.mark.skipif(shutil.which("git") is None or shutil.which("setsid") is None,
                                 reason="needs git and setsid")
 
-# stands in for DVC: writes an artifact and its run record's signature; the stage `bad` fails
+# stands in for DVC: writes an artifact and its run record's signature; the stage `bad` fails, and
+# `stopped` fails after resetting the workspace, as `dvc exp run` does when it is stopped part-way
 FAKE_DVC = """#!/bin/bash
 stage="${@: -1}"
+if [ "$stage" = stopped ]; then git checkout -q -- outputs; git clean -fdq outputs; exit 143; fi
 echo "$stage" > "outputs/h200/$stage.json"; echo sig > "outputs/run-records/$stage.intoto.jsonl.sig"
 echo "$stage" > "outputs/h200/eval_instances/index.jsonl"  # its instance logs: one file changed
 [ "$stage" != bad ]
@@ -50,14 +53,16 @@ def _host(tmp_path: Path) -> Path:
 def test_stages_run_in_order_detached_and_collect_brings_back_records_with_signatures(tmp_path):
     prefix = _host(tmp_path)
     env = {**os.environ, "PREFIX": str(prefix)}
-    subprocess.run(["bash", str(SCRIPTS / "stages.sh"), "bad", "good"], env=env, check=True)
+    subprocess.run(["bash", str(SCRIPTS / "stages.sh"), "bad", "good", "stopped"], env=env, check=True)
     log = prefix / "logs" / "stages.log"
     for _ in range(100):
         if log.exists() and "done" in log.read_text():
             break
         time.sleep(0.1)
     lines = [line.split()[:-1] for line in log.read_text().splitlines()]  # less the time
-    assert lines[:4] == [["start", "bad"], ["exit", "bad", "1"], ["start", "good"], ["exit", "good", "0"]]
+    assert lines[:6] == [["start", "bad"], ["exit", "bad", "1"], ["start", "good"], ["exit", "good", "0"],
+                         ["start", "stopped"], ["exit", "stopped", "143"]]
+    assert not (prefix / "checkout/outputs/h200/good.json").exists()  # the workspace was reset
     out = tmp_path / "back.tgz"
     subprocess.run(["bash", str(SCRIPTS / "collect.sh"), str(out)], env=env, check=True, capture_output=True)
     names = set(subprocess.run(["tar", "-tzf", str(out)], capture_output=True, text=True, check=True).stdout.split())
