@@ -69,6 +69,11 @@ def ssl_context(config: ServerConfig) -> ssl.SSLContext | None:
         context.load_cert_chain(config.ssl_certfile, config.ssl_keyfile or None)
     except (OSError, ssl.SSLError) as e:
         raise AlignattError(f"cannot load TLS certificate {config.ssl_certfile}: {e}") from None
+    # No TLS 1.3 session tickets: they arrive after the handshake, while a threaded client (websockets'
+    # sync client reads on one thread and writes its opening request on another, on one SSL socket)
+    # is sending, and about one connection in a hundred (TLS, on this machine) never got its request through.
+    # A session is one long connection: resuming its TLS session would save nothing.
+    context.num_tickets = 0
     return context
 
 

@@ -173,6 +173,22 @@ def self_signed(tmp_path) -> tuple[str, str]:
     return str(cert_path), str(key_path)
 
 
+def test_tls_sends_no_session_tickets(tmp_path):
+    """A TLS 1.3 ticket arrives after the handshake, while websockets' sync client (the replay
+    client's) writes its opening request on one thread and reads on another: about one TLS
+    connection in a hundred then hung until its open timeout. The server sends none."""
+    import socket
+
+    cert, key = self_signed(tmp_path)
+    with server(tmp_path, ssl_certfile=cert, ssl_keyfile=key) as srv:
+        trusting = ssl.create_default_context(cafile=cert)
+        with trusting.wrap_socket(socket.create_connection(("127.0.0.1", srv.server.port), timeout=5),
+                                  server_hostname="127.0.0.1") as tls:
+            tls.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert tls.recv(64).startswith(b"HTTP/1.1 ")  # a ticket would have come before the reply
+            assert tls.version() == "TLSv1.3" and not tls.session.has_ticket
+
+
 def test_tls_with_the_token_gets_init_ok_from_a_verifying_client(tmp_path):
     cert, key = self_signed(tmp_path)
     with server(tmp_path, token=TOKEN, ssl_certfile=cert, ssl_keyfile=key) as srv:
