@@ -40,7 +40,12 @@ class Job:
 
     @property
     def words(self) -> int:
-        return sum(len(p.source_words) for p in self.item) if self.is_talk else len(self.item.source_words)
+        return source_words(self.item if self.is_talk else [self.item])
+
+
+def source_words(pairs: Sequence[TestPair]) -> int:
+    """How many source words `pairs` replay (the progress bar counts words)."""
+    return sum(len(p.source_words) for p in pairs)
 
 
 def variant_jobs(sentence_presets: Sequence[str], talk_presets: Sequence[str], tail_keys: Sequence[str],

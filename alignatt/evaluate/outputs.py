@@ -147,10 +147,17 @@ def _fmt(x, digits=1) -> str:
 IWSLT_BANDS = (("low", 2000.0), ("high", 4000.0))
 
 
+# A StreamLAAL below zero says output came before the speech it translates: mwerSegmenter placed a
+# weak translation's words in the wrong segments. It is in no band.
+BELOW_ZERO = "none: below 0"
+
+
 def iwslt_band(stream_laal_ms: float | None) -> str | None:
-    """The IWSLT band a StreamLAAL falls in (low, high), `above 4 s`, or None without a figure."""
+    """The IWSLT band a StreamLAAL falls in (low, high), `above 4 s`, BELOW_ZERO, or None without a figure."""
     if stream_laal_ms is None:
         return None
+    if stream_laal_ms < 0:
+        return BELOW_ZERO
     return next((name for name, limit in IWSLT_BANDS if stream_laal_ms <= limit), "above 4 s")
 
 
@@ -185,14 +192,24 @@ def talk_rows_with_asr(artifact) -> list[Any]:
 
 def headline_talk_rows(artifact, bands=IWSLT_BANDS) -> list[tuple[str, Any]]:
     """The headline's rows: per IWSLT band, the row of `talk_rows_with_asr` of best BLEU whose
-    StreamLAAL (computation-aware, the real-time queue) is within it."""
+    StreamLAAL (computation-aware, the real-time queue) is within it (never one below zero)."""
     rows = talk_rows_with_asr(artifact)
     out = []
     for name, limit in bands:
-        fit = [r for r in rows if (r.latency.get("ca_stream_laal") or float("inf")) <= limit]
+        fit = [r for r in rows if 0 <= _ca_stream_laal(r) <= limit]
         if fit:
             out.append((name, max(fit, key=lambda r: r.bleu)))
     return out
+
+
+def _ca_stream_laal(row) -> float:
+    x = row.latency.get("ca_stream_laal")
+    return float("inf") if x is None else x
+
+
+def below_zero_talk_rows(artifact) -> list[Any]:
+    """The rows of `talk_rows_with_asr` that no band may take: StreamLAAL (computation-aware) below 0."""
+    return [r for r in talk_rows_with_asr(artifact) if _ca_stream_laal(r) < 0]
 
 
 def _interval(row, name: str) -> str:

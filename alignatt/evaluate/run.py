@@ -197,8 +197,8 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
                                     + (f"; differ at {diff[:10]}" if diff else "")
                                     + (f"; {options.concurrency} streams at once: batches form by timing, and "
                                        "bf16 batching can change drafts" if options.concurrency > 1 else "")))
-    own = any(eval_engines.own_processes(options.engines, eval_route(options, seam, opts), options.drivers)
-              for _, seam, opts in variants)
+    routes = {v: eval_route(options, seam, opts) for v, seam, opts in variants}
+    own = any(eval_engines.own_processes(options.engines, route, options.drivers) for route in routes.values())
     comet = scoring.comet(options.comet_model, [p.source for p in pairs],
                           next((r.hypotheses for r in rows if r.preset == OFFLINE), rows[0].hypotheses),
                           [p.reference for p in pairs])
@@ -224,7 +224,7 @@ def run_eval(options: EvalOptions, out: str | Path | None = None, seam_factory=N
                                  "ready (CA)",
                 "tail_descriptions": {k: m.describe() for k, m in tail_models.items()},
                 "offline_tail": "the offline baseline is sent the whole sentence, committed, with no tail",
-                "engine_options": {v: eval_route(options, seam, opts).seam_options for v, seam, opts in variants},
+                "engine_options": {v: route.seam_options for v, route in routes.items()},
                 **({"concurrent_streams": streams_note(options.concurrency, options.engines)}
                    if options.concurrency > 1 else {}),
                 **eval_engines.config_notes(options.engines, own),

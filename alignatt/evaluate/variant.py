@@ -18,7 +18,7 @@ from alignatt.core.policy import DEFAULT_PRESET
 from alignatt.core.progress import progress_bar
 from alignatt.evaluate import engines as eval_engines
 from alignatt.evaluate.emissions import StreamOutput
-from alignatt.evaluate.jobs import Job, Replayer, by_row, ordered, variant_jobs
+from alignatt.evaluate.jobs import Job, Replayer, by_row, ordered, source_words, variant_jobs
 from alignatt.evaluate.outputs import OFFLINE
 from alignatt.evaluate.replay import Schedule, WebSocketDriver
 from alignatt.evaluate.rows import driver_check, longform_row, sentence_output, sentence_row
@@ -79,12 +79,8 @@ class Variant:
         o = self.options
         protocol = len(o.drivers) - ("inprocess" in o.drivers)
         return (sum(job.words for job in self.jobs)
-                + protocol * len(self.sentence_presets) * len(o.row_tails(o.tails)) * _words(self.pairs)
-                + len(o.load_levels) * _words(self.pairs[:o.load_sentences]))
-
-
-def _words(pairs) -> int:
-    return sum(len(p.source_words) for p in pairs)
+                + protocol * len(self.sentence_presets) * len(o.row_tails(o.tails)) * source_words(self.pairs)
+                + len(o.load_levels) * source_words(self.pairs[:o.load_sentences]))
 
 
 def eval_route(options: EvalKnobs, seam_name: str, seam_options: dict[str, Any]):
@@ -166,7 +162,8 @@ def _replay_here(v: Variant, seam, route, direction: str, settle: int | None, jo
                                   settle_buffer_tokens=settle)
             server = ServerThread(config, lambda r, h: _Borrowed(seam)).start()
         order = ordered(jobs)
-        outputs = streams.map(lambda s, j: tick(replayer(s, jobs[j]), jobs[j].words), order, [jobs[j].name for j in order])
+        outputs = streams.map(lambda s, j: tick(replayer(s, jobs[j]), jobs[j].words), order,
+                              [jobs[j].name for j in order])
         rows, checks = _variant_rows(v, by_row(jobs, dict(zip(order, outputs))), server, tick)
         if options.concurrency > 1:
             v.progress(f"[{v.name}] in-process streams: {streams.describe()}")
@@ -266,8 +263,8 @@ def _under_load_rows(v: Variant, seam, replayer: Replayer, tick) -> list:
     for level in options.load_levels:
         runner = ConcurrentStreams(seam, level)
         try:
-            outs = runner.map(lambda s, p: tick(replayer(s, Job((DEFAULT_PRESET, LOAD_TAIL), p)), len(p.source_words)), pairs,
-                              [p.id for p in pairs])
+            outs = runner.map(lambda s, p: tick(replayer(s, Job((DEFAULT_PRESET, LOAD_TAIL), p)), len(p.source_words)),
+                              pairs, [p.id for p in pairs])
             described = runner.describe()
         finally:
             runner.close()

@@ -108,7 +108,8 @@ def _quality(inputs: ReportInputs) -> list[dict[str, str]]:
         return [dict(what="Quality", result="no `eval` stage artifact yet", stamp="",
                      link=anchor("Translation quality and simultaneous latency"))]
     rel, a = found
-    from alignatt.evaluate.outputs import headline_talk_rows, not_served_default, talk_rows_with_asr
+    from alignatt.evaluate.outputs import (MARK, below_zero_talk_rows, headline_talk_rows, not_served_default,
+                                           talk_rows_with_asr)
     from alignatt.report.rows import machine_of
 
     heading = (f"{a.config.test_set}: {a.config.model} on {machine_of(a)}, {a.provenance.date}"
@@ -122,7 +123,8 @@ def _quality(inputs: ReportInputs) -> list[dict[str, str]]:
     for band, r in talks:
         parts.append(f"IWSLT {band} band: `{r.preset}` BLEU **{r.bleu:.1f}** at StreamLAAL "
                      f"{r.latency['ca_stream_laal'] / 1000:.2f} s (computation-aware, real-time queue)")
-    timed = [r for r in asr_talks if r.latency.get("ca_stream_laal") is not None]
+    below = below_zero_talk_rows(a)
+    timed = [r for r in asr_talks if r.latency.get("ca_stream_laal") is not None and r not in below]
     if timed and not talks:
         near = min(timed, key=lambda r: r.latency["ca_stream_laal"])
         cu = near.latency.get("stream_laal")
@@ -130,6 +132,10 @@ def _quality(inputs: ReportInputs) -> list[dict[str, str]]:
                      f"queue); nearest `{near.preset}` BLEU **{near.bleu:.1f}** at StreamLAAL "
                      f"{near.latency['ca_stream_laal'] / 1000:.2f} s"
                      + (f" ({cu / 1000:.2f} s computation-unaware)" if cu is not None else "") + _queue_note(a, near))
+    if below:
+        parts.append("in no band: " + ", ".join(f"`{r.preset}` (StreamLAAL {r.latency['ca_stream_laal'] / 1000:.2f} s"
+                                                f"{MARK})" for r in below)
+                     + ", below zero: mwerSegmenter put a weak translation's words in the wrong segments")
     for preset in PRESET_NAMES:  # the sentence rows at the same transcript, each preset that has one
         r = next((r for r in rows if r.preset == preset and r.tail == tail
                   and (tail != "asr" or r.committed_wer == wer)), None)

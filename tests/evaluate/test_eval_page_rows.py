@@ -9,7 +9,8 @@ import pytest
 
 pytest.importorskip("omnisteval")
 
-from alignatt.evaluate.outputs import headline_talk_rows, iwslt_band, tail_label, tail_key  # noqa: E402
+from alignatt.evaluate.outputs import (BELOW_ZERO, below_zero_talk_rows, headline_talk_rows, iwslt_band,  # noqa: E402
+                                      tail_label, tail_key, talk_rows_with_asr)
 from alignatt.evaluate.run import EvalOptions, run_eval  # noqa: E402
 from alignatt.record.artifacts import EvalArtifact, load_artifact  # noqa: E402
 from tests.fakes.mt_fakes import FakeSeam  # noqa: E402
@@ -27,8 +28,8 @@ def artifact():
 
 
 def test_bands():
-    assert [iwslt_band(x) for x in (None, 1999.0, 2000.0, 3500.0, 4001.0)] == [None, "low", "low", "high",
-                                                                            "above 4 s"]
+    assert [iwslt_band(x) for x in (None, -1.0, 0.0, 1999.0, 2000.0, 3500.0, 4001.0)] == [
+        None, BELOW_ZERO, "low", "low", "low", "high", "above 4 s"]
 
 
 def test_rows_say_what_they_replayed(artifact):
@@ -49,6 +50,18 @@ def test_the_headline_is_whole_talks_with_asr_errors_in_the_iwslt_bands(artifact
         assert r.latency["ca_stream_laal"] <= {"low": 2000, "high": 4000}[band]
 
 
+def test_a_talk_row_below_zero_is_in_no_band_and_the_headline_names_it(artifact):
+    """mwerSegmenter can put a weak translation's words in the wrong segments: a negative StreamLAAL
+    is not a low latency, and the headline must not call it one."""
+    best = max(talk_rows_with_asr(artifact), key=lambda r: r.bleu)
+    rows = [r.model_copy(update={"latency": {**r.latency, "ca_stream_laal": -1130.0, "stream_laal": -1370.0}})
+            if r is best else r for r in artifact.rows]
+    negative = artifact.model_copy(update={"rows": rows})
+    assert [r.preset for r in below_zero_talk_rows(negative)] == [best.preset]
+    assert all(r.latency["ca_stream_laal"] >= 0 for _, r in headline_talk_rows(negative))
+    assert "none: below 0 (CU)" in tail_label(next(r for r in rows if r.latency.get("stream_laal") == -1370.0))
+
+
 def test_an_eval_from_before_whole_talks_loads_and_is_labelled():
     a = load_artifact(BEFORE_WHOLE_TALKS)
     assert isinstance(a, EvalArtifact) and headline_talk_rows(a) == []
@@ -62,3 +75,33 @@ def test_an_eval_without_the_gold_tail_runs():
                           bootstrap=10)
     a = run_eval(options, None, seam_factory=lambda route, heads: FakeSeam(), progress=lambda m: None)
     assert [r.tail for r in a.rows] == ["none"]
+
+
+def test_the_headline_puts_a_talk_row_below_zero_in_no_band(tmp_path):
+    """The page's first lines must not call a negative StreamLAAL the low band (the H100 run at afad72f
+    had one: `high_latency`, -1.13 s)."""
+    import json
+    import shutil
+
+    import yaml
+
+    from alignatt.report.headline import headline
+    from alignatt.report.inputs import collect_inputs
+
+    root = Path(__file__).resolve().parents[2]
+    path = tmp_path / "outputs" / "h200" / "eval.json"
+    path.parent.mkdir(parents=True)
+    (tmp_path / "outputs" / "published").mkdir()
+    shutil.copy(root / "outputs" / "h200" / "eval.json", path)
+    data = json.loads(path.read_text())
+    talks = [r for r in data["rows"] if r["form"] == "longform" and r["tail"] == "asr"
+             and r.get("segmentation") == "punctuation"]
+    worst = max(r["committed_wer"] for r in talks)
+    row = next(r for r in talks if r["committed_wer"] == worst)
+    for r in talks:  # one row below zero, the others above the bands
+        r["latency"]["ca_stream_laal"] = -500.0 if r is row else 9000.0
+    path.write_text(json.dumps(data))
+    line = next(i["result"] for i in headline(collect_inputs(tmp_path, yaml.safe_load((root / "params.yaml").read_text())))
+                if i["what"].startswith("Quality"))
+    assert f"in no band: `{row['preset']}` (StreamLAAL -0.50 s" in line
+    assert "IWSLT low band" not in line and "nearest" in line and "-0.50 s (computation-aware" not in line
