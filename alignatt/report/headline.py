@@ -108,8 +108,8 @@ def _quality(inputs: ReportInputs) -> list[dict[str, str]]:
         return [dict(what="Quality", result="no `eval` stage artifact yet", stamp="",
                      link=anchor("Translation quality and simultaneous latency"))]
     rel, a = found
-    from alignatt.evaluate.outputs import (MARK, below_zero_talk_rows, headline_talk_rows, not_served_default,
-                                           talk_rows_with_asr)
+    from alignatt.evaluate.outputs import (IWSLT_BANDS, MARK, below_zero_talk_rows, headline_talk_rows,
+                                           not_served_default, talk_rows_with_asr)
     from alignatt.report.rows import machine_of
 
     heading = (f"{a.config.test_set}: {a.config.model} on {machine_of(a)}, {a.provenance.date}"
@@ -120,8 +120,11 @@ def _quality(inputs: ReportInputs) -> list[dict[str, str]]:
     tail = QUALITY_TAIL if any(r.tail == QUALITY_TAIL for r in rows) else "asr"
     wer = max((r.committed_wer for r in rows if r.tail == "asr"), default=None)
     parts = []
-    for band, r in talks:
-        parts.append(f"IWSLT {band} band: `{r.preset}` BLEU **{r.bleu:.1f}** at StreamLAAL "
+    picked = dict(talks)
+    for band, _ in IWSLT_BANDS if talks else ():  # a band without a row says so
+        r = picked.get(band)
+        parts.append(f"IWSLT {band} band: no row" if r is None else
+                     f"IWSLT {band} band: `{r.preset}` BLEU **{r.bleu:.1f}** at StreamLAAL "
                      f"{r.latency['ca_stream_laal'] / 1000:.2f} s (computation-aware, real-time queue)")
     below = below_zero_talk_rows(a)
     timed = [r for r in asr_talks if r.latency.get("ca_stream_laal") is not None and r not in below]
