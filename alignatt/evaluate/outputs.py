@@ -196,20 +196,21 @@ def headline_talk_rows(artifact, bands=IWSLT_BANDS) -> list[tuple[str, Any]]:
     rows = talk_rows_with_asr(artifact)
     out = []
     for name, limit in bands:
-        fit = [r for r in rows if 0 <= _ca_stream_laal(r) <= limit]
+        fit = [r for r in rows if 0 <= ca_stream_laal(r) <= limit]
         if fit:
             out.append((name, max(fit, key=lambda r: r.bleu)))
     return out
 
 
-def _ca_stream_laal(row) -> float:
+def ca_stream_laal(row) -> float:
+    """A talk row's StreamLAAL (computation-aware, the real-time queue) in ms; inf without one."""
     x = row.latency.get("ca_stream_laal")
     return float("inf") if x is None else x
 
 
 def below_zero_talk_rows(artifact) -> list[Any]:
     """The rows of `talk_rows_with_asr` that no band may take: StreamLAAL (computation-aware) below 0."""
-    return [r for r in talk_rows_with_asr(artifact) if _ca_stream_laal(r) < 0]
+    return [r for r in talk_rows_with_asr(artifact) if ca_stream_laal(r) < 0]
 
 
 def _interval(row, name: str) -> str:

@@ -108,8 +108,8 @@ def _quality(inputs: ReportInputs) -> list[dict[str, str]]:
         return [dict(what="Quality", result="no `eval` stage artifact yet", stamp="",
                      link=anchor("Translation quality and simultaneous latency"))]
     rel, a = found
-    from alignatt.evaluate.outputs import (IWSLT_BANDS, MARK, below_zero_talk_rows, headline_talk_rows,
-                                           not_served_default, talk_rows_with_asr)
+    from alignatt.evaluate.outputs import (IWSLT_BANDS, MARK, below_zero_talk_rows, ca_stream_laal,
+                                           headline_talk_rows, not_served_default, talk_rows_with_asr)
     from alignatt.report.rows import machine_of
 
     heading = (f"{a.config.test_set}: {a.config.model} on {machine_of(a)}, {a.provenance.date}"
@@ -127,7 +127,7 @@ def _quality(inputs: ReportInputs) -> list[dict[str, str]]:
                      f"IWSLT {band} band: `{r.preset}` BLEU **{r.bleu:.1f}** at StreamLAAL "
                      f"{r.latency['ca_stream_laal'] / 1000:.2f} s (computation-aware, real-time queue)")
     below = below_zero_talk_rows(a)
-    timed = [r for r in asr_talks if r.latency.get("ca_stream_laal") is not None and r not in below]
+    timed = [r for r in asr_talks if 0 <= ca_stream_laal(r) < float("inf")]
     if timed and not talks:
         near = min(timed, key=lambda r: r.latency["ca_stream_laal"])
         cu = near.latency.get("stream_laal")

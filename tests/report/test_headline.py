@@ -83,3 +83,16 @@ def test_the_quality_headline_is_whole_talks_with_asr_errors_in_a_band_or_says_n
                                      f"**{best.bleu:.1f}**")
     assert f"at StreamLAAL {best.latency['ca_stream_laal'] / 1000:.2f} s" in line["result"]
     assert "no row within" not in line["result"]
+
+
+def test_the_headline_puts_a_talk_row_below_zero_in_no_band():
+    """The page's first lines must not call a negative StreamLAAL the low band (the H100 run at afad72f
+    had one: `high_latency`, -1.13 s)."""
+    evaluation = load_artifact(ROOT / "outputs/h200/eval.json")
+    talks = [r for r in evaluation.rows if r.form == "longform" and r.tail == "asr" and r.segmentation == "punctuation"]
+    row = next(r for r in talks if r.committed_wer == max(t.committed_wer for t in talks))
+    rows = [r.model_copy(update={"latency": {**r.latency, "ca_stream_laal": -500.0 if r is row else 9000.0}})
+            if any(r is t for t in talks) else r for r in evaluation.rows]  # one below zero, the rest above the bands
+    line = _quality_line(evaluation.model_copy(update={"rows": rows}))["result"]
+    assert f"in no band: `{row.preset}` (StreamLAAL -0.50 s" in line
+    assert "IWSLT low band" not in line and "nearest" in line and "-0.50 s (computation-aware" not in line
