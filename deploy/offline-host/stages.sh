@@ -5,6 +5,9 @@
 # A failed stage does not stop the next. `-s`: each stage alone, without re-running the stages it
 # depends on (run gpu-tests first by naming it). What each stage changed is kept as it exits
 # (`collect.sh --keep`), so a later stage stopped part-way cannot lose it. Then `collect.sh`.
+# A STAGE argument may carry more `dvc exp run` options after the stage's name, in shell quoting
+# (e.g. 'load -S profiles.h200.load.speakers="128"'): an experiment off params.yaml, which the
+# artifact records (provenance.params_changed) and the page names.
 # Usage: bash stages.sh STAGE...   (env: PREFIX=/root, LOGS=$PREFIX/logs)
 set -euo pipefail
 prefix="${PREFIX:-/root}" logs="${LOGS:-${PREFIX:-/root}/logs}"
@@ -13,9 +16,10 @@ mkdir -p "$logs"
 run() {
   # shellcheck disable=SC1091
   source "$prefix/env.sh"; cd "$prefix/checkout"
-  for stage in "$@"; do
-    echo "start $stage $(date -u +%T)" >> "$logs/stages.log"
-    rc=0; dvc exp run -S profile=h200 -s "$stage" > "$logs/$stage.log" 2>&1 || rc=$?
+  for entry in "$@"; do
+    eval "words=($entry)"; stage="${words[0]}"
+    echo "start $entry $(date -u +%T)" >> "$logs/stages.log"
+    rc=0; dvc exp run -S profile=h200 -s "$stage" "${words[@]:1}" > "$logs/$stage.log" 2>&1 || rc=$?
     echo "exit $stage $rc $(date -u +%T)" >> "$logs/stages.log"
     bash "$ctl/collect.sh" --keep || echo "keep $stage failed" >> "$logs/stages.log"
   done

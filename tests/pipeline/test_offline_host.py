@@ -21,7 +21,8 @@ pytestmark = pytest.mark.skipif(shutil.which("git") is None or shutil.which("set
 # stands in for DVC: writes an artifact and its run record's signature; the stage `bad` fails, and
 # `stopped` fails after resetting the workspace, as `dvc exp run` does when it is stopped part-way
 FAKE_DVC = """#!/bin/bash
-stage="${@: -1}"
+printf '%s\\n' "$@"  # to the stage's log: the options it was given, one a line
+args=("$@"); for i in "${!args[@]}"; do [ "${args[$i]}" = -s ] && stage="${args[$((i + 1))]}"; done
 if [ "$stage" = stopped ]; then git checkout -q -- outputs; git clean -fdq outputs; exit 143; fi
 echo "$stage" > "outputs/h200/$stage.json"; echo sig > "outputs/run-records/$stage.intoto.jsonl.sig"
 echo "$stage" > "outputs/h200/eval_instances/index.jsonl"  # its instance logs: one file changed
@@ -71,6 +72,22 @@ def test_stages_run_in_order_detached_and_collect_brings_back_records_with_signa
     # an instance-log folder whole, the files the run wrote the same too
     assert {"outputs/h200/eval_instances/index.jsonl", "outputs/h200/eval_instances/row/instances.log"} <= names
     assert any(n.endswith("logs/good.log") for n in names)
+
+
+def test_a_stage_may_carry_more_dvc_options_in_shell_quoting(tmp_path):
+    prefix = _host(tmp_path)
+    env = {**os.environ, "PREFIX": str(prefix)}
+    entry = "good -S 'profiles.h200.load.configurations=[{a: 1}, {b: 2}]' -S profiles.h200.load.speakers=\"128\""
+    subprocess.run(["bash", str(SCRIPTS / "stages.sh"), entry], env=env, check=True)
+    log = prefix / "logs" / "stages.log"
+    for _ in range(100):
+        if log.exists() and "done" in log.read_text():
+            break
+        time.sleep(0.1)
+    assert "exit good 0" in log.read_text()
+    assert (prefix / "logs" / "good.log").read_text().splitlines() == [
+        "exp", "run", "-S", "profile=h200", "-s", "good", "-S", "profiles.h200.load.configurations=[{a: 1}, {b: 2}]",
+        "-S", "profiles.h200.load.speakers=128"]
 
 
 def test_stages_without_a_stage_is_a_usage_error(tmp_path):
