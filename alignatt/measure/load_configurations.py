@@ -2,7 +2,7 @@
 
 A `LoadConfiguration` holds the fields of `serve/config.py:ServerConfig` that one configuration
 sets (the vLLM mode, settling, the engine in a process of its own, engine processes sharing the GPU,
-verified re-drafts, batch-invariant kernels, one KV-cache group); `server_config` gives the server it stands for.
+verified re-drafts, batch-invariant kernels); `server_config` gives the server it stands for.
 params.yaml lists them as mappings (`profiles.*.load.configurations`); a command line gives each as
 `--configurations key=value,...` (or a JSON object). Its label (`fullgraph+settle2+process`) is
 derived from it (`label`) and names it in the artifact and on the page; `from_label` reads the
@@ -27,7 +27,6 @@ from alignatt.serve.config import DirectionRoute, EngineCount, ReplicaConfig, Se
 # A label's mode when the configuration names none (the seam's own): `default+settle2`.
 DEFAULT_MODE = "default"
 OWN_PROCESS_FLAG = "process"
-ONE_KV_GROUP_FLAG = "onegroup"
 ENGINES_FLAG = re.compile(r"engines([1-9][0-9]*)")
 SETTLE_FLAG = re.compile(r"settle([0-9]+)")
 EXAMPLE = "vllm_mode=fullgraph,settle_buffer_tokens=2,own_process=true"
@@ -51,8 +50,6 @@ class LoadConfiguration(BaseModel):
     verify: bool = Field(False, description="vllm_capture: verified re-drafts (the session's previous draft as "
                                             "vLLM's speculative proposer)")
     batch_invariant: bool = Field(False, description="vllm_capture: vLLM's batch-invariant kernels")
-    one_kv_group: bool = Field(False, description="vllm_capture: one KV-cache group (vLLM's hybrid KV-cache manager "
-                                                  "off; the engine's kv_cache_memory_gib as set)")
 
     @model_validator(mode="before")
     @classmethod
@@ -75,12 +72,11 @@ class LoadConfiguration(BaseModel):
 
     def flags(self) -> list[str]:
         """The label's flags, in the order labels have always been written (settle, process, engines,
-        verify, batch_invariant, onegroup)."""
+        verify, batch_invariant)."""
         return ([f"settle{self.settle_buffer_tokens}"] if self.settle_buffer_tokens is not None else []) + \
             ([OWN_PROCESS_FLAG] if self.own_process else []) + \
             ([f"engines{self.engines}"] if self.engines is not None else []) + \
-            (["verify"] if self.verify else []) + (["batch_invariant"] if self.batch_invariant else []) + \
-            ([ONE_KV_GROUP_FLAG] if self.one_kv_group else [])
+            (["verify"] if self.verify else []) + (["batch_invariant"] if self.batch_invariant else [])
 
     def label(self) -> str | None:
         """Its name in the artifact and on the page: `mode[+flag...]` (None: the seam's default, unchanged)."""
@@ -92,14 +88,12 @@ class LoadConfiguration(BaseModel):
     def seam_options(self) -> dict[str, Any]:
         """What it changes in the route's seam options (the engine's)."""
         return ({"vllm_mode": self.vllm_mode} if self.vllm_mode else {}) | \
-            ({"verify": True} if self.verify else {}) | ({"batch_invariant": True} if self.batch_invariant else {}) | \
-            ({"hybrid_kv_cache": False} if self.one_kv_group else {})
+            ({"verify": True} if self.verify else {}) | ({"batch_invariant": True} if self.batch_invariant else {})
 
     def plain_engine(self) -> "LoadConfiguration":
-        """Its engine alone (mode, batch-invariant kernels, KV-cache groups): what the capture cost measures, which drafts
+        """Its engine alone (mode, batch-invariant kernels): what the capture cost measures, which drafts
         carry no proposal to verify and run on one engine."""
-        return LoadConfiguration(vllm_mode=self.vllm_mode, batch_invariant=self.batch_invariant,
-                                 one_kv_group=self.one_kv_group)
+        return LoadConfiguration(vllm_mode=self.vllm_mode, batch_invariant=self.batch_invariant)
 
     def server_config(self, route: DirectionRoute, direction: str = "en-de", engines: EngineCount = 1,
                       **fields: Any) -> ServerConfig:
@@ -122,11 +116,10 @@ class LoadConfiguration(BaseModel):
             settle, engines = SETTLE_FLAG.fullmatch(flag), ENGINES_FLAG.fullmatch(flag)
             key, value = (("settle_buffer_tokens", int(settle[1])) if settle else ("engines", int(engines[1])) if engines
                           else ("own_process", True) if flag == OWN_PROCESS_FLAG
-                          else ("one_kv_group", True) if flag == ONE_KV_GROUP_FLAG
                           else (flag, True) if flag in ("verify", "batch_invariant") else (None, None))
             if key is None:
                 raise AlignattError(f"unknown configuration flag {flag!r} in {label!r}: use settle<N>, "
-                                    f"{OWN_PROCESS_FLAG}, engines<N>, verify, batch_invariant or {ONE_KV_GROUP_FLAG}")
+                                    f"{OWN_PROCESS_FLAG}, engines<N>, verify or batch_invariant")
             if key in fields:
                 raise AlignattError(f"configuration {label!r} names {key} twice")
             fields[key] = value

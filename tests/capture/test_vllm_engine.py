@@ -20,8 +20,6 @@ def test_llm_arguments_follow_the_config():
     assert args["compilation_config"] == engine_options("cudagraph")["compilation_config"]
     assert "async_scheduling" not in args  # vLLM's default unless asked
     assert VllmEngineConfig(model="m", async_scheduling=False).llm_arguments(spec)["async_scheduling"] is False
-    assert "disable_hybrid_kv_cache_manager" not in args  # vLLM's hybrid manager unless asked
-    assert VllmEngineConfig(model="m", hybrid_kv_cache=False).llm_arguments(spec)["disable_hybrid_kv_cache_manager"]
 
 
 def test_a_memory_share_from_the_environment_gates_the_start_and_the_route_still_wins(monkeypatch):

@@ -5,7 +5,7 @@ apart into one running batch (with the batched fetch, then with the per-request 
 rebuild), and writes every draft's tokens and rows to an .npz.
 
 `python -m tests.gpu.batching_worker SPEC.json OUT.npz`; SPEC: checkpoint, dtype, mode,
-prefix_caching, heads, tokens, kv_cache_memory_gib, hybrid_kv_cache (optional, default true).
+prefix_caching, heads, tokens, kv_cache_memory_gib.
 """
 
 from __future__ import annotations
@@ -68,8 +68,7 @@ def kernel_window(seam, reqs, path: Path) -> dict[str, np.ndarray]:
 
 def main(spec_path: str, out_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
-    seam = open_seam(spec, enable_prefix_caching=spec["prefix_caching"],
-                     hybrid_kv_cache=spec.get("hybrid_kv_cache", True))
+    seam = open_seam(spec, enable_prefix_caching=spec["prefix_caching"])
     out: dict[str, np.ndarray] = {}
     try:
         reqs = requests(spec["tokens"])
@@ -98,7 +97,6 @@ def main(spec_path: str, out_path: str) -> int:
         facts = seam.describe()
         out["cached_prompt_tokens"] = np.asarray(facts["cached_prompt_tokens"])
         out["prompt_tokens"] = np.asarray(facts["prompt_tokens"])
-        out["kv_cache_groups"] = np.asarray(len(facts["kv_cache_tokens"]))  # of the captured layers
     finally:
         seam.close()
     np.savez(out_path, **out)

@@ -3,8 +3,6 @@
 - rows with vLLM's prefix caching equal rows without it (fp32, IEEE Triton), and the cache was hit;
 - full decode CUDA graphs equal eager bit for bit with prefix caching on in both (bf16, one
   update at a time);
-- one KV-cache group (vLLM's hybrid manager off) drafts the same tokens and rows bit for bit in
-  the served mode, alone and in a running batch;
 - requests that join a running batch a step apart get the rows they get drafted alone, and the
   batched fetch gives them the rows the per-request reference rebuild gives them.
 Each engine runs in its own process (tests/gpu/batching_worker.py). Skipped without CUDA or vLLM:
@@ -50,13 +48,13 @@ def workdir(tmp_path_factory):
 _RUNS: dict = {}
 
 
-def run(workdir: Path, mode: str, dtype: str, prefix_caching: bool, hybrid_kv_cache: bool = True) -> dict:
-    key = (mode, dtype, prefix_caching, hybrid_kv_cache)
+def run(workdir: Path, mode: str, dtype: str, prefix_caching: bool) -> dict:
+    key = (mode, dtype, prefix_caching)
     if key in _RUNS:
         return _RUNS[key]
-    name = f"{mode}_{dtype}_{'apc' if prefix_caching else 'noapc'}{'' if hybrid_kv_cache else '_onegroup'}"
+    name = f"{mode}_{dtype}_{'apc' if prefix_caching else 'noapc'}"
     spec = {"checkpoint": str(workdir / "reduced-gemma4"), "dtype": dtype, "mode": mode,
-            "prefix_caching": prefix_caching, "heads": HEADS, "tokens": TOKENS, "hybrid_kv_cache": hybrid_kv_cache,
+            "prefix_caching": prefix_caching, "heads": HEADS, "tokens": TOKENS,
             "kv_cache_memory_gib": 0.5 if dtype == "float32" else 0.25,
             # the served configuration's run alone opens a kernel window (its test reads it)
             "kernel_window": (mode, dtype, prefix_caching) == ("cudagraph", "bfloat16", True)}
@@ -89,24 +87,6 @@ def test_cudagraph_equals_eager_bit_for_bit_with_prefix_caching_on_in_both(workd
     for (t_e, r_e), (t_g, r_g) in zip(drafts(eager, "alone"), drafts(graph, "alone")):
         assert np.array_equal(t_e, t_g)
         assert np.array_equal(r_e, r_g)
-
-
-def test_one_kv_cache_group_drafts_the_same_tokens_and_rows_bit_for_bit(workdir):
-    """vLLM's hybrid KV-cache manager off (`hybrid_kv_cache=false`): every layer in one group, one
-    block table and allocation per request a step. The attention reads the same keys in the same
-    order, so the served mode (fullgraph, bf16) drafts the same tokens and rows to the bit, alone and
-    joining a running batch; a block table read for the wrong group would read other keys. Prefix
-    caching off in both: the groups' block sizes may set where a cache hit ends, and a shorter hit
-    only moves rounding (the fp32 test above bounds that)."""
-    hybrid = run(workdir, "fullgraph", "bfloat16", False)
-    one = run(workdir, "fullgraph", "bfloat16", False, hybrid_kv_cache=False)
-    assert int(hybrid["kv_cache_groups"]) > 1 and int(one["kv_cache_groups"]) == 1  # the knob took effect
-    for kind in ("alone", "batch"):
-        pairs = list(zip(drafts(hybrid, kind), drafts(one, kind), strict=True))
-        assert pairs
-        for (t_h, r_h), (t_o, r_o) in pairs:
-            assert np.array_equal(t_h, t_o)
-            assert np.array_equal(r_h, r_o)
 
 
 def test_the_batched_fetch_equals_the_per_request_reference_on_a_running_batch(workdir):

@@ -531,11 +531,9 @@ def test_an_engine_profile_dir_profiles_each_engine_process_over_each_level(shor
 
 def test_a_configuration_and_its_label_round_trip_as_artifacts_have_always_named_it():
     every = LoadConfiguration(vllm_mode="fullgraph", settle_buffer_tokens=2, own_process=True, engines=4, verify=True,
-                              batch_invariant=True, one_kv_group=True)
-    assert every.label() == "fullgraph+settle2+process+engines4+verify+batch_invariant+onegroup"
+                              batch_invariant=True)
+    assert every.label() == "fullgraph+settle2+process+engines4+verify+batch_invariant"
     assert LoadConfiguration.from_label(every.label()) == every
-    assert LoadConfiguration.from_label("fullgraph+onegroup").seam_options() == {"vllm_mode": "fullgraph",
-                                                                                  "hybrid_kv_cache": False}
     assert LoadConfiguration.from_label("fullgraph+engines4+verify") == LoadConfiguration(
         vllm_mode="fullgraph", engines=4, verify=True)
     assert LoadConfiguration.from_label(None) == LoadConfiguration() and LoadConfiguration().label() is None

@@ -67,10 +67,6 @@ class VllmEngineConfig(BaseModel):
     max_num_seqs: int = Field(16, ge=1, description="vLLM's running-batch limit")
     enable_prefix_caching: bool = False
     async_scheduling: Optional[bool] = Field(None, description="None: vLLM's default")
-    hybrid_kv_cache: bool = Field(True, description="vLLM's hybrid KV-cache manager: one block table per group of "
-                                                    "layers of one attention kind (E4B: 6 groups). False: one group, "
-                                                    "sliding layers keep every key (more KV memory per token; one "
-                                                    "allocation, block table and attention metadata per request a step)")
     batch_invariant: bool = Field(False, description="vLLM's batch-invariant kernels (VLLM_BATCH_INVARIANT=1): a "
                                                      "draft no longer depends on what else is in the batch")
     seed: int = 0
@@ -117,8 +113,6 @@ class VllmEngineConfig(BaseModel):
             args["attention_backend"] = spec.attention_backend
         if self.async_scheduling is not None:
             args["async_scheduling"] = self.async_scheduling
-        if not self.hybrid_kv_cache:
-            args["disable_hybrid_kv_cache_manager"] = True
         if self.verify:
             from alignatt.capture.vllm.verify import speculative_config
 
