@@ -117,6 +117,7 @@ def serve_engine(conn: multiprocessing.connection.Connection, spec: EngineSpec, 
     def answer(message: Any) -> Any:
         if isinstance(message, Step):
             started, cpu = time.perf_counter(), time.thread_time()
+            overhead = kernels.overhead_s
             finished: list[tuple[int, Any]] = take_work(message.work)
             work_s[0] += time.perf_counter() - started
             if engine.has_unfinished():
@@ -125,9 +126,11 @@ def serve_engine(conn: multiprocessing.connection.Connection, spec: EngineSpec, 
                         del to_seam[to_server[handle]]
                         finished.append((to_server.pop(handle), draft))
             phases = getattr(seam, "step_phases_s", None)
-            return Stepped(finished, engine.has_unfinished(), time.perf_counter() - started,
-                           time.thread_time() - cpu, dict(phases, submit=work_s[0]) if phases is not None else None,
-                           pauses.pause_s)
+            # a kernel window's profiler started or written out in this step is no part of the step
+            stall_wall, stall_cpu = (after - before for after, before in zip(kernels.overhead_s, overhead))
+            return Stepped(finished, engine.has_unfinished(), time.perf_counter() - started - stall_wall,
+                           time.thread_time() - cpu - stall_cpu,
+                           dict(phases, submit=work_s[0]) if phases is not None else None, pauses.pause_s)
         if isinstance(message, Count):
             if counting is None:
                 raise TypeError(f"seam {getattr(seam, 'name', '?')} cannot count tokens")

@@ -57,7 +57,9 @@ class KernelWindow:
     The seam tells what it knows of itself: the tokens its steps computed so far and the bytes of
     weights a forward reads (`step_token_counts`, `weight_bytes`; absent on a seam that does not
     count them). The engine stops stepping while torch post-processes the trace and the anatomy
-    is reduced (`write_s` records how long): a profiled level's latency is not capacity."""
+    is reduced (`write_s` records how long): a profiled level's latency is not capacity. Starting
+    the profiler and writing the window out are summed apart (`overhead_s`, wall and CPU seconds),
+    so that the engine process leaves them out of the steps they fall in."""
 
     def __init__(self, seam) -> None:  # noqa: ANN001
         self._seam = seam
@@ -65,6 +67,7 @@ class KernelWindow:
         self._profile = None
         self._left = 0
         self._tokens_before: dict[str, int] = {}
+        self.overhead_s = (0.0, 0.0)  # wall and thread CPU seconds: profilers started, windows written
 
     def arm(self, path: Optional[str], steps: int) -> Profiled:
         """Trace the next `steps` steps into `path`; None: drop a window still armed or running."""
@@ -95,6 +98,7 @@ class KernelWindow:
         """Run one step (`run()`), inside the profile while one is armed or running."""
         if self._armed is None and self._profile is None:
             return run()
+        started, cpu = time.perf_counter(), time.thread_time()
         import torch
         from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -107,6 +111,7 @@ class KernelWindow:
             self._host_scopes(True)
             self._left = self._armed[1]
             self._tokens_before = self._tokens()
+        self._overhead(started, cpu)
         with record_function(STEP_RANGE):
             result = run()
         self._left -= 1
@@ -122,7 +127,7 @@ class KernelWindow:
 
         from alignatt.serve.step_anatomy import anatomy, device_peaks
 
-        started = time.perf_counter()  # the engine does not step until the anatomy is written
+        started, cpu = time.perf_counter(), time.thread_time()  # the engine does not step meanwhile
         prof, (path, _), self._profile, self._armed = self._profile, self._armed, None, None
         self._host_scopes(False)
         prof.__exit__(None, None, None)
@@ -144,3 +149,8 @@ class KernelWindow:
         tmp_path = path.with_name(path.name + ".tmp")
         tmp_path.write_text(json.dumps(result, indent=1))
         tmp_path.replace(path)
+        self._overhead(started, cpu)
+
+    def _overhead(self, started: float, cpu: float) -> None:
+        wall, cpu_s = self.overhead_s
+        self.overhead_s = (wall + time.perf_counter() - started, cpu_s + time.thread_time() - cpu)
