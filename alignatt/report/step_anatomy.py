@@ -73,7 +73,7 @@ def bandwidth_verdicts(inputs: ReportInputs) -> list[str]:
         period = s.gpu_busy_ms + s.idle_ms
         parts = sorted([(IDLE, s.idle_ms), *((p, ms) for p, ms in s.parts_ms.items() if ms > 0)], key=lambda t: -t[1])
         over = [f"{p} {ms:.2f}" for p, ms in parts if ms >= 0.05 * period]
-        said.append(f"{a.provenance.date}, `{rel}`, {lv.vllm_mode or a.config.seam}, {lv.speakers} speakers, engine "
+        said.append(f"{a.provenance.date}, `{rel}`, {lv.vllm_mode or a.config.seam}, {_speakers(lv.speakers)}, engine "
                     f"{engine}: **{'met' if s.bandwidth_share >= target['share'] else 'missed'}**, "
                     f"{_share(s.bandwidth_share)} of the peak (target {_share(target['share'])}). At "
                     f"{_share(target['share'])} a step may take {budget:.2f} ms (the {s.weight_read_floor_ms:.2f} ms "
@@ -123,13 +123,17 @@ def _host_ms(s: StepAnatomy) -> list[float]:
 NO_GPU = "cpu"
 
 
+def _speakers(n: int) -> str:
+    return f"{n} speaker{'' if n == 1 else 's'}"
+
+
 def step_anatomy_figure(inputs: ReportInputs) -> list[Figure]:
     """One stacked bar per profiled engine: ms per step by part, then the idle time; under it, where
     the artifact has them, the engine thread's bar: host work, waiting on the GPU, between steps.
     The steps traced on GPUs and those traced on a CPU are two figures."""
     # the device in every label: one profile's folder can hold steps traced on different cards
     bars = [(f"{a.provenance.date} {s.device.removeprefix('NVIDIA ')}, {lv.vllm_mode or a.config.seam}, "
-             f"{lv.speakers} speakers, engine {engine}", s)
+             f"{_speakers(lv.speakers)}, engine {engine}", s)
             for _, a, lv, engine, s in _profiled(inputs) if isinstance(s, StepAnatomy)]
     on_gpu = [b for b in bars if b[1].device != NO_GPU]
     on_cpu = [b for b in bars if b[1].device == NO_GPU]
