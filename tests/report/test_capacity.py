@@ -168,5 +168,5 @@ def test_steps_traced_without_a_gpu_are_drawn_apart_from_the_gpu_steps():
     traced_on = {s.device for lv in on_gpu.levels for s in (lv.step_anatomy or {}).values()}
     assert traced_on and all(f"{device.removeprefix('NVIDIA ')}, fullgraph" in gpu.svg
                                    for device in traced_on)  # the card in the label
-    assert "default+process, 1 speakers, engine 0: engine thread" in cpu.svg and "fullgraph" not in cpu.svg
+    assert "default+process, 1 speaker, engine 0: engine thread" in cpu.svg and "fullgraph" not in cpu.svg
     assert "GPU idle" not in cpu.svg  # no GPU bar where there was no GPU
