@@ -35,12 +35,13 @@ def layout() -> AttentionLayout:
 class StandInEngine:
     """KV caches and query caches of a few requests, written where vLLM would write them."""
 
-    def __init__(self, n_blocks=(10, 20), keep_raw=False):
+    def __init__(self, n_blocks=(10, 20), keep_raw=False, padded=None, device="cpu"):
         self.plans = plan_capture(layout(), HEADS)
-        self.kv = {0: torch.zeros(n_blocks[0], 2, 16, 2, 8), 1: torch.zeros(n_blocks[1], 2, 8, 2, 16)}
+        self.kv = {0: torch.zeros(n_blocks[0], 2, 16, 2, 8, device=device),
+                   1: torch.zeros(n_blocks[1], 2, 8, 2, 16, device=device)}
         self.caches = {
             layer: QueryCache(self.kv[KEY_GROUP[layer]].shape[0] * self.kv[KEY_GROUP[layer]].shape[2],
-                              len(plan.heads), plan.head_dim, torch.float32, "cpu", plan.heads)
+                              len(plan.heads), plan.head_dim, torch.float32, device, plan.heads)
             for layer, plan in self.plans.items()
         }
         self.block_ids: dict = {}
@@ -48,18 +49,21 @@ class StandInEngine:
         layers = {layer: LayerSource(self.caches[layer], self.kv[KEY_GROUP[layer]], *BLOCK[KEY_GROUP[layer]],
                                      KEY_GROUP[layer]) for layer in self.plans}
         self.view = EngineView(layers, self.block_ids)
-        self.fetcher = BatchFetcher(self.view, self.plans, head_order(self.plans, HEADS), keep_raw=keep_raw)
+        self.fetcher = BatchFetcher(self.view, self.plans, head_order(self.plans, HEADS), keep_raw=keep_raw,
+                                    padded=padded)
 
     def add(self, rid, block_ids, n_prompt, n, source, prefix_start):
         T = n_prompt + n - 1  # the last drafted token is never fed back
         gen = torch.Generator().manual_seed(sum(map(ord, rid)))  # the same sequence in every engine
+        device = self.kv[0].device
         keys = {0: torch.randn(T, 2, 8, generator=gen), 1: torch.randn(T, 2, 16, generator=gen)}
         qs = {0: torch.randn(T, 4, 8, generator=gen), 1: torch.randn(T, 4, 16, generator=gen),
               2: torch.randn(T, 4, 8, generator=gen)}
+        keys, qs = ({k: v.to(device) for k, v in d.items()} for d in (keys, qs))
         for layer in self.plans:
             g = KEY_GROUP[layer]
             bs, per = BLOCK[g]
-            slots = slots_for_positions(kernel_block_ids(block_ids[g], per), bs, torch.arange(T))
+            slots = slots_for_positions(kernel_block_ids(block_ids[g], per), bs, torch.arange(T, device=device))
             self.caches[layer].write(qs[layer].reshape(T, -1), slots)
             if layer != 2:  # the shared layer writes no keys of its own
                 self.kv[g][slots // bs, 0, slots % bs] = keys[g]
@@ -74,8 +78,8 @@ class StandInEngine:
         plan = self.plans[h.layer]
         p = item.n_prompt - 1 + t
         k = keys[KEY_GROUP[h.layer]][: p + 1, plan.kv_heads[plan.heads.index(h.head)]]
-        return attention_row(qs[h.layer][p, h.head][None], k[None], torch.arange(p + 1), p, plan.scaling,
-                             plan.sliding_window)[0]
+        return attention_row(qs[h.layer][p, h.head][None].cpu(), k[None].cpu(), torch.arange(p + 1), p,
+                             plan.scaling, plan.sliding_window)[0]
 
 
 def check_against_dense(engine, rid, item, got):
@@ -180,40 +184,70 @@ def test_context_and_history_mass_batched_equals_reference_and_dense():
     assert got[1].context.max() > 0  # the sliding layer still sees b's context for early tokens
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_random_ragged_batches_give_every_request_the_reference_rows(seed):
-    """Requests of random prompt, draft, source, context and history lengths on shuffled blocks (the
-    batch's indices are built for all requests at once, with padding): each request's rows and
-    masses equal the per-request reference's. Odd seeds give the batch its positions as the int64
-    arrays the seam keeps per request, even ones as tuples."""
+def random_batch(seed, engines, n_requests=None, name=""):
+    """Requests of random prompt, draft, source, context and history lengths on shuffled blocks, added
+    to every engine alike; the items of each. Odd seeds give the positions as the int64 arrays the
+    seam keeps per request, even ones as tuples. The q and keys follow from the request names: another
+    `name` gives the same layout other values."""
     from dataclasses import replace
 
     rng = np.random.default_rng(seed)
-    batched, reference = StandInEngine(n_blocks=(40, 80)), StandInEngine(n_blocks=(40, 80))
     free = {0: list(rng.permutation(40)), 1: list(rng.permutation(40))}  # group 1: manager blocks of 2 kernel blocks
-    items, ref_items = [], []
-    for r in range(int(rng.integers(2, 7))):
+    out = [[] for _ in engines]
+    for r in range(n_requests or int(rng.integers(2, 7))):
         n_prompt, n = int(rng.integers(3, 40)), int(rng.integers(1, 12))
         total = n_prompt + n
         ids = ([int(free[0].pop()) for _ in range(total // 16 + 1)], [int(free[1].pop()) for _ in range(total // 16 + 1)])
         source = sorted(rng.choice(n_prompt - 1, int(rng.integers(1, n_prompt - 1)), replace=False).tolist())
         context = tuple(sorted(rng.choice(n_prompt, int(rng.integers(0, 4)), replace=False).tolist()))
         history = tuple(sorted(rng.choice(n_prompt, int(rng.integers(0, 4)), replace=False).tolist()))
-        args = (f"r{r}", ids, n_prompt, n, source, int(rng.integers(1, n_prompt)))
-        item = replace(batched.add(*args), context_positions=context, history_positions=history)
-        if seed % 2:
-            item = replace(item, **{k: np.asarray(getattr(item, k), np.int64)
-                                    for k in ("source_positions", "context_positions", "history_positions")})
-        items.append(item)
-        ref_items.append(replace(reference.add(*args), context_positions=context, history_positions=history))
-    got, _ = batched.fetcher.fetch(items)
+        args = (f"{name}r{r}", ids, n_prompt, n, source, int(rng.integers(1, n_prompt)))
+        for engine, items in zip(engines, out):
+            item = replace(engine.add(*args), context_positions=context, history_positions=history)
+            if seed % 2:
+                item = replace(item, **{k: np.asarray(getattr(item, k), np.int64)
+                                        for k in ("source_positions", "context_positions", "history_positions")})
+            items.append(item)
+    return out
+
+
+def assert_same_rows(got, want, atol=1e-6):
+    for name in ("rows", "other_prompt", "generated", "context", "history"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert (a is None) == (b is None), name
+        if a is not None:
+            np.testing.assert_allclose(a, b, atol=atol, err_msg=name)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("seed", range(4))
+def test_random_ragged_batches_give_every_request_the_reference_rows(seed, padded):
+    """A random batch (the indices built for all requests at once, with padding): each request's rows
+    and masses equal the per-request reference's, also with the batch padded to bucket sizes (its
+    requests, tokens, source columns and keys: what a GPU's graphed fetch replays)."""
+    from alignatt.capture.vllm.batched import power_of_two
+
+    batched, reference = StandInEngine(n_blocks=(40, 80), padded=padded), StandInEngine(n_blocks=(40, 80))
+    items, ref_items = random_batch(seed, [batched, reference])
+    pending = batched.fetcher.enqueue(items)
+    got, _ = pending.result()
     for g, ref_item in zip(got, ref_items):
-        want, _ = reference.fetcher.fetch_one(ref_item)
-        for name in ("rows", "other_prompt", "generated", "context", "history"):
-            a, b = getattr(g, name), getattr(want, name)
-            assert (a is None) == (b is None), name
-            if a is not None:
-                np.testing.assert_allclose(a, b, atol=1e-6, err_msg=name)
+        assert_same_rows(g, reference.fetcher.fetch_one(ref_item)[0])
+    T, S = max(it.n_tokens for it in items), max(len(it.source_positions) for it in items)
+    want_shape = ((len(items), power_of_two(T), len(HEADS), power_of_two(S, 16) + 4) if padded
+                  else (len(items), T, len(HEADS), S + 4))
+    assert pending.packed.shape == want_shape
+
+
+def test_bucket_sizes_are_few_and_at_most_half_again_the_real_size():
+    from alignatt.capture.vllm.batched import bucket, power_of_two
+
+    sizes = [bucket(n) for n in range(1, 1025)]
+    assert sizes[:13] == [1, 2, 3, 4, 6, 6, 8, 8, 12, 12, 12, 12, 16]
+    assert all(n <= b <= max(1.5 * n, 1) for n, b in zip(range(1, 1025), sizes))
+    assert len(set(sizes)) == 20  # 1, 2, then two per octave to 1024
+    assert bucket(3, 8) == 8 and bucket(0) == 1 and bucket(5, 5) == 6
+    assert [power_of_two(n) for n in (0, 1, 3, 4, 5)] == [1, 1, 4, 4, 8] and power_of_two(3, 16) == 16
 
 
 def test_heads_are_grouped_by_head_size_and_come_back_in_the_callers_order():

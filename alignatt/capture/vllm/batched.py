@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -76,20 +76,44 @@ class Packer:
         """`name` reads the array already put as `of` (sent once)."""
         self.at[name] = self.at[of]
 
-    def to_device(self, device: torch.device) -> dict[str, torch.Tensor]:
-        """One pinned host-to-device copy per buffer (pageable copies would wait on the stream).
+    def to_host(self, pin: bool) -> dict[str, torch.Tensor]:
+        """Each buffer as one host tensor; pinned (`pin`), so that its copy to the device does not wait.
 
         The parts are concatenated straight into a block of torch's caching host allocator, which
         keeps the block until the copy that reads it has run. `Tensor.pin_memory()` on a fresh array
         took 2 ms a call in the engine at 128 speakers on the H200 (cProfile, 2026-12-03), nearly
         half of the fetch's host time; an allocator block is not among the step's costs."""
-        pin = device.type == "cuda"
         out = {}
         for kind, parts in self.parts.items():
             host = torch.empty(self.size[kind], dtype=self.KINDS[kind][1], pin_memory=pin)
             np.concatenate(parts, out=host.numpy())  # every group puts both kinds
-            out[kind] = host.to(device, non_blocking=True)
-        return {name: out[kind][a:b].view(shape) for name, (kind, a, b, shape) in self.at.items()}
+            out[kind] = host
+        return out
+
+    def views(self, buffers: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Every array put, as a view of its buffer (which may be longer than this batch's)."""
+        return {name: buffers[kind][a:b].view(shape) for name, (kind, a, b, shape) in self.at.items()}
+
+    def to_device(self, device: torch.device) -> dict[str, torch.Tensor]:
+        """One host-to-device copy per buffer, from pinned memory on a GPU (pageable copies wait)."""
+        host = self.to_host(device.type == "cuda")
+        return self.views({kind: h.to(device, non_blocking=True) for kind, h in host.items()})
+
+    def layout(self) -> tuple:
+        """What the views depend on: every name's place and shape (a captured graph reads these)."""
+        return tuple(self.size.values()), tuple(self.at.items())
+
+
+def power_of_two(n: int, floor: int = 1) -> int:
+    """The smallest power of two >= max(n, floor)."""
+    return 1 << (max(n, floor, 1) - 1).bit_length()
+
+
+def bucket(n: int, floor: int = 1) -> int:
+    """The smallest of 2^k and 3 * 2^(k-1) that is >= max(n, floor): a padded size at most 1.5x
+    the real one, from few distinct sizes (each padded batch shape is a graph of its own)."""
+    p = power_of_two(n, floor)
+    return p * 3 // 4 if p >= 4 and p * 3 // 4 >= max(n, floor) else p
 
 
 @dataclass
@@ -133,13 +157,14 @@ def _flat(rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def pack_batch(items: Sequence[Any], blocks: Sequence[Any], plans: dict[int, LayerPlan],
-               sources: dict[int, Any], groups: Sequence[HeadGroup], T: int, S: int
-               ) -> tuple[Packer, dict[int, LayerSpan]]:
+               sources: dict[int, Any], groups: Sequence[HeadGroup], T: int, S: int,
+               keys_to: Callable[[int], int] = int) -> tuple[Packer, dict[int, LayerSpan]]:
     """Every index of a batch of requests (`FetchItem`s with their recorded block ids).
 
     Per layer: q slots [R, T] and key slots [R, L_group] as (block, offset); per group and head:
     key positions [R, Hg, L] (-1: padding), source columns [R, Hg, S] with their validity, and the
-    category masks [R, Hg, 4, L] in `MASSES` order, L padded to the group's longest span. Returns
+    category masks [R, Hg, 4, L] in `MASSES` order, L padded to the group's longest span (then to
+    `keys_to` of it: padded keys are masked like a shorter request's). Returns
     the packer and each layer's key span. Whole-batch array operations per layer: the host work
     does not grow with a loop over requests (it runs on the engine's thread, between steps)."""
     R = len(items)
@@ -188,7 +213,7 @@ def pack_batch(items: Sequence[Any], blocks: Sequence[Any], plans: dict[int, Lay
             sent[key] = name
 
     for g, group in enumerate(groups):
-        L = max(max(spans[l].n_keys) for l in group.layers)
+        L = keys_to(max(max(spans[l].n_keys) for l in group.layers))
         per_layer = {}
         for layer in group.layers:
             src = sources[layer]
@@ -284,3 +309,16 @@ def rebuild_group(group: HeadGroup, consts: GroupConstants, gathered: dict[int, 
     cols = cols * ix[f"src_valid_g{g}"][:, None].to(probs.dtype)
     masses = (probs[:, :, :, None, :] * ix[f"masks_g{g}"][:, None].to(probs.dtype)).sum(-1)  # [R, T, Hg, 4]
     return torch.cat([cols, masses], dim=-1), probs
+
+
+def rebuild_batch(groups: Sequence[HeadGroup], consts: Sequence[GroupConstants], sources: dict[int, Any],
+                  ix: dict[str, torch.Tensor], S: int, perm: torch.Tensor,
+                  between: Callable[[], None] = lambda: None) -> tuple[torch.Tensor, list, list]:
+    """The whole batch's [R, T, H, S + 4] in the caller's head order, from device tensors only (no
+    host sync: it can be captured), with each group's gathered q and keys and its probs. `between`
+    runs after the gathers (a timing mark)."""
+    gathered = [gather_group(g, c, sources, ix) for g, c in zip(groups, consts)]
+    between()
+    built = [rebuild_group(g, c, gat, ix, k, S) for k, (g, c, gat) in enumerate(zip(groups, consts, gathered))]
+    full = torch.cat([b[0] for b in built], dim=2) if len(built) > 1 else built[0][0]
+    return full.index_select(2, perm), gathered, [b[1] for b in built]

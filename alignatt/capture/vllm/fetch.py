@@ -27,12 +27,14 @@ import torch
 from alignatt.capture.vllm.batched import (
     MASSES,
     GroupConstants,
-    gather_group,
+    bucket,
     group_heads,
     head_permutation,
     pack_batch,
-    rebuild_group,
+    power_of_two,
+    rebuild_batch,
 )
+from alignatt.capture.vllm.graphed import GraphedRebuild
 from alignatt.capture.vllm.qcache import (
     LayerPlan,
     QueryCache,
@@ -172,8 +174,10 @@ class EngineView:
 
 @dataclass
 class FetchTimings:
-    capture_ms: float  # the whole step's: indices built on the host, then the gathers (GPU time)
-    reconstruct_ms: float  # matmul, softmax, split and the copy to the host (GPU time), then unpacking
+    # The whole step's. Eager: indices built on the host, then the gathers (GPU time); graphed (a GPU
+    # without raw capture), the gathers and the rebuild are one replay, and both fall here.
+    capture_ms: float
+    reconstruct_ms: float  # eager: matmul, softmax, split; then the copy to the host (GPU time), unpacking
 
 
 class StageClock:
@@ -256,7 +260,7 @@ class BatchFetcher:
     """Rows of many finished requests from one engine step, with one softmax per head group."""
 
     def __init__(self, view: EngineView, plans: dict[int, LayerPlan], order: list[tuple[int, int]],
-                 capture_output: bool = False, keep_raw: bool = False) -> None:
+                 capture_output: bool = False, keep_raw: bool = False, padded: Optional[bool] = None) -> None:
         self.view = view
         self.plans = plans
         self.order = order  # (layer, index within that layer's plan) for each head, in head order
@@ -266,6 +270,20 @@ class BatchFetcher:
         device = view.device()
         self._consts = [GroupConstants(g, plans, view.layers, device) for g in self.groups]
         self._perm = torch.tensor(head_permutation(self.groups, order), dtype=torch.long, device=device)
+        # Batches padded to `bucket` sizes, and on a GPU replayed as CUDA graphs (graphed.py). The
+        # raw capture reads the eager path's intermediates: it stays eager and unpadded. `padded`
+        # on a CPU is the padding alone (its rows must not change).
+        self.padded = (device.type == "cuda" and not keep_raw) if padded is None else padded
+        self.graphs = (GraphedRebuild(device, lambda ix: self._rebuild(ix, ix["src_index_g0"].shape[-1])[0])
+                       if self.padded and device.type == "cuda" and not keep_raw else None)
+        # A padding request: one token at position 0 of block 0 in every KV-cache group (one visible
+        # key, so its row is finite; it is dropped).
+        self._pad_item = FetchItem("<pad>", 1, 1, (), 1)
+        self._pad_blocks = tuple([0] for _ in range(1 + max(src.group for src in view.layers.values())))
+
+    def _rebuild(self, ix: dict[str, torch.Tensor], S: int, between: Callable[[], None] = lambda: None
+                 ) -> tuple[torch.Tensor, list, list]:
+        return rebuild_batch(self.groups, self._consts, self.view.layers, ix, S, self._perm, between)
 
     # ---- batched ----
 
@@ -289,17 +307,26 @@ class BatchFetcher:
                   for it, run in zip(items, still, strict=True)]
         T = max(it.n_tokens for it in items)
         S = max(max(len(it.source_positions) for it in items), 1)
-        packer, spans = pack_batch(items, blocks, self.plans, self.view.layers, self.groups, T, S)
-        ix = packer.to_device(device)
+        pad = bucket(len(items)) - len(items) if self.padded else 0
+        if self.padded:  # requests and keys (the bulk of the work) in steps of 1.5x, the rest in powers of two
+            T, S = power_of_two(T), power_of_two(S, 16)
+            packer, spans = pack_batch([*items, *[self._pad_item] * pad], [*blocks, *[self._pad_blocks] * pad],
+                                       self.plans, self.view.layers, self.groups, T, S, keys_to=lambda n: bucket(n, 32))
+        else:
+            packer, spans = pack_batch(items, blocks, self.plans, self.view.layers, self.groups, T, S)
+        host_ix = packer.to_host(pin=device.type == "cuda")
         pack_ms = (time.perf_counter() - t0) * 1e3
         clock = StageClock(device)
-        clock.mark()
-        gathered = [gather_group(g, c, self.view.layers, ix) for g, c in zip(self.groups, self._consts)]
-        clock.mark()
-        built = [rebuild_group(g, c, gat, ix, k, S)
-                 for k, (g, c, gat) in enumerate(zip(self.groups, self._consts, gathered))]
-        full = torch.cat([b[0] for b in built], dim=2) if len(built) > 1 else built[0][0]
-        full = full.index_select(2, self._perm)  # [R, T, H, S + 4] in head order
+        if self.graphs is not None:  # one span for the indices' copy in and the graph (gathers and rebuild)
+            clock.mark()
+            full = self.graphs.run(packer, host_ix, (len(items) + pad, T, len(self.order), S + len(MASSES)))
+            clock.mark()
+            ix = gathered = probs = None
+        else:
+            ix = packer.views({kind: t.to(device, non_blocking=True) for kind, t in host_ix.items()})
+            clock.mark()
+            full, gathered, probs = self._rebuild(ix, S, clock.mark)  # marked between gathers and rebuild
+        full = full[: len(items)]  # padding requests dropped before the copy
         host = torch.empty(full.shape, dtype=full.dtype, pin_memory=device.type == "cuda")
         host.copy_(full, non_blocking=True)
         clock.mark()
@@ -307,7 +334,7 @@ class BatchFetcher:
         if device.type == "cuda":
             event = torch.cuda.Event()
             event.record()
-        raw = self._raw_reader(items, spans, ix, gathered, [b[1] for b in built]) if self.keep_raw else None
+        raw = self._raw_reader(items, spans, ix, gathered, probs) if self.keep_raw else None
         return PendingFetch(items, host, event, clock, pack_ms, raw)
 
     def _raw_reader(self, items: Sequence[FetchItem], spans: dict, ix: dict, gathered: list,
