@@ -161,9 +161,9 @@ def pack_batch(items: Sequence[Any], blocks: Sequence[Any], plans: dict[int, Lay
                keys_to: Callable[[int], int] = int) -> tuple[Packer, dict[int, LayerSpan]]:
     """Every index of a batch of requests (`FetchItem`s with their recorded block ids).
 
-    Per layer: q slots [R, T] and key slots [R, L_group] as (block, offset); per group and head:
-    key positions [R, Hg, L] (-1: padding), source columns [R, Hg, S] with their validity, and the
-    category masks [R, Hg, 4, L] in `MASSES` order, L padded to the group's longest span (then to
+    Per layer: q slots [R, T] and key slots [R, L_group] as (block, offset); per group and head (or
+    once, Hg = 1, when the group's layers span the same keys): key positions [R, Hg, L] (-1: padding),
+    source columns [R, Hg, S] with their validity, and the category masks [R, Hg, 4, L] in `MASSES` order, L padded to the group's longest span (then to
     `keys_to` of it: padded keys are masked like a shorter request's). Returns
     the packer and each layer's key span. Whole-batch array operations per layer: the host work
     does not grow with a loop over requests (it runs on the engine's thread, between steps)."""
@@ -256,8 +256,12 @@ def pack_batch(items: Sequence[Any], blocks: Sequence[Any], plans: dict[int, Lay
                      lambda: np.where(valid, table[row, _floor_div(safe, bs)], 0))
             put_once(f"k_off{layer}", ("ko", bs, span, L), lambda: _remainder(safe, bs))  # safe: 0 at pads
             per_layer[layer] = (kpos, src_index, src_valid, masks)
-        # Per head, its layer's arrays (heads are layer-major: repeat each layer's once per head).
+        # Per head, its layer's arrays (heads are layer-major: repeat each layer's once per head); when
+        # every layer of the group spans the same keys (Gemma-4: one window per group), one copy, [R, 1, ...],
+        # which the rebuild broadcasts over the heads.
         pick = [layer for layer, _ in group.heads]
+        if len({id(spans[layer]) for layer in group.layers}) == 1:
+            pick = pick[:1]
         packer.put(f"kpos_g{g}", np.stack([per_layer[l][0] for l in pick], axis=1))
         packer.put(f"src_index_g{g}", np.stack([per_layer[l][1] for l in pick], axis=1))
         packer.put(f"src_valid_g{g}", np.stack([per_layer[l][2] for l in pick], axis=1), "u8")
@@ -304,7 +308,7 @@ def rebuild_group(group: HeadGroup, consts: GroupConstants, gathered: dict[int, 
     kp = ix[f"kpos_g{g}"][:, None]  # [R, 1, Hg, L]
     visible = (kp >= 0) & (kp <= qp) & (kp > qp - consts.window[None, None, :, None])
     probs = torch.softmax(scores.masked_fill(~visible, -math.inf), dim=-1)
-    R, T, Hg, _ = probs.shape
+    R, T, Hg, _ = probs.shape  # the index arrays have Hg heads or one (broadcast)
     cols = probs.gather(-1, ix[f"src_index_g{g}"][:, None].expand(R, T, Hg, S))
     cols = cols * ix[f"src_valid_g{g}"][:, None].to(probs.dtype)
     masses = (probs[:, :, :, None, :] * ix[f"masks_g{g}"][:, None].to(probs.dtype)).sum(-1)  # [R, T, Hg, 4]
