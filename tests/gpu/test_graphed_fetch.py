@@ -20,7 +20,9 @@ def test_graphed_fetch_replays_give_each_batch_its_own_reference_rows():
     graphed = StandInEngine(n_blocks=(40, 80), device="cuda")
     assert graphed.fetcher.graphs is not None  # on by default on a GPU
     captured = []
-    for round_ in range(2):  # the second round: each batch's layout again (its graph), with other q and keys
+    # Round 1 grows the buffers (dropping the graphs captured before, and their pool) and captures;
+    # round 2 captures again what a growth dropped; round 3 has every layout's graph: it only replays.
+    for round_ in range(3):
         for seed in range(6):
             reference = StandInEngine(n_blocks=(40, 80))
             items, ref_items = random_batch(seed, [graphed, reference], n_requests=2 + seed % 5,
@@ -29,5 +31,7 @@ def test_graphed_fetch_replays_give_each_batch_its_own_reference_rows():
             for g, ref_item in zip(got, ref_items):
                 assert_same_rows(g, reference.fetcher.fetch_one(ref_item)[0], atol=1e-5)  # GPU against CPU
         captured.append(graphed.fetcher.graphs.captured)
-    assert graphed.fetcher.graphs.replays == 12
-    assert 1 <= captured[0] == captured[1]  # the second round replayed, captured nothing
+    runs = graphed.fetcher.graphs
+    assert runs.replays == 18
+    assert runs.regrown >= 2  # a growth after the first capture: graphs and pool dropped, captured anew
+    assert 1 <= captured[1] == captured[2]  # the third round replayed, captured nothing

@@ -36,8 +36,9 @@ class GraphedRebuild:
         self.inputs = {kind: torch.empty(0, dtype=dtype, device=device) for kind, (_, dtype) in Packer.KINDS.items()}
         self.out = torch.empty(0, dtype=torch.float32, device=device)
         self.graphs: OrderedDict[tuple, torch.cuda.CUDAGraph] = OrderedDict()
-        self.captured = 0  # graphs captured so far (each waited for the device once)
+        self.captured = 0  # graphs captured so far
         self.replays = 0
+        self.regrown = 0  # times the buffers grew (and the graphs were dropped)
 
     def run(self, packer: Packer, host: dict[str, torch.Tensor], shape: tuple[int, ...]) -> torch.Tensor:
         """Copy the batch's indices (`packer.to_host`) in and replay its graph (capturing it first if
@@ -73,6 +74,10 @@ class GraphedRebuild:
             grown = True
         if grown:
             self.graphs.clear()
+            # The pool dies with the last graph that used it: capturing into its old handle again
+            # fails an allocator assertion (torch 2.9, H100, 2026-12-06). A new pool, then.
+            self.pool = torch.cuda.graph_pool_handle()
+            self.regrown += 1
 
     def _capture(self, packer: Packer, shape: tuple[int, ...], n_out: int) -> torch.cuda.CUDAGraph:
         ix = packer.views(self.inputs)
