@@ -284,10 +284,9 @@ def test_an_enqueued_fetch_has_read_its_keys_before_the_blocks_are_reused():
     assert pending.result()[1] is timings and pending.packed is packed  # copied to the host once
 
 
-def test_a_batch_within_the_sliding_window_builds_its_key_arrays_once_and_still_gives_the_reference_rows():
-    """When every request's keys fit the sliding window, sliding and full layers span the same keys:
-    the batch builds their key arrays once (one span object), and the rows still equal the reference's
-    (each head's own window still masks in the rebuild)."""
+def test_a_batch_within_the_sliding_window_still_gives_the_reference_rows():
+    """When every request's keys fit the sliding window, sliding and full layers span the same keys;
+    each head's own window still masks in the rebuild, and the rows equal the reference's."""
     from alignatt.capture.vllm.batched import pack_batch
 
     requests = [("a", ([3], [5]), 5, 3, [1, 2, 3], 4), ("b", ([1], [2]), 4, 2, [0, 1], 3),
@@ -296,9 +295,8 @@ def test_a_batch_within_the_sliding_window_builds_its_key_arrays_once_and_still_
     items = [batched.add(*r) for r in requests]
     ref_items = [reference.add(*r) for r in requests]
     blocks = [batched.block_ids[it.request_id] for it in items]
-    _, spans = pack_batch(items, blocks, batched.plans, batched.view.layers, batched.fetcher.groups,
-                               3, 3)
-    assert spans[0] is spans[1]  # layer 0 sliding (window 8), layer 1 full
+    _, spans, shape = pack_batch(items, blocks, batched.plans, batched.view.layers, batched.fetcher.groups, 3, 3)
+    assert spans[0] == spans[1] and shape.L == (7, 7)  # layer 0 sliding (window 8), layer 1 full: keys 0..6 of c
     got, _ = batched.fetcher.fetch(items)
     for g, ref_item in zip(got, ref_items):
         want, _ = reference.fetcher.fetch_one(ref_item)
@@ -306,21 +304,20 @@ def test_a_batch_within_the_sliding_window_builds_its_key_arrays_once_and_still_
         np.testing.assert_allclose(g.generated, want.generated, atol=1e-6)
 
 
-def test_the_packers_buffers_reach_the_device_as_put_with_aliases_and_a_copy_of_their_own():
+def test_the_packers_buffer_reaches_the_device_as_put_and_as_a_copy_of_its_own():
     packer = Packer()
     slots = np.arange(12).reshape(3, 4) * 7 - 5  # negative and large values survive the int64 buffer
-    masks = (np.arange(10).reshape(2, 5) % 3 == 0)
     packer.put("slots", slots)
-    packer.put("masks", masks, "u8")
+    packer.put("flags", np.arange(10).reshape(2, 5) % 3 == 0)
     packer.put("positions", np.array([[1 << 40], [3]]))
-    packer.alias("slots_again", "slots")
     ix = packer.to_device(torch.device("cpu"))
-    assert ix["slots"].dtype == torch.int64 and ix["masks"].dtype == torch.uint8
-    assert np.array_equal(ix["slots"].numpy(), slots) and np.array_equal(ix["slots_again"].numpy(), slots)
-    assert np.array_equal(ix["masks"].numpy(), masks.astype(np.uint8))
+    assert ix["slots"].dtype == torch.int64 and np.array_equal(ix["slots"].numpy(), slots)
+    assert ix["flags"].tolist() == [[1, 0, 0, 1, 0], [0, 1, 0, 0, 1]]
     assert ix["positions"].tolist() == [[1 << 40], [3]]
-    slots[0, 0] = 99  # the device buffers are a copy: the host arrays may be reused at once
+    slots[0, 0] = 99  # the device buffer is a copy: the host arrays may be reused at once
     assert ix["slots"][0, 0].item() == -5
+    size, places = packer.layout()
+    assert size == 12 + 10 + 2 and [name for name, _ in places] == ["slots", "flags", "positions"]
 
 
 def test_the_kv_cache_capacity_is_read_per_group_from_the_caches_shapes():

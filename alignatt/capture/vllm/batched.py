@@ -1,13 +1,17 @@
-"""The batched rebuild behind `BatchFetcher.fetch`: host-side indices, then few, large device ops.
+"""The batched rebuild behind `BatchFetcher.fetch`: a compact host pack, then few, large device ops.
 
 Heads are grouped by what their rows are rebuilt with (head size, scaling, softcap): a layer's
 heads always fall in one group, and on Gemma-4 the sliding and the full layers make two groups.
 Per group there is one gather per layer for q and one for the keys (the captured heads' KV heads
 only), then one matmul, one softmax, one gather of the source columns and one masked sum of the
-four mass categories over the whole padded batch [requests, tokens, heads, keys]. Every index
-(slots as block and offset, key positions, source columns, category masks) is built on the host
-from the recorded block ids and goes to the GPU in two pinned copies, so nothing here waits on the
-device: the result stays on the GPU until the caller copies it back.
+four mass categories over the whole padded batch [requests, tokens, heads, keys].
+
+The host packs only what each request is (`pack_batch`: its lengths, source, context and history
+positions, and its block tables), in one int64 buffer and one pinned copy; `expand_indices` builds
+every [requests, keys] index from it on the device (slots as block and offset, key positions,
+source columns, category masks), with static shapes, so that the whole rebuild can be captured as
+one CUDA graph (graphed.py). Nothing here waits on the device: the result stays on the GPU until
+the caller copies it back.
 
 The math is `attention_row`'s (fp32 scores, softcap, causal and sliding-window masks, fp32
 softmax); the per-request reference (`BatchFetcher.fetch_one`) is tested to give the same rows.
@@ -57,51 +61,41 @@ def head_permutation(groups: Sequence[HeadGroup], order: Sequence[tuple[int, int
 
 
 class Packer:
-    """Host arrays of one batch, laid out in two flat buffers (int64 indices, uint8 masks)."""
-
-    KINDS = {"i64": (np.int64, torch.int64), "u8": (np.uint8, torch.uint8)}  # each buffer's host and device dtype
+    """Host arrays of one batch, laid out in one flat int64 buffer."""
 
     def __init__(self) -> None:
-        self.parts: dict[str, list[np.ndarray]] = {kind: [] for kind in self.KINDS}
-        self.at: dict[str, tuple[str, int, int, tuple]] = {}
-        self.size = {kind: 0 for kind in self.KINDS}
+        self.parts: list[np.ndarray] = []
+        self.at: dict[str, tuple[int, int, tuple]] = {}
+        self.size = 0
 
-    def put(self, name: str, array: np.ndarray, kind: str = "i64") -> None:
-        flat = array.reshape(-1).astype(self.KINDS[kind][0], copy=False)  # concatenated later
-        self.parts[kind].append(flat)
-        self.at[name] = (kind, self.size[kind], self.size[kind] + flat.size, array.shape)
-        self.size[kind] += flat.size
+    def put(self, name: str, array: np.ndarray) -> None:
+        flat = array.reshape(-1).astype(np.int64, copy=False)  # concatenated later
+        self.parts.append(flat)
+        self.at[name] = (self.size, self.size + flat.size, array.shape)
+        self.size += flat.size
 
-    def alias(self, name: str, of: str) -> None:
-        """`name` reads the array already put as `of` (sent once)."""
-        self.at[name] = self.at[of]
-
-    def to_host(self, pin: bool) -> dict[str, torch.Tensor]:
-        """Each buffer as one host tensor; pinned (`pin`), so that its copy to the device does not wait.
+    def to_host(self, pin: bool) -> torch.Tensor:
+        """The buffer as one host tensor; pinned (`pin`), so that its copy to the device does not wait.
 
         The parts are concatenated straight into a block of torch's caching host allocator, which
         keeps the block until the copy that reads it has run. `Tensor.pin_memory()` on a fresh array
         took 2 ms a call in the engine at 128 speakers on the H200 (cProfile, 2026-12-03), nearly
         half of the fetch's host time; an allocator block is not among the step's costs."""
-        out = {}
-        for kind, parts in self.parts.items():
-            host = torch.empty(self.size[kind], dtype=self.KINDS[kind][1], pin_memory=pin)
-            np.concatenate(parts, out=host.numpy())  # every group puts both kinds
-            out[kind] = host
-        return out
+        host = torch.empty(self.size, dtype=torch.int64, pin_memory=pin)
+        np.concatenate(self.parts, out=host.numpy())
+        return host
 
-    def views(self, buffers: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Every array put, as a view of its buffer (which may be longer than this batch's)."""
-        return {name: buffers[kind][a:b].view(shape) for name, (kind, a, b, shape) in self.at.items()}
+    def views(self, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Every array put, as a view of the buffer (which may be longer than this batch's)."""
+        return {name: buffer[a:b].view(shape) for name, (a, b, shape) in self.at.items()}
 
     def to_device(self, device: torch.device) -> dict[str, torch.Tensor]:
-        """One host-to-device copy per buffer, from pinned memory on a GPU (pageable copies wait)."""
-        host = self.to_host(device.type == "cuda")
-        return self.views({kind: h.to(device, non_blocking=True) for kind, h in host.items()})
+        """One host-to-device copy, from pinned memory on a GPU (a pageable copy waits)."""
+        return self.views(self.to_host(device.type == "cuda").to(device, non_blocking=True))
 
     def layout(self) -> tuple:
         """What the views depend on: every name's place and shape (a captured graph reads these)."""
-        return tuple(self.size.values()), tuple(self.at.items())
+        return self.size, tuple(self.at.items())
 
 
 def power_of_two(n: int, floor: int = 1) -> int:
@@ -122,9 +116,19 @@ class LayerSpan:
     n_keys: list[int]  # keys per request
 
 
-def _padded(rows: Sequence[Sequence[int]], fill: int, expand: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """Ragged integer rows as one [R, max] array padded with `fill`, and each row's length; with
-    `expand` k, each value v becomes v*k .. v*k+k-1. One pass over all values, no loop over rows."""
+@dataclass(frozen=True)
+class BatchShape:
+    """A packed batch's sizes that no host array carries: with the packer's layout, what a captured
+    graph of its rebuild depends on."""
+
+    T: int  # tokens per request
+    S: int  # source columns
+    L: tuple[int, ...]  # keys per head group
+
+
+def _padded(rows: Sequence[Sequence[int]], fill: int, width: int = 0, expand: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Ragged integer rows as one [R, max(longest, width, 1)] array padded with `fill`, and each
+    row's length; with `expand` k, each value v becomes v*k .. v*k+k-1. One pass over all values."""
     lengths = np.fromiter(map(len, rows), np.int64, len(rows))
     n = int(lengths.sum())
     if n and isinstance(rows[0], np.ndarray):
@@ -133,140 +137,126 @@ def _padded(rows: Sequence[Sequence[int]], fill: int, expand: int = 1) -> tuple[
         flat = np.fromiter(chain.from_iterable(rows), np.int64, n)
     if expand != 1:
         flat, lengths = (flat[:, None] * expand + np.arange(expand)).reshape(-1), lengths * expand
-    out = np.full((len(rows), max(int(lengths.max(initial=0)), 1)), fill, np.int64)
+    out = np.full((len(rows), max(int(lengths.max(initial=0)), width, 1)), fill, np.int64)
     out[np.arange(out.shape[1])[None] < lengths[:, None]] = flat  # row-major: each row's values in order
     return out, lengths
 
 
-def _floor_div(x: np.ndarray, size: int) -> np.ndarray:
-    """x // size for x >= 0; a shift when size is a power of two (numpy's int64 // is several times slower)."""
-    return x >> (size.bit_length() - 1) if size & (size - 1) == 0 else x // size
-
-
-def _remainder(x: np.ndarray, size: int) -> np.ndarray:
-    """x % size for x >= 0; a mask when size is a power of two."""
-    return x & (size - 1) if size & (size - 1) == 0 else x % size
-
-
-def _flat(rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """Ragged integer rows as (row index, value) pairs."""
-    lengths = [len(x) for x in rows]
-    # one C-level conversion per row (a session's history turns run to hundreds of positions)
-    values = np.concatenate([np.asarray(x, np.int64) for x in rows]) if sum(lengths) else np.zeros(0, np.int64)
-    return np.repeat(np.arange(len(rows)), lengths), values
+def window_start(first_query: Any, window: int | None) -> Any:
+    """The first key a span of queries from `first_query` sees (numpy or torch, elementwise)."""
+    return first_query * 0 if window is None else (first_query - window + 1).clip(min=0)
 
 
 def pack_batch(items: Sequence[Any], blocks: Sequence[Any], plans: dict[int, LayerPlan],
                sources: dict[int, Any], groups: Sequence[HeadGroup], T: int, S: int,
-               keys_to: Callable[[int], int] = int) -> tuple[Packer, dict[int, LayerSpan]]:
-    """Every index of a batch of requests (`FetchItem`s with their recorded block ids).
+               keys_to: Callable[[int], int] = int, widths: Callable[[int], int] = int
+               ) -> tuple[Packer, dict[int, LayerSpan], BatchShape]:
+    """What each request of a batch (`FetchItem`s with their recorded block ids) is, for
+    `expand_indices`: "request" [R, 3] (prompt length, tokens, first generated position), "source"
+    [R, S], "context" and "history" [R, widths(longest)] (positions, -1: padding), and one block
+    table [R, widths(most blocks)] per KV group and kernel split (kernel block ids, 0: padding).
 
-    Per layer: q slots [R, T] and key slots [R, L_group] as (block, offset); per group and head (or
-    once, Hg = 1, when the group's layers span the same keys): key positions [R, Hg, L] (-1: padding),
-    source columns [R, Hg, S] with their validity, and the category masks [R, Hg, 4, L] in `MASSES` order, L padded to the group's longest span (then to
-    `keys_to` of it: padded keys are masked like a shorter request's). Returns
-    the packer and each layer's key span. Whole-batch array operations per layer: the host work
-    does not grow with a loop over requests (it runs on the engine's thread, between steps)."""
+    Also checks that every table covers its request's last query, and returns each layer's key span
+    and the batch's shape (L per group: the longest span, then `keys_to` of it; padded keys are
+    masked like a shorter request's). Whole-batch array operations over [R]-sized arrays: the host
+    work does not grow with the keys."""
     R = len(items)
     packer = Packer()
     n_prompt = np.asarray([it.n_prompt for it in items], np.int64)
     n_tokens = np.asarray([it.n_tokens for it in items], np.int64)
-    # query t of request r sits at n_prompt - 1 + t; pad queries repeat the last one (finite, dropped)
-    qpos = (n_prompt - 1)[:, None] + np.minimum(np.arange(T)[None], (n_tokens - 1)[:, None])
-    packer.put("qpos", qpos)
-    spans: dict[int, LayerSpan] = {}
-    by_window: dict[int | None, LayerSpan] = {}  # a span depends on the layer's window only
-    first_query, last_query = n_prompt - 1, n_prompt + n_tokens - 2
-    for layer, plan in plans.items():
-        if plan.sliding_window not in by_window:
-            w = plan.sliding_window  # `key_span` over whole arrays: the first query's window start
-            lo = np.zeros(R, np.int64) if w is None else np.maximum(first_query - w + 1, 0)
-            span = LayerSpan(lo.tolist(), (last_query - lo + 1).tolist())
-            # a window longer than every request's keys spans what full attention spans: the same object,
-            # so that every array built per span below is built once for both
-            by_window[plan.sliding_window] = next((s for s in by_window.values() if s == span), span)
-        spans[layer] = by_window[plan.sliding_window]
-    span_arrays = {id(s): (np.asarray(s.lo, np.int64), np.asarray(s.n_keys, np.int64)) for s in by_window.values()}
-    source, _ = _padded([it.source_positions for it in items], -1)
     generated_start = np.asarray([it.generated_start for it in items], np.int64)
-    blocks_by_key = {"context": _flat([it.context_positions for it in items]),
-                     "history": _flat([it.history_positions for it in items])}
-    row = np.arange(R)[:, None]  # fancy-indexes each request's own table row
-    # Layers that share a span share every key-position array, and layers that also share a KV
-    # group share the slots: each is built once and the packer sends it once (the others alias it).
-    tables: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+    packer.put("request", np.stack([n_prompt, n_tokens, generated_start], axis=1))
+    source, _ = _padded([it.source_positions for it in items], -1, S)
+    packer.put("source", source[:, :S])
+    for name in ("context", "history"):
+        rows = [getattr(it, f"{name}_positions") for it in items]
+        packer.put(name, _padded(rows, -1, widths(max(map(len, rows))))[0])
+    first_query, last_query = n_prompt - 1, n_prompt + n_tokens - 2
+    by_window: dict[int | None, LayerSpan] = {}
+    for plan in plans.values():
+        if plan.sliding_window not in by_window:
+            lo = window_start(first_query, plan.sliding_window)
+            by_window[plan.sliding_window] = LayerSpan(lo.tolist(), (last_query - lo + 1).tolist())
+    spans = {layer: by_window[plan.sliding_window] for layer, plan in plans.items()}
+    for layer in plans:
+        src = sources[layer]
+        name = f"table{src.group}_{src.blocks_per_kv_block}"
+        if name not in packer.at:  # `kernel_block_ids` on arrays: manager block b is kernel blocks b*k .. b*k+k-1
+            kernel_block_ids([], src.blocks_per_kv_block)  # raises for k < 1
+            rows = [blocks[r][src.group] for r in range(R)]
+            width = widths(max(map(len, rows)) * src.blocks_per_kv_block)
+            table, n_blocks = _padded(rows, 0, width, src.blocks_per_kv_block)
+            packer.put(name, table)
+            short = np.flatnonzero(last_query // src.block_size >= n_blocks)
+            if len(short):
+                check_covered(int(last_query[short[0]]), int(n_blocks[short[0]]), src.block_size)  # raises
+    L = tuple(keys_to(max(max(spans[layer].n_keys) for layer in group.layers)) for group in groups)
+    return packer, spans, BatchShape(T, S, L)
+
+
+def _positional(ix: dict[str, torch.Tensor], window: int | None, L: int) -> tuple[torch.Tensor, ...]:
+    """One window's [R, L] key arrays on the device: validity, positions (-1: padding), positions to
+    read (0 at padding), the source columns [R, S] and their validity, and the masks [R, 4, L]."""
+    n_prompt, n_tokens, generated_start = ix["request"].unbind(1)
+    lo = window_start(n_prompt - 1, window)
+    n = n_prompt + n_tokens - 1 - lo  # through the last query, n_prompt + n_tokens - 2
+    keys = torch.arange(L, device=lo.device)
+    valid = keys[None] < n[:, None]
+    positions = lo[:, None] + keys[None]
+
+    def marks(pos: torch.Tensor) -> torch.Tensor:
+        """[R, L]: True at each of the row's positions inside its span (a spare column takes the rest)."""
+        at = pos - lo[:, None]
+        inside = (pos >= 0) & (at >= 0) & (at < n[:, None])
+        hit = torch.zeros(pos.shape[0], L + 1, dtype=torch.bool, device=pos.device)
+        return hit.scatter_(1, torch.where(inside, at, L), True)[:, :L]
+
+    source = ix["source"]
+    rel = source - lo[:, None]
+    src_valid = (source >= 0) & (rel >= 0) & (rel < n[:, None])
+    generated = positions >= generated_start[:, None]
+    masks = torch.stack([valid & ~marks(source) & ~generated, valid & generated,
+                         marks(ix["context"]), marks(ix["history"])], dim=1)
+    return (valid, torch.where(valid, positions, -1), torch.where(valid, positions, 0),
+            torch.where(src_valid, rel, 0), src_valid, masks)
+
+
+def expand_indices(ix: dict[str, torch.Tensor], shape: BatchShape, plans: dict[int, LayerPlan],
+                   sources: dict[int, Any], groups: Sequence[HeadGroup]) -> dict[str, torch.Tensor]:
+    """Every index `gather_group` and `rebuild_group` read, built on the device from `pack_batch`'s
+    arrays (static shapes, no host sync: it is captured with them). Per layer: q slots [R, T] and key
+    slots [R, L] as (block, offset); per group and head (or once, Hg = 1, when the group's layers
+    share one window, as on Gemma-4): key positions [R, Hg, L], source columns and their validity
+    [R, Hg, S], and the category masks [R, Hg, 4, L] in `MASSES` order."""
+    n_prompt, n_tokens, _ = ix["request"].unbind(1)
+    tokens = torch.arange(shape.T, device=n_prompt.device)
+    # query t of request r sits at n_prompt - 1 + t; pad queries repeat the last one (finite, dropped)
+    qpos = (n_prompt - 1)[:, None] + torch.minimum(tokens[None], (n_tokens - 1)[:, None])
+    out = {"qpos": qpos}
     positional: dict[tuple, tuple] = {}
-    sent: dict[tuple, str] = {}
-
-    def table_of(src: Any) -> tuple[np.ndarray, np.ndarray]:
-        key = (src.group, k := src.blocks_per_kv_block)
-        if key not in tables:  # `kernel_block_ids` on arrays: manager block b is kernel blocks b*k .. b*k+k-1
-            kernel_block_ids([], k)  # raises for k < 1
-            tables[key] = _padded([blocks[r][src.group] for r in range(R)], 0, k)
-        return tables[key]
-
-    def put_once(name: str, key: tuple, make: Any) -> None:
-        if key in sent:
-            packer.alias(name, sent[key])
-        else:
-            packer.put(name, make())
-            sent[key] = name
-
+    slots: dict[tuple, tuple] = {}  # layers reading one table with one window share their slots
     for g, group in enumerate(groups):
-        L = keys_to(max(max(spans[l].n_keys) for l in group.layers))
+        L = shape.L[g]
         per_layer = {}
         for layer in group.layers:
-            src = sources[layer]
-            bs = src.block_size
-            span = id(spans[layer])  # the key of everything built per span (spans are shared, above)
-            table, n_blocks = table_of(src)
-            lo, n = span_arrays[span]
-            last = lo + n - 1  # the last query's position: every index read is at or before it
-            short = np.flatnonzero(last // bs >= n_blocks)
-            if len(short):
-                check_covered(int(last[short[0]]), int(n_blocks[short[0]]), bs)  # raises, naming the position
-            if (span, L) not in positional:
-                valid = np.arange(L)[None] < n[:, None]
-                positions = lo[:, None] + np.arange(L)[None]
-                rel = source - lo[:, None]
-                inside = (source >= 0) & (rel >= 0) & (rel < n[:, None])
-                src_index = np.zeros((R, S), np.int64)
-                src_valid = np.zeros((R, S), np.uint8)
-                src_index[:, : source.shape[1]] = np.where(inside, rel, 0)
-                src_valid[:, : source.shape[1]] = inside
-                source_key = np.zeros((R, L), bool)
-                hit_r, hit_c = np.nonzero(inside)
-                source_key[hit_r, rel[hit_r, hit_c]] = True
-                gen = positions >= generated_start[:, None]
-                masks = np.zeros((R, len(MASSES), L), np.uint8)
-                masks[:, 0] = valid & ~source_key & ~gen
-                masks[:, 1] = valid & gen
-                for m, name in ((2, "context"), (3, "history")):
-                    owner, pos = blocks_by_key[name]
-                    at = pos - lo[owner]
-                    ok = (at >= 0) & (at < n[owner])
-                    masks[owner[ok], m, at[ok]] = 1
-                safe = np.where(valid, positions, 0)  # pads read slot 0, masked
-                positional[(span, L)] = (valid, np.where(valid, positions, -1), safe, src_index, src_valid, masks)
-            valid, kpos, safe, src_index, src_valid, masks = positional[(span, L)]
-            kv = (src.group, src.blocks_per_kv_block, bs)
-            # the query cache is indexed by KV slot
-            put_once(f"qslots{layer}", ("q", *kv), lambda: table[row, _floor_div(qpos, bs)] * bs + _remainder(qpos, bs))
-            put_once(f"k_block{layer}", ("kb", *kv, span, L),
-                     lambda: np.where(valid, table[row, _floor_div(safe, bs)], 0))
-            put_once(f"k_off{layer}", ("ko", bs, span, L), lambda: _remainder(safe, bs))  # safe: 0 at pads
+            window, src = plans[layer].sliding_window, sources[layer]
+            if (window, L) not in positional:
+                positional[(window, L)] = _positional(ix, window, L)
+            valid, kpos, safe, src_index, src_valid, masks = positional[(window, L)]
+            table_name, bs = f"table{src.group}_{src.blocks_per_kv_block}", src.block_size
+            key = (table_name, bs, window, L)
+            if key not in slots:
+                table = ix[table_name]
+                slots[key] = (table.gather(1, qpos // bs) * bs + qpos % bs,  # the query cache is indexed by KV slot
+                              torch.where(valid, table.gather(1, safe // bs), 0), safe % bs)
+            out[f"qslots{layer}"], out[f"k_block{layer}"], out[f"k_off{layer}"] = slots[key]
             per_layer[layer] = (kpos, src_index, src_valid, masks)
-        # Per head, its layer's arrays (heads are layer-major: repeat each layer's once per head); when
-        # every layer of the group spans the same keys (Gemma-4: one window per group), one copy, [R, 1, ...],
-        # which the rebuild broadcasts over the heads.
-        pick = [layer for layer, _ in group.heads]
-        if len({id(spans[layer]) for layer in group.layers}) == 1:
-            pick = pick[:1]
-        packer.put(f"kpos_g{g}", np.stack([per_layer[l][0] for l in pick], axis=1))
-        packer.put(f"src_index_g{g}", np.stack([per_layer[l][1] for l in pick], axis=1))
-        packer.put(f"src_valid_g{g}", np.stack([per_layer[l][2] for l in pick], axis=1), "u8")
-        packer.put(f"masks_g{g}", np.stack([per_layer[l][3] for l in pick], axis=1), "u8")
-    return packer, spans
+        pick = [layer for layer, _ in group.heads]  # heads are layer-major: each layer's arrays once per head
+        if len({plans[layer].sliding_window for layer in group.layers}) == 1:
+            pick = pick[:1]  # one window: one copy, broadcast over the heads by the rebuild
+        for j, name in enumerate(("kpos", "src_index", "src_valid", "masks")):
+            out[f"{name}_g{g}"] = torch.stack([per_layer[layer][j] for layer in pick], dim=1)
+    return out
 
 
 class GroupConstants:

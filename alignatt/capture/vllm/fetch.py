@@ -27,7 +27,9 @@ import torch
 from alignatt.capture.vllm.batched import (
     MASSES,
     GroupConstants,
+    BatchShape,
     bucket,
+    expand_indices,
     group_heads,
     head_permutation,
     pack_batch,
@@ -274,16 +276,19 @@ class BatchFetcher:
         # raw capture reads the eager path's intermediates: it stays eager and unpadded. `padded`
         # on a CPU is the padding alone (its rows must not change).
         self.padded = (device.type == "cuda" and not keep_raw) if padded is None else padded
-        self.graphs = (GraphedRebuild(device, lambda ix: self._rebuild(ix, ix["src_index_g0"].shape[-1])[0])
+        self.graphs = (GraphedRebuild(device, lambda ix, shape: self._rebuild(ix, shape)[0])
                        if self.padded and device.type == "cuda" and not keep_raw else None)
         # A padding request: one token at position 0 of block 0 in every KV-cache group (one visible
         # key, so its row is finite; it is dropped).
         self._pad_item = FetchItem("<pad>", 1, 1, (), 1)
         self._pad_blocks = tuple([0] for _ in range(1 + max(src.group for src in view.layers.values())))
 
-    def _rebuild(self, ix: dict[str, torch.Tensor], S: int, between: Callable[[], None] = lambda: None
-                 ) -> tuple[torch.Tensor, list, list]:
-        return rebuild_batch(self.groups, self._consts, self.view.layers, ix, S, self._perm, between)
+    def _rebuild(self, packed: dict[str, torch.Tensor], shape: BatchShape, between: Callable[[], None] = lambda: None
+                 ) -> tuple[torch.Tensor, list, list, dict[str, torch.Tensor]]:
+        """Device ops only, from the packed arrays: the batch's [R, T, H, S + 4], each group's gathered q
+        and keys and its probs, and the indices built for them."""
+        ix = expand_indices(packed, shape, self.plans, self.view.layers, self.groups)
+        return (*rebuild_batch(self.groups, self._consts, self.view.layers, ix, shape.S, self._perm, between), ix)
 
     # ---- batched ----
 
@@ -310,22 +315,23 @@ class BatchFetcher:
         pad = bucket(len(items)) - len(items) if self.padded else 0
         if self.padded:  # requests and keys (the bulk of the work) in steps of 1.5x, the rest in powers of two
             T, S = power_of_two(T), power_of_two(S, 16)
-            packer, spans = pack_batch([*items, *[self._pad_item] * pad], [*blocks, *[self._pad_blocks] * pad],
-                                       self.plans, self.view.layers, self.groups, T, S, keys_to=lambda n: bucket(n, 32))
+            packer, spans, shape = pack_batch([*items, *[self._pad_item] * pad], [*blocks, *[self._pad_blocks] * pad],
+                                              self.plans, self.view.layers, self.groups, T, S,
+                                              keys_to=lambda n: bucket(n, 32), widths=power_of_two)
         else:
-            packer, spans = pack_batch(items, blocks, self.plans, self.view.layers, self.groups, T, S)
+            packer, spans, shape = pack_batch(items, blocks, self.plans, self.view.layers, self.groups, T, S)
         host_ix = packer.to_host(pin=device.type == "cuda")
         pack_ms = (time.perf_counter() - t0) * 1e3
         clock = StageClock(device)
         if self.graphs is not None:  # one span for the indices' copy in and the graph (gathers and rebuild)
             clock.mark()
-            full = self.graphs.run(packer, host_ix, (len(items) + pad, T, len(self.order), S + len(MASSES)))
+            full = self.graphs.run(packer, host_ix, shape, (len(items) + pad, T, len(self.order), S + len(MASSES)))
             clock.mark()
             ix = gathered = probs = None
         else:
-            ix = packer.views({kind: t.to(device, non_blocking=True) for kind, t in host_ix.items()})
+            packed = packer.views(host_ix.to(device, non_blocking=True))
             clock.mark()
-            full, gathered, probs = self._rebuild(ix, S, clock.mark)  # marked between gathers and rebuild
+            full, gathered, probs, ix = self._rebuild(packed, shape, clock.mark)  # marked between gathers and rebuild
         full = full[: len(items)]  # padding requests dropped before the copy
         host = torch.empty(full.shape, dtype=full.dtype, pin_memory=device.type == "cuda")
         host.copy_(full, non_blocking=True)
