@@ -324,3 +324,28 @@ def test_the_kv_cache_capacity_is_read_per_group_from_the_caches_shapes():
     """blocks x block size of each group's cache: what running drafts and cached prefixes share."""
     engine = StandInEngine(n_blocks=(10, 20))
     assert engine.view.kv_cache_tokens() == {0: 10 * 16, 1: 20 * 8}
+
+
+def test_a_graph_that_fails_leaves_the_fetch_eager_with_the_same_rows_and_one_line_said(capsys):
+    """A CUDA graph that cannot be captured or replayed (here a stand-in that raises as torch does)
+    costs no request its rows: the fetch runs the same ops eagerly, says so once, and stays eager."""
+
+    class FailingGraphs:
+        calls = 0
+
+        def run(self, *args):
+            FailingGraphs.calls += 1
+            raise RuntimeError("it->second->use_count > 0 INTERNAL ASSERT FAILED\nat CUDACachingAllocator.cpp")
+
+    batched, reference = StandInEngine(n_blocks=(40, 80), padded=True), StandInEngine(n_blocks=(40, 80))
+    batched.fetcher.graphs = FailingGraphs()
+    for round_ in range(2):
+        items, ref_items = random_batch(3, [batched, reference], name=f"{round_}-")
+        got, timings = batched.fetcher.fetch(items)
+        for g, ref_item in zip(got, ref_items):
+            assert_same_rows(g, reference.fetcher.fetch_one(ref_item)[0])
+        assert timings.capture_ms > 0 and timings.reconstruct_ms > 0
+    assert FailingGraphs.calls == 1 and batched.fetcher.graphs is None
+    said = [line for line in capsys.readouterr().out.splitlines() if "CUDA graph" in line]
+    assert said == ["[alignatt.capture.vllm.seam] the fetch's CUDA graph failed (it->second->use_count > 0 "
+                    "INTERNAL ASSERT FAILED); the fetch runs eagerly from now on"]

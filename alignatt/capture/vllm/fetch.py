@@ -37,6 +37,7 @@ from alignatt.capture.vllm.batched import (
     rebuild_batch,
 )
 from alignatt.capture.vllm.graphed import GraphedRebuild
+from alignatt.capture.vllm.hooks import log
 from alignatt.capture.vllm.qcache import (
     LayerPlan,
     QueryCache,
@@ -323,12 +324,16 @@ class BatchFetcher:
         host_ix = packer.to_host(pin=device.type == "cuda")
         pack_ms = (time.perf_counter() - t0) * 1e3
         clock = StageClock(device)
+        full = ix = gathered = probs = None
         if self.graphs is not None:  # one span for the indices' copy in and the graph (gathers and rebuild)
-            clock.mark()
-            full = self.graphs.run(packer, host_ix, shape, (len(items) + pad, T, len(self.order), S + len(MASSES)))
-            clock.mark()
-            ix = gathered = probs = None
-        else:
+            try:
+                clock.mark()
+                full = self.graphs.run(packer, host_ix, shape, (len(items) + pad, T, len(self.order), S + len(MASSES)))
+                clock.mark()
+            except RuntimeError as error:  # the same rows, eagerly: a server keeps serving
+                log(f"the fetch's CUDA graph failed ({str(error).splitlines()[0]}); the fetch runs eagerly from now on")
+                self.graphs, clock = None, StageClock(device)
+        if full is None:
             packed = packer.views(host_ix.to(device, non_blocking=True))
             clock.mark()
             full, gathered, probs, ix = self._rebuild(packed, shape, clock.mark)  # marked between gathers and rebuild

@@ -89,7 +89,7 @@ class GraphedRebuild:
             graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
             try:
                 out.copy_(self.rebuild(ix, shape))
-            finally:
+            finally:  # (only once begun: ending a capture that never began would hide why)
                 graph.capture_end()
         torch.cuda.current_stream(self.device).wait_stream(self.stream)
         self.captured += 1
