@@ -295,7 +295,7 @@ def rebuild_group(group: HeadGroup, consts: GroupConstants, gathered: dict[int, 
     if group.softcap:
         scores = torch.tanh(scores / group.softcap) * group.softcap
     qp = ix["qpos"][:, :, None, None]  # [R, T, 1, 1]
-    kp = ix[f"kpos_g{g}"][:, None]  # [R, 1, Hg, L]
+    kp = ix[f"kpos_g{g}"][:, None]  # [R, 1, Hg or 1, L]
     visible = (kp >= 0) & (kp <= qp) & (kp > qp - consts.window[None, None, :, None])
     probs = torch.softmax(scores.masked_fill(~visible, -math.inf), dim=-1)
     R, T, Hg, _ = probs.shape  # the index arrays have Hg heads or one (broadcast)

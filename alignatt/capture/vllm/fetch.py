@@ -3,8 +3,9 @@
 A finished request's drafted tokens have their q rows in the query caches (slot-addressed, written
 by the hooks) and the keys they saw in vLLM's KV cache, both found through the request's block
 table. `BatchFetcher.enqueue` does this for all requests of one engine step together
-(`alignatt.capture.vllm.batched`: indices built on the host from the recorded block ids, one
-matmul and one fp32 softmax per head group over the padded batch) and queues the copy of every
+(`alignatt.capture.vllm.batched`: each request packed on the host from its recorded block ids,
+the indices built from that on the device, one matmul and one fp32 softmax per head group over the
+padded batch; on a GPU one CUDA graph, `graphed.py`) and queues the copy of every
 request's rows and masses to pinned host memory. Nothing in it waits on the device: the
 `PendingFetch` it returns is read once its own event has passed, which lets vLLM's next step be
 queued behind the fetch instead of after a device-wide synchronisation. `fetch` is enqueue and
@@ -177,8 +178,8 @@ class EngineView:
 
 @dataclass
 class FetchTimings:
-    # The whole step's. Eager: indices built on the host, then the gathers (GPU time); graphed (a GPU
-    # without raw capture), the gathers and the rebuild are one replay, and both fall here.
+    # The whole step's. Eager: the host's packing, then the indices built and the gathers (GPU time);
+    # graphed (a GPU without raw capture), the gathers and the rebuild are one replay: both fall here.
     capture_ms: float
     reconstruct_ms: float  # eager: matmul, softmax, split; then the copy to the host (GPU time), unpacking
 
