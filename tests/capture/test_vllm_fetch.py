@@ -304,17 +304,17 @@ def test_a_batch_within_the_sliding_window_still_gives_the_reference_rows():
         np.testing.assert_allclose(g.generated, want.generated, atol=1e-6)
 
 
-def test_the_packers_buffer_reaches_the_device_as_put_and_as_a_copy_of_its_own():
+def test_the_packers_buffer_holds_every_array_as_put_and_as_a_copy_of_its_own():
     packer = Packer()
     slots = np.arange(12).reshape(3, 4) * 7 - 5  # negative and large values survive the int64 buffer
     packer.put("slots", slots)
     packer.put("flags", np.arange(10).reshape(2, 5) % 3 == 0)
     packer.put("positions", np.array([[1 << 40], [3]]))
-    ix = packer.to_device(torch.device("cpu"))
+    ix = packer.views(packer.to_host(pin=False))
     assert ix["slots"].dtype == torch.int64 and np.array_equal(ix["slots"].numpy(), slots)
     assert ix["flags"].tolist() == [[1, 0, 0, 1, 0], [0, 1, 0, 0, 1]]
     assert ix["positions"].tolist() == [[1 << 40], [3]]
-    slots[0, 0] = 99  # the device buffer is a copy: the host arrays may be reused at once
+    slots[0, 0] = 99  # the buffer is a copy: the host arrays may be reused at once
     assert ix["slots"][0, 0].item() == -5
     size, places = packer.layout()
     assert size == 12 + 10 + 2 and [name for name, _ in places] == ["slots", "flags", "positions"]

@@ -89,10 +89,6 @@ class Packer:
         """Every array put, as a view of the buffer (which may be longer than this batch's)."""
         return {name: buffer[a:b].view(shape) for name, (a, b, shape) in self.at.items()}
 
-    def to_device(self, device: torch.device) -> dict[str, torch.Tensor]:
-        """One host-to-device copy, from pinned memory on a GPU (a pageable copy waits)."""
-        return self.views(self.to_host(device.type == "cuda").to(device, non_blocking=True))
-
     def layout(self) -> tuple:
         """What the views depend on: every name's place and shape (a captured graph reads these)."""
         return self.size, tuple(self.at.items())
