@@ -18,6 +18,7 @@ def test_llm_arguments_follow_the_config():
     assert args["enable_prefix_caching"] is True and args["max_num_seqs"] == 128
     assert args["kv_cache_memory_bytes"] == 2 * 2**30
     assert args["compilation_config"] == engine_options("cudagraph")["compilation_config"]
+    assert args["language_model_only"] is True  # text prompts: no encoders, embeddings inside the graph
     assert "async_scheduling" not in args  # vLLM's default unless asked
     assert VllmEngineConfig(model="m", async_scheduling=False).llm_arguments(spec)["async_scheduling"] is False
 

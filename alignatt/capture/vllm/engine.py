@@ -107,6 +107,10 @@ class VllmEngineConfig(BaseModel):
             tensor_parallel_size=1,
             seed=self.seed,
             disable_log_stats=True,
+            # Prompts are text: a multimodal checkpoint (the real Gemma-4-E4B-it) then loads no
+            # encoders, and vLLM embeds the tokens (per-layer embeddings included) inside the graphed
+            # forward instead of eagerly before it. A text-only model ignores this.
+            language_model_only=True,
             **engine_options(self.vllm_mode),
         )
         if spec.attention_backend is not None:
