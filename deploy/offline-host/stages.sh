@@ -8,7 +8,8 @@
 # A STAGE argument may carry more `dvc exp run` options after the stage's name, in shell quoting
 # (e.g. 'load -S profiles.h200.load.speakers="128"'): an experiment off params.yaml, which the
 # artifact records (provenance.params_changed) and the page names. Quote a value with braces inside
-# the argument: the words are expanded as bash would, braces included.
+# the argument: the words are expanded as bash would, braces included. A value with a comma is a
+# Hydra sweep unless quoted for Hydra too: "load -S \"profiles.h200.load.speakers='1,128'\"".
 # Usage: bash stages.sh STAGE...   (env: PREFIX=/root, LOGS=$PREFIX/logs)
 set -euo pipefail
 prefix="${PREFIX:-/root}" logs="${LOGS:-${PREFIX:-/root}/logs}"
