@@ -87,14 +87,26 @@ def headline(inputs: ReportInputs) -> list[dict[str, str]]:
             items.append(dict(what="One speaker's round trip", result=(
                 f"partial-draft RTT p50 {one.partial_rtt_ms_p50:.0f} ms, p95 {one.partial_rtt_ms_p95:.0f} ms "
                 "(served default, alone on the engine)"), stamp=stamp, link=capacity_link))
-        if load.capture_cost:
-            costs = sorted(load.capture_cost, key=lambda c: c.batch)
-            span = [costs[0]] + ([costs[-1]] if len(costs) > 1 else [])
-            items.append(dict(what="Capture cost (captured ÷ uncaptured draft wall)", result=", ".join(
-                f"**{c.ratio:.2f}×** at batch {c.batch}" for c in span) + f" ({costs[0].vllm_mode})",
-                stamp=stamp, link=capacity_link))
+        items.append(_capture_cost(inputs, rel, load, capacity_link))
     items.extend(_quality(inputs))
     return items
+
+
+def _capture_cost(inputs: ReportInputs, rel: str, load: Any, link: str) -> dict[str, str]:
+    """The capture cost of the load stage's artifact; where that run skipped it (`capture_cost: off`),
+    the newest load artifact beside it that measured it, named, with its own stamp."""
+    what = "Capture cost (captured ÷ uncaptured draft wall)"
+    if not load.capture_cost:
+        folder = rel.rsplit("/", 1)[0]
+        beside = [(r, a) for r, a in inputs.of_kind("load") if r.rsplit("/", 1)[0] == folder and a.capture_cost]
+        if not beside:
+            return dict(what=what, result=f"not measured in `{rel}`", stamp=_stamp(load), link=link)
+        rel, load = max(beside, key=lambda t: t[1].provenance.timestamp_utc)
+        what += f", from `{rel}`"
+    costs = sorted(load.capture_cost, key=lambda c: c.batch)
+    span = [costs[0]] + ([costs[-1]] if len(costs) > 1 else [])
+    return dict(what=what, result=", ".join(f"**{c.ratio:.2f}×** at batch {c.batch}" for c in span)
+                + f" ({costs[0].vllm_mode})", stamp=_stamp(load), link=link)
 
 
 def _machine_short(a: Any) -> str:

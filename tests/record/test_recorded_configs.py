@@ -67,8 +67,9 @@ def test_a_smoke_recorded_before_its_options_were_kept_whole_loads():
 def test_a_load_recorded_before_its_knobs_were_kept_whole_loads():
     """Before: the engine's heads under `heads`, per-configuration engine facts under `engines`, the
     labels joined under `vllm_mode`, the model's preset under `preset`."""
-    # the H200 load stage's of 33f3b17: written before (the CPU one is re-measured with each change)
-    data = json.loads((ROOT / "outputs" / "h200" / "load.json").read_text())
+    # the H200 load stage's run of 33f3b17, kept unchanged: written before (the CPU one is re-measured
+    # with each change)
+    data = json.loads((ROOT / "outputs" / "h200" / "load_h200_33f3b17.json").read_text())
     record = LoadRecord.model_validate(data["config"])
     assert isinstance(data["config"]["heads"], list) and record.heads is None
     assert record.engine_heads == [tuple(h) for h in data["config"]["heads"]]

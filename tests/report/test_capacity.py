@@ -14,8 +14,9 @@ TARGETS = {"report": {"capacity_targets": [{"speakers": 1, "rtt_p50_ms": 40}, {"
 
 
 def relabelled(old: str, new: str):
-    """The committed H200 load stage artifact with one configuration's label written otherwise."""
-    load = load_artifact(ROOT / "outputs" / "h200" / "load.json")
+    """The H200 load stage's run of 33f3b17 (kept unchanged, run on params.yaml as it was) with one
+    configuration's label written otherwise."""
+    load = load_artifact(ROOT / "outputs" / "h200" / "load_h200_33f3b17.json")
     levels = [lv.model_copy(update={"vllm_mode": new if lv.vllm_mode == old else lv.vllm_mode}) for lv in load.levels]
     return load.model_copy(update={"levels": levels})
 

@@ -14,15 +14,18 @@ TARGETS = {"report": {"capacity_targets": [{"speakers": 1, "rtt_p50_ms": 40},
                                            {"speakers": 128, "rtt_p95_ms": 600, "lag_steady": True}]}}
 
 
+H200_LOAD = ROOT / "outputs/h200/load_h200_33f3b17.json"  # the H200 load stage's run of 33f3b17, kept unchanged
+
+
 def _inputs(load=None, evaluation=None) -> ReportInputs:
-    load = load or load_artifact(ROOT / "outputs/h200/load.json")
+    load = load or load_artifact(H200_LOAD)
     evaluation = evaluation or load_artifact(ROOT / "outputs/h200/eval.json")
     return ReportInputs(root=ROOT, params=TARGETS, published=[], runs={}, smokes=[], envs=[], measurements=[],
                         by_kind={"load": [("outputs/h200/load.json", load)], "eval": [("outputs/h200/eval.json", evaluation)]})
 
 
 def test_each_headline_comes_from_its_artifact_with_date_commit_and_gpu():
-    load = load_artifact(ROOT / "outputs/h200/load.json")
+    load = load_artifact(H200_LOAD)
     items = {i["what"].split(",")[0]: i for i in headline(_inputs(load))}
     assert set(items) == {"Served configuration", "Speakers per H200 at the targets", "One speaker's round trip",
                           "Capture cost (captured ÷ uncaptured draft wall)", "Quality"}
@@ -32,6 +35,27 @@ def test_each_headline_comes_from_its_artifact_with_date_commit_and_gpu():
     levels = [lv.model_copy(update={"partial_rtt_ms_p50": 12.4}) if lv.speakers == 1 else lv for lv in load.levels]
     moved = {i["what"]: i for i in headline(_inputs(load.model_copy(update={"levels": levels})))}
     assert "p50 12 ms" in moved["One speaker's round trip"]["result"]
+
+
+def test_a_load_run_without_capture_cost_takes_it_from_the_newest_run_beside_it_or_says_none_did():
+    measured = load_artifact(H200_LOAD)
+    skipped = measured.model_copy(update={"capture_cost": []})
+    evaluation = load_artifact(ROOT / "outputs/h200/eval.json")
+
+    def cost_line(loads):
+        inputs = ReportInputs(root=ROOT, params=TARGETS, published=[], runs={}, smokes=[], envs=[], measurements=[],
+                              by_kind={"load": loads, "eval": [("outputs/h200/eval.json", evaluation)]})
+        return next(i for i in headline(inputs) if i["what"].startswith("Capture cost"))
+
+    older = measured.model_copy(update={"provenance": measured.provenance.model_copy(
+        update={"timestamp_utc": "2026-11-30T00:00:00Z"})})
+    line = cost_line([("outputs/h200/load.json", skipped), ("outputs/h200/load_old.json", older),
+                      ("outputs/h200/load_kept.json", measured), ("outputs/h100/load_kept.json", measured)])
+    assert line["what"].endswith("from `outputs/h200/load_kept.json`")  # the newest in the same folder
+    assert line["stamp"].startswith(f"{measured.provenance.date}, `{measured.provenance.git_commit[:7]}`")
+    assert "at batch 1" in line["result"]
+    line = cost_line([("outputs/h200/load.json", skipped), ("outputs/h100/load_kept.json", measured)])
+    assert line["result"] == "not measured in `outputs/h200/load.json`"  # another folder's run is not taken
 
 
 def test_the_committed_page_opens_with_its_headline_and_every_link_resolves():
