@@ -18,8 +18,10 @@ DEFAULT_SEAM = HF_QK_FAST
 PINNED_VLLM = "0.22.1"
 # How vllm_capture runs the engine (alignatt.capture.vllm.engine.engine_options says what each is):
 # eager; cudagraph: full graphs for decode steps only; fullgraph: full graphs for every step,
-# prefill and mixed ones too; compiled: vLLM's default torch.compile + graphs.
+# prefill and mixed ones too; compiled: torch.compile under fullgraph's graphs.
 VLLM_MODES = ("eager", "cudagraph", "fullgraph", "compiled")
+# vLLM's online weight quantizations that vllm_capture offers (VllmEngineConfig.quantization).
+VLLM_QUANTIZATIONS = ("fp8",)
 # The profiler range the vllm seam's fetch runs in: a kernel profile (serve.step_anatomy) tells
 # the capture's own GPU work from the model's by it.
 FETCH_RANGE = "alignatt.capture_fetch"

@@ -38,6 +38,7 @@ class WorkerSpec(BaseModel):
     model: str = ""  # task drafts: a model preset
     checkpoint: str = ""  # parity tasks: the reduced checkpoint directory
     mode: str = "eager"  # vLLM mode
+    quantization: Optional[str] = None  # vLLM's online weight quantization (fp8)
     dtype: str = "bfloat16"
     device: str = "cuda"  # parity_hf: where transformers runs
     warmup: int = 1

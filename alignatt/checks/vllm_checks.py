@@ -27,6 +27,8 @@ Part b:
 - speed_compiled: captured vs uncaptured decode in the compiled mode.
 - exact_fullgraph: the served mode (every step in a full graph, prefills padded to a capture
              size) against eager, as in exact; reuses exact's eager drafts from the work dir.
+- fp8:       the served mode on FP8 weights (vLLM's online quantization): self-consistency, and
+             its drafts against eager's.
 
 Self-consistency: in the same step, the layer's own attention output for the captured heads
 (written by the same op after the attention) must equal softmax(q K) V rebuilt from the
@@ -54,7 +56,7 @@ from alignatt.checks.worker import run_worker
 SCHEMA_VERSION = 2
 PARTS = {
     "a": ("demo", "exact", "parity", "speed", "compiled_reduced"),
-    "b": ("compiled", "speed_compiled", "exact_fullgraph"),
+    "b": ("compiled", "speed_compiled", "exact_fullgraph", "fp8"),
 }
 ALL_CHECKS = PARTS["a"] + PARTS["b"]
 # Published top-8 E4B en->de heads, plus two heads on KV-shared layers (29: full, reads layer 23;
@@ -218,9 +220,20 @@ def check_compiled_reduced(args: ChecksOptions, workdir: Path) -> dict:
 
 
 def check_compiled(args: ChecksOptions, workdir: Path) -> dict:
-    res = run_worker(_e4b_spec("compiled", "compiled", args, capture_output=True), workdir,
-                     args.worker_timeout_compiled)
-    out: dict = {"compiled": _worker_summary(res)}
+    return _check_self_consistent(args, workdir, "compiled", _e4b_spec("compiled", "compiled", args, capture_output=True),
+                                  args.worker_timeout_compiled)
+
+
+def check_fp8(args: ChecksOptions, workdir: Path) -> dict:
+    return _check_self_consistent(args, workdir, "fp8", _e4b_spec("fp8", "fullgraph", args, capture_output=True,
+                                                                  quantization="fp8"), args.worker_timeout)
+
+
+def _check_self_consistent(args: ChecksOptions, workdir: Path, name: str, spec: WorkerSpec, timeout: float) -> dict:
+    """A configuration whose numerics differ from eager's: held to self-consistency, its drafts
+    reported against eager's (the exact check's, same work dir)."""
+    res = run_worker(spec, workdir, timeout)
+    out: dict = {name: _worker_summary(res)}
     if not res.ok:
         out["passed"] = False
         return out
@@ -229,9 +242,9 @@ def check_compiled(args: ChecksOptions, workdir: Path) -> dict:
     out["draft_variety"] = draft_variety(res.drafts)
     eager_path = workdir / "eager_drafts.pkl"
     if eager_path.exists():
-        out["compiled_vs_eager"] = compare_drafts(res.drafts, pickle.loads(eager_path.read_bytes()))
+        out[f"{name}_vs_eager"] = compare_drafts(res.drafts, pickle.loads(eager_path.read_bytes()))
     else:
-        out["compiled_vs_eager"] = "eager drafts unavailable (run the exact check first in the same --workdir)"
+        out[f"{name}_vs_eager"] = "eager drafts unavailable (run the exact check first in the same --workdir)"
     out["degenerate"] = (["self_consistency"] if sc.get("status") == "degenerate activations" else []) + (
         ["drafts"] if out["draft_variety"]["degenerate"] else [])
     out["passed"] = bool(sc.get("passed"))
@@ -268,7 +281,7 @@ def _worker_summary(res: WorkerResult) -> dict:
 
 
 CHECK_FUNCS = {
-    "demo": check_demo, "exact": check_exact, "parity": check_parity, "compiled": check_compiled,
+    "demo": check_demo, "exact": check_exact, "parity": check_parity, "compiled": check_compiled, "fp8": check_fp8,
     "exact_fullgraph": lambda a, w: check_exact(a, w, "fullgraph"),
     "compiled_reduced": check_compiled_reduced,
     "speed": lambda a, w: _check_speed(a, w, "cudagraph"),

@@ -33,7 +33,7 @@ def worker_drafts(spec: WorkerSpec) -> dict:
     tokenizer, tok_name = choose_tokenizer(spec.tokenizer)
     heads = [Head(l, h) for l, h in spec.heads]
     seam = VllmCaptureSeam(
-        spec.model, heads, vllm_mode=spec.mode, dtype="bfloat16",
+        spec.model, heads, vllm_mode=spec.mode, dtype="bfloat16", quantization=spec.quantization,
         fixed_length=spec.fixed_length, capture=spec.capture,
         capture_output=spec.capture_output, keep_raw=spec.capture_output,
         tokenizer=tokenizer, max_model_len=spec.max_model_len,

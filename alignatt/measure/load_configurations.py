@@ -2,7 +2,7 @@
 
 A `LoadConfiguration` holds the fields of `serve/config.py:ServerConfig` that one configuration
 sets (the vLLM mode, settling, the engine in a process of its own, engine processes sharing the GPU,
-verified re-drafts, batch-invariant kernels); `server_config` gives the server it stands for.
+verified re-drafts, batch-invariant kernels, FP8 weights); `server_config` gives the server it stands for.
 params.yaml lists them as mappings (`profiles.*.load.configurations`); a command line gives each as
 `--configurations key=value,...` (or a JSON object). Its label (`fullgraph+settle2+process`) is
 derived from it (`label`) and names it in the artifact and on the page; `from_label` reads the
@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from alignatt.capture.names import VLLM_CAPTURE, VLLM_MODES
+from alignatt.capture.names import VLLM_CAPTURE, VLLM_MODES, VLLM_QUANTIZATIONS
 from alignatt.core.errors import AlignattError
 from alignatt.core.options import one_line
 from alignatt.serve.config import DirectionRoute, EngineCount, ReplicaConfig, ServerConfig
@@ -50,6 +50,8 @@ class LoadConfiguration(BaseModel):
     verify: bool = Field(False, description="vllm_capture: verified re-drafts (the session's previous draft as "
                                             "vLLM's speculative proposer)")
     batch_invariant: bool = Field(False, description="vllm_capture: vLLM's batch-invariant kernels")
+    quantization: str | None = Field(None, description="vllm_capture: vLLM's online weight quantization "
+                                                       f"({', '.join(VLLM_QUANTIZATIONS)}; None: the model's dtype)")
 
     @model_validator(mode="before")
     @classmethod
@@ -70,13 +72,21 @@ class LoadConfiguration(BaseModel):
             raise ValueError(f"unknown vllm_mode {value!r}: use one of {', '.join(VLLM_MODES)}")
         return value
 
+    @field_validator("quantization")
+    @classmethod
+    def _quantization(cls, value: str | None) -> str | None:
+        if value is not None and value not in VLLM_QUANTIZATIONS:
+            raise ValueError(f"unknown quantization {value!r}: use one of {', '.join(VLLM_QUANTIZATIONS)}")
+        return value
+
     def flags(self) -> list[str]:
         """The label's flags, in the order labels have always been written (settle, process, engines,
-        verify, batch_invariant)."""
+        verify, batch_invariant, then the quantization)."""
         return ([f"settle{self.settle_buffer_tokens}"] if self.settle_buffer_tokens is not None else []) + \
             ([OWN_PROCESS_FLAG] if self.own_process else []) + \
             ([f"engines{self.engines}"] if self.engines is not None else []) + \
-            (["verify"] if self.verify else []) + (["batch_invariant"] if self.batch_invariant else [])
+            (["verify"] if self.verify else []) + (["batch_invariant"] if self.batch_invariant else []) + \
+            ([self.quantization] if self.quantization else [])
 
     def label(self) -> str | None:
         """Its name in the artifact and on the page: `mode[+flag...]` (None: the seam's default, unchanged)."""
@@ -88,12 +98,14 @@ class LoadConfiguration(BaseModel):
     def seam_options(self) -> dict[str, Any]:
         """What it changes in the route's seam options (the engine's)."""
         return ({"vllm_mode": self.vllm_mode} if self.vllm_mode else {}) | \
-            ({"verify": True} if self.verify else {}) | ({"batch_invariant": True} if self.batch_invariant else {})
+            ({"verify": True} if self.verify else {}) | ({"batch_invariant": True} if self.batch_invariant else {}) | \
+            ({"quantization": self.quantization} if self.quantization else {})
 
     def plain_engine(self) -> "LoadConfiguration":
-        """Its engine alone (mode, batch-invariant kernels): what the capture cost measures, which drafts
-        carry no proposal to verify and run on one engine."""
-        return LoadConfiguration(vllm_mode=self.vllm_mode, batch_invariant=self.batch_invariant)
+        """Its engine alone (mode, batch-invariant kernels, quantization): what the capture cost
+        measures, which drafts carry no proposal to verify and run on one engine."""
+        return LoadConfiguration(vllm_mode=self.vllm_mode, batch_invariant=self.batch_invariant,
+                                 quantization=self.quantization)
 
     def server_config(self, route: DirectionRoute, direction: str = "en-de", engines: EngineCount = 1,
                       **fields: Any) -> ServerConfig:
@@ -116,10 +128,12 @@ class LoadConfiguration(BaseModel):
             settle, engines = SETTLE_FLAG.fullmatch(flag), ENGINES_FLAG.fullmatch(flag)
             key, value = (("settle_buffer_tokens", int(settle[1])) if settle else ("engines", int(engines[1])) if engines
                           else ("own_process", True) if flag == OWN_PROCESS_FLAG
-                          else (flag, True) if flag in ("verify", "batch_invariant") else (None, None))
+                          else (flag, True) if flag in ("verify", "batch_invariant")
+                          else ("quantization", flag) if flag in VLLM_QUANTIZATIONS else (None, None))
             if key is None:
                 raise AlignattError(f"unknown configuration flag {flag!r} in {label!r}: use settle<N>, "
-                                    f"{OWN_PROCESS_FLAG}, engines<N>, verify or batch_invariant")
+                                    f"{OWN_PROCESS_FLAG}, engines<N>, verify, batch_invariant or "
+                                    f"{' or '.join(VLLM_QUANTIZATIONS)}")
             if key in fields:
                 raise AlignattError(f"configuration {label!r} names {key} twice")
             fields[key] = value

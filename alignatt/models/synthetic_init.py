@@ -27,6 +27,13 @@ import torch
 # vLLM registers these per attention layer; for an unquantised KV cache they are 1.0 (vLLM resets
 # them after loading; the dummy loader had scrambled them first).
 _ATTENTION_SCALES = ("_k_scale", "_v_scale", "_q_scale", "_prob_scale")
+# Weights vLLM quantized as it loaded them (quantization="fp8"): drawn in float32 like the others,
+# then stored with one scale per tensor (the module's `weight_scale`), as vLLM's online FP8 does.
+FP8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2") if hasattr(torch, n))
+
+
+def _is_fp8(tensor: Optional[torch.Tensor]) -> bool:
+    return tensor is not None and tensor.dtype in FP8_DTYPES
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,8 @@ def init_rule(module: torch.nn.Module, name: str) -> Optional[str]:
     if any("Embedding" in c or "LMHead" in c for c in classes):
         return "normal" if name == "weight" else None
     if any("Linear" in c for c in classes):
+        if name == "weight_scale":  # written with its FP8 weight
+            return "scale" if _is_fp8(getattr(module, "weight", None)) else None
         return {"weight": "normal", "bias": "zeros"}.get(name)
     return None
 
@@ -112,12 +121,19 @@ def hf_like_init(model: torch.nn.Module, init: HFLikeInit, pad_token_id: Optiona
     counts = {"normal": 0, "ones": 0, "zeros": 0}
     elements = 0
     pad_rows: list[str] = []
+    fp8: list[str] = []
     for qualified, module, name, tensor in sorted(chosen.values(), key=lambda item: item[0]):
         rule = init_rule(module, name)
+        if rule == "scale":
+            continue
         if rule == "normal":
             generator = torch.Generator(device=tensor.device)
             generator.manual_seed(tensor_seed(init.seed, qualified))
-            tensor.normal_(0.0, init.std, generator=generator)
+            if _is_fp8(tensor):
+                _normal_fp8(module, tensor, init.std, generator)
+                fp8.append(qualified)
+            else:
+                tensor.normal_(0.0, init.std, generator=generator)
             if pad_token_id is not None and _is_token_embedding(module) and tensor.dim() == 2 \
                     and 0 <= pad_token_id < tensor.shape[0]:
                 tensor[pad_token_id].zero_()
@@ -129,5 +145,17 @@ def hf_like_init(model: torch.nn.Module, init: HFLikeInit, pad_token_id: Optiona
         counts[rule] += 1
         elements += tensor.numel()
     return {"init": init.describe(), "tensors": counts, "elements": elements, "pad_rows_zeroed": pad_rows,
-            "unknown": unknown}
+            "fp8_weights": len(fp8), "unknown": unknown}
+
+
+def _normal_fp8(module: torch.nn.Module, weight: torch.Tensor, std: float, generator: torch.Generator) -> None:
+    """normal(0, std) drawn in float32, stored in FP8 with one scale for the tensor (its absolute
+    maximum onto the format's largest value) written to the module's `weight_scale`."""
+    scale_param = getattr(module, "weight_scale", None)
+    if scale_param is None:
+        raise RuntimeError(f"alignatt: an FP8 weight of {type(module).__name__} without a weight_scale")
+    draw = torch.empty(weight.shape, dtype=torch.float32, device=weight.device).normal_(0.0, std, generator=generator)
+    scale = draw.abs().amax().clamp_min(1e-12) / torch.finfo(weight.dtype).max
+    weight.copy_((draw / scale).to(weight.dtype))
+    scale_param.copy_(scale.to(scale_param.dtype).expand_as(scale_param))
 

@@ -202,7 +202,7 @@ def capture_cost_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
 SEAM_WORDS = {"hf_eager": "HF eager attention", "hf_qk_fast": "HF sdpa, rows rebuilt from q/k",
               "vllm_capture": "vLLM capture"}
 MODE_WORDS = {"eager": "eager", "cudagraph": "piecewise CUDA graphs", "fullgraph": "full CUDA graphs",
-              "compiled": "torch.compile"}
+              "compiled": "torch.compile, full CUDA graphs"}
 
 
 def _setting_words(c: LoadConfiguration) -> list[str]:
@@ -211,7 +211,8 @@ def _setting_words(c: LoadConfiguration) -> list[str]:
         ([f"settled {c.settle_buffer_tokens} tokens after a hold"] if c.settle_buffer_tokens is not None else []) + \
         (["own engine process"] if c.own_process else []) + \
         ([f"{c.engines} engine processes"] if c.engines is not None else []) + \
-        (["verified re-drafts"] if c.verify else []) + (["batch-invariant kernels"] if c.batch_invariant else [])
+        (["verified re-drafts"] if c.verify else []) + (["batch-invariant kernels"] if c.batch_invariant else []) + \
+        ([f"{c.quantization.upper()} weights"] if c.quantization else [])
 
 
 def configuration_words(artifact: Any, vllm_mode: str | None = None) -> str:

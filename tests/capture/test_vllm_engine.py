@@ -53,6 +53,18 @@ def test_fullgraph_graphs_every_step_and_no_step_outgrows_its_graphs():
     for mode in VLLM_MODES:
         engine_options(mode)  # every listed mode has its engine arguments
     assert VllmEngineConfig(model="m").batch_invariant is False  # opt-in: it costs speed
+    # compiled: torch.compile under the same full graphs and step cap, not vLLM's piecewise default
+    compiled = VllmEngineConfig(model="m", vllm_mode="compiled").llm_arguments(spec)
+    assert compiled["compilation_config"] == {**graphs, "mode": 3}
+    assert compiled["max_num_batched_tokens"] == FULLGRAPH_MAX_TOKENS
+
+
+def test_fp8_weights_are_an_engine_option_and_bf16_stays_the_default():
+    spec = ModelSpec("m", "/models/m", "dummy", True, "/models/m")
+    assert "quantization" not in VllmEngineConfig(model="m").llm_arguments(spec)
+    assert VllmEngineConfig(model="m", quantization="fp8").llm_arguments(spec)["quantization"] == "fp8"
+    with pytest.raises(Exception, match="fp8"):
+        VllmEngineConfig(model="m", quantization="int4")
 
 
 def test_bad_engine_options_are_one_clear_error():
@@ -67,6 +79,8 @@ def test_the_seam_refuses_unknown_options_before_touching_the_gpu():
 
     with pytest.raises(AlignattError, match="bad vllm_capture option max_num_seqz"):
         VllmCaptureSeam("gemma4-e4b-synthetic", [], max_num_seqz=4)
+    with pytest.raises(AlignattError, match="bad vllm_capture option quantization"):
+        VllmCaptureSeam("gemma4-e4b-synthetic", [], quantization="int8")
 
 
 def test_models_come_from_the_preset_table():

@@ -182,7 +182,7 @@ def test_parent_side_of_every_check_with_stand_in_workers(monkeypatch, tmp_path)
 
     def fake_run_worker(spec: WorkerSpec, workdir, timeout_s) -> WorkerResult:
         asked.append((spec.name, spec.mode, spec.dtype, spec.env.get("TRITON_F32_DEFAULT"),
-                      spec.kv_cache_memory_gib, spec.capture_output))
+                      spec.kv_cache_memory_gib, spec.capture_output, spec.quantization))
         if spec.task == "drafts":
             res = WorkerResult(ok=True, describe={"vllm_mode": spec.mode}, tokenizer="t", drafts=drafts(spec.repeats))
             if spec.capture_output:
@@ -203,7 +203,7 @@ def test_parent_side_of_every_check_with_stand_in_workers(monkeypatch, tmp_path)
     args = ChecksOptions(workdir=str(tmp_path / "w"), tokens=20, repeats=3, tokenizer="auto", budget_s=1e9,
                               worker_timeout=1.0, worker_timeout_compiled=1.0)
     out = tmp_path / "a.json"
-    checks = ["exact", "parity", "speed", "compiled_reduced", "compiled", "exact_fullgraph"]
+    checks = ["exact", "parity", "speed", "compiled_reduced", "compiled", "exact_fullgraph", "fp8"]
     art = vc.run_checks(checks, out, args)
     assert art["summary"] == {c: "passed" for c in checks}, json.dumps(art["checks"], indent=1, default=str)
     data = json.loads(out.read_text())["results"]
@@ -211,7 +211,10 @@ def test_parent_side_of_every_check_with_stand_in_workers(monkeypatch, tmp_path)
     assert data["checks"]["compiled"]["compiled_vs_eager"]["rows"] == 48  # read part a's eager drafts
     assert data["checks"]["compiled_reduced"]["compiled"]["identical_drafts_vs_eager"] == "1/1"
     # the strict parity run is fp32 with IEEE Triton dots; both E4B exact runs keep the attention output
-    assert ("parity_vllm_fp32", "eager", "float32", "ieee", 0.5, False) in asked
+    assert ("parity_vllm_fp32", "eager", "float32", "ieee", 0.5, False, None) in asked
+    # FP8 weights run the served mode, quantized, and are held to self-consistency beside eager's drafts
+    assert ("fp8", "fullgraph", "bfloat16", None, asked[-1][4], True, "fp8") == asked[-1]
+    assert data["checks"]["fp8"]["fp8_vs_eager"]["rows"] == 48
     assert [a[:2] for a in asked if a[0].startswith("exact_")] == [
         ("exact_eager", "eager"), ("exact_cudagraph", "cudagraph"), ("exact_fullgraph", "fullgraph")]
     assert all(a[5] for a in asked if a[0].startswith("exact_"))

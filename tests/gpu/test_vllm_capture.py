@@ -1,6 +1,6 @@
 """GPU: the naive-vs-fixed capture under real CUDA-graph replay (plain torch), and the vLLM
 capture checks of issue 3 (full graphs vs eager bit-exact, batch, cross-engine parity in fp32 and
-bf16, compiled self-consistency on E4B and on the reduced checkpoint). Skipped without CUDA; the
+bf16, compiled and FP8 self-consistency, on E4B and on the reduced checkpoint). Skipped without CUDA; the
 vLLM ones also without vLLM 0.22.1.
 
 The vLLM checks are the same functions `alignatt check-vllm` runs, each in a child of its own
@@ -71,6 +71,14 @@ def test_compiled_mode_is_self_consistent(check_args):
     result = _run("compiled", check_args)
     assert result["self_consistency"]["status"] == "passed", json.dumps(result["self_consistency"], indent=1)
     assert not result["draft_variety"]["degenerate"]
+
+
+def test_fp8_weights_are_self_consistent_in_the_served_mode(check_args):
+    result = _run("fp8", check_args)
+    assert result["self_consistency"]["status"] == "passed", json.dumps(result["self_consistency"], indent=1)
+    assert not result["draft_variety"]["degenerate"]
+    assert result["fp8"]["describe"]["quantization"] == "fp8"
+    assert result["fp8"]["describe"]["synthetic_init_unknown"] == []  # every FP8 weight drawn, with its scale
 
 
 def test_compiled_mode_is_self_consistent_on_the_reduced_checkpoint(check_args):

@@ -185,3 +185,38 @@ def test_an_entry_without_a_rule_is_refused_by_name():
     summary = hf_like_init(model, HFLikeInit(), strict=False)
     assert summary["unknown"] == ["layers.1.mystery (DecoderLayer)"]
     assert torch.equal(model.layers[1].layer_scalar, torch.ones(1))
+
+
+def fp8_linear(out_features: int = 48, in_features: int = 32) -> nn.Module:
+    """A linear layer as vLLM's online FP8 leaves it: the weight in FP8, stored transposed (a view
+    of the quantized tensor), and one float32 scale for the tensor."""
+    layer = type("QKVParallelLinear", (nn.Module,), {})()
+    quantized = torch.zeros(out_features, in_features, dtype=torch.float8_e4m3fn)
+    layer.weight = nn.Parameter(quantized.t(), requires_grad=False)
+    layer.weight_scale = nn.Parameter(torch.full((1,), 1e-3), requires_grad=False)
+    return layer
+
+
+def test_fp8_weights_are_drawn_like_bf16_ones_and_stored_with_their_scale():
+    model = nn.Module()
+    model.proj = fp8_linear()
+    summary = hf_like_init(model, HFLikeInit(std=0.02, seed=0))
+    weight, scale = model.proj.weight, model.proj.weight_scale
+    assert weight.dtype == torch.float8_e4m3fn and summary["fp8_weights"] == 1 and not summary["unknown"]
+    dequantized = weight.float() * scale
+    assert 0.015 < dequantized.std().item() < 0.025
+    # the largest draw lands on the format's largest value: the scale is the tensor's own
+    assert weight.float().abs().max().item() == torch.finfo(torch.float8_e4m3fn).max
+    assert scale.item() == pytest.approx(dequantized.abs().max().item() / 448.0)
+    again = nn.Module()
+    again.proj = fp8_linear()
+    hf_like_init(again, HFLikeInit(std=0.02, seed=0))
+    assert torch.equal(again.proj.weight.float(), weight.float())  # seeded per tensor, like the rest
+
+
+def test_a_weight_scale_without_an_fp8_weight_has_no_rule():
+    layer = type("RowParallelLinear", (nn.Module,), {})()
+    layer.weight = nn.Parameter(torch.zeros(4, 4))
+    layer.weight_scale = nn.Parameter(torch.ones(1))
+    assert init_rule(layer, "weight_scale") is None
+    assert init_rule(fp8_linear(), "weight_scale") == "scale"

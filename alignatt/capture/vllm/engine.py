@@ -50,7 +50,12 @@ def engine_options(mode: str) -> dict:
                 "compilation_config": {"mode": 0, "cudagraph_mode": "FULL",
                                        "max_cudagraph_capture_size": FULLGRAPH_MAX_TOKENS}}
     if mode == "compiled":
-        return {"enforce_eager": False}  # vLLM's default: torch.compile + CUDA graphs
+        # torch.compile (inductor fuses the norms, activations and residual adds that are a third
+        # of a step's kernels) under the same full graphs for every step as fullgraph. vLLM's own
+        # default would replay mixed steps piecewise, with attention eager between the pieces.
+        return {"enforce_eager": False, "max_num_batched_tokens": FULLGRAPH_MAX_TOKENS,
+                "compilation_config": {"mode": 3, "cudagraph_mode": "FULL",
+                                       "max_cudagraph_capture_size": FULLGRAPH_MAX_TOKENS}}
     raise AlignattError(f"unknown vllm_mode {mode!r}: use one of {', '.join(VLLM_MODES)}")
 
 
@@ -73,6 +78,9 @@ class VllmEngineConfig(BaseModel):
     verify: bool = Field(False, description="verify each request's proposal (the session's previous draft) with "
                                             "vLLM's speculative decoding; off: no speculative config at all")
     verify_tokens: int = Field(15, ge=1, description="draft tokens one verifying step scores per request")
+    quantization: Optional[Literal["fp8"]] = Field(
+        None, description="vLLM's online weight quantization (fp8: per-tensor FP8 weights, half the bytes a "
+                          "step reads); the captured rows are then the quantized model's own attention")
     settle_every: int = Field(3, ge=1, description="tokens between two reads of a settling draft's rows so far "
                                                    "(request.settle: stop once the policy's answer is known)")
     capture: bool = True
@@ -113,6 +121,8 @@ class VllmEngineConfig(BaseModel):
             language_model_only=True,
             **engine_options(self.vllm_mode),
         )
+        if self.quantization is not None:
+            args["quantization"] = self.quantization
         if spec.attention_backend is not None:
             args["attention_backend"] = spec.attention_backend
         if self.async_scheduling is not None:

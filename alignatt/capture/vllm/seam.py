@@ -15,8 +15,9 @@ How (see docs/cudagraph-capture.md for why):
   after the next step is queued behind it.
 
 Modes: `eager` (enforce_eager), `cudagraph` (full decode CUDA graphs, no torch.compile: the
-bit-exact scored mode) and `compiled` (vLLM's default torch.compile + graphs). Everything
-vLLM-specific is imported lazily: this module imports on a CPU machine without vLLM.
+bit-exact scored mode), `fullgraph` (full graphs for every step: the served mode) and `compiled`
+(torch.compile under fullgraph's graphs); `quantization="fp8"` runs any of them on FP8 weights.
+Everything vLLM-specific is imported lazily: this module imports on a CPU machine without vLLM.
 
 Synthetic weights (`gemma4-e4b-synthetic`): vLLM's dummy loader makes Gemma-4's activations
 vanish with depth, so right after the model loads (before the KV cache and any graph) the
@@ -470,6 +471,7 @@ class VllmCaptureSeam:
             "max_num_seqs": self.config.max_num_seqs,
             "enable_prefix_caching": self.config.enable_prefix_caching,
             "batch_invariant": self.config.batch_invariant,
+            "quantization": self.config.quantization,
             "verify": self.config.verify,
             "verify_tokens": self.config.verify_tokens if self.config.verify else None,
             "settle_every": self.config.settle_every,  # used by requests with a settle rule only
