@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from alignatt.cli.app import app, scratch_out
+from alignatt.checks.vllm_checks import ALL_CHECKS, PARTS
 
 
 # ---- pipeline: env, bench, report, audit (alignatt.record.provenance / bench / report / audit) ----
@@ -239,13 +240,11 @@ def attest_cmd(
 
 @app.command("check-vllm")
 def check_vllm_cmd(
-    check: str = typer.Argument("all", help="all, or one check: demo, exact, parity, speed, compiled_reduced, "
-                                "compiled, speed_compiled, exact_fullgraph"),
+    check: str = typer.Argument("all", help=f"all, or one check: {', '.join(ALL_CHECKS)}"),
     out: Path = typer.Option(..., "--out", help="the JSON artifact to write"),
     only: str = typer.Option("", "--only", help="with 'all': a comma-separated subset"),
-    part: str = typer.Option(None, "--part", help="with 'all': a (demo..compiled_reduced) or b (compiled, speed_compiled, "
-                             "exact_fullgraph), "
-                             "each fitting one ~9-minute GPU call"),
+    part: str = typer.Option(None, "--part", help=f"with 'all': a ({', '.join(PARTS['a'])}) or b "
+                             f"({', '.join(PARTS['b'])}), each fitting one ~9-minute GPU call"),
     workdir: str = typer.Option(None, "--workdir", envvar="ALIGNATT_CHECKS_WORKDIR",
                                 help="scratch dir shared by the checks (part b reads part a's eager drafts)"),
     tokens: int = typer.Option(20, "--tokens"),
