@@ -356,12 +356,24 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
     # configuration runs in a child of its own.
     isolate = seam_factory is None and options.seam == VLLM_CAPTURE and (len(configurations) > 1 or want_cost)
     runs: list[dict] = []
+    failed: list[str] = []
     for i, configuration in enumerate(configurations):
         levels = options if i == 0 else options.for_later_configurations()
         payload = {"options": levels.model_dump(), "configuration": configuration.model_dump()}
-        runs.append(run_in_child("alignatt.measure.capacity:configuration_in_child", payload,
-                                 f"load ({configuration.label()})")
-                    if isolate else run_configuration(levels, configuration, seam_factory))
+        if not isolate:
+            runs.append(run_configuration(levels, configuration, seam_factory))
+            continue
+        try:
+            runs.append(run_in_child("alignatt.measure.capacity:configuration_in_child", payload,
+                                     f"load ({configuration.label()})"))
+        except Exception as e:  # noqa: BLE001 - a later configuration's failure is recorded, not raised
+            if i == 0:  # the one the others are compared with
+                raise
+            failed.append(f"{configuration.label()}: {type(e).__name__}: {_first_line(e)}")
+            print(f"load ({configuration.label()}) failed: {e}", file=sys.stderr, flush=True)
+    if failed:  # the artifact holds what ran; what did not is named in it
+        configurations = [c for c in configurations if not any(f.startswith(f"{c.label()}: ") for f in failed)]
+        modes = [c.label() for c in configurations]
     for r in runs[1:]:  # one speaker alone on each later configuration against the first
         difference = configuration_difference(runs[0]["alone"], r["alone"])
         for lv in r["levels"]:
@@ -403,7 +415,7 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
             got = (run_in_child("alignatt.measure.capacity:verify_equality_in_child", payload,
                                 f"verify equality ({mode})") if seam_factory is None else verify_equality_in_child(payload))
         except Exception as e:  # noqa: BLE001 - said in the artifact and on stderr
-            equality_failed.append(f"{mode}: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+            equality_failed.append(f"{mode}: {type(e).__name__}: {_first_line(e)}")
             print(f"verify equality ({mode}) failed: {e}", file=sys.stderr, flush=True)
             continue
         equality.append({**got, "vllm_mode": mode})
@@ -434,6 +446,7 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
         capture_cost_note=note,
         verify_equality=[VerifyEquality(**e) for e in equality],
         verify_equality_note="; ".join(f"failed for {f}" for f in equality_failed),
+        configurations_failed=failed,
     )
     if out is not None:
         write_artifact(out, artifact)
@@ -442,6 +455,10 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
     if plot is not None:
         write_plot(plot, artifact)
     return artifact
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).splitlines()[0][:300] if str(error) else ""
 
 
 def write_metrics(path: str | Path, artifact) -> None:

@@ -132,6 +132,12 @@ def verify_equality_notes(inputs: ReportInputs) -> list[str]:
             if a.verify_equality_note]
 
 
+def configuration_failure_notes(inputs: ReportInputs) -> list[str]:
+    """A load run with a configuration that did not run to its end: where, which, and why."""
+    return [f"`{rel}`: {'; '.join(a.configurations_failed)}"
+            for rel, a in sorted(inputs.of_kind("load"), key=lambda t: t[0]) if a.configurations_failed]
+
+
 # A capacity target's bounds (params.yaml report.capacity_targets): the level's field, its label, unit, digits.
 TARGET_BOUNDS = {"rtt_p50_ms": ("partial_rtt_ms_p50", "RTT p50", "ms", 0),
                  "rtt_p95_ms": ("partial_rtt_ms_p95", "RTT p95", "ms", 0),

@@ -21,7 +21,8 @@ from alignatt.record.artifacts import BENCH_FILE, measured_on_gpu
 from alignatt.report import capacity, figures as bench_figures, speech, step_anatomy
 from alignatt.measure.load_configurations import LoadConfiguration, served_default_label
 from alignatt.report.capacity import (capacity_rows, capacity_targets, capture_cost_rows, prefix_cache_rows,
-                                      verification_rows, verify_equality_notes, verify_equality_rows)
+                                      verification_rows, verify_equality_notes, verify_equality_rows,
+                                      configuration_failure_notes)
 from alignatt.report.figures import FIGURES_DIR, Figure, FigureFunction, render_figures
 from alignatt.report.inputs import ReportInputs, collect_inputs, relative
 from alignatt.report.measurements import eager_comparisons, measurement_items
@@ -328,6 +329,7 @@ def build_context(inputs: ReportInputs, figures: list[Figure] | None = None) -> 
         verification=verification_rows(inputs),
         verify_equality=verify_equality_rows(inputs),
         verify_equality_notes=verify_equality_notes(inputs),
+        configuration_failure_notes=configuration_failure_notes(inputs),
         capacity_targets=capacity_targets(inputs),
         prefix_cache=prefix_cache_rows(inputs),
         served_default=served_default_label(),

@@ -701,3 +701,36 @@ def test_a_level_that_fails_closes_its_progress_line(tmp_path, short_stream, mon
     with pytest.raises(RuntimeError, match="speakers lost"):
         run_load(options, None, seam_factory=lambda route, heads: seam)
     assert not [t.name for t in threading.enumerate() if t.name.startswith("progress:load") and t.is_alive()]
+
+
+def test_a_later_configuration_that_fails_is_named_and_the_others_stand(tmp_path, short_stream, monkeypatch):
+    """Each configuration runs in a child of its own; one after the first that dies (an engine that
+    does not start) is recorded by label and error, and the run keeps the levels of the rest."""
+    import alignatt.record.isolated as isolated
+    from alignatt.measure.capacity import run_configuration
+
+    def child(target, payload, what):
+        configuration = LoadConfiguration.model_validate(payload["configuration"])
+        if configuration.quantization:
+            raise RuntimeError(f"{what} exited with 1\nTraceback ...")
+        return run_configuration(LoadOptions.model_validate(payload["options"]), configuration,
+                                 lambda route, heads: StandInBatchSeam(max_batch=8, steps_for=lambda r: 2, step_s=0.002))
+
+    monkeypatch.setattr(isolated, "run_in_child", child)
+    options = LoadOptions(seam="vllm_capture", configurations=["vllm_mode=fullgraph", "vllm_mode=fullgraph,quantization=fp8",
+                                                               "vllm_mode=compiled"],
+                          speakers="1", streams=[short_stream], speed=3.0, stagger_s=0.0, capture_cost="off")
+    site = tmp_path / "site"
+    artifact = run_load(options, site / "outputs" / "h200" / "load.json")
+    assert artifact.config.vllm_modes == ["fullgraph", "compiled"]
+    assert [lv.vllm_mode for lv in artifact.levels] == ["fullgraph", "compiled"]
+    assert artifact.configurations_failed == ["fullgraph+fp8: RuntimeError: load (fullgraph+fp8) exited with 1"]
+    text, _ = render_site(site)
+    assert ("A configuration did not run to its end, and has no rows, in `outputs/h200/load.json`: "
+            "fullgraph+fp8: RuntimeError") in " ".join(text.split())
+    # the first is what the others are compared with: its failure fails the run
+    first_fails = options.model_copy(update={"configurations": [LoadConfiguration(vllm_mode="fullgraph", quantization="fp8"),
+                                                                LoadConfiguration(vllm_mode="fullgraph")]})
+    with pytest.raises(RuntimeError, match="exited with 1"):
+        run_load(first_fails, tmp_path / "x.json")
+    assert not (tmp_path / "x.json").exists()

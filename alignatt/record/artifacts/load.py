@@ -228,6 +228,9 @@ class LoadArtifact(_Artifact):
     capture_cost_note: str = ""  # why it is empty (CPU, not vllm_capture) or how it was measured
     verify_equality: list[VerifyEquality] = Field(default_factory=list)  # per configuration with verification on
     verify_equality_note: str = ""  # a configuration whose count failed, and why
+    # A configuration after the first that stopped before its levels ended ("label: error"): the levels
+    # are those of the configurations that ran.
+    configurations_failed: list[str] = Field(default_factory=list)
 
 
 class SoakRecord(SoakOptions):
