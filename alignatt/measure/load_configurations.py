@@ -2,7 +2,7 @@
 
 A `LoadConfiguration` holds the fields of `serve/config.py:ServerConfig` that one configuration
 sets (the vLLM mode, settling, the engine in a process of its own, engine processes sharing the GPU,
-verified re-drafts, batch-invariant kernels, FP8 weights); `server_config` gives the server it stands for.
+verified re-drafts, batch-invariant kernels, FP8 weights, how often a settling draft's rows are read); `server_config` gives the server it stands for.
 params.yaml lists them as mappings (`profiles.*.load.configurations`); a command line gives each as
 `--configurations key=value,...` (or a JSON object). Its label (`fullgraph+settle2+process`) is
 derived from it (`label`) and names it in the artifact and on the page; `from_label` reads the
@@ -29,6 +29,7 @@ DEFAULT_MODE = "default"
 OWN_PROCESS_FLAG = "process"
 ENGINES_FLAG = re.compile(r"engines([1-9][0-9]*)")
 SETTLE_FLAG = re.compile(r"settle([0-9]+)")
+EVERY_FLAG = re.compile(r"every([1-9][0-9]*)")
 EXAMPLE = "vllm_mode=fullgraph,settle_buffer_tokens=2,own_process=true"
 
 
@@ -50,6 +51,8 @@ class LoadConfiguration(BaseModel):
     verify: bool = Field(False, description="vllm_capture: verified re-drafts (the session's previous draft as "
                                             "vLLM's speculative proposer)")
     batch_invariant: bool = Field(False, description="vllm_capture: vLLM's batch-invariant kernels")
+    settle_every: int | None = Field(None, ge=1, description="vllm_capture: tokens between two reads of a settling "
+                                                             "draft's rows (None: the engine's default)")
     quantization: str | None = Field(None, description="vllm_capture: vLLM's online weight quantization "
                                                        f"({', '.join(VLLM_QUANTIZATIONS)}; None: the model's dtype)")
 
@@ -81,12 +84,13 @@ class LoadConfiguration(BaseModel):
 
     def flags(self) -> list[str]:
         """The label's flags, in the order labels have always been written (settle, process, engines,
-        verify, batch_invariant, then the quantization)."""
+        verify, batch_invariant, then the quantization and the settle reads' period)."""
         return ([f"settle{self.settle_buffer_tokens}"] if self.settle_buffer_tokens is not None else []) + \
             ([OWN_PROCESS_FLAG] if self.own_process else []) + \
             ([f"engines{self.engines}"] if self.engines is not None else []) + \
             (["verify"] if self.verify else []) + (["batch_invariant"] if self.batch_invariant else []) + \
-            ([self.quantization] if self.quantization else [])
+            ([self.quantization] if self.quantization else []) + \
+            ([f"every{self.settle_every}"] if self.settle_every is not None else [])
 
     def label(self) -> str | None:
         """Its name in the artifact and on the page: `mode[+flag...]` (None: the seam's default, unchanged)."""
@@ -99,7 +103,8 @@ class LoadConfiguration(BaseModel):
         """What it changes in the route's seam options (the engine's)."""
         return ({"vllm_mode": self.vllm_mode} if self.vllm_mode else {}) | \
             ({"verify": True} if self.verify else {}) | ({"batch_invariant": True} if self.batch_invariant else {}) | \
-            ({"quantization": self.quantization} if self.quantization else {})
+            ({"quantization": self.quantization} if self.quantization else {}) | \
+            ({"settle_every": self.settle_every} if self.settle_every is not None else {})
 
     def plain_engine(self) -> "LoadConfiguration":
         """Its engine alone (mode, batch-invariant kernels, quantization): what the capture cost
@@ -125,15 +130,16 @@ class LoadConfiguration(BaseModel):
         mode, *flags = [part.strip() for part in label.split("+")]
         fields: dict[str, Any] = {} if mode == DEFAULT_MODE else {"vllm_mode": mode}
         for flag in flags:
-            settle, engines = SETTLE_FLAG.fullmatch(flag), ENGINES_FLAG.fullmatch(flag)
+            settle, engines, every = SETTLE_FLAG.fullmatch(flag), ENGINES_FLAG.fullmatch(flag), EVERY_FLAG.fullmatch(flag)
             key, value = (("settle_buffer_tokens", int(settle[1])) if settle else ("engines", int(engines[1])) if engines
+                          else ("settle_every", int(every[1])) if every
                           else ("own_process", True) if flag == OWN_PROCESS_FLAG
                           else (flag, True) if flag in ("verify", "batch_invariant")
                           else ("quantization", flag) if flag in VLLM_QUANTIZATIONS else (None, None))
             if key is None:
                 raise AlignattError(f"unknown configuration flag {flag!r} in {label!r}: use settle<N>, "
-                                    f"{OWN_PROCESS_FLAG}, engines<N>, verify, batch_invariant or "
-                                    f"{' or '.join(VLLM_QUANTIZATIONS)}")
+                                    f"{OWN_PROCESS_FLAG}, engines<N>, verify, batch_invariant, "
+                                    f"{', '.join(VLLM_QUANTIZATIONS)} or every<N>")
             if key in fields:
                 raise AlignattError(f"configuration {label!r} names {key} twice")
             fields[key] = value
