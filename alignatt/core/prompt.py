@@ -46,13 +46,23 @@ class ContextConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     history_pairs: int = Field(3, ge=0, description="earlier [source, target] turns in the prompt (0: none)")
+    history_window: Literal["sliding", "chunked"] = Field(
+        "sliding", description="sliding: the last history_pairs turns, so each closed utterance shifts them all "
+                               "and the prompt after the instructions is new to the engine's prefix cache; "
+                               "chunked: turns accumulate to 2 x history_pairs - 1, then the last history_pairs "
+                               "stay, so between two cuts a closed utterance only appends to the prompt")
     max_context_chars: int = Field(2000, ge=0, description="longer context_text is refused")
     max_history_entry_chars: int = Field(1000, ge=1, description="longer history texts are refused")
 
 
 def recent_history(history: list[tuple[str, str]], config: ContextConfig) -> list[tuple[str, str]]:
-    """The last `history_pairs` turns (oldest first); 0 keeps none."""
-    return [tuple(p) for p in history[-config.history_pairs:]] if config.history_pairs else []
+    """The turns a prompt holds (oldest first), by `history_window`: the last `history_pairs`, or,
+    chunked, all of them up to 2 x history_pairs - 1 and the last `history_pairs` past that; 0 keeps none."""
+    pairs = config.history_pairs
+    if not pairs:
+        return []
+    keep = pairs if config.history_window == "sliding" or len(history) > 2 * pairs - 1 else len(history)
+    return [tuple(p) for p in history[max(len(history) - keep, 0):]]
 
 
 # Few-shot pairs for base models, keyed by (source, target) language; other pairs go zero-shot.

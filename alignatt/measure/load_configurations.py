@@ -2,7 +2,8 @@
 
 A `LoadConfiguration` holds the fields of `serve/config.py:ServerConfig` that one configuration
 sets (the vLLM mode, settling, the engine in a process of its own, engine processes sharing the GPU,
-verified re-drafts, batch-invariant kernels, FP8 weights, how often a settling draft's rows are read); `server_config` gives the server it stands for.
+verified re-drafts, batch-invariant kernels, FP8 weights, how often a settling draft's rows are read,
+the prompt's history window); `server_config` gives the server it stands for.
 params.yaml lists them as mappings (`profiles.*.load.configurations`); a command line gives each as
 `--configurations key=value,...` (or a JSON object). Its label (`fullgraph+settle2+process`) is
 derived from it (`label`) and names it in the artifact and on the page; `from_label` reads the
@@ -21,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from alignatt.capture.names import VLLM_CAPTURE, VLLM_MODES, VLLM_QUANTIZATIONS
 from alignatt.core.errors import AlignattError
+from alignatt.core.prompt import ContextConfig
 from alignatt.core.options import one_line
 from alignatt.serve.config import DirectionRoute, EngineCount, ReplicaConfig, ServerConfig
 
@@ -30,6 +32,7 @@ OWN_PROCESS_FLAG = "process"
 ENGINES_FLAG = re.compile(r"engines([1-9][0-9]*)")
 SETTLE_FLAG = re.compile(r"settle([0-9]+)")
 EVERY_FLAG = re.compile(r"every([1-9][0-9]*)")
+CHUNKED_FLAG = "chunked"
 EXAMPLE = "vllm_mode=fullgraph,settle_buffer_tokens=2,own_process=true"
 
 
@@ -53,6 +56,8 @@ class LoadConfiguration(BaseModel):
     batch_invariant: bool = Field(False, description="vllm_capture: vLLM's batch-invariant kernels")
     settle_every: int | None = Field(None, ge=1, description="vllm_capture: tokens between two reads of a settling "
                                                              "draft's rows (None: the engine's default)")
+    chunked_history: bool = Field(False, description="ContextConfig.history_window chunked: a closed utterance "
+                                                     "appends to the prompt's history until a cut (False: sliding)")
     quantization: str | None = Field(None, description="vllm_capture: vLLM's online weight quantization "
                                                        f"({', '.join(VLLM_QUANTIZATIONS)}; None: the model's dtype)")
 
@@ -84,13 +89,14 @@ class LoadConfiguration(BaseModel):
 
     def flags(self) -> list[str]:
         """The label's flags, in the order labels have always been written (settle, process, engines,
-        verify, batch_invariant, then the quantization and the settle reads' period)."""
+        verify, batch_invariant, then the quantization, the settle reads' period, the history window)."""
         return ([f"settle{self.settle_buffer_tokens}"] if self.settle_buffer_tokens is not None else []) + \
             ([OWN_PROCESS_FLAG] if self.own_process else []) + \
             ([f"engines{self.engines}"] if self.engines is not None else []) + \
             (["verify"] if self.verify else []) + (["batch_invariant"] if self.batch_invariant else []) + \
             ([self.quantization] if self.quantization else []) + \
-            ([f"every{self.settle_every}"] if self.settle_every is not None else [])
+            ([f"every{self.settle_every}"] if self.settle_every is not None else []) + \
+            ([CHUNKED_FLAG] if self.chunked_history else [])
 
     def label(self) -> str | None:
         """Its name in the artifact and on the page: `mode[+flag...]` (None: the seam's default, unchanged)."""
@@ -117,6 +123,9 @@ class LoadConfiguration(BaseModel):
         """The server it stands for: `route` with its seam options, its settling and engine processes;
         `engines` where it names none; `fields`: the rest of ServerConfig (host, port, limits, ...)."""
         route = route.model_copy(update={"seam_options": {**route.seam_options, **self.seam_options()}})
+        if self.chunked_history:
+            context = fields.pop("context", None) or ContextConfig()
+            fields["context"] = context.model_copy(update={"history_window": "chunked"})
         return ServerConfig(directions={direction: route}, engines=self.engines or engines,
                             replicas=ReplicaConfig(engines_per_gpu=self.engines or 1, own_process=self.own_process),
                             settle_buffer_tokens=self.settle_buffer_tokens, **fields)
@@ -134,12 +143,13 @@ class LoadConfiguration(BaseModel):
             key, value = (("settle_buffer_tokens", int(settle[1])) if settle else ("engines", int(engines[1])) if engines
                           else ("settle_every", int(every[1])) if every
                           else ("own_process", True) if flag == OWN_PROCESS_FLAG
+                          else ("chunked_history", True) if flag == CHUNKED_FLAG
                           else (flag, True) if flag in ("verify", "batch_invariant")
                           else ("quantization", flag) if flag in VLLM_QUANTIZATIONS else (None, None))
             if key is None:
                 raise AlignattError(f"unknown configuration flag {flag!r} in {label!r}: use settle<N>, "
                                     f"{OWN_PROCESS_FLAG}, engines<N>, verify, batch_invariant, "
-                                    f"{', '.join(VLLM_QUANTIZATIONS)} or every<N>")
+                                    f"{', '.join(VLLM_QUANTIZATIONS)}, every<N> or {CHUNKED_FLAG}")
             if key in fields:
                 raise AlignattError(f"configuration {label!r} names {key} twice")
             fields[key] = value

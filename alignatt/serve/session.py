@@ -188,8 +188,8 @@ class Session:
         self.config = config or SessionConfig()
         self.source_lang = source_lang
         self.target_lang = target_lang
-        # Both reach the prompt (outside the source region); the prompt gets the last
-        # `context.history_pairs` turns, which is what a reconnecting client sends back.
+        # Both reach the prompt (outside the source region); the prompt gets the turns
+        # `context` keeps (`recent_history`), which is what a reconnecting client sends back.
         self.history: list[tuple[str, str]] = [tuple(p) for p in history or []]
         self.context_text = context_text
         self.budget = budget  # counts prompt tokens; None: no token bounds (tests, offline use)
@@ -373,8 +373,8 @@ class Session:
 
     def _remember(self, source: str, target: str) -> None:
         """Record a closed utterance; only the turns a prompt can use are kept."""
-        self.history.append((source, target))
-        del self.history[: -max(self.config.context.history_pairs, 1)]
+        self.history = recent_history(self.history + [(source, target)], self.config.context) or \
+            [(source, target)]
 
     def _check_order(self, utterance_id: int | None) -> None:
         open_id = self._open.utterance_id

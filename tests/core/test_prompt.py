@@ -229,3 +229,46 @@ def test_a_preparer_travels_between_processes_and_bounds_the_engine_positions():
     assert exact(request) == built
     with pytest.raises(AlignattError, match="exceeds max_model_len"):
         PromptPreparer(TOKENIZER, len(built.input_ids) + request.max_new_tokens - 1)(request)
+
+
+# ---- the history window and the engine's prefix cache ----
+
+TURNS = [(f"Sentence number {i} is here.", f"Satz Nummer {i} ist hier.") for i in range(8)]
+
+
+@pytest.mark.parametrize("window,kept", [
+    ("sliding", [1, 2, 3, 3, 3, 3, 3, 3]),
+    ("chunked", [1, 2, 3, 4, 5, 3, 4, 5]),  # 2 x 3 - 1 = 5 at most, then back to the last 3
+])
+def test_the_history_window_keeps_the_newest_turns(window, kept):
+    """What a session keeps after each closed utterance (`Session._remember`): the newest turns."""
+    from alignatt.core.prompt import ContextConfig, recent_history
+
+    config = ContextConfig(history_pairs=3, history_window=window)
+    history: list = []
+    for n, k in enumerate(kept):
+        history = recent_history(history + [TURNS[n]], config)
+        assert history == TURNS[n + 1 - k:n + 1], n
+    assert recent_history(TURNS, ContextConfig(history_pairs=0, history_window=window)) == []
+
+
+def test_a_chunked_history_keeps_the_earlier_prompt_as_the_next_ones_prefix():
+    """A closed utterance joins the history. Sliding, the oldest turn goes, and the next prompt
+    differs from the last one right after the instructions: its whole history is new to the
+    prefix cache. Chunked, until a cut, the next prompt starts with the last one's history."""
+    from alignatt.core.prompt import ContextConfig, recent_history
+
+    def served(history, window):
+        kept = recent_history(history, ContextConfig(history_pairs=3, history_window=window))
+        return build_prompt(TOKENIZER, DraftRequest(source_words="and then more".split(), committed_words=3,
+                                                    history=kept))
+
+    for window in ("sliding", "chunked"):
+        before, after = served(TURNS[:3], window), served(TURNS[:4], window)
+        shared = next(i for i, (x, y) in enumerate(zip(before.input_ids, after.input_ids)) if x != y)
+        new_history = [p for p in after.history_token_positions if p >= shared]
+        if window == "chunked":  # the three earlier turns are served; only the fourth is new
+            assert shared > max(before.history_token_positions)
+            assert len(new_history) < len(after.history_token_positions) / 3
+        else:
+            assert len(new_history) > 0.8 * len(after.history_token_positions)  # all but a shared opening

@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from alignatt.core.errors import AlignattError
+from alignatt.core.prompt import ContextConfig
 from alignatt.measure.capacity import LoadOptions, resolve_streams, run_load
 from alignatt.measure.capacity_levels import summarise_level
 from alignatt.measure.load_configurations import LoadConfiguration
@@ -532,8 +533,8 @@ def test_an_engine_profile_dir_profiles_each_engine_process_over_each_level(shor
 
 def test_a_configuration_and_its_label_round_trip_as_artifacts_have_always_named_it():
     every = LoadConfiguration(vllm_mode="fullgraph", settle_buffer_tokens=2, own_process=True, engines=4, verify=True,
-                              batch_invariant=True, quantization="fp8", settle_every=1)
-    assert every.label() == "fullgraph+settle2+process+engines4+verify+batch_invariant+fp8+every1"
+                              batch_invariant=True, quantization="fp8", settle_every=1, chunked_history=True)
+    assert every.label() == "fullgraph+settle2+process+engines4+verify+batch_invariant+fp8+every1+chunked"
     assert LoadConfiguration.from_label(every.label()) == every
     # FP8 weights reach the engine's options, and the capture cost's engines keep them
     assert every.seam_options()["quantization"] == "fp8" and every.plain_engine().quantization == "fp8"
@@ -581,6 +582,9 @@ def test_a_configuration_is_the_server_it_sets():
     assert (cfg.settle_buffer_tokens, cfg.engines, cfg.replicas.engines_per_gpu, cfg.port) == (2, 2, 2, 0)
     alone = LoadConfiguration(own_process=True).server_config(route, engines="auto")
     assert (alone.engines, alone.replicas.own_process, alone.settle_buffer_tokens) == ("auto", True, None)
+    chunked = LoadConfiguration(chunked_history=True).server_config(route, context=ContextConfig(history_pairs=2))
+    assert (chunked.context.history_window, chunked.context.history_pairs) == ("chunked", 2)
+    assert LoadConfiguration().server_config(route).context.history_window == "sliding"
 
 
 def test_a_settle_flag_gives_every_session_of_its_configuration_the_buffer(short_stream):

@@ -74,6 +74,20 @@ def test_context_and_history_reach_every_draft_and_the_final_closes_into_history
         assert nxt.history[-1][0] == " ".join(SRC) and nxt.history[-1][1].endswith("W6:once.")
 
 
+def test_a_chunked_history_grows_by_whole_utterances_and_is_cut_back_to_the_bound(tmp_path):
+    """history_window chunked: the closed utterances accumulate (the prompt only grows at its end, so
+    the engine's prefix cache serves the earlier turns) up to 2 x history_pairs - 1, then the newest
+    history_pairs stay."""
+    with server(tmp_path, history_pairs=2, history_window="chunked") as srv, Client(srv.url) as c:
+        c.init()
+        for utterance in range(5):
+            c.ask([f"w{utterance}", "end."], final=True, utterance_id=utterance)
+        turns = [len(r.history) for r in srv.factory.seams[0].requests]
+        assert turns == [0, 1, 2, 3, 2]
+        last = srv.factory.seams[0].requests[-1].history
+        assert [t[0] for t in last] == ["w2 end.", "w3 end."]
+
+
 # ---- several targets (opt-in) ----
 
 def test_plain_v1_client_sees_no_target_fields(tmp_path):
