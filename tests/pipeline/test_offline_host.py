@@ -22,6 +22,7 @@ pytestmark = pytest.mark.skipif(shutil.which("git") is None or shutil.which("set
 # `stopped` fails after resetting the workspace, as `dvc exp run` does when it is stopped part-way
 FAKE_DVC = """#!/bin/bash
 printf '%s\\n' "$@"  # to the stage's log: the options it was given, one a line
+sed 's/^/params: /' params.yaml; echo "x: 1" >> params.yaml  # as `dvc exp run -S` leaves its change
 args=("$@"); for i in "${!args[@]}"; do [ "${args[$i]}" = -s ] && stage="${args[$((i + 1))]}"; done
 if [ "$stage" = stopped ]; then git checkout -q -- outputs; git clean -fdq outputs; exit 143; fi
 echo "$stage" > "outputs/h200/$stage.json"; echo sig > "outputs/run-records/$stage.intoto.jsonl.sig"
@@ -39,6 +40,7 @@ def _host(tmp_path: Path) -> Path:
     (checkout / "outputs/h200/eval_instances/row/instances.log").write_text("the same after the run")
     (checkout / "outputs/h200/old.json").write_text("old")
     (checkout / "outputs/h200/gone.json").write_text("gone")
+    (checkout / "params.yaml").write_text("profile: cpu\n")
     git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
     subprocess.run(["git", "init", "-q"], cwd=checkout, check=True)
     subprocess.run(["git", "add", "-A"], cwd=checkout, check=True)
@@ -61,8 +63,8 @@ def test_stages_run_in_order_detached_and_collect_brings_back_records_with_signa
             break
         time.sleep(0.1)
     lines = [line.split()[:-1] for line in log.read_text().splitlines()]  # less the time
-    assert lines[:6] == [["start", "bad"], ["exit", "bad", "1"], ["start", "good"], ["exit", "good", "0"],
-                         ["start", "stopped"], ["exit", "stopped", "143"]]
+    assert lines[:6] == [["start", "bad", "->", "bad.log"], ["exit", "bad", "1"], ["start", "good", "->", "good.log"],
+                         ["exit", "good", "0"], ["start", "stopped", "->", "stopped.log"], ["exit", "stopped", "143"]]
     assert not (prefix / "checkout/outputs/h200/good.json").exists()  # the workspace was reset
     out = tmp_path / "back.tgz"
     subprocess.run(["bash", str(SCRIPTS / "collect.sh"), str(out)], env=env, check=True, capture_output=True)
@@ -85,9 +87,25 @@ def test_a_stage_may_carry_more_dvc_options_in_shell_quoting(tmp_path):
             break
         time.sleep(0.1)
     assert "exit good 0" in log.read_text()
-    assert (prefix / "logs" / "good.log").read_text().splitlines() == [
+    assert (prefix / "logs" / "good.log").read_text().splitlines()[:10] == [
         "exp", "run", "-S", "profile=h200", "-s", "good", "-S", "profiles.h200.load.configurations=[{a: 1}, {b: 2}]",
         "-S", "profiles.h200.load.speakers=128"]
+
+
+def test_a_stage_run_twice_keeps_both_logs_and_each_starts_from_the_commits_params(tmp_path):
+    prefix = _host(tmp_path)
+    env = {**os.environ, "PREFIX": str(prefix)}
+    subprocess.run(["bash", str(SCRIPTS / "stages.sh"), "good -S streams=smoke", "good"], env=env, check=True)
+    log = prefix / "logs" / "stages.log"
+    for _ in range(100):
+        if log.exists() and "done" in log.read_text():
+            break
+        time.sleep(0.1)
+    first, second = (prefix / "logs" / "good.log").read_text(), (prefix / "logs" / "good.2.log").read_text()
+    assert "streams=smoke" in first and "streams=smoke" not in second
+    # the first run changed params.yaml; the second saw the commit's, not the first's change
+    assert [line for line in second.splitlines() if line.startswith("params: ")] == ["params: profile: cpu"]
+    assert "-> good.2.log" in log.read_text()
 
 
 def test_stages_without_a_stage_is_a_usage_error(tmp_path):
