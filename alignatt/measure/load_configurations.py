@@ -18,7 +18,7 @@ import json
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from alignatt.capture.names import VLLM_CAPTURE, VLLM_MODES, VLLM_QUANTIZATIONS
 from alignatt.core.errors import AlignattError
@@ -73,18 +73,12 @@ class LoadConfiguration(BaseModel):
                 raise ValueError(f"unknown configuration key {unknown[0]!r}: use {', '.join(cls.model_fields)}")
         return value
 
-    @field_validator("vllm_mode")
+    @field_validator("vllm_mode", "quantization")
     @classmethod
-    def _mode(cls, value: str | None) -> str | None:
-        if value is not None and value not in VLLM_MODES:
-            raise ValueError(f"unknown vllm_mode {value!r}: use one of {', '.join(VLLM_MODES)}")
-        return value
-
-    @field_validator("quantization")
-    @classmethod
-    def _quantization(cls, value: str | None) -> str | None:
-        if value is not None and value not in VLLM_QUANTIZATIONS:
-            raise ValueError(f"unknown quantization {value!r}: use one of {', '.join(VLLM_QUANTIZATIONS)}")
+    def _known(cls, value: str | None, info: ValidationInfo) -> str | None:
+        known = {"vllm_mode": VLLM_MODES, "quantization": VLLM_QUANTIZATIONS}[info.field_name]
+        if value is not None and value not in known:
+            raise ValueError(f"unknown {info.field_name} {value!r}: use one of {', '.join(known)}")
         return value
 
     def flags(self) -> list[str]:
