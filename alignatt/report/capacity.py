@@ -219,7 +219,8 @@ def _setting_words(c: LoadConfiguration) -> list[str]:
         ([f"{c.engines} engine processes"] if c.engines is not None else []) + \
         (["verified re-drafts"] if c.verify else []) + (["batch-invariant kernels"] if c.batch_invariant else []) + \
         ([f"{c.quantization.upper()} weights"] if c.quantization else []) + \
-        ([f"rows read every {c.settle_every} tokens while settling"] if c.settle_every is not None else [])
+        ([f"rows read every {c.settle_every} tokens while settling"] if c.settle_every is not None else []) + \
+        (["chunked history"] if c.chunked_history else [])
 
 
 def configuration_words(artifact: Any, vllm_mode: str | None = None) -> str:
