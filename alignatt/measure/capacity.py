@@ -356,24 +356,23 @@ def run_load(options: LoadOptions, out: str | Path | None = "outputs/load.json",
     # configuration runs in a child of its own.
     isolate = seam_factory is None and options.seam == VLLM_CAPTURE and (len(configurations) > 1 or want_cost)
     runs: list[dict] = []
+    ran: list[LoadConfiguration] = []  # the artifact holds what ran; what did not is named in `failed`
     failed: list[str] = []
     for i, configuration in enumerate(configurations):
         levels = options if i == 0 else options.for_later_configurations()
         payload = {"options": levels.model_dump(), "configuration": configuration.model_dump()}
-        if not isolate:
-            runs.append(run_configuration(levels, configuration, seam_factory))
-            continue
         try:
             runs.append(run_in_child("alignatt.measure.capacity:configuration_in_child", payload,
-                                     f"load ({configuration.label()})"))
-        except Exception as e:  # noqa: BLE001 - a later configuration's failure is recorded, not raised
-            if i == 0:  # the one the others are compared with
+                                     f"load ({configuration.label()})")
+                        if isolate else run_configuration(levels, configuration, seam_factory))
+        except Exception as e:  # noqa: BLE001 - a later isolated configuration's failure is recorded, not raised
+            if i == 0 or not isolate:  # the first is the one the others are compared with
                 raise
             failed.append(f"{configuration.label()}: {type(e).__name__}: {_first_line(e)}")
             print(f"load ({configuration.label()}) failed: {e}", file=sys.stderr, flush=True)
-    if failed:  # the artifact holds what ran; what did not is named in it
-        configurations = [c for c in configurations if not any(f.startswith(f"{c.label()}: ") for f in failed)]
-        modes = [c.label() for c in configurations]
+            continue
+        ran.append(configuration)
+    configurations, modes = ran, [c.label() for c in ran]
     for r in runs[1:]:  # one speaker alone on each later configuration against the first
         difference = configuration_difference(runs[0]["alone"], r["alone"])
         for lv in r["levels"]:
