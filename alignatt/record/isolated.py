@@ -4,7 +4,9 @@ vLLM does not promise that a second engine starts cleanly in a process that ran 
 and the GPU checks run each engine in its own process for that reason). A step that needs several
 engines one after another (the load benchmark's configurations, its capture cost) runs each part
 through `run_in_child`: the target is a module-level function that takes and returns plain JSON
-data; the child's log goes to this process's stderr, and a failed child raises with its exit code.
+data; the child's log goes to this process's stderr, and a failed child raises with its exit code
+and its own error's last line (the child writes it beside OUT_JSON, so it survives a log that a
+later run overwrites: the artifact that records the failure names its cause).
 
     python -m alignatt.record.isolated MODULE:FUNCTION IN_JSON OUT_JSON
 
@@ -23,6 +25,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -104,8 +107,19 @@ def run_in_child(target: str, payload: dict, what: str) -> Any:
         given.write_text(json.dumps(payload), encoding="utf-8")
         done = run_module("alignatt.record.isolated", target, str(given), str(out))
         if done.code != 0 or not out.exists():
-            raise AlignattError(f"{what} failed in its own process (exit {done.code}; its log is above)")
+            cause = _error_path(out)
+            said = f": {cause.read_text(encoding='utf-8')}" if cause.exists() else ""
+            raise AlignattError(f"{what} failed in its own process (exit {done.code}; its log is above){said}")
         return json.loads(out.read_text(encoding="utf-8"))
+
+
+def _error_path(out: Path) -> Path:
+    return out.with_name(out.name + ".error")
+
+
+def _one_line(error: BaseException, limit: int = 400) -> str:
+    text = " ".join(f"{type(error).__name__}: {error}".split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,7 +131,12 @@ def main(argv: list[str] | None = None) -> int:
         result = resolve(args[0])(json.loads(Path(args[1]).read_text(encoding="utf-8")))
     except AlignattError as e:
         print(f"error: {e}", file=sys.stderr)
+        _error_path(Path(args[2])).write_text(_one_line(e), encoding="utf-8")
         return 2
+    except Exception as e:
+        traceback.print_exc()
+        _error_path(Path(args[2])).write_text(_one_line(e), encoding="utf-8")
+        return 1
     out = Path(args[2])
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(json.dumps(result), encoding="utf-8")

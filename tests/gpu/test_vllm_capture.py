@@ -46,6 +46,12 @@ def _run(name, check_args):
     return artifact["checks"][name]
 
 
+def _assert_self_consistent(result):
+    # A worker that failed leaves no self_consistency: show its error and traceback, not a KeyError.
+    assert "self_consistency" in result, json.dumps(result, indent=1)
+    assert result["self_consistency"]["status"] == "passed", json.dumps(result["self_consistency"], indent=1)
+
+
 def test_full_decode_graphs_match_eager_bit_for_bit_and_batches_keep_their_rows(check_args):
     result = _run("exact", check_args)
     cmp = result["cudagraph_vs_eager"]
@@ -69,13 +75,13 @@ def test_vllm_agrees_with_transformers_in_fp32_and_bf16_is_reported_against_its_
 
 def test_compiled_mode_is_self_consistent(check_args):
     result = _run("compiled", check_args)
-    assert result["self_consistency"]["status"] == "passed", json.dumps(result["self_consistency"], indent=1)
+    _assert_self_consistent(result)
     assert not result["draft_variety"]["degenerate"]
 
 
 def test_fp8_weights_are_self_consistent_in_the_served_mode(check_args):
     result = _run("fp8", check_args)
-    assert result["self_consistency"]["status"] == "passed", json.dumps(result["self_consistency"], indent=1)
+    _assert_self_consistent(result)
     assert not result["draft_variety"]["degenerate"]
     assert result["fp8"]["describe"]["quantization"] == "fp8"
     assert result["fp8"]["describe"]["synthetic_init_unknown"] == []  # every FP8 weight drawn, with its scale
@@ -83,4 +89,4 @@ def test_fp8_weights_are_self_consistent_in_the_served_mode(check_args):
 
 def test_compiled_mode_is_self_consistent_on_the_reduced_checkpoint(check_args):
     result = _run("compiled_reduced", check_args)
-    assert result["self_consistency"]["status"] == "passed", json.dumps(result["self_consistency"], indent=1)
+    _assert_self_consistent(result)

@@ -24,8 +24,10 @@ def test_the_step_runs_in_another_process_and_its_result_comes_back():
     assert got["value"] == 42 and got["pid"] != os.getpid()
 
 
-def test_a_failing_step_raises_with_its_name_and_exit_code():
-    with pytest.raises(AlignattError, match=r"load \(cudagraph\) failed in its own process \(exit 1"):
+def test_a_failing_step_raises_with_its_name_exit_code_and_cause():
+    # The cause travels in the error itself: the artifact that records the failure keeps it.
+    with pytest.raises(AlignattError, match=r"load \(cudagraph\) failed in its own process \(exit 1.*"
+                                            r"RuntimeError: the engine did not start$"):
         run_in_child("tests.record.test_isolated:fails", {}, "load (cudagraph)")
 
 
