@@ -2,7 +2,8 @@
 # Wheels for an offline GPU host (Python 3.12, x86_64) beside a vLLM bundle that already brings
 # vLLM, transformers, pydantic, FastAPI and torch's own stack: DVC, the report, the eval scorers,
 # the embedded model, the speech stack with WhisperLiveKit's server, pytest, numpy (the host's own
-# may be newer than the lock's numba takes), and uv (unpack.sh installs the rest with it). Versions
+# may be newer than the lock's numba takes), loguru (compressed-tensors imports it whenever vLLM
+# quantizes: the FP8 engine failed without it), and uv (unpack.sh installs the rest with it). Versions
 # are the GPU lock's (requirements/gpu.txt, nodeps.txt); a few pure-Python sdists are built here.
 # Usage: deploy/offline-host/wheels.sh DEST   (run from the checkout, on a machine with an index)
 set -euo pipefail
@@ -23,7 +24,7 @@ uvicorn python-multipart tiktoken numba llvmlite librosa soundfile lazy-loader p
 threadpoolctl decorator msgpack h11 httptools uvloop websockets platformdirs cffi pycparser
 pytest pluggy iniconfig hypothesis sortedcontainers attrs
 annotated-doc certifi charset-normalizer cryptography filelock fsspec idna networkx packaging pydantic-settings
-python-dotenv pyyaml requests setuptools tzlocal urllib3 typing-extensions numpy uv"
+python-dotenv pyyaml requests setuptools tzlocal urllib3 typing-extensions numpy uv loguru"
 sdists="antlr4-python3-runtime mosestokenizer docopt openfile uctools toolwrapper whisperlivekit textgrid"
 pin() { grep -i -E -o "^$1==[^ ]+" requirements/gpu.txt requirements/nodeps.txt | head -1 | cut -d: -f2; }
 wheels=() built=()
