@@ -129,14 +129,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         result = resolve(args[0])(json.loads(Path(args[1]).read_text(encoding="utf-8")))
-    except AlignattError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 - any failure is reported to the parent, in one line
+        expected = isinstance(e, AlignattError)
+        if expected:
+            print(f"error: {e}", file=sys.stderr)
+        else:
+            traceback.print_exc()
         _error_path(Path(args[2])).write_text(_one_line(e), encoding="utf-8")
-        return 2
-    except Exception as e:
-        traceback.print_exc()
-        _error_path(Path(args[2])).write_text(_one_line(e), encoding="utf-8")
-        return 1
+        return 2 if expected else 1
     out = Path(args[2])
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(json.dumps(result), encoding="utf-8")

@@ -12,7 +12,8 @@
   command's `--out`) and is signed with the host's key (`alignatt.record.signing`). Without a key
   it is written unsigned, with a warning, and the audit will not accept it.
 A command that writes nothing under `outputs/` (doctor, report) leaves no record. A re-run that
-writes the same bytes keeps the record it has (the env stage runs on every `dvc repro`).
+writes the same bytes keeps the record it has (the env stage runs on every `dvc repro`), unless the
+re-run can sign what was left unsigned: a fresh clone without a key keeps the signed record.
 In a container the journal is not passed in: every digest is then taken at exit.
 """
 
@@ -140,14 +141,14 @@ def seal(root: Path, args: list[str], profile: str, before: dict[Path, tuple[int
 
 
 def _same_run(path: Path, record: RunRecord, signed: bool) -> bool:
-    """An existing record of the same command over the same bytes (and as signed) stands."""
+    """An existing record of the same command over the same bytes stands, if it is signed or this
+    run could not sign either: an unsigned re-run never takes a signed record's place."""
     try:
         old, _ = read_record(path)
     except (OSError, AlignattError):
         return False
-    same_signing = signature_path(path).exists() == signed and old.predicate.signer == record.predicate.signer
     return (old.digests() == record.digests() and old.predicate.command == record.predicate.command
-            and same_signing)
+            and (signature_path(path).exists() or not signed))
 
 
 def record_run(cmd: list[str], env: dict[str, str], root: Path, params: dict[str, Any]) -> int:
@@ -178,7 +179,8 @@ def record_run(cmd: list[str], env: dict[str, str], root: Path, params: dict[str
             print(f"error: {e}", file=sys.stderr)
             return status or 2
     if path is not None:
-        how = f"signed by {signing_key.principal}" if signing_key else (
+        kept = read_record(path)[0].predicate.signer
+        how = f"signed by {kept.principal}" if kept else (
             "UNSIGNED: no signing key (set ALIGNATT_SIGNING_KEY, or make one: alignatt attest --new-key NAME); "
             "the audit will not accept it")
         print(f"run-stage: run record {_relative(root, path)} ({how})", file=sys.stderr, flush=True)

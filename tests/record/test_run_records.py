@@ -83,6 +83,12 @@ def test_a_stage_leaves_a_signed_record_of_every_file_it_wrote(project, key, mon
     before = path.read_bytes(), signature_path(path).read_bytes()
     assert _stage(project) == 0
     assert (path.read_bytes(), signature_path(path).read_bytes()) == before
+    # and so it does for a re-run with no key (a user's fresh clone): unsigned never replaces signed
+    monkeypatch.delenv(SIGNING_KEY_ENV)
+    capsys.readouterr()
+    assert _stage(project) == 0
+    assert (path.read_bytes(), signature_path(path).read_bytes()) == before
+    assert "signed by ci-ephemeral" in capsys.readouterr().err
 
 
 def test_without_a_key_the_record_is_unsigned_and_the_audit_says_so(project, capsys):
