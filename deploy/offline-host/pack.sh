@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # One carry for an offline GPU host: the vLLM bundle's parts, the wheels (wheels.sh), this
 # checkout's HEAD (`git archive`) and its commit, the packaged speech clips, in a tar split into
-# chunks small enough for one transfer each, with their SHA-256 list. ALIGNATT_SIGNING_KEY, if set,
+# chunks small enough for one transfer each, with their SHA-256 list, once carry_gaps.py finds no
+# requirement left unmet. ALIGNATT_SIGNING_KEY, if set,
 # travels too (the host signs its run records with it).
 # Usage: deploy/offline-host/pack.sh BUNDLE_DIR WHEELS_DIR OUT_DIR [CHUNK_MIB]
 set -euo pipefail
 bundle="${1:?usage: pack.sh BUNDLE_DIR WHEELS_DIR OUT_DIR [CHUNK_MIB]}" wheels="${2:?}" out="${3:?}" mib="${4:-56}"
+# a requirement neither carried nor named in not-carried.txt would surface on the host as an engine
+# that does not start, at the cost of a device session: refuse to pack it
+.venv/bin/python "$(dirname "$0")/carry_gaps.py" "$bundle" "$wheels"
 stage="$(mktemp -d)"; trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/ctl" "$out"
 cp -r "$bundle" "$stage/bundle"; cp -r "$wheels" "$stage/wheels"

@@ -3,8 +3,10 @@
 # vLLM, transformers, pydantic, FastAPI and torch's own stack: DVC, the report, the eval scorers,
 # the embedded model, the speech stack with WhisperLiveKit's server, pytest, numpy (the host's own
 # may be newer than the lock's numba takes), loguru (compressed-tensors imports it whenever vLLM
-# quantizes: the FP8 engine failed without it), and uv (unpack.sh installs the rest with it). Versions
+# quantizes: the FP8 engine failed without it), humming-kernels (vLLM's quantization module imports
+# it, and the FP8 check failed without it), and uv (unpack.sh installs the rest with it). Versions
 # are the GPU lock's (requirements/gpu.txt, nodeps.txt); a few pure-Python sdists are built here.
+# pack.sh checks that the bundle and these wheels leave no requirement unmet (carry_gaps.py).
 # Usage: deploy/offline-host/wheels.sh DEST   (run from the checkout, on a machine with an index)
 set -euo pipefail
 dest="${1:?usage: wheels.sh DEST}"
@@ -24,7 +26,8 @@ uvicorn python-multipart tiktoken numba llvmlite librosa soundfile lazy-loader p
 threadpoolctl decorator msgpack h11 httptools uvloop websockets platformdirs cffi pycparser
 pytest pluggy iniconfig hypothesis sortedcontainers attrs
 annotated-doc certifi charset-normalizer cryptography filelock fsspec idna networkx packaging pydantic-settings
-python-dotenv pyyaml requests setuptools tzlocal urllib3 typing-extensions numpy uv loguru"
+python-dotenv pyyaml requests setuptools tzlocal urllib3 typing-extensions numpy uv loguru
+humming-kernels nvidia-ml-py pyelftools tzdata"
 sdists="antlr4-python3-runtime mosestokenizer docopt openfile uctools toolwrapper whisperlivekit textgrid"
 pin() { grep -i -E -o "^$1==[^ ]+" requirements/gpu.txt requirements/nodeps.txt | head -1 | cut -d: -f2; }
 wheels=() built=()

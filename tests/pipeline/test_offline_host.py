@@ -1,13 +1,14 @@
 """The offline GPU host's stage runner and collector (deploy/offline-host): stages run in order,
 detached, a failed one does not stop the next, and what comes back holds each artifact's run record
 with its signature and each instance-log folder whole, never a deleted path, even after a later
-stage stopped part-way reset the workspace."""
+stage stopped part-way reset the workspace. And the carry is not packed with a requirement unmet."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -112,3 +113,46 @@ def test_stages_without_a_stage_is_a_usage_error(tmp_path):
     done = subprocess.run(["bash", str(SCRIPTS / "stages.sh")], env={**os.environ, "PREFIX": str(tmp_path)},
                           capture_output=True, text=True)
     assert done.returncode == 2 and "usage" in done.stderr
+
+
+def _dist(name: str, version: str, *requires: str) -> str:
+    return "".join([f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+                    *(f"Requires-Dist: {r}\n" for r in requires)])
+
+
+def _carry(tmp_path: Path, wheels: dict[str, str]) -> tuple[Path, Path]:
+    """A bundle (an xz tar in parts, as build-vllm-bundle.sh writes) holding vLLM, and a wheels folder."""
+    import io
+    import tarfile
+    import zipfile
+    site, bundle, folder = tmp_path / "site", tmp_path / "bundle", tmp_path / "wheels"
+    (site / "vllm-0.22.1.dist-info").mkdir(parents=True)
+    (site / "vllm-0.22.1.dist-info/METADATA").write_text(_dist(
+        "vllm", "0.22.1", "torch==2.11.0", "loguru", "bar>=2", "winonly; sys_platform == 'win32'", "x; extra == 'y'"))
+    bundle.mkdir()
+    tar = io.BytesIO()
+    with tarfile.open(fileobj=tar, mode="w") as t:
+        t.add(site, arcname=".")
+    packed = subprocess.run(["xz", "-c"], input=tar.getvalue(), capture_output=True, check=True).stdout
+    (bundle / "part0").write_bytes(packed[: len(packed) // 2])
+    (bundle / "part1").write_bytes(packed[len(packed) // 2:])
+    folder.mkdir()
+    for name, version in wheels.items():
+        with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as z:
+            z.writestr(f"{name}-{version}.dist-info/METADATA", _dist(name, version))
+    return bundle, folder
+
+
+@pytest.mark.skipif(shutil.which("xz") is None, reason="needs xz")
+def test_carry_gaps_names_each_requirement_neither_carried_nor_explained(tmp_path):
+    gaps = [sys.executable, str(SCRIPTS / "carry_gaps.py")]
+    bundle, wheels = _carry(tmp_path / "a", {"bar": "1.0"})
+    done = subprocess.run([*gaps, str(bundle), str(wheels)], capture_output=True, text=True)
+    assert done.returncode == 1
+    # loguru is not carried, bar is too old; torch is the host's (not-carried.txt), the rest do not apply
+    assert sum(line.startswith("carry gap:") for line in done.stderr.splitlines()) == 2
+    assert "loguru: required by vllm (loguru), not carried" in done.stderr
+    assert "bar: required by vllm (bar>=2), carried 1.0" in done.stderr
+    bundle, wheels = _carry(tmp_path / "b", {"bar": "2.1", "loguru": "0.7.3"})
+    done = subprocess.run([*gaps, str(bundle), str(wheels)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
