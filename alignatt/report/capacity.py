@@ -162,11 +162,57 @@ def _judge(lv: Any, target: dict[str, Any]) -> tuple[bool, list[str]]:
     return ok, said
 
 
-def judge_target(a: Any, mode: Optional[str], target: dict[str, Any]) -> tuple[Optional[bool], list[str]]:
-    """One target judged on the level of `a` (a load artifact) that ran `mode` at the target's speakers:
-    met (True), missed (False) or not measured (None), with what was measured against each bound."""
-    level = next((lv for lv in a.levels if lv.vllm_mode == mode and lv.speakers == target["speakers"]), None)
-    return _judge(level, target) if level is not None else (None, ["not measured"])
+def streams_of(a: Any) -> list[str]:
+    return list(dict.fromkeys(Path(s).stem for lv in a.levels for s in lv.streams))
+
+
+def _same_run(a: Any, b: Any, any_stream: bool) -> bool:
+    """`b` is the stage's command run again beside `a` with another `--out`: same commit, card, model
+    and (unless `any_stream`) streams: a device session too short for every level in one run splits them."""
+    from alignatt.report.rows import machine_of
+
+    return (a.provenance.git_commit is not None and b.provenance.git_commit == a.provenance.git_commit
+            and machine_of(b) == machine_of(a) and b.config.model == a.config.model
+            and (any_stream or streams_of(b) == streams_of(a)))
+
+
+def _siblings(inputs: Optional[ReportInputs], rel: str, a: Any, any_stream: bool = False) -> list[tuple[str, Any]]:
+    return [] if inputs is None else [
+        (r, b) for r, b in sorted(inputs.of_kind("load"), key=lambda t: t[0])
+        if r != rel and r.rsplit("/", 1)[0] == rel.rsplit("/", 1)[0] and _same_run(a, b, any_stream)]
+
+
+def stage_levels(inputs: ReportInputs, rel: str, a: Any) -> list[Any]:
+    """`a`'s levels, and those its sibling runs (`_same_run`) measured of `a`'s configurations at
+    speaker counts `a` did not run."""
+    levels, modes = list(a.levels), {lv.vllm_mode for lv in a.levels}
+    for _, b in _siblings(inputs, rel, a):
+        levels += [lv for lv in b.levels if lv.vllm_mode in modes
+                   and (lv.vllm_mode, lv.speakers) not in {(x.vllm_mode, x.speakers) for x in levels}]
+    return levels
+
+
+def target_level(inputs: Optional[ReportInputs], rel: str, a: Any, mode: Optional[str],
+                 speakers: int, any_stream: bool = False) -> tuple[Any, str]:
+    """The level of `a` (the load stage's artifact at `rel`) that ran `mode` at `speakers`, and where it
+    is; where `a` did not run it, the one a sibling run in the same folder did (`_same_run`)."""
+    for where, b in [(rel, a), *_siblings(inputs, rel, a, any_stream)]:
+        level = next((lv for lv in b.levels if lv.vllm_mode == mode and lv.speakers == speakers), None)
+        if level is not None:
+            return level, where
+    return None, rel
+
+
+def judge_target(a: Any, mode: Optional[str], target: dict[str, Any], inputs: Optional[ReportInputs] = None,
+                 rel: str = "") -> tuple[Optional[bool], list[str]]:
+    """One target judged on the level that ran `mode` at the target's speakers (`target_level`): met
+    (True), missed (False) or not measured (None), with what was measured against each bound, and
+    the sibling file it came from when not `rel`."""
+    level, where = target_level(inputs, rel, a, mode, target["speakers"])
+    if level is None:
+        return None, ["not measured"]
+    ok, said = _judge(level, target)
+    return ok, ([f"in `{where}`"] if where != rel else []) + said
 
 
 def capacity_targets(inputs: ReportInputs) -> list[dict[str, Any]]:
@@ -185,7 +231,7 @@ def capacity_targets(inputs: ReportInputs) -> list[dict[str, Any]]:
         modes = list(dict.fromkeys(lv.vllm_mode for lv in a.levels))
         for target in targets:
             for mode in modes:
-                ok, said = judge_target(a, mode, target)
+                ok, said = judge_target(a, mode, target, inputs, rel)
                 if ok is None and mode != modes[0]:  # a later configuration, run at fewer levels (compared_speakers)
                     continue
                 served = is_served_default(mode, a.config.seam, a.config.device)
@@ -273,16 +319,16 @@ def _stage_runs(inputs: ReportInputs) -> list[tuple[str, Any]]:
 
 
 def rtt_against_speakers(inputs: ReportInputs) -> list[Figure]:
-    """Per profile's `load` stage run: RTT p50 and p95 against speakers, one line per configuration,
-    the served default in black and each target of the panel's bound marked. Other load runs
-    (exploratory, historical) are in the capacity table, not here."""
+    """Per profile's `load` stage run (with its sibling runs' levels, `stage_levels`): RTT p50 and p95
+    against speakers, one line per configuration, the served default in black and each target of the
+    panel's bound marked. Other load runs (exploratory, historical) are in the capacity table, not here."""
     from alignatt.report.rows import machine_of
 
     targets = (inputs.params.get("report") or {}).get("capacity_targets") or []
     runs = []
     for rel, a in _stage_runs(inputs):
         series: dict[str, dict] = {}
-        for lv in a.levels:
+        for lv in stage_levels(inputs, rel, a):
             key = lv.vllm_mode or ""
             s = series.setdefault(key, dict(label=configuration_words(a, lv.vllm_mode),
                                             served=is_served_default(lv.vllm_mode, a.config.seam, a.config.device),
@@ -292,7 +338,7 @@ def rtt_against_speakers(inputs: ReportInputs) -> list[Figure]:
             continue
         ordered = sorted(series.values(), key=lambda s: (not s["served"], s["label"]))[:MAX_SERIES]
         vllm = a.config.seam.startswith("vllm")
-        streams = ", ".join(dict.fromkeys(Path(s).stem for lv in a.levels for s in lv.streams))
+        streams = ", ".join(streams_of(a))
         model = f"{a.config.model}{' (synthetic weights)' if a.synthetic_weights else ''}"
         runs.append(dict(rel=rel, series=ordered, targets=targets if vllm else [],
                          title=f"{machine_of(a)}: {model}, {streams} stream, {a.provenance.date}"))

@@ -40,17 +40,10 @@ def _headline_profile_file(inputs: ReportInputs, name: str) -> tuple[str, Any] |
     return found[0] if found else None
 
 
-def _served_level(load: Any, speakers: int) -> Any:
-    from alignatt.measure.load_configurations import is_served_default
-
-    return next((lv for lv in load.levels if is_served_default(lv.vllm_mode, load.config.seam, load.config.device)
-                 and lv.speakers == speakers), None)
-
-
 def headline(inputs: ReportInputs) -> list[dict[str, str]]:
     """The opening results, as `what`, `result`, `stamp` (date, commit, machine) and `link`."""
     from alignatt.measure.load_configurations import is_served_default, served_configuration
-    from alignatt.report.capacity import configuration_words, judge_target
+    from alignatt.report.capacity import configuration_words, judge_target, streams_of, target_level
 
     items = []
     capacity_link = anchor(CAPACITY_SECTION)
@@ -68,11 +61,10 @@ def headline(inputs: ReportInputs) -> list[dict[str, str]]:
                           result=(f"{configuration_words(load, measured.vllm_mode)}{named}" if measured else
                                   f"the served default{named}, not measured in `{rel}`"),
                           stamp=stamp, link=capacity_link))
-        streams = ", ".join(dict.fromkeys(s.rsplit("/", 1)[-1].removesuffix(".json")
-                                          for lv in load.levels for s in lv.streams))
+        streams = ", ".join(streams_of(load))
         verdicts = []
         for target in (inputs.params.get("report") or {}).get("capacity_targets") or []:
-            ok, said = judge_target(load, measured.vllm_mode, target) if measured else (None, [])
+            ok, said = judge_target(load, measured.vllm_mode, target, inputs, rel) if measured else (None, [])
             if ok is None:
                 verdicts.append(f"{target['speakers']}: not measured")
                 continue
@@ -82,11 +74,13 @@ def headline(inputs: ReportInputs) -> list[dict[str, str]]:
                           result=(f"**{max(met)}** speakers meet their target" if met else "no target met")
                           + f" (served default; by speakers: {'; '.join(verdicts)})",
                           stamp=stamp, link=capacity_link))
-        one = _served_level(load, 1)
+        one, where = target_level(inputs, rel, load, measured.vllm_mode, 1, any_stream=True) if measured else (None, rel)
         if one is not None:
+            beside = "" if where == rel else \
+                f", {', '.join(streams_of(dict(inputs.of_kind('load'))[where]))} stream, in `{where}`"
             items.append(dict(what="One speaker's round trip", result=(
                 f"partial-draft RTT p50 {one.partial_rtt_ms_p50:.0f} ms, p95 {one.partial_rtt_ms_p95:.0f} ms "
-                "(served default, alone on the engine)"), stamp=stamp, link=capacity_link))
+                f"(served default, alone on the engine{beside})"), stamp=stamp, link=capacity_link))
         items.append(_capture_cost(inputs, rel, load, capacity_link))
     items.extend(_quality(inputs))
     return items

@@ -171,3 +171,24 @@ def test_steps_traced_without_a_gpu_are_drawn_apart_from_the_gpu_steps():
                                    for device in traced_on)  # the card in the label
     assert "default+process, 1 speaker, engine 0: engine thread" in cpu.svg and "fullgraph" not in cpu.svg
     assert "GPU idle" not in cpu.svg  # no GPU bar where there was no GPU
+
+
+def test_a_level_the_stage_run_lacks_is_judged_on_a_sibling_run_of_the_same_commit_and_card_only():
+    from alignatt.report.capacity import capacity_targets
+
+    load = relabelled("", "")
+    served = next(lv.vllm_mode for lv in load.levels if lv.speakers == 128)
+    stage = load.model_copy(update={"levels": [lv for lv in load.levels if lv.speakers != 128]})
+    sibling = load.model_copy(update={"levels": [lv for lv in load.levels if lv.speakers == 128 and lv.vllm_mode == served]})
+    other_commit = sibling.model_copy(update={"provenance": sibling.provenance.model_copy(update={"git_commit": "0" * 40})})
+
+    def verdicts(*beside):
+        inputs = ReportInputs(root=ROOT, params={"report": {"capacity_targets": [{"speakers": 128, "rtt_p95_ms": 300}]}},
+                              published=[], runs={}, smokes=[], envs=[], measurements=[],
+                              by_kind={"load": [("outputs/h200/load.json", stage), *beside]})
+        return [(r["verdict"], r["measured"].split(";")[0]) for r in capacity_targets(inputs) if r["served"]]
+
+    assert verdicts() == [("—", "not measured")]
+    assert verdicts(("outputs/h200/load_128.json", sibling)) == [("missed", "in `outputs/h200/load_128.json`")]
+    assert verdicts(("outputs/h200/load_128.json", other_commit)) == [("—", "not measured")]
+    assert verdicts(("outputs/cpu/load_128.json", sibling)) == [("—", "not measured")]  # another folder
