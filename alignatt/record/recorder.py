@@ -140,6 +140,11 @@ def seal(root: Path, args: list[str], profile: str, before: dict[Path, tuple[int
     return write_record(path, record, signing_key)
 
 
+def _command_key(command: list[str]) -> list[str]:
+    """A command as two checkouts run it alike: the interpreter by name, not by its checkout's path."""
+    return [Path(command[0]).name, *command[1:]] if command else []
+
+
 def _same_run(path: Path, record: RunRecord, signed: bool) -> bool:
     """An existing record of the same command over the same bytes stands, if it is signed or this
     run could not sign either: an unsigned re-run never takes a signed record's place."""
@@ -147,7 +152,8 @@ def _same_run(path: Path, record: RunRecord, signed: bool) -> bool:
         old, _ = read_record(path)
     except (OSError, AlignattError):
         return False
-    return (old.digests() == record.digests() and old.predicate.command == record.predicate.command
+    return (old.digests() == record.digests()
+            and _command_key(old.predicate.command) == _command_key(record.predicate.command)
             and (signature_path(path).exists() or not signed))
 
 

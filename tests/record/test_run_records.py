@@ -50,8 +50,8 @@ def project(tmp_path, monkeypatch) -> Path:
     return tmp_path
 
 
-def _stage(project: Path, *extra: str) -> int:
-    return run_stage(["--params", str(project / "params.yaml"), "--", sys.executable, "-c", WRITER,
+def _stage(project: Path, *extra: str, python: str = sys.executable) -> int:
+    return run_stage(["--params", str(project / "params.yaml"), "--", python, "-c", WRITER,
                       "--out", "outputs/cpu/a.json", *extra])
 
 
@@ -83,10 +83,15 @@ def test_a_stage_leaves_a_signed_record_of_every_file_it_wrote(project, key, mon
     before = path.read_bytes(), signature_path(path).read_bytes()
     assert _stage(project) == 0
     assert (path.read_bytes(), signature_path(path).read_bytes()) == before
-    # and so it does for a re-run with no key (a user's fresh clone): unsigned never replaces signed
+    # and so it does for a re-run with no key from a user's fresh clone (its own venv's python):
+    # unsigned never replaces signed
     monkeypatch.delenv(SIGNING_KEY_ENV)
+    clone_python = project.parent / "clone" / ".venv" / "bin" / "python"
+    clone_python.parent.mkdir(parents=True)
+    clone_python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    clone_python.chmod(0o755)
     capsys.readouterr()
-    assert _stage(project) == 0
+    assert _stage(project, python=str(clone_python)) == 0
     assert (path.read_bytes(), signature_path(path).read_bytes()) == before
     assert "signed by ci-ephemeral" in capsys.readouterr().err
 
