@@ -186,9 +186,12 @@ def stage_levels(inputs: ReportInputs, rel: str, a: Any) -> list[Any]:
     """`a`'s levels, and those its sibling runs (`_same_run`) measured of `a`'s configurations at
     speaker counts `a` did not run."""
     levels, modes = list(a.levels), {lv.vllm_mode for lv in a.levels}
+    seen = {(lv.vllm_mode, lv.speakers) for lv in levels}
     for _, b in _siblings(inputs, rel, a):
-        levels += [lv for lv in b.levels if lv.vllm_mode in modes
-                   and (lv.vllm_mode, lv.speakers) not in {(x.vllm_mode, x.speakers) for x in levels}]
+        for lv in b.levels:
+            if lv.vllm_mode in modes and (lv.vllm_mode, lv.speakers) not in seen:
+                levels.append(lv)
+                seen.add((lv.vllm_mode, lv.speakers))
     return levels
 
 

@@ -38,8 +38,7 @@ cache="$(python3 -c 'from alignatt.models.embedded import cache_dir; print(cache
 [ -d "$carry/clips" ] && mkdir -p "$cache" && cp -r "$carry/clips" "$cache/"  # re-checked by SHA-256 on use
 python3 -c "from alignatt.models.embedded import ensure_embedded_model as e; print('embedded model:', e())"
 alignatt doctor --profile h200
-# What the host's packages require and nothing installed brings (the host's own torch stack
-# included): not fatal, since most are optional at run time, but listed, because an import that
-# only one configuration reaches fails late (FP8 needed loguru, which nothing had carried).
+# What the host's packages require and nothing installed brings: not fatal, since most are optional
+# at run time, but listed, so the host shows what pack.sh's not-carried.txt claims it has.
 python3 -m pip check > "$prefix/pip-check.txt" 2>&1 \
   || echo "pip check: $(grep -c . "$prefix/pip-check.txt") requirement(s) not met (listed in $prefix/pip-check.txt)"
