@@ -56,8 +56,9 @@ def step_anatomy_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
 
 
 def bandwidth_verdicts(inputs: ReportInputs) -> list[str]:
-    """params.yaml's `report.step_bandwidth_target` ({speakers, share}) judged on each profiled engine
-    at that level: met or missed, and what keeps the step from it. At the target share, a step may take
+    """params.yaml's `report.step_bandwidth_target` ({speakers, share}) judged on each load level at
+    those speakers whose steps ran untraced (`_untraced_verdicts`), then on each profiled engine there:
+    met or missed, and what keeps the step from it. At the target share, a traced step may take
     the weights' read floor divided by it; the step's period (GPU busy + idle) is set against that,
     part by part, and without its idle time (the kernels alone, as they are)."""
     target = (inputs.params.get("report") or {}).get("step_bandwidth_target")
@@ -66,6 +67,9 @@ def bandwidth_verdicts(inputs: ReportInputs) -> list[str]:
     if set(target) != {"speakers", "share"} or not 0 < target["share"] <= 1:
         raise AlignattError(f"report.step_bandwidth_target {target}: give speakers and share (0 < share <= 1)")
     said = []
+    weights = _traced_weight_bytes(inputs)
+    for rel, a, lv in _untraced_levels(inputs, target["speakers"]):
+        said.extend(_untraced_verdicts(rel, a, lv, weights, target["share"]))
     for rel, a, lv, engine, s in _profiled(inputs):
         if lv.speakers != target["speakers"] or not isinstance(s, StepAnatomy) or s.bandwidth_share is None:
             continue
@@ -82,6 +86,44 @@ def bandwidth_verdicts(inputs: ReportInputs) -> list[str]:
                     f"are would reach {_share(s.weight_read_floor_ms / s.gpu_busy_ms)}"
                     + (f"; the GEMMs alone take {s.parts_ms['GEMM'] / budget:.1f}× the target's step"
                        if s.parts_ms.get("GEMM", 0) > budget else "") + "." + _host_words(s, lv))
+    return said
+
+
+def _traced_weight_bytes(inputs: ReportInputs) -> dict[tuple[str, str | None], int]:
+    """What one forward streams of the weights, by (model, configuration), as the traced levels
+    recorded it: the weights of an untraced level of the same model and configuration."""
+    return {(a.config.model, lv.vllm_mode): s.weight_bytes for _, a, lv, _, s in _profiled(inputs)
+            if isinstance(s, StepAnatomy) and s.weight_bytes}
+
+
+def _untraced_levels(inputs: ReportInputs, speakers: int) -> list[tuple[str, Any, Any]]:
+    """The load levels at `speakers` whose engines were not traced: their steps ran at full speed."""
+    return [(rel, a, lv) for rel, a in sorted(inputs.of_kind("load"), key=lambda t: t[0])
+            for lv in a.levels if lv.speakers == speakers and not lv.step_anatomy]
+
+
+def _untraced_verdicts(rel: str, a: Any, lv: Any, weights: dict[tuple[str, str | None], int],
+                       share: float) -> list[str]:
+    """The bandwidth over an untraced level's steps: the weights one forward streams (as a traced level
+    of the same model and configuration recorded them) per mean step of each engine, against the peak
+    of the card the artifact ran on. A level without such a traced twin (another model, FP8 weights)
+    or on a card the peak table lacks says nothing."""
+    from alignatt.serve.step_anatomy import device_peaks
+
+    weight_bytes = weights.get((a.config.model, lv.vllm_mode))
+    card = a.provenance.gpus[0].name if a.provenance.gpus else ""
+    peak_gbs, _ = device_peaks(card)
+    if not weight_bytes or peak_gbs is None:
+        return []
+    said = []
+    for e in lv.engines:
+        if not e.step_ms_mean:
+            continue
+        reached = weight_bytes / e.step_ms_mean / 1e6 / peak_gbs
+        said.append(f"{a.provenance.date}, `{rel}`, {lv.vllm_mode}, {_speakers(lv.speakers)}, engine {e.engine}, "
+                    f"untraced on {card}: **{'met' if reached >= share else 'missed'}**, {_share(reached)} of the "
+                    f"peak (target {_share(share)}): a step took {e.step_ms_mean:.2f} ms; the peak reads the "
+                    f"{weight_bytes / 1e9:.2f} GB of weights in {weight_bytes / peak_gbs / 1e6:.2f} ms.")
     return said
 
 

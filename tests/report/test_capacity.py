@@ -111,6 +111,34 @@ def test_the_step_bandwidth_target_is_judged_with_what_keeps_the_step_from_it():
         verdicts({"speakers": 128, "share": 50})
 
 
+def test_an_untraced_level_is_judged_on_its_own_steps_with_its_traced_twins_weights():
+    """Untraced steps run at full speed: the target is judged on them too, with the weights a traced
+    level of the same model and configuration recorded; a configuration with no traced twin (FP8
+    weights stream other bytes) and a card the peak table lacks get no line."""
+    from alignatt.report.step_anatomy import bandwidth_verdicts
+
+    anatomy = load_artifact(ROOT / "outputs" / "h200" / "load_step_anatomy.json")
+    untraced = load_artifact(ROOT / "outputs" / "h200" / "load_128_8427e92.json")
+    served = next(lv for lv in untraced.levels if lv.vllm_mode == "fullgraph+settle2+process")
+    weights = next(iter(anatomy.levels[0].step_anatomy.values())).weight_bytes
+
+    def verdicts(*loads):
+        return bandwidth_verdicts(ReportInputs(
+            root=ROOT, params={"report": {"step_bandwidth_target": {"speakers": 128, "share": 0.3}}}, published=[],
+            runs={}, smokes=[], envs=[], measurements=[],
+            by_kind={"load": [(f"outputs/h200/{i}.json", a) for i, a in enumerate(loads)]}))
+
+    lines = verdicts(anatomy, untraced)
+    (line,) = [x for x in lines if "untraced" in x]
+    step = served.engines[0].step_ms_mean
+    assert "fullgraph+settle2+process, 128 speakers" in line and f"a step took {step:.2f} ms" in line
+    assert f"**met**, {weights / step / 1e6 / 3350:.1%} of the peak" in line  # the H100's 3350 GB/s
+    assert not any("untraced" in x for x in verdicts(untraced))  # no traced twin: no weights to count
+    elsewhere = untraced.provenance.model_copy(update={"gpus": [untraced.provenance.gpus[0].model_copy(
+        update={"name": "NVIDIA A10"})]})
+    assert not any("untraced" in x for x in verdicts(anatomy, untraced.model_copy(update={"provenance": elsewhere})))
+
+
 def test_the_prefix_cache_table_gives_per_draft_tokens_by_region_and_dashes_for_older_runs():
     from alignatt.report.capacity import prefix_cache_rows
 
