@@ -6,6 +6,7 @@ figure draws one line per configuration (artifact: profile, seam, vLLM mode, pre
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -321,6 +322,19 @@ def _stage_runs(inputs: ReportInputs) -> list[tuple[str, Any]]:
     return [(rel, a) for rel, a in sorted(inputs.of_kind("load"), key=lambda t: t[0]) if rel.endswith("/load.json")]
 
 
+def solid_pieces(levels: Sequence[int], target_levels: set[int]) -> list[tuple[int, int]]:
+    """Index ranges (first, last) of consecutive measured `levels` (ascending) with no target level
+    between two neighbours: a line drawn across an unmeasured target level would show a value there
+    that nobody measured."""
+    pieces, first = [], 0
+    for i in range(1, len(levels) + 1):
+        if i == len(levels) or any(levels[i - 1] < t < levels[i] for t in target_levels):
+            if i - 1 > first:
+                pieces.append((first, i - 1))
+            first = i
+    return pieces
+
+
 def rtt_against_speakers(inputs: ReportInputs) -> list[Figure]:
     """Per profile's `load` stage run (with its sibling runs' levels, `stage_levels`): RTT p50 and p95
     against speakers, one line per configuration, the served default in black and each target of the
@@ -350,6 +364,7 @@ def rtt_against_speakers(inputs: ReportInputs) -> list[Figure]:
     runs.sort(key=lambda r: not r["targets"])  # the runs the targets judge first
 
     def draw() -> Figure:
+        from matplotlib.lines import Line2D
         from matplotlib.ticker import FuncFormatter
 
         fig, _ = new_figure(7.5, 3.6 * len(runs))
@@ -357,7 +372,7 @@ def rtt_against_speakers(inputs: ReportInputs) -> list[Figure]:
         # per run: two panels, and under them a row that holds the legend (outside the data)
         spec = fig.add_gridspec(2 * len(runs), 2, height_ratios=[3.0, 0.55] * len(runs))
         for i, run in enumerate(runs):
-            row = [fig.add_subplot(spec[2 * i, 0]), fig.add_subplot(spec[2 * i, 1])]
+            row, keys = [fig.add_subplot(spec[2 * i, 0]), fig.add_subplot(spec[2 * i, 1])], []
             for ax, (field, bound, name) in zip(row, RTT_PANELS):
                 ax.set_yscale("log")  # before anything is drawn: the limits then autoscale in log space
                 colors = iter(OKABE_ITO)
@@ -369,7 +384,11 @@ def rtt_against_speakers(inputs: ReportInputs) -> list[Figure]:
                     label = ("served default: " if s["served"] else "") + s["label"]
                     style = dict(color=SERVED_COLOR, linewidth=2.2, zorder=3) if s["served"] else dict(
                         color=next(colors), linewidth=1.2)
-                    ax.plot(xs, ys, marker="o", markersize=4, label=label, **style)
+                    if ax is row[0]:  # the legend's key: the solid line, whatever this series draws dotted
+                        keys.append(Line2D([], [], marker="o", markersize=4, label=label, **style))
+                    ax.plot(xs, ys, marker="o", markersize=4, linestyle=":", **style)
+                    for first, last in solid_pieces(xs, {t["speakers"] for t in run["targets"]}):
+                        ax.plot(xs[first:last + 1], ys[first:last + 1], **style)
                 marked = [t for t in run["targets"] if bound in t]
                 ticks = sorted({lv.speakers for s in run["series"] for lv in s["points"]}
                                | {t["speakers"] for t in marked})
@@ -397,10 +416,12 @@ def rtt_against_speakers(inputs: ReportInputs) -> list[Figure]:
             row[0].set_title(run["title"], fontsize=8, loc="left")
             key = fig.add_subplot(spec[2 * i + 1, :])
             key.axis("off")
-            key.legend(*row[0].get_legend_handles_labels(), fontsize=7, loc="upper left", frameon=False)
+            key.legend(handles=keys, fontsize=7, loc="upper left", frameon=False)
         caption = ("Partial-draft round trip (client side), p50 and p95, against concurrent real-time speakers: "
                    "one row per profile's `load` stage run, one line per configuration, the served default in "
                    "black, each capacity target (`report.capacity_targets`) a ▼ at its speakers and bound. "
+                   "A dotted line joins two levels with a target's level between them that was not measured: "
+                   "read nothing off it. "
                    "Exploratory and earlier load runs are in the capacity table, not drawn.")
         return Figure("capacity_rtt_p95", "load", "Capacity: RTT against speakers", caption, svg_text(fig))
 

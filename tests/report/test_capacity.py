@@ -182,6 +182,16 @@ def test_the_figure_labels_each_bound_once_and_marks_every_target_even_where_not
     assert [t for t in p95 if t in {"1", "64", "96", "128", "256"}][:5] == ["1", "64", "96", "128", "256"]
 
 
+def test_the_figure_draws_no_solid_line_across_an_unmeasured_target_level():
+    from alignatt.report.capacity import solid_pieces
+
+    targets = {1, 64, 96, 128, 192, 256}
+    assert solid_pieces([1, 256], targets) == []  # 64 .. 192 lie between, unmeasured
+    assert solid_pieces([1, 64, 96, 128, 256], targets) == [(0, 3)]  # 192 breaks the last piece
+    assert solid_pieces([1, 2, 4], set()) == [(0, 2)]  # no targets: one line
+    assert solid_pieces([128], targets) == []
+
+
 def test_steps_traced_without_a_gpu_are_drawn_apart_from_the_gpu_steps():
     """A CPU-traced step is hundreds of times a GPU step: on one axis the GPU bars would not show."""
     from alignatt.report.step_anatomy import step_anatomy_figure
