@@ -336,6 +336,7 @@ def build_context(inputs: ReportInputs, figures: list[Figure] | None = None) -> 
         capture_cost=capture_cost_rows(inputs),
         step_anatomy=step_anatomy.step_anatomy_rows(inputs),
         step_bandwidth=step_anatomy.bandwidth_verdicts(inputs),
+        drafting_floors=step_anatomy.drafting_floors(inputs),
         exactness=exactness,
         served=served_criterion(exactness, scored_mode),
         independence=load_independence(inputs),

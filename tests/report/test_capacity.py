@@ -230,3 +230,29 @@ def test_a_level_the_stage_run_lacks_is_judged_on_a_sibling_run_of_the_same_comm
     assert verdicts(("outputs/h200/load_128.json", sibling)) == [("missed", "in `outputs/h200/load_128.json`")]
     assert verdicts(("outputs/h200/load_128.json", other_commit)) == [("—", "not measured")]
     assert verdicts(("outputs/cpu/load_128.json", sibling)) == [("—", "not measured")]  # another folder
+
+
+def test_the_one_speaker_target_is_set_against_the_weights_read_floor_of_a_mean_draft():
+    """A mean draft's forward steps × one read of the traced twin's weights at the card's peak: above
+    a p50 bound, the line says so; a run with no traced twin, or not the load stage's, says nothing."""
+    from alignatt.report.step_anatomy import drafting_floors
+
+    anatomy = load_artifact(ROOT / "outputs" / "h200" / "load_step_anatomy.json")
+    stage = load_artifact(ROOT / "outputs" / "h200" / "load.json")
+    [alone] = [lv for lv in stage.levels if lv.speakers == 1]
+    weights = next(iter(anatomy.levels[0].step_anatomy.values())).weight_bytes
+
+    def floors(bound, loads):
+        return drafting_floors(ReportInputs(
+            root=ROOT, params={"report": {"capacity_targets": [{"speakers": 1, "rtt_p50_ms": bound},
+                                                               {"speakers": 256, "rtt_p95_ms": 300}]}},
+            published=[], runs={}, smokes=[], envs=[], measurements=[], by_kind={"load": loads}))
+
+    floor = alone.verification.forward_steps_per_draft * weights / 3350 / 1e6  # the H100's 3350 GB/s
+    [line] = floors(15, [("outputs/h200/load.json", stage), ("outputs/h200/anatomy.json", anatomy)])
+    assert f"at least **{floor:.1f} ms**, **above** the target's p50 of 15 ms" in line
+    assert f"on an H200, {floor * 3350 / 4800:.1f} ms" in line
+    [line] = floors(40, [("outputs/h200/load.json", stage), ("outputs/h200/anatomy.json", anatomy)])
+    assert "within the target's p50 of 40 ms" in line
+    assert floors(15, [("outputs/h200/load.json", stage)]) == []  # no traced twin: no weights to count
+    assert floors(15, [("outputs/h200/load_1.json", stage), ("outputs/h200/anatomy.json", anatomy)]) == []
