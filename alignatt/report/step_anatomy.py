@@ -135,30 +135,30 @@ def drafting_floors(inputs: ReportInputs) -> list[str]:
     draft, not faster ones."""
     from alignatt.serve.step_anatomy import DEVICE_PEAKS, device_peaks
 
-    targets = [t for t in (inputs.params.get("report") or {}).get("capacity_targets") or [] if "rtt_p50_ms" in t]
+    bounds = {t["speakers"]: t["rtt_p50_ms"] for t in (inputs.params.get("report") or {}).get("capacity_targets") or []
+              if "rtt_p50_ms" in t}
     weights = _traced_weight_bytes(inputs)
     said = []
     for rel, a in sorted(inputs.of_kind("load"), key=lambda t: t[0]):
         card = a.provenance.gpus[0].name if a.provenance.gpus else ""
-        peak_gbs, _ = device_peaks(card)
-        for target in targets if rel.endswith("/load.json") and peak_gbs else []:
-            for lv in a.levels:
-                weight_bytes = weights.get((a.config.model, lv.vllm_mode))
-                steps = lv.verification.forward_steps_per_draft if lv.verification else None
-                if lv.speakers != target["speakers"] or not weight_bytes or not steps:
-                    continue
-                floors = {name: steps * weight_bytes / gbs / 1e6 for name, (gbs, _) in DEVICE_PEAKS.items()}
-                floor, bound = steps * weight_bytes / peak_gbs / 1e6, target["rtt_p50_ms"]
-                others = "; ".join(f"on an {name}, {ms:.1f} ms" for name, ms in floors.items() if name not in card)
-                said.append(
-                    f"{a.provenance.date}, `{rel}`, {lv.vllm_mode}, {_speakers(lv.speakers)} on {card}: a draft "
-                    f"ran {steps:.2f} forward steps on average, and one step reads the {weight_bytes / 1e9:.2f} GB "
-                    f"of weights in {weight_bytes / peak_gbs / 1e6:.2f} ms at the card's peak, so a mean draft "
-                    f"takes at least **{floor:.1f} ms**, "
-                    + (f"**above** the target's p50 of {bound} ms: on this card the target needs fewer "
-                       "forward steps per draft" if floor > bound else
+        if not rel.endswith("/load.json") or device_peaks(card)[0] is None:
+            continue
+        for lv in a.levels:
+            weight_bytes = weights.get((a.config.model, lv.vllm_mode))
+            steps = lv.verification.forward_steps_per_draft if lv.verification else None
+            if lv.speakers not in bounds or not weight_bytes or not steps:
+                continue
+            read_ms = weight_bytes / device_peaks(card)[0] / 1e6
+            floor, bound = steps * read_ms, bounds[lv.speakers]
+            others = "".join(f"; on an {name}, {steps * weight_bytes / gbs / 1e6:.1f} ms"
+                             for name, (gbs, _) in DEVICE_PEAKS.items() if name not in card)
+            verdict = (f"**above** the target's p50 of {bound} ms: on this card the target needs fewer forward "
+                       "steps per draft" if floor > bound else
                        f"within the target's p50 of {bound} ms, which leaves {bound - floor:.1f} ms for the rest")
-                    + f" (measured p50 {lv.partial_rtt_ms_p50:.0f} ms" + (f"; {others})." if others else ")."))
+            said.append(f"{a.provenance.date}, `{rel}`, {lv.vllm_mode}, {_speakers(lv.speakers)} on {card}: a draft "
+                        f"ran {steps:.2f} forward steps on average, and one step reads the {weight_bytes / 1e9:.2f} "
+                        f"GB of weights in {read_ms:.2f} ms at the card's peak, so a mean draft takes at least "
+                        f"**{floor:.1f} ms**, {verdict} (measured p50 {lv.partial_rtt_ms_p50:.0f} ms{others}).")
     return said
 
 
