@@ -30,6 +30,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from alignatt.record.lock import LockState, installed_lock
+from alignatt.record.signing import ALLOWED_SIGNERS
 
 PROVENANCE_SCHEMA_VERSION = 1
 NOT_INSTALLED = "not installed"
@@ -42,8 +43,9 @@ CONTAINER_ID_ENV = "ALIGNATT_CONTAINER_ID"
 GIT_COMMIT_ENV = "ALIGNATT_GIT_COMMIT"
 GIT_DIRTY_ENV = "ALIGNATT_GIT_DIRTY"
 
-# Paths a pipeline run writes itself; changes there do not make the *code* dirty.
-GENERATED_PATHS = ("outputs/", "reports/BENCHMARKS.md", "reports/figures/", "dvc.lock")
+# Paths a pipeline run writes itself; changes there do not make the *code* dirty. Nor does a key
+# trusted to sign run records (`make pipeline` adds a new machine's): it says who vouches, not what ran.
+GENERATED_PATHS = ("outputs/", "reports/BENCHMARKS.md", "reports/figures/", "dvc.lock", ALLOWED_SIGNERS.as_posix())
 # Parameters, not code: their changes are recorded key by key (Provenance.params_changed).
 PARAMS_FILE = "params.yaml"
 # Set by `dvc exp run` for every stage command it runs (dvc/env.py).

@@ -76,6 +76,9 @@ def test_git_state_clean_dirty_and_generated_paths(tmp_path, monkeypatch):
     assert len(commit) == 40 and commit != first and dirty is False
     (tmp_path / "outputs" / "a.json").write_text('{"new": 1}\n')
     assert git_state(tmp_path)[1] is False  # a pipeline output is not a code change
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "allowed_signers").write_text("vm-20261207 ssh-ed25519 AAAA\n")
+    assert git_state(tmp_path)[1] is False  # nor is a machine's key that `make pipeline` trusted
     (tmp_path / "new_module.py").write_text("y = 1\n")
     assert git_state(tmp_path)[1] is True  # an untracked module is code that runs
     (tmp_path / "new_module.py").unlink()
