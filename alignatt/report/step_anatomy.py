@@ -102,17 +102,22 @@ def _untraced_levels(inputs: ReportInputs, speakers: int) -> list[tuple[str, Any
             for lv in a.levels if lv.speakers == speakers and not lv.step_anatomy]
 
 
+def _card_bandwidth(a: Any) -> tuple[str, float | None]:
+    """The card an artifact ran on, and its peak memory bandwidth in GB/s (None: not in the table)."""
+    from alignatt.serve.step_anatomy import device_peaks
+
+    card = a.provenance.gpus[0].name if a.provenance.gpus else ""
+    return card, device_peaks(card)[0]
+
+
 def _untraced_verdicts(rel: str, a: Any, lv: Any, weights: dict[tuple[str, str | None], int],
                        share: float) -> list[str]:
     """The bandwidth over an untraced level's steps: the weights one forward streams (as a traced level
     of the same model and configuration recorded them) per mean step of each engine, against the peak
     of the card the artifact ran on. A level without such a traced twin (another model, FP8 weights)
     or on a card the peak table lacks says nothing."""
-    from alignatt.serve.step_anatomy import device_peaks
-
     weight_bytes = weights.get((a.config.model, lv.vllm_mode))
-    card = a.provenance.gpus[0].name if a.provenance.gpus else ""
-    peak_gbs, _ = device_peaks(card)
+    card, peak_gbs = _card_bandwidth(a)
     if not weight_bytes or peak_gbs is None:
         return []
     said = []
@@ -133,22 +138,22 @@ def drafting_floors(inputs: ReportInputs) -> list[str]:
     weights once (as the traced level of the same model and configuration recorded them), at the
     card's peak bandwidth. A floor above the bound says the bound needs fewer forward steps per
     draft, not faster ones."""
-    from alignatt.serve.step_anatomy import DEVICE_PEAKS, device_peaks
+    from alignatt.serve.step_anatomy import DEVICE_PEAKS
 
     bounds = {t["speakers"]: t["rtt_p50_ms"] for t in (inputs.params.get("report") or {}).get("capacity_targets") or []
               if "rtt_p50_ms" in t}
     weights = _traced_weight_bytes(inputs)
     said = []
     for rel, a in sorted(inputs.of_kind("load"), key=lambda t: t[0]):
-        card = a.provenance.gpus[0].name if a.provenance.gpus else ""
-        if not rel.endswith("/load.json") or device_peaks(card)[0] is None:
+        card, peak_gbs = _card_bandwidth(a)
+        if not rel.endswith("/load.json") or peak_gbs is None:
             continue
         for lv in a.levels:
             weight_bytes = weights.get((a.config.model, lv.vllm_mode))
             steps = lv.verification.forward_steps_per_draft if lv.verification else None
             if lv.speakers not in bounds or not weight_bytes or not steps:
                 continue
-            read_ms = weight_bytes / device_peaks(card)[0] / 1e6
+            read_ms = weight_bytes / peak_gbs / 1e6
             floor, bound = steps * read_ms, bounds[lv.speakers]
             others = "".join(f"; on an {name}, {steps * weight_bytes / gbs / 1e6:.1f} ms"
                              for name, (gbs, _) in DEVICE_PEAKS.items() if name not in card)
