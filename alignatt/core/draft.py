@@ -13,7 +13,7 @@ the cached rows without running the model again (the server's fast path).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Any, Callable, Hashable, Protocol, Sequence
 
 import numpy as np
 
@@ -199,6 +199,9 @@ def agreeing_prefix(drafted: Sequence[int], proposal: Sequence[int]) -> int:
     return n
 
 
+_DERIVED = "_derived_values"  # a Draft's cache of what its tokens give (never pickled)
+
+
 @dataclass
 class TokenCapture:
     """One drafted token and what the selected heads looked at when it was produced."""
@@ -240,7 +243,7 @@ class Draft:
     # over the draft: one array per kind, instead of five small arrays per token (each pickled on its
     # own), about half the time to send and a quarter to receive.
     def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
+        state = {k: v for k, v in self.__dict__.items() if k != _DERIVED}
         tokens = state.pop("tokens")
         state["tokens_stacked"] = _stack_tokens(tokens) if tokens else None
         if state["tokens_stacked"] is None:
@@ -252,21 +255,35 @@ class Draft:
         self.__dict__.update(state)
         if stacked is not None:
             self.tokens = _unstack_tokens(*stacked)
+            arrays = tuple(stacked[2][:3])
+            if all(a is not None for a in arrays):
+                self._derived()["stacked"] = arrays  # the arrays the tokens are views of
 
     def aligned_word(self, i: int) -> int:
         """Source word that drafted token i attends to most (head-averaged argmax)."""
         return int(self.aligned_words()[i])
+
+    def _derived(self) -> dict:
+        """What this draft's tokens give (stacked arrays, block masses, scans), computed once: the
+        server's event loop judges one draft several times per update. Keyed to the tokens list
+        (a draft's tokens are replaced, never edited: `dataclasses.replace` starts a new draft)."""
+        derived = self.__dict__.get(_DERIVED)
+        if derived is None or derived["tokens"] is not self.tokens:
+            derived = {"tokens": self.tokens}
+            self.__dict__[_DERIVED] = derived
+        return derived
 
     def stacked(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """rows [T, H, S], other-prompt mass [T, H], generated mass [T, H]."""
         if not self.tokens:
             n_src = len(self.source_word_of_token)
             return np.zeros((0, 0, n_src)), np.zeros((0, 0)), np.zeros((0, 0))
-        return (
-            np.stack([t.rows for t in self.tokens]),
-            np.stack([t.other_prompt_mass for t in self.tokens]),
-            np.stack([t.generated_mass for t in self.tokens]),
-        )
+        derived = self._derived()
+        if "stacked" not in derived:
+            derived["stacked"] = (np.stack([t.rows for t in self.tokens]),
+                                  np.stack([t.other_prompt_mass for t in self.tokens]),
+                                  np.stack([t.generated_mass for t in self.tokens]))
+        return derived["stacked"]
 
     def aligned_words(self) -> np.ndarray:
         """For every drafted token, the source word its heads attend to most (head-averaged)."""
@@ -278,7 +295,18 @@ class Draft:
 
     def block_mass(self, block: str) -> np.ndarray:
         """[T] head-averaged mass on the `context` or `history` block (0 where there is none)."""
-        return head_means([getattr(t, f"{block}_mass") for t in self.tokens])
+        derived = self._derived()
+        key = f"{block}_mass"
+        if key not in derived:
+            derived[key] = head_means([getattr(t, key) for t in self.tokens])
+        return derived[key]
+
+    def memo(self, key: Hashable, compute: Callable[[], Any]) -> Any:
+        """`compute()` once per key for this draft's tokens (a judgement that depends on them alone)."""
+        derived = self._derived()
+        if key not in derived:
+            derived[key] = compute()
+        return derived[key]
 
 
 _TOKEN_ARRAYS = ("rows", "other_prompt_mass", "generated_mass", "context_mass", "history_mass")

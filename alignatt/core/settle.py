@@ -15,6 +15,7 @@ the whole draft had more tokens to judge: `passes_end` tells the session to draf
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from typing import Sequence
 
@@ -44,8 +45,7 @@ def held_index(rows: np.ndarray, other_prompt: np.ndarray, generated: np.ndarray
     aligned = [int(w) for w in aligned_words(rows, source_word_of_token)]
     share = share_of_context(mass_split(rows, other_prompt, generated, source_word_of_token, committed_words),
                              context_mean)
-    config = PolicyConfig(border_words=rule.border_words, max_context_share=rule.max_context_share)
-    stop = scan_stop(aligned, share, committed_words, config)
+    stop = scan_stop(aligned, share, committed_words, _scan_config(rule.border_words, rule.max_context_share))
     return None if stop is None else stop[0]
 
 
@@ -77,9 +77,16 @@ def held_indices(rows: np.ndarray, other_prompt: np.ndarray, generated: np.ndarr
     return [int(f) if any_ else None for f, any_ in zip(first, stop.any(axis=1))]
 
 
+@functools.lru_cache(maxsize=64)
+def _scan_config(border_words: int, max_context_share: float) -> PolicyConfig:
+    """The policy fields a scan reads, validated once per rule (not once per scan)."""
+    return PolicyConfig(border_words=border_words, max_context_share=max_context_share)
+
+
 def _scan(draft: Draft, committed_words: int, rule: SettleRule) -> int | None:
-    return held_index(*draft.stacked(), draft.block_mass("context"), draft.source_word_of_token,
-                      committed_words, rule)
+    # once per frontier and rule: an update's plan and apply both ask (`passes_end`, `cut`)
+    return draft.memo(("held", committed_words, rule), lambda: held_index(
+        *draft.stacked(), draft.block_mass("context"), draft.source_word_of_token, committed_words, rule))
 
 
 def first_held(draft: Draft, rule: SettleRule | None = None) -> int | None:

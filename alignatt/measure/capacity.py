@@ -35,7 +35,7 @@ from alignatt.core.progress import progress_bar
 from alignatt.models.presets import preset_for
 from alignatt.replay.speakers import SpeakerPlan, run_speakers
 from alignatt.measure.gpu_busy import GpuBusy, route_gpu
-from alignatt.measure.host_cpu import cpu_times, loop_shares, shares
+from alignatt.measure.host_cpu import cpu_times, loop_shares, shares, thread_cores, thread_cpu_s
 from alignatt.measure.kernel_profiles import KernelProfiles
 from alignatt.record.artifacts.options import LoadKnobs
 from alignatt.measure.capacity_levels import (LAG_GROWTH_S, configuration_difference, level_line, signature,
@@ -238,13 +238,14 @@ def run_configuration(options: LoadOptions, configuration: LoadConfiguration, se
                 gpu = route_gpu(route.device)
                 for name, seam in profiled.items():
                     seam.profile(str(Path(options.engine_profile_dir) / f"{name}_{n}.pstats"))
-                cpu_before = cpu_times()
+                cpu_before, threads_before = cpu_times(), thread_cpu_s()
                 # the loop thread's own clock, read on the loop; the server runs in this process
                 loop_before, process_before = handle.call(time.thread_time), time.process_time()
                 with GpuBusy(gpu) if gpu is not None else nullcontext() as busy, \
                         KernelProfiles(options, mode, engines, n) as kernels:
                     runs, wall = run_speakers(plan, n, options.clients, options.speakers_per_process)
                 host = shares(cpu_before, cpu_times())
+                host["server_thread_cpu_cores"] = thread_cores(threads_before, thread_cpu_s(), wall)
                 host.update(loop_shares(handle.call(time.thread_time) - loop_before,
                                         time.process_time() - process_before, wall))
                 for seam in profiled.values():

@@ -71,6 +71,7 @@ def summarise_level(n: int, runs: list[RunRecord | BaseException], streams: list
             texts_diff += diff["texts_differing_from_first_configuration"]
             decisions_diff += diff["decisions_differing_from_first_configuration"]
     partial = [e.rtt_ms for e in events if e.path == "draft" and not e.final]
+    partial_server = [e.server_ms for e in events if e.path == "draft" and not e.final and e.server_ms is not None]
     finals = [e.rtt_ms for e in events if e.final]
     lag_first = statistics.fmean(first) if first else 0.0
     lag_last = statistics.fmean(last) if last else 0.0
@@ -88,6 +89,8 @@ def summarise_level(n: int, runs: list[RunRecord | BaseException], streams: list
         partial_rtt_ms_p50=percentile(partial, 0.5),
         partial_rtt_ms_p95=percentile(partial, 0.95),
         partial_rtt_ms_p99=percentile(partial, 0.99),
+        partial_server_ms_p50=percentile(partial_server, 0.5),
+        partial_server_ms_p95=percentile(partial_server, 0.95),
         final_rtt_ms_p50=percentile(finals, 0.5),
         final_rtt_ms_p95=percentile(finals, 0.95),
         lag_s_max=round(max((e.lag_s for e in events), default=0.0), 3),
@@ -122,6 +125,13 @@ def engine_level(before: dict, after: dict) -> dict:
             return None
         return round((after[key] - before.get(key, 0.0)) / steps * 1e3, 3)
 
+    finished = after.get("finished", 0) - before.get("finished", 0)
+
+    def per_draft_ms(key: str) -> float | None:
+        if not finished or key not in after:
+            return None
+        return round((after[key] - before.get(key, 0.0)) / finished * 1e3, 3)
+
     phases_before = before.get("step_phases_s") or {}
     phases = {k: round((v - phases_before.get(k, 0.0)) / steps * 1e3, 3)
               for k, v in (after.get("step_phases_s") or {}).items()} if steps else {}
@@ -139,6 +149,8 @@ def engine_level(before: dict, after: dict) -> dict:
         gc_ms_mean=per_step_ms("gc_s"),
         child_gc_ms_mean=per_step_ms("child_gc_s"),
         step_phase_ms=phases or None,
+        draft_queued_ms_mean=per_draft_ms("queued_s"),
+        draft_in_engine_ms_mean=per_draft_ms("in_engine_s"),
         failed=after.get("failed", 0) - before.get("failed", 0),
     )
 
@@ -186,10 +198,15 @@ def level_line(level: dict) -> str:
                if level.get("host_cpu_busy_share") is not None else "")
             + (f", server loop CPU {level['server_loop_cpu_share']:.1%} of a core (process "
                f"{level['server_process_cpu_cores']:.2f} cores)" if level.get("server_loop_cpu_share") is not None else "")
+            + (f", threads {level['server_thread_cpu_cores']}" if level.get("server_thread_cpu_cores") else "")
+            + (f", partial in server p50 {level['partial_server_ms_p50']} / p95 {level['partial_server_ms_p95']} ms"
+               if level.get("partial_server_ms_p50") is not None else "")
             + "".join(f", engine {e['engine']} step {e['step_ms_mean']} ms (CPU {e['step_cpu_ms_mean']}"
                       + (f"; child {e['child_step_ms_mean']}, CPU {e['child_cpu_ms_mean']}"
                          if e.get("child_step_ms_mean") is not None else "")
                       + (f"; GC {e['gc_ms_mean']}" if e.get("gc_ms_mean") is not None else "")
                       + (f", child GC {e['child_gc_ms_mean']}" if e.get("child_gc_ms_mean") is not None else "")
-                      + (f"; parts {e['step_phase_ms']})" if e.get("step_phase_ms") else ")")
+                      + (f"; parts {e['step_phase_ms']}" if e.get("step_phase_ms") else "")
+                      + (f"; per draft queued {e['draft_queued_ms_mean']}, in engine {e['draft_in_engine_ms_mean']} ms)"
+                         if e.get("draft_in_engine_ms_mean") is not None else ")")
                       for e in level.get("engines", []) if e.get("step_ms_mean") is not None))

@@ -7,10 +7,14 @@ is the time its vCPUs were runnable but the hypervisor ran something else, and `
 of all vCPUs in use (the engine, the server, the load's client processes). Where `/proc/stat` is
 missing (not Linux) both are None. The server's loop is one thread: at a share near 1 of one core it
 never waited, so it, not the engine, set the level's pace, however idle the other cores were.
+Each thread's own CPU time comes from `/proc/self/task`: the server's threads share one interpreter
+lock, so together they cannot run Python for much more than one core.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 from typing import Optional
 
@@ -53,3 +57,39 @@ def loop_shares(loop_cpu_s: float, process_cpu_s: float, wall_s: float) -> dict[
         return {"server_loop_cpu_share": None, "server_process_cpu_cores": None}
     return {"server_loop_cpu_share": round(loop_cpu_s / wall_s, 4),
             "server_process_cpu_cores": round(process_cpu_s / wall_s, 4)}
+
+
+TASKS = Path("/proc/self/task")
+
+
+def thread_cpu_s(tasks: Path = TASKS) -> Optional[dict[int, float]]:
+    """CPU time (user + system, s) of each thread of this process by its kernel id, from
+    /proc/self/task/*/stat (None where there is no such folder)."""
+    try:
+        entries = list(tasks.iterdir())
+    except OSError:
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for entry in entries:
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # the thread ended meanwhile
+        out[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime (proc(5) 14, 15)
+    return out
+
+
+def thread_cores(before: Optional[dict[int, float]], after: Optional[dict[int, float]],
+                 wall_s: float) -> Optional[dict[str, float]]:
+    """`server_thread_cpu_cores`: each thread's CPU time between two readings over the wall, in cores,
+    by its Python name (threads of one name summed; one Python no longer knows: `thread <id>`),
+    busiest first; threads under 0.001 cores are left out."""
+    if before is None or after is None or wall_s <= 0:
+        return None
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    cores: dict[str, float] = {}
+    for tid, cpu in after.items():
+        name = names.get(tid, f"thread {tid}")
+        cores[name] = cores.get(name, 0.0) + (cpu - before.get(tid, 0.0)) / wall_s
+    return {k: round(v, 4) for k, v in sorted(cores.items(), key=lambda kv: -kv[1]) if v >= 0.001}

@@ -73,6 +73,32 @@ def capacity_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
     return rows
 
 
+def rtt_split_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
+    """Where a partial's round trip went, per load level that recorded it: inside the server (from
+    reading the update to sending the reply), and of that, per draft, queued in its scheduler and in
+    the engine; beside it, the server process's CPU by thread (one interpreter lock: near one core
+    together, the server paces the level whatever the GPU could take)."""
+    from alignatt.report.rows import machine_of
+
+    rows = []
+    for rel, a in sorted(inputs.of_kind("load"), key=lambda t: t[0]):
+        for lv in a.levels:
+            if lv.partial_server_ms_p50 is None:
+                continue
+            threads = lv.server_thread_cpu_cores or {}
+            rows.append(dict(
+                date=a.provenance.date, machine=machine_of(a), speakers=lv.speakers,
+                configuration=configuration(rel, a, lv.vllm_mode) + kernel_profiled(lv),
+                rtt=f"{_fmt(lv.partial_rtt_ms_p50)} / {_fmt(lv.partial_rtt_ms_p95)}",
+                server=f"{_fmt(lv.partial_server_ms_p50)} / {_fmt(lv.partial_server_ms_p95)}",
+                queued=_fmt(_mean_of_engines(lv, "draft_queued_ms_mean"), 1),
+                in_engine=_fmt(_mean_of_engines(lv, "draft_in_engine_ms_mean"), 1),
+                process="—" if lv.server_process_cpu_cores is None else f"{lv.server_process_cpu_cores:.2f}",
+                threads=", ".join(f"{name} {cores:.2f}" for name, cores in list(threads.items())[:4]) or "—",
+            ))
+    return rows
+
+
 def _mean_of_engines(lv: Any, key: str) -> float | None:
     values = [getattr(e, key) for e in lv.engines if getattr(e, key) is not None]
     return sum(values) / len(values) if values else None

@@ -21,7 +21,7 @@ from alignatt.record.artifacts import BENCH_FILE, measured_on_gpu
 from alignatt.report import capacity, figures as bench_figures, speech, step_anatomy
 from alignatt.measure.load_configurations import LoadConfiguration, served_default_label
 from alignatt.report.capacity import (capacity_rows, capacity_targets, capture_cost_rows, prefix_cache_rows,
-                                      verification_rows, verify_equality_notes, verify_equality_rows,
+                                      rtt_split_rows, verification_rows, verify_equality_notes, verify_equality_rows,
                                       configuration_failure_notes)
 from alignatt.report.figures import FIGURES_DIR, Figure, FigureFunction, render_figures
 from alignatt.report.inputs import ReportInputs, collect_inputs, relative
@@ -326,6 +326,7 @@ def build_context(inputs: ReportInputs, figures: list[Figure] | None = None) -> 
         artifacts=artifact_list(inputs),
         figures=figure_items(figures or []),
         capacity=capacity_rows(inputs),
+        rtt_split=rtt_split_rows(inputs),
         verification=verification_rows(inputs),
         verify_equality=verify_equality_rows(inputs),
         verify_equality_notes=verify_equality_notes(inputs),

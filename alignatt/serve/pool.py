@@ -269,6 +269,8 @@ class HeadRows:
 
     def select(self, draft: Draft) -> Draft:
         idx = self.index
+        if idx == list(range(self._n_engine)):  # the route's own heads, in order: nothing to pick
+            return draft if draft.heads == self.heads or not draft.heads else replace(draft, heads=list(self.heads))
 
         def pick(a):
             return a if a is None or len(a) != self._n_engine else a[idx]

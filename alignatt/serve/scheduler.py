@@ -102,6 +102,10 @@ class SchedulerStats:
     step_s: float = 0.0
     step_cpu_s: float = 0.0
     collects: int = 0  # steps with no draft in flight (they only read what the engine held for nobody)
+    # Where a delivered draft's time went, summed: queued here (submitted until picked for the engine),
+    # then in the engine (picked until its draft came back to this thread).
+    queued_s: float = 0.0
+    in_engine_s: float = 0.0
 
     def as_dict(self) -> dict:
         out = {k: v for k, v in self.__dict__.items() if k != "batch_sizes"}
@@ -374,6 +378,10 @@ class DraftScheduler:
                     _fail(job.future, draft)
                     continue
                 self.stats.finished += 1
+                now = time.perf_counter()
+                if job.started_at is not None:
+                    self.stats.queued_s += job.started_at - job.submitted_at
+                    self.stats.in_engine_s += now - job.started_at
                 _resolve(job.future, draft)
 
     def _fail_running(self, error: BaseException) -> None:

@@ -52,3 +52,24 @@ def test_a_stacked_draft_pickles_its_arrays_once_per_kind():
 
     Counting(io.BytesIO(), protocol=pickle.HIGHEST_PROTOCOL).dump(_draft(tokens))
     assert sorted(arrays) == [(5, 2), (5, 2), (5, 2, 3)]
+
+
+def test_what_a_draft_derives_from_its_tokens_is_computed_once_and_never_outlives_them():
+    """The server judges a draft several times per update: its stacked arrays and judgements are kept
+    on it, never pickled, and a draft with other tokens (`replace`, a settled cut) derives its own."""
+    from dataclasses import replace
+
+    rng = np.random.default_rng(2)
+    draft = _draft([_token(j, rng) for j in range(4)])
+    rows = draft.stacked()[0]
+    assert draft.stacked()[0] is rows and rows.shape == (4, 2, 3)
+    calls = []
+    assert draft.memo("k", lambda: calls.append(1) or 7) == 7 and draft.memo("k", lambda: calls.append(1)) == 7
+    assert calls == [1]
+    cut = replace(draft, tokens=draft.tokens[:2])
+    assert cut.stacked()[0].shape == (2, 2, 3) and cut.memo("k", lambda: 8) == 8
+    back = pickle.loads(pickle.dumps(draft))
+    assert back.memo("k", lambda: 9) == 9  # judgements stay behind; the stacked arrays travel as they are
+    assert np.array_equal(back.stacked()[0], rows) and np.array_equal(back.block_mass("context"),
+                                                                      draft.block_mass("context"))
+    assert back.tokens[1].rows.base is back.stacked()[0] or np.shares_memory(back.tokens[1].rows, back.stacked()[0])

@@ -5,7 +5,9 @@ import sys
 
 import pytest
 
-from alignatt.measure.host_cpu import cpu_times, loop_shares, shares
+import threading
+
+from alignatt.measure.host_cpu import cpu_times, loop_shares, shares, thread_cores, thread_cpu_s
 
 STAT = "cpu  {} 0 {} {} {} 0 0 {} 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\nintr 1 2\n"
 
@@ -41,3 +43,32 @@ def test_this_linux_host_is_read():
 def test_the_server_loop_share_is_its_thread_time_over_the_wall_and_a_zero_wall_gives_none():
     assert loop_shares(1.5, 3.0, 2.0) == {"server_loop_cpu_share": 0.75, "server_process_cpu_cores": 1.5}
     assert loop_shares(1.0, 1.0, 0.0) == {"server_loop_cpu_share": None, "server_process_cpu_cores": None}
+
+
+def test_each_thread_is_named_as_python_names_it_and_idle_ones_are_left_out():
+    me = threading.get_native_id()
+    got = thread_cores({me: 1.0, 7: 5.0, 8: 2.0}, {me: 2.5, 7: 5.0005, 8: 3.0, 9: 0.5}, 2.0)
+    assert got == {threading.current_thread().name: 0.75, "thread 8": 0.5, "thread 9": 0.25}  # busiest first
+    assert list(got) == [threading.current_thread().name, "thread 8", "thread 9"]
+    assert thread_cores(None, {me: 1.0}, 1.0) is None and thread_cores({}, {}, 0.0) is None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/task is Linux's")
+def test_this_process_threads_are_read_and_a_busy_one_shows(tmp_path):
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            sum(i * i for i in range(10_000))
+
+    before = thread_cpu_s()
+    worker = threading.Thread(target=spin, name="spinner")
+    worker.start()
+    try:
+        stop.wait(0.5)
+        got = thread_cores(before, thread_cpu_s(), 0.5)  # read while the spinner is alive and named
+    finally:
+        stop.set()
+        worker.join()
+    assert got["spinner"] > 0.05
+    assert thread_cpu_s(tmp_path / "absent") is None

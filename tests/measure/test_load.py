@@ -78,6 +78,9 @@ def test_load_levels_through_the_server_with_a_batching_seam(tmp_path, short_str
         assert lv.peak_gpu_memory_mib is None and lv.gpu_busy_share is None  # no GPU here: nothing sampled
         (engine,) = lv.engines  # the stand-in's step sleeps 2 ms: wall, not CPU
         assert engine.step_ms_mean >= 2.0 and engine.step_cpu_ms_mean < engine.step_ms_mean
+        # a draft takes 2 steps of at least 2 ms in the engine; the server holds it longer than that
+        assert engine.draft_in_engine_ms_mean >= 4.0 and engine.draft_queued_ms_mean >= 0
+        assert lv.partial_server_ms_p50 >= 4.0 and lv.partial_server_ms_p95 <= lv.partial_rtt_ms_p95
     assert one.texts_differing_from_alone is None  # nothing to compare the alone run with
     assert three.texts_differing_from_alone == 0 and three.decisions_differing_from_alone == 0  # deterministic seam
     assert artifact.capture_cost == [] and "not measured" in artifact.capture_cost_note
@@ -199,8 +202,15 @@ def test_the_report_shows_a_capacity_table_and_the_rtt_figure(tmp_path, short_st
     assert "## Capacity (many speakers on one engine)" in text
     rows = [line for line in text.splitlines() if line.startswith("| ") and "fake_batch" not in line
             and "cpu: hf_qk_fast" in line]
-    assert [r.split(" | ")[4] for r in rows] == ["1", "2"]  # one row per load level
-    assert {r.split(" | ")[3] for r in rows} == {Path(short_stream).stem}  # the stream replayed
+    capacity, split = rows[:2], rows[2:]
+    assert [r.split(" | ")[4] for r in capacity] == ["1", "2"]  # one row per load level
+    assert {r.split(" | ")[3] for r in capacity} == {Path(short_stream).stem}  # the stream replayed
+    # and where each level's partials spent their round trip: in the server, queued, in the engine
+    assert [r.split(" | ")[3] for r in split] == ["1", "2"]
+    for r in split:
+        rtt, server, queued, in_engine = (r.split(" | ")[i] for i in (4, 5, 6, 7))
+        assert float(in_engine) >= 4.0 and float(queued) >= 0  # 2 steps of 2 ms in the stand-in
+        assert float(server.split(" / ")[0]) <= float(rtt.split(" / ")[0])
     assert any(f.name == "capacity_rtt_p95" and f.kind == "load" for f in figures)
     assert "outputs/cpu/load.json" in text  # listed with the artifacts
 
@@ -508,6 +518,9 @@ def test_a_process_flag_serves_its_one_engine_from_a_process_of_its_own(short_st
     assert 0 < lv.host_cpu_busy_share <= 1 and lv.host_cpu_steal_share is not None  # this Linux host's CPUs
     # the server's loop thread did some work but waited for the engine's process: less than a core
     assert 0 < lv.server_loop_cpu_share < 1 and lv.server_process_cpu_cores >= lv.server_loop_cpu_share
+    # each of the server's threads by name, the event loop's among them; together no more than the process
+    threads = lv.server_thread_cpu_cores
+    assert threads["alignatt-server"] > 0 and sum(threads.values()) <= lv.server_process_cpu_cores + 0.05
 
 
 def test_an_engine_profile_dir_profiles_each_engine_process_over_each_level(short_stream, tmp_path):

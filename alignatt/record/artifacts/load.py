@@ -33,6 +33,10 @@ class LoadEngine(_Strict):
     # The seam's own step in parts, wall ms per step (vllm_capture: its STEP_PHASES; older artifacts:
     # vllm, settle, finish, drafts).
     step_phase_ms: dict[str, float] | None = None
+    # Per draft delivered: queued in the server's scheduler, then in the engine until its draft was
+    # back on the scheduler's thread (an engine process's pipe both ways included). None: predates them.
+    draft_queued_ms_mean: float | None = None
+    draft_in_engine_ms_mean: float | None = None
 
 
 class LoadVerification(_Strict):
@@ -131,6 +135,13 @@ class LoadLevel(_Strict):
     # its threads' (in cores; the engine's too where it is not in a process of its own). None: predates them.
     server_loop_cpu_share: float | None = None
     server_process_cpu_cores: float | None = None
+    # Each of the server process's threads (by name), its CPU time per wall second of the level, in
+    # cores: which one paces the level when the process is near a core (one interpreter lock).
+    server_thread_cpu_cores: dict[str, float] | None = None
+    # A partial's time inside the server (from reading its update to sending the reply, the frame's
+    # server_ms); the rest of its RTT is the wire, the client and the server's loop reading it late.
+    partial_server_ms_p50: float | None = None
+    partial_server_ms_p95: float | None = None
     verification: LoadVerification | None = None  # None: the seam does not count it, or the artifact predates the field
     # One speaker alone on a later configuration of the run (verification on, say) against the first
     # (off): updates matched by seq, and how many differ in committed text, in path or released text,
