@@ -60,6 +60,7 @@ def loop_shares(loop_cpu_s: float, process_cpu_s: float, wall_s: float) -> dict[
 
 
 TASKS = Path("/proc/self/task")
+NATIVE = "native threads"
 
 
 def thread_cpu_s(tasks: Path = TASKS) -> Optional[dict[int, float]]:
@@ -83,13 +84,13 @@ def thread_cpu_s(tasks: Path = TASKS) -> Optional[dict[int, float]]:
 def thread_cores(before: Optional[dict[int, float]], after: Optional[dict[int, float]],
                  wall_s: float) -> Optional[dict[str, float]]:
     """`server_thread_cpu_cores`: each thread's CPU time between two readings over the wall, in cores,
-    by its Python name (threads of one name summed; one Python no longer knows: `thread <id>`),
-    busiest first; threads under 0.001 cores are left out."""
+    by its Python name (threads of one name summed; those Python did not start or no longer knows, such
+    as torch's and the tokenizers' own, as `NATIVE`), busiest first; under 0.001 cores left out."""
     if before is None or after is None or wall_s <= 0:
         return None
     names = {t.native_id: t.name for t in threading.enumerate()}
     cores: dict[str, float] = {}
     for tid, cpu in after.items():
-        name = names.get(tid, f"thread {tid}")
+        name = names.get(tid, NATIVE)
         cores[name] = cores.get(name, 0.0) + (cpu - before.get(tid, 0.0)) / wall_s
     return {k: round(v, 4) for k, v in sorted(cores.items(), key=lambda kv: -kv[1]) if v >= 0.001}
