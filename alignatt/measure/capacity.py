@@ -38,8 +38,8 @@ from alignatt.measure.gpu_busy import GpuBusy, route_gpu
 from alignatt.measure.host_cpu import cpu_times, loop_shares, shares, thread_cores, thread_cpu_s
 from alignatt.measure.kernel_profiles import KernelProfiles
 from alignatt.record.artifacts.options import LoadKnobs
-from alignatt.measure.capacity_levels import (LAG_GROWTH_S, configuration_difference, level_line, signature,
-                                              summarise_level)
+from alignatt.measure.capacity_levels import (LAG_GROWTH_S, configuration_difference, level_line, merge_front_ends,
+                                              signature, summarise_level)
 from alignatt.measure.load_configurations import LoadConfiguration, default_configurations
 from alignatt.replay.stream import SmokeStream, load_stream
 
@@ -159,10 +159,25 @@ def resolve_streams(names: list[str]) -> list[tuple[str, SmokeStream]]:
 
 def _wait_for_sessions_to_close(handle: Any, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
-    while handle.call(lambda: handle.server.stats.sessions_active) > 0:
+    while handle.call(lambda: handle.server.slots.count) > 0:
         if time.monotonic() > deadline:
             raise AlignattError(f"sessions of the previous load level still open after {timeout_s:.0f}s")
         time.sleep(0.05)
+
+
+def engine_stats(handle: Any) -> list[dict]:
+    """Every engine's `Engine.stats`, summed over the server's front ends."""
+    return merge_front_ends(handle.call(handle.server.engine_stats))
+
+
+def front_end_cpu_s(handle: Any) -> list[float]:
+    """The CPU time so far of each front end besides the first (none: one front end)."""
+    return [s["cpu_s"] if s else float("nan") for s in handle.call(handle.server.snapshot).get("front_ends") or []]
+
+
+def coalesced(server: Any) -> int:
+    """Partials dropped for a newer one, in every front end."""
+    return server.stats.coalesced + sum(s["coalesced"] for s in (server.snapshot().get("front_ends") or []) if s)
 
 
 def _reset_gpu_peak() -> None:
@@ -231,14 +246,15 @@ def run_configuration(options: LoadOptions, configuration: LoadConfiguration, se
         with progress_bar(len(set(options.speakers)), f"load {mode or options.seam}", "level") as bar:
             for n in sorted(set(options.speakers)):
                 _wait_for_sessions_to_close(handle)  # the last level's sessions hold admission slots until closed
-                before = [e.stats() for e in engines]
+                before = engine_stats(handle)
                 accepted_before = totals() if callable(totals) else None
-                server_before = handle.call(lambda: {"coalesced": handle.server.stats.coalesced})
+                server_before = handle.call(lambda: {"coalesced": coalesced(handle.server)})
                 _reset_gpu_peak()
                 gpu = route_gpu(route.device)
                 for name, seam in profiled.items():
                     seam.profile(str(Path(options.engine_profile_dir) / f"{name}_{n}.pstats"))
                 cpu_before, threads_before = cpu_times(), thread_cpu_s()
+                others_before = front_end_cpu_s(handle)
                 # the loop thread's own clock, read on the loop; the server runs in this process
                 loop_before, process_before = handle.call(time.thread_time), time.process_time()
                 with GpuBusy(gpu) if gpu is not None else nullcontext() as busy, \
@@ -246,6 +262,9 @@ def run_configuration(options: LoadOptions, configuration: LoadConfiguration, se
                     runs, wall = run_speakers(plan, n, options.clients, options.speakers_per_process)
                 host = shares(cpu_before, cpu_times())
                 host["server_thread_cpu_cores"] = thread_cores(threads_before, thread_cpu_s(), wall)
+                if others_before:
+                    host["front_end_cpu_cores"] = [round((after - before) / wall, 4) for before, after
+                                                   in zip(others_before, front_end_cpu_s(handle))]
                 host.update(loop_shares(handle.call(time.thread_time) - loop_before,
                                         time.process_time() - process_before, wall))
                 for seam in profiled.values():
@@ -253,8 +272,8 @@ def run_configuration(options: LoadOptions, configuration: LoadConfiguration, se
                 memory = _gpu_memory()
                 if in_children:  # engines in processes of their own: none of their memory is this process's
                     memory = (None, memory[1])
-                after = [e.stats() for e in engines]
-                server_after = handle.call(lambda: {"coalesced": handle.server.stats.coalesced})
+                after = engine_stats(handle)
+                server_after = handle.call(lambda: {"coalesced": coalesced(handle.server)})
                 delta = {k: server_after[k] - server_before[k] for k in server_after}
                 level = summarise_level(n, runs, streams, wall, before, after, delta, memory, alone)
                 level["vllm_mode"] = mode
@@ -273,9 +292,9 @@ def run_configuration(options: LoadOptions, configuration: LoadConfiguration, se
                 bar.update(1)
         # After the levels: the seam's counters (prefix-cache hits) cover the whole run. `scheduler` is
         # the first engine's (the only one, unless `engines` asked for more); `per_engine` lists them all.
+        per_engine = engine_stats(handle)
         facts = {"seam_describe": describe() if callable(describe) else None,
-                 "max_batch": engine.scheduler.max_batch, "scheduler": engine.stats(),
-                 "per_engine": [e.stats() for e in engines]}
+                 "max_batch": engine.scheduler.max_batch, "scheduler": per_engine[0], "per_engine": per_engine}
         heads = [[h.layer, h.head] for h in engine.heads]
     return {"levels": levels, "engine": facts, "heads": heads, "seam_options": route.seam_options,
             "alone": {name: {str(seq): list(sig) for seq, sig in sigs.items()} for name, sigs in alone.items()}}

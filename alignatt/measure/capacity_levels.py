@@ -114,6 +114,34 @@ def summarise_level(n: int, runs: list[RunRecord | BaseException], streams: list
     )
 
 
+# What each front end counts of an engine it shares with the others (`serve.front_ends`) adds up; what
+# the engine's process reports as of its last reply (its seam's parts, its collector) is one figure.
+_ENGINE_WIDE = ("child_gc_s",)
+
+
+def merge_front_ends(stats: list[dict]) -> list[dict]:
+    """`Engine.stats` entries as each front end drives an engine, one per engine (by name): counters,
+    times and batch sizes summed (steps: those each front end took part in), the engine process's own
+    cumulative figures taken once. One front end's entries come back as they are."""
+    merged: dict[str, dict] = {}
+    for entry in stats:
+        entry = {k: v for k, v in entry.items() if k != "front_end"}
+        into = merged.get(entry["engine"])
+        if into is None:
+            merged[entry["engine"]] = entry
+            continue
+        for key, value in entry.items():
+            if key == "batch_sizes":
+                into[key] = {k: into[key].get(k, 0) + value.get(k, 0) for k in {*into[key], *value}}
+            elif key == "step_phases_s":
+                into[key] = {k: max((into.get(key) or {}).get(k, 0.0), v) for k, v in (value or {}).items()}
+            elif key in _ENGINE_WIDE:
+                into[key] = max(into.get(key, 0.0), value)
+            elif isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("pid", "max_batch"):
+                into[key] = into.get(key, 0) + value
+    return list(merged.values())
+
+
 def engine_level(before: dict, after: dict) -> dict:
     """One engine's `LoadEngine` fields over a level: what `Engine.stats()` counted in between."""
     sizes_before = before.get("batch_sizes", {})
@@ -199,6 +227,7 @@ def level_line(level: dict) -> str:
             + (f", server loop CPU {level['server_loop_cpu_share']:.1%} of a core (process "
                f"{level['server_process_cpu_cores']:.2f} cores)" if level.get("server_loop_cpu_share") is not None else "")
             + (f", threads {level['server_thread_cpu_cores']}" if level.get("server_thread_cpu_cores") else "")
+            + (f", other front ends {level['front_end_cpu_cores']} cores" if level.get("front_end_cpu_cores") else "")
             + (f", partial in server p50 {level['partial_server_ms_p50']} / p95 {level['partial_server_ms_p95']} ms"
                if level.get("partial_server_ms_p50") is not None else "")
             + "".join(f", engine {e['engine']} step {e['step_ms_mean']} ms (CPU {e['step_cpu_ms_mean']}"

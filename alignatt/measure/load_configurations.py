@@ -3,7 +3,7 @@
 A `LoadConfiguration` holds the fields of `serve/config.py:ServerConfig` that one configuration
 sets (the vLLM mode, settling, the engine in a process of its own, engine processes sharing the GPU,
 verified re-drafts, batch-invariant kernels, FP8 weights, how often a settling draft's rows are read,
-the prompt's history window); `server_config` gives the server it stands for.
+the prompt's history window, server processes on one port); `server_config` gives the server it stands for.
 params.yaml lists them as mappings (`profiles.*.load.configurations`); a command line gives each as
 `--configurations key=value,...` (or a JSON object). Its label (`fullgraph+settle2+process`) is
 derived from it (`label`) and names it in the artifact and on the page; `from_label` reads the
@@ -30,6 +30,7 @@ from alignatt.serve.config import DirectionRoute, EngineCount, ReplicaConfig, Se
 DEFAULT_MODE = "default"
 OWN_PROCESS_FLAG = "process"
 ENGINES_FLAG = re.compile(r"engines([1-9][0-9]*)")
+FRONT_ENDS_FLAG = re.compile(r"frontends([2-9]|[1-9][0-9]+)")
 SETTLE_FLAG = re.compile(r"settle([0-9]+)")
 EVERY_FLAG = re.compile(r"every([1-9][0-9]*)")
 CHUNKED_FLAG = "chunked"
@@ -60,6 +61,8 @@ class LoadConfiguration(BaseModel):
                                                      "appends to the prompt's history until a cut (False: sliding)")
     quantization: str | None = Field(None, description="vllm_capture: vLLM's online weight quantization "
                                                        f"({', '.join(VLLM_QUANTIZATIONS)}; None: the model's dtype)")
+    front_ends: int = Field(1, ge=1, description="ServerConfig.front_ends: server processes on the one port, "
+                                                 "drafting on the same engine processes")
 
     @model_validator(mode="before")
     @classmethod
@@ -83,14 +86,16 @@ class LoadConfiguration(BaseModel):
 
     def flags(self) -> list[str]:
         """The label's flags, in the order labels have always been written (settle, process, engines,
-        verify, batch_invariant, then the quantization, the settle reads' period, the history window)."""
+        verify, batch_invariant, then the quantization, the settle reads' period, the history window,
+        the front ends)."""
         return ([f"settle{self.settle_buffer_tokens}"] if self.settle_buffer_tokens is not None else []) + \
             ([OWN_PROCESS_FLAG] if self.own_process else []) + \
             ([f"engines{self.engines}"] if self.engines is not None else []) + \
             (["verify"] if self.verify else []) + (["batch_invariant"] if self.batch_invariant else []) + \
             ([self.quantization] if self.quantization else []) + \
             ([f"every{self.settle_every}"] if self.settle_every is not None else []) + \
-            ([CHUNKED_FLAG] if self.chunked_history else [])
+            ([CHUNKED_FLAG] if self.chunked_history else []) + \
+            ([f"frontends{self.front_ends}"] if self.front_ends > 1 else [])
 
     def label(self) -> str | None:
         """Its name in the artifact and on the page: `mode[+flag...]` (None: the seam's default, unchanged)."""
@@ -122,7 +127,7 @@ class LoadConfiguration(BaseModel):
             fields["context"] = context.model_copy(update={"history_window": "chunked"})
         return ServerConfig(directions={direction: route}, engines=self.engines or engines,
                             replicas=ReplicaConfig(engines_per_gpu=self.engines or 1, own_process=self.own_process),
-                            settle_buffer_tokens=self.settle_buffer_tokens, **fields)
+                            settle_buffer_tokens=self.settle_buffer_tokens, front_ends=self.front_ends, **fields)
 
     @classmethod
     def from_label(cls, label: str | None) -> "LoadConfiguration":
@@ -134,8 +139,10 @@ class LoadConfiguration(BaseModel):
         fields: dict[str, Any] = {} if mode == DEFAULT_MODE else {"vllm_mode": mode}
         for flag in flags:
             settle, engines, every = SETTLE_FLAG.fullmatch(flag), ENGINES_FLAG.fullmatch(flag), EVERY_FLAG.fullmatch(flag)
+            front_ends = FRONT_ENDS_FLAG.fullmatch(flag)
             key, value = (("settle_buffer_tokens", int(settle[1])) if settle else ("engines", int(engines[1])) if engines
                           else ("settle_every", int(every[1])) if every
+                          else ("front_ends", int(front_ends[1])) if front_ends
                           else ("own_process", True) if flag == OWN_PROCESS_FLAG
                           else ("chunked_history", True) if flag == CHUNKED_FLAG
                           else (flag, True) if flag in ("verify", "batch_invariant")
@@ -143,7 +150,7 @@ class LoadConfiguration(BaseModel):
             if key is None:
                 raise AlignattError(f"unknown configuration flag {flag!r} in {label!r}: use settle<N>, "
                                     f"{OWN_PROCESS_FLAG}, engines<N>, verify, batch_invariant, "
-                                    f"{', '.join(VLLM_QUANTIZATIONS)}, every<N> or {CHUNKED_FLAG}")
+                                    f"{', '.join(VLLM_QUANTIZATIONS)}, every<N>, {CHUNKED_FLAG} or frontends<N>")
             if key in fields:
                 raise AlignattError(f"configuration {label!r} names {key} twice")
             fields[key] = value

@@ -109,13 +109,14 @@ async def admit(host: ConnectionHost, frame: InitFrame, connection_id: int) -> A
     preset = resolve_preset(frame.preset or host.config.default_preset)
     fields, unknown = override_policy_fields(frame.overrides)
     policy = preset.policy.model_copy(update=fields)
-    if stats.sessions_active >= limits.max_sessions:
+    if not host.slots.take(limits.max_sessions):  # one count across the front ends
         raise ProtocolError(BUSY, f"all {limits.max_sessions} sessions are in use; retry later")
     stats.sessions_active += 1  # hold the slot while the engine is looked up
     try:
         opened = await _open(host, frame, routes, direction, preset, policy, connection_id)
     except BaseException as e:
         stats.sessions_active -= 1
+        host.slots.give()
         if isinstance(e, ProtocolError):
             raise
         if isinstance(e, BudgetExceeded):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from alignatt.capture.names import DEFAULT_SEAM, VLLM_CAPTURE
 from alignatt.core.draft import Head, Seam
@@ -180,6 +180,9 @@ class ServerConfig(BaseModel):
                                                    "cuda route, else 1")
     replicas: ReplicaConfig = Field(default_factory=ReplicaConfig, description="engine processes: hung-engine "
                                                                           "deadline, engines per GPU")
+    front_ends: int = Field(1, ge=1, description="server processes taking connections on the one port, each with "
+                                                 "its own interpreter, all drafting on the same engines (each in a "
+                                                 "process of its own); needs preload")
     # Who may connect (alignatt.serve.access).
     allow_origins: list[str] = Field(
         default_factory=list, validation_alias=AliasChoices("allow_origins", "allow_origin"),
@@ -206,6 +209,13 @@ class ServerConfig(BaseModel):
         if value != "auto" and value < 1:
             raise ValueError("engines must be 'auto' or at least 1")
         return value
+
+    @model_validator(mode="after")
+    def _front_ends_preloaded(self) -> "ServerConfig":
+        # the other front ends are handed the engines the first one loaded: every one, before listening
+        if self.front_ends > 1 and not self.preload:
+            raise ValueError("front_ends above 1 needs preload")
+        return self
 
 
 # What a served vLLM engine gets unless the route says otherwise: a growing utterance re-drafts a
@@ -249,7 +259,7 @@ def served_settle(requested: int | None | str, seam: str, device: str) -> int | 
 # descriptions): one direction's route, two limits, and these of the config.
 SERVE_ROUTE_FIELDS = ("model", "seam", "heads", "top_k", "device", "dtype")
 SERVE_LIMIT_FIELDS = ("max_sessions", "max_utterance_words")
-SERVE_CONFIG_FIELDS = ("host", "port", "default_preset", "engines", "allow_origins", "token_file",
+SERVE_CONFIG_FIELDS = ("host", "port", "default_preset", "engines", "front_ends", "allow_origins", "token_file",
                        "insecure_no_token", "ssl_certfile", "ssl_keyfile", "drain_s")
 # Who may connect: laid over a config file's too.
 ACCESS_FIELDS = ("allow_origins", "token_file", "token_env", "insecure_no_token", "ssl_certfile", "ssl_keyfile")

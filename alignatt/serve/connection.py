@@ -143,6 +143,7 @@ class Connection:
                 self.worker.cancel()
             if self.holds_slot:
                 self.server.stats.sessions_active -= 1
+                self.server.slots.give()
                 self.holds_slot = False
             if self.session is not None:
                 for key in self.keys:  # drops their queued drafts, aborts their running ones

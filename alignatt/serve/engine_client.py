@@ -34,9 +34,12 @@ import itertools
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.util
+import os
 import pickle
+import signal
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Hashable
 
 from alignatt.core.draft import Draft, DraftRequest
@@ -58,6 +61,42 @@ def draft_work(request: DraftRequest) -> int:
     return request.max_new_tokens + words
 
 
+@dataclass(frozen=True)
+class EngineHandoff:
+    """What another front end needs to drive an engine process this one started: its own end of a
+    pipe to the child (the child sends it `Ready` too), the child's heartbeat and pid. Passed to that
+    front end's process when it is spawned (the pipe and the heartbeat travel only then)."""
+
+    name: str
+    conn: multiprocessing.connection.Connection
+    heartbeat: Any
+    pid: int
+    cuda_device: str | None = None
+
+
+class _Sibling:
+    """The engine's process seen from a front end that did not start it (so not its parent): waited
+    on through a pidfd, killed by pid; its exit status is its parent's to read."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.sentinel = os.pidfd_open(pid)
+
+    @property
+    def exitcode(self) -> int | None:
+        """None while it runs; -1 once it has exited (how, only its parent knows)."""
+        return None if not multiprocessing.connection.wait([self.sentinel], 0) else -1
+
+    def join(self, timeout: float | None = None) -> None:
+        multiprocessing.connection.wait([self.sentinel], timeout)
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def _unwrapped(reply: Any) -> Any:
     """A reply, or the child's error raised where the server asked."""
     if isinstance(reply, Failed):
@@ -71,24 +110,43 @@ class ProcessBatchSeam:
     Calls are serialised by a lock: the scheduler's thread steps, the sessions' waiting threads
     count tokens; each waits for its reply. Construction returns once the child's seam is built."""
 
-    def __init__(self, spec: EngineSpec, name: str, start_timeout_s: float = 1800.0) -> None:
+    def __init__(self, spec: EngineSpec, name: str, start_timeout_s: float = 1800.0, front_ends: int = 1) -> None:
         context = multiprocessing.get_context("spawn")
-        self._conn, child_end = context.Pipe()
-        self._heartbeat = context.RawValue("d", time.monotonic())  # the child's last beat (shared memory)
-        self.process = context.Process(target=serve_engine, args=(child_end, spec, self._heartbeat),
-                                       name=f"alignatt-engine-{name}")
+        ends = [context.Pipe() for _ in range(front_ends)]  # (ours, the child's), one per front end
+        heartbeat = context.RawValue("d", time.monotonic())  # the child's last beat (shared memory)
+        process = context.Process(target=serve_engine, args=([child for _, child in ends], spec, heartbeat),
+                                  name=f"alignatt-engine-{name}")
         try:
-            self.process.start()
+            process.start()
         except (pickle.PicklingError, AttributeError, TypeError) as e:  # what pickling a closure raises
-            self._conn.close()
-            child_end.close()
+            for pair in ends:
+                for end in pair:
+                    end.close()
             raise AlignattError(f"engine {name}: its seam factory cannot be sent to a process of its own ({e}); "
                                 "give a module-level function") from None
-        child_end.close()  # the child holds the only other end: its exit reads as end of pipe here
+        for _, child in ends:
+            child.close()  # the child holds the only other ends: its exit reads as end of pipe here
+        # The other front ends' ends, for `ServerConfig.front_ends` processes to drive the same child.
+        self.handoffs = [EngineHandoff(name, conn, heartbeat, process.pid, spec.cuda_device) for conn, _ in ends[1:]]
+        self._connect(ends[0][0], heartbeat, name, spec.cuda_device, process, start_timeout_s)
+
+    @classmethod
+    def attached(cls, handoff: "EngineHandoff", start_timeout_s: float = 1800.0) -> "ProcessBatchSeam":
+        """The seam of a front end that did not start the engine's process: it drives the child over
+        its own pipe; the child's life stays the starting server's (closing this one only detaches)."""
+        seam = cls.__new__(cls)
+        seam.handoffs = []
+        seam._connect(handoff.conn, handoff.heartbeat, handoff.name, handoff.cuda_device, _Sibling(handoff.pid),
+                      start_timeout_s)
+        return seam
+
+    def _connect(self, conn: multiprocessing.connection.Connection, heartbeat: Any, name: str,
+                 cuda_device: str | None, process: Any, start_timeout_s: float) -> None:
+        self._conn, self._heartbeat, self.process = conn, heartbeat, process
         # At interpreter exit, before multiprocessing joins its children: our end closes, so they stop.
         multiprocessing.util.Finalize(self, self._conn.close, exitpriority=10)
         self.engine_name = name
-        self.cuda_device = spec.cuda_device
+        self.cuda_device = cuda_device
         self._lock = threading.Lock()
         self._reap = threading.Lock()  # one thread at a time waits for the child's exit status
         self._closed = False
@@ -109,7 +167,7 @@ class ProcessBatchSeam:
         self.step_phases_s: dict[str, float] | None = None  # the child's seam's, as of its last step
         self._answered_at = time.monotonic()
         try:
-            ready = self._call(None, timeout_s=start_timeout_s)
+            ready = self._call(None, timeout_s=start_timeout_s)  # `Ready`: every front end gets one
         except BaseException:
             self._stop()
             raise
@@ -121,6 +179,7 @@ class ProcessBatchSeam:
             # The draft's host work (prompt building, tokenising) on the submitting thread, here: the
             # child's one thread only steps its engine (a profile of the eval found ~30 % tokenising).
             self.prepare = ready.preparer
+
 
     # ---- the pipe ----
 
@@ -165,7 +224,7 @@ class ProcessBatchSeam:
         with self._reap:
             self.process.join(2.0)
             code = self.process.exitcode
-        how = ("still running, its pipe closed" if code is None
+        how = ("still running, its pipe closed" if code is None else "exited" if isinstance(self.process, _Sibling)
                else f"killed by signal {-code}" if code < 0 else f"exited with code {code}")
         return EngineDied(f"engine {self.engine_name} (process {self.process.pid}) stopped: {how}")
 
@@ -307,6 +366,9 @@ class ProcessBatchSeam:
         self._stop()
 
     def _stop(self) -> None:
+        if isinstance(self.process, _Sibling):  # not ours to end: the server that started it does
+            self._conn.close()
+            return
         with self._reap:
             self.process.join(5.0)
             if self.process.exitcode is None:

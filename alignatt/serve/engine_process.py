@@ -11,6 +11,7 @@ core's loop from its client).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import multiprocessing.connection
 import os
@@ -61,9 +62,13 @@ def _beat(heartbeat: Any, every_s: float) -> None:
         time.sleep(every_s)
 
 
-def serve_engine(conn: multiprocessing.connection.Connection, spec: EngineSpec, heartbeat: Any = None) -> None:
-    """The child's main: beat the heartbeat, build the seam on its device, then answer one request
-    at a time until `Close` or until the server's end of the pipe is gone."""
+def serve_engine(conns: multiprocessing.connection.Connection | Sequence[multiprocessing.connection.Connection],
+                 spec: EngineSpec, heartbeat: Any = None) -> None:
+    """The child's main: beat the heartbeat, build the seam on its device, then answer its clients
+    until the first one (the server that started it) sends `Close` or is gone. Several clients are
+    the server's front ends (`ServerConfig.front_ends`): one engine step serves every client whose
+    `Step` is waiting, so their drafts share the batch."""
+    conns = [conns] if isinstance(conns, multiprocessing.connection.Connection) else list(conns)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the server, which closes us
     if heartbeat is not None:
         threading.Thread(target=_beat, args=(heartbeat, spec.heartbeat_s / 2), name="engine-heartbeat",
@@ -79,58 +84,75 @@ def serve_engine(conn: multiprocessing.connection.Connection, spec: EngineSpec, 
                       template_tokens=counting.template_tokens if counting else None,
                       preparer=getattr(seam, "preparer", None) if hasattr(engine, "prepare") else None)
         try:
-            conn.send(ready)  # pickled whole before a byte is sent
+            pickle.dumps(ready)
         except (pickle.PicklingError, AttributeError, TypeError):  # a preparer that cannot travel
-            conn.send(dataclasses.replace(ready, preparer=None))  # the child prepares, as before
+            ready = dataclasses.replace(ready, preparer=None)  # the child prepares, as before
+        for conn in conns:
+            conn.send(ready)
         freeze_startup_heap()  # the engine's startup objects: no full collection walks them again
         pauses = process_pauses()
     except BaseException as e:  # noqa: BLE001 - reported to the server, which raises it
-        conn.send(Failed(portable_error(e)))
+        for conn in conns:
+            conn.send(Failed(portable_error(e)))
         return
 
     profiler = StepProfiler()
     kernels = KernelWindow(seam)
-    to_seam: dict[int, Hashable] = {}  # the server's handle -> the seam's, while the draft runs
-    to_server: dict[Hashable, int] = {}
-    # The step's submits and aborts, summed: the child's step outside the seam's own parts, sent with
+    # A draft is named by (client, the client's handle) here, and by the seam's handle in the seam.
+    to_seam: dict[tuple[int, int], Hashable] = {}
+    to_client: dict[Hashable, tuple[int, int]] = {}
+    running = [0] * len(conns)  # drafts each client has in the engine
+    finished_for: list[list[tuple[int, Any]]] = [[] for _ in conns]  # kept until the client's next Step
+    pending: list[collections.deque] = [collections.deque() for _ in conns]  # read, not yet answered
+    open_clients = dict(enumerate(conns))
+    # The steps' submits and aborts, summed: the child's step outside the seam's own parts, sent with
     # them as `submit` (a seam without parts gets none).
     work_s = [0.0]
 
-    def take_work(work: Sequence[Submit | Abort]) -> list[tuple[int, BaseException]]:
-        refused = []
+    def take_work(client: int, work: Sequence[Submit | Abort]) -> None:
         for item in work:
             if isinstance(item, Abort):
-                handle = to_seam.pop(item.handle, None)
+                handle = to_seam.pop((client, item.handle), None)
                 if handle is not None:  # else it finished first
-                    del to_server[handle]
+                    del to_client[handle]
+                    running[client] -= 1
                     engine.abort(handle)
                 continue
             try:
                 handle = (engine.submit(item.request) if item.prepared is None
                           else engine.submit(item.request, item.prepared))
             except Exception as e:  # noqa: BLE001 - a bad request fails alone
-                refused.append((item.handle, portable_error(e)))
+                finished_for[client].append((item.handle, portable_error(e)))
                 continue
-            to_seam[item.handle], to_server[handle] = handle, item.handle
-        return refused
+            to_seam[client, item.handle], to_client[handle] = handle, (client, item.handle)
+            running[client] += 1
+
+    def step(steps: dict[int, Step]) -> dict[int, Stepped]:
+        """Take every waiting `Step`'s work, step the engine once, answer each of those clients."""
+        started, cpu = time.perf_counter(), time.thread_time()
+        overhead = kernels.overhead_s
+        for client, message in steps.items():
+            take_work(client, message.work)
+        work_s[0] += time.perf_counter() - started
+        if engine.has_unfinished():
+            for handle, draft in kernels.step(engine.step):
+                owner = to_client.pop(handle, None)
+                if owner is not None:
+                    del to_seam[owner]
+                    running[owner[0]] -= 1
+                    finished_for[owner[0]].append((owner[1], draft))
+        phases = getattr(seam, "step_phases_s", None)
+        # a kernel window's profiler started or written out in this step is no part of the step
+        stall_wall, stall_cpu = (after - before for after, before in zip(kernels.overhead_s, overhead))
+        wall, cpu = time.perf_counter() - started - stall_wall, time.thread_time() - cpu - stall_cpu
+        replies = {}
+        for client in steps:
+            finished, finished_for[client] = finished_for[client], []
+            replies[client] = Stepped(finished, running[client] > 0, wall, cpu,
+                                      dict(phases, submit=work_s[0]) if phases is not None else None, pauses.pause_s)
+        return replies
 
     def answer(message: Any) -> Any:
-        if isinstance(message, Step):
-            started, cpu = time.perf_counter(), time.thread_time()
-            overhead = kernels.overhead_s
-            finished: list[tuple[int, Any]] = take_work(message.work)
-            work_s[0] += time.perf_counter() - started
-            if engine.has_unfinished():
-                for handle, draft in kernels.step(engine.step):
-                    if handle in to_server:
-                        del to_seam[to_server[handle]]
-                        finished.append((to_server.pop(handle), draft))
-            phases = getattr(seam, "step_phases_s", None)
-            # a kernel window's profiler started or written out in this step is no part of the step
-            stall_wall, stall_cpu = (after - before for after, before in zip(kernels.overhead_s, overhead))
-            return Stepped(finished, engine.has_unfinished(), time.perf_counter() - started - stall_wall,
-                           time.thread_time() - cpu - stall_cpu,
-                           dict(phases, submit=work_s[0]) if phases is not None else None, pauses.pause_s)
         if isinstance(message, Count):
             if counting is None:
                 raise TypeError(f"seam {getattr(seam, 'name', '?')} cannot count tokens")
@@ -149,22 +171,70 @@ def serve_engine(conn: multiprocessing.connection.Connection, spec: EngineSpec, 
             return Totalled(totals() if callable(totals) else None)
         raise TypeError(f"engine process: unexpected message {type(message).__name__}")
 
+    def send(client: int, reply: Any) -> None:
+        conn = open_clients.get(client)
+        if conn is None:
+            return
+        try:
+            conn.send(reply)  # pickled whole before a byte is sent
+        except (pickle.PicklingError, AttributeError, TypeError) as e:
+            conn.send(Failed(RuntimeError(f"engine process: its reply cannot be sent: {e}")))
+        except OSError:  # that client is gone; the end of its pipe says so at the next read
+            pass
+
+    def drop(client: int) -> None:
+        """A front end that closed or is gone: its drafts leave the engine."""
+        open_clients.pop(client).close()
+        pending[client].clear()
+        take_work(client, [Abort(handle) for c, handle in list(to_seam) if c == client])
+        finished_for[client].clear()
+
     try:
         while True:
-            try:
-                message = conn.recv()
-            except EOFError:  # the server is gone
-                return
-            if isinstance(message, Close):
-                break
-            try:
-                reply = answer(message)
-            except Exception as e:  # noqa: BLE001 - the server raises it where it asked
-                reply = Failed(portable_error(e))
-            try:
-                conn.send(reply)  # pickled whole before a byte is sent
-            except (pickle.PicklingError, AttributeError, TypeError) as e:
-                conn.send(Failed(RuntimeError(f"engine process: its reply cannot be sent: {e}")))
+            # Read what has come (waiting only when nothing read is unanswered), one message per client.
+            idle = not any(pending)
+            for conn in multiprocessing.connection.wait(list(open_clients.values()), None if idle else 0):
+                client = conns.index(conn)
+                try:
+                    message = conn.recv()
+                except EOFError:  # that client is gone; without the first one, so is the server
+                    if client == 0:
+                        return
+                    drop(client)
+                    continue
+                pending[client].append(message)
+            # Answer, in each client's order: what comes before its next Step, then one engine step
+            # for every client whose Step is next.
+            steps: dict[int, Step] = {}
+            for client, queue in enumerate(pending):
+                while queue and not isinstance(queue[0], Step):
+                    message = queue.popleft()
+                    if isinstance(message, Close):
+                        if client == 0:  # the server: the engine closes
+                            raise _Closing
+                        send(client, Closed())  # a front end leaving; the engine goes on
+                        drop(client)
+                        break
+                    try:
+                        reply = answer(message)
+                    except Exception as e:  # noqa: BLE001 - the server raises it where it asked
+                        reply = Failed(portable_error(e))
+                    send(client, reply)
+                if queue:
+                    steps[client] = queue.popleft()
+            if steps:
+                try:
+                    replies = step(steps)
+                except Exception as e:  # noqa: BLE001 - the server raises it where it asked
+                    replies = dict.fromkeys(steps, Failed(portable_error(e)))
+                for client, reply in replies.items():
+                    send(client, reply)
+    except _Closing:
+        pass
     finally:
         engine.close()
-    conn.send(Closed())
+    conns[0].send(Closed())
+
+
+class _Closing(Exception):
+    """The server's `Close`: out of the child's loop, the seam closed, `Closed` sent."""

@@ -9,6 +9,7 @@ connection only to run it.
 from __future__ import annotations
 
 import collections
+import multiprocessing
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
@@ -34,6 +35,43 @@ class ServerStats:
 
     def as_dict(self) -> dict:
         return {k: dict(v) if isinstance(v, collections.Counter) else v for k, v in vars(self).items()}
+
+
+class SessionSlots:
+    """The open sessions counted against `max_sessions`: this process's own count, or, with several
+    front ends, one count in shared memory that each takes from and gives back to under its lock."""
+
+    def __init__(self, shared: Any = None) -> None:
+        self.shared = shared  # a multiprocessing Value("i"), or None: one process counts alone
+        self._count = 0
+
+    @classmethod
+    def for_front_ends(cls, front_ends: int) -> "SessionSlots":
+        return cls(multiprocessing.get_context("spawn").Value("i", 0) if front_ends > 1 else None)
+
+    @property
+    def count(self) -> int:
+        return self._count if self.shared is None else self.shared.value
+
+    def take(self, limit: int) -> bool:
+        """One slot, if fewer than `limit` are taken."""
+        if self.shared is None:
+            if self._count >= limit:
+                return False
+            self._count += 1
+            return True
+        with self.shared.get_lock():
+            if self.shared.value >= limit:
+                return False
+            self.shared.value += 1
+            return True
+
+    def give(self) -> None:
+        if self.shared is None:
+            self._count -= 1
+            return
+        with self.shared.get_lock():
+            self.shared.value -= 1
 
 
 class WaitingPeers:
@@ -99,7 +137,8 @@ class ConnectionHost(Protocol):
     """The server as its connections see it."""
 
     config: ServerConfig
-    stats: ServerStats
+    stats: ServerStats  # this process's: sessions_active counts its own sessions
+    slots: SessionSlots  # the sessions counted against max_sessions (one count across front ends)
     registry: EngineRegistry
     step_log: ByteBoundedLog
     session_log: ByteBoundedLog

@@ -30,7 +30,7 @@ from alignatt.serve.budget import PromptBudget
 from alignatt.serve.config import SERVED_VLLM_OPTIONS, DirectionRoute, EngineCount, ReplicaConfig, SeamFactory, resolve_heads
 from alignatt.serve.gc_pauses import process_pauses
 from alignatt.serve.limits import DraftTooLarge
-from alignatt.serve.engine_client import ProcessBatchSeam, draft_work
+from alignatt.serve.engine_client import EngineHandoff, ProcessBatchSeam, draft_work
 from alignatt.serve.engine_devices import close_together, replica_devices, start_together
 from alignatt.serve.engine_process import EngineSpec
 from alignatt.serve.scheduler import DraftScheduler, EngineDied, EngineHung, SchedulerConfig, SessionSeam
@@ -77,19 +77,21 @@ class Engine:
     def __init__(self, name: str, route: DirectionRoute, heads: list[Head], factory: SeamFactory,
                  scheduler: SchedulerConfig | None = None, in_process: bool = True,
                  cuda_device: str | None = None, replicas: ReplicaConfig | None = None,
-                 engines_on_gpu: int = 1) -> None:
+                 engines_on_gpu: int = 1, front_ends: int = 1, handoff: EngineHandoff | None = None) -> None:
         self.name = name
         self.route = route
         self.heads = heads
         self.cuda_device = cuda_device
         self.replicas = replicas or ReplicaConfig()
         config = scheduler or SchedulerConfig()
-        if in_process:
+        if handoff is not None:  # another front end's engine process (`serve.front_ends`)
+            build = lambda: ProcessBatchSeam.attached(handoff)  # noqa: E731
+        elif in_process:
             build = lambda: factory(served_route(route), heads)  # noqa: E731
         else:
             spec = EngineSpec(factory, served_route(route, engines_on_gpu), heads, cuda_device,
                               self.replicas.heartbeat_s)
-            build = lambda: ProcessBatchSeam(spec, name)  # noqa: E731
+            build = lambda: ProcessBatchSeam(spec, name, front_ends=front_ends)  # noqa: E731
         self.scheduler = DraftScheduler(build, config, name=name)
         self.seam: Seam = self.scheduler.seam
         # The engine's tokenizer work, off the event loop and off the engine thread: an init's
@@ -301,8 +303,9 @@ class EngineRegistry:
 
     def __init__(self, factory: SeamFactory, scheduler: SchedulerConfig | None = None,
                  routes: dict[str, DirectionRoute] | None = None, engines: EngineCount = 1,
-                 replicas: ReplicaConfig | None = None) -> None:
+                 replicas: ReplicaConfig | None = None, front_ends: int = 1) -> None:
         self.factory = factory
+        self.front_ends = front_ends  # server processes driving each engine (`serve.front_ends`)
         self.scheduler = scheduler
         self.replicas = replicas or ReplicaConfig()
         self.routes = dict(routes or {})
@@ -335,11 +338,12 @@ class EngineRegistry:
         names = [str(self._count + i) for i in range(len(devices))]
         self._count += len(devices)
         started = time.perf_counter()
-        if devices == [None] and not self.replicas.own_process:
+        if devices == [None] and not self.replicas.own_process and self.front_ends == 1:
             engines = [Engine(names[0], route, heads, self.factory, self.scheduler)]
         else:
             engines = start_together([partial(Engine, n, route, heads, self.factory, self.scheduler, False, d,
-                                              self.replicas, devices.count(d) if d is not None else 1)
+                                              self.replicas, devices.count(d) if d is not None else 1,
+                                              self.front_ends)
                                       for n, d in zip(names, devices)])
         for e in engines:
             log.info("engine %s: %s/%s heads=%s on %s loaded in %.1fs (batch %d)", e.name, route.model, route.seam,
@@ -347,6 +351,14 @@ class EngineRegistry:
                      ("its own process" if isinstance(e.seam, ProcessBatchSeam) else "this process"),
                      time.perf_counter() - started, e.scheduler.max_batch)
         return engines
+
+    def attach(self, name: str, route: DirectionRoute, heads: list[Head], handoff: EngineHandoff) -> Engine:
+        """An engine another front end loaded, driven from here over the pipe it handed over."""
+        engine = Engine(name, route, heads, self.factory, self.scheduler, False, handoff.cuda_device, self.replicas,
+                        handoff=handoff)
+        with self._lock:
+            self._engines.setdefault(route_key(route), []).append(engine)
+        return engine
 
     def get(self, route: DirectionRoute, direction: str) -> Engine:
         """The route's least loaded live engine (without admitting anything to it)."""

@@ -28,8 +28,9 @@ from alignatt.serve import access
 from alignatt.serve.budget import PromptBudget
 from alignatt.serve.config import SeamFactory, ServerConfig, default_seam_factory, resolve_preset
 from alignatt.serve.connection import Connection, peer_of, translation_frame  # noqa: F401 - translation_frame re-exported
+from alignatt.serve.front_ends import DRAIN, ENGINE_STATS, SNAPSHOT, FrontEnds, FrontEndSpec
 from alignatt.serve.gc_pauses import freeze_startup_heap, process_pauses
-from alignatt.serve.host import ServerStats, WaitingPeers  # noqa: F401 - re-exported: the counters' home is serve.host
+from alignatt.serve.host import ServerStats, SessionSlots, WaitingPeers  # noqa: F401 - re-exported: the counters' home is serve.host
 from alignatt.serve.pool import Engine, EngineRegistry, route_key
 from alignatt.serve.records import ByteBoundedLog
 from alignatt.serve.scheduler import SchedulerConfig
@@ -46,7 +47,8 @@ wire_log.setLevel(logging.WARNING)
 
 
 class MTServer:
-    def __init__(self, config: ServerConfig | None = None, seam_factory: SeamFactory | None = None):
+    def __init__(self, config: ServerConfig | None = None, seam_factory: SeamFactory | None = None,
+                 front_end: FrontEndSpec | None = None):
         self.config = config or ServerConfig()
         resolve_preset(self.config.default_preset)  # fail at start, not at the first session
         # Capacity is counted once, in client sessions (a multi-target session is one): the server
@@ -54,7 +56,14 @@ class MTServer:
         self.registry = EngineRegistry(seam_factory or default_seam_factory,
                                        SchedulerConfig(capacity=self.config.limits.max_sessions),
                                        routes=self.config.directions, engines=self.config.engines,
-                                       replicas=self.config.replicas)
+                                       replicas=self.config.replicas, front_ends=self.config.front_ends)
+        # With several front ends (`serve.front_ends`): the first one (this, unless `front_end` says
+        # which other one this is) loads the engines and starts the others; all count sessions as one.
+        self.front_end = front_end
+        self.slots = SessionSlots(front_end.slots) if front_end else SessionSlots.for_front_ends(self.config.front_ends)
+        self.front_ends = FrontEnds(self.config, self.slots) if self.config.front_ends > 1 and not front_end else None
+        for attached in front_end.engines if front_end else ():
+            self.registry.attach(attached.handoff.name, attached.route, attached.heads, attached.handoff)
         self.stats = ServerStats()
         self.token = access.check_exposure(self.config)  # never logged, never echoed
         self.ssl = access.ssl_context(self.config)
@@ -92,14 +101,20 @@ class MTServer:
             max_size=limits.max_frame_bytes * limits.hard_frame_factor,
             ping_interval=limits.ping_interval_s,
             ping_timeout=limits.ping_timeout_s,
+            reuse_port=self.config.front_ends > 1,  # every front end listens on the one port
         )
         self.port = self._server.sockets[0].getsockname()[1]
+        if self.front_ends is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.front_ends.start, self.port,
+                                                             self.registry.engines)
         return self.port
 
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+        if self.front_ends is not None:  # before the engines: their sessions' drafts end first
+            await asyncio.get_running_loop().run_in_executor(None, self.front_ends.stop)
         self.registry.close()
         gc.unfreeze()  # what this server left behind can be collected (a process may start another)
 
@@ -139,6 +154,8 @@ class MTServer:
         rolling restart sends (SIGTERM): the clients reconnect through the balancer elsewhere."""
         loop = asyncio.get_running_loop()
         self.draining = True
+        others = loop.run_in_executor(None, self.front_ends.ask, DRAIN, self.config.drain_s
+                                      + self.config.limits.send_stall_s + 30) if self.front_ends else None
         log.info("draining: %d connections; open utterances may finish for %g s", len(self.connections),
                  self.config.drain_s)
         deadline = loop.time() + self.config.drain_s
@@ -152,13 +169,24 @@ class MTServer:
         deadline = loop.time() + self.config.limits.send_stall_s
         while self.connections and loop.time() < deadline:
             await asyncio.sleep(0.05)
+        if others is not None:
+            await others
         log.info("drained (%d connections left open)", len(self.connections))
 
     # ---- health and stats ----
 
     def snapshot(self) -> dict:
-        """The server's counters and every engine's figures (`Engine.stats`), alive or not."""
-        return {**self.stats.as_dict(), "engines": [e.stats() for e in self.registry.engines]}
+        """The server's counters and every engine's figures (`Engine.stats`), alive or not; with
+        several front ends, this one's, and each other one's under `front_ends`."""
+        own = {**self.stats.as_dict(), "engines": [e.stats() for e in self.registry.engines]}
+        return {**own, "front_ends": self.front_ends.ask(SNAPSHOT)} if self.front_ends else own
+
+    def engine_stats(self) -> list[dict]:
+        """`Engine.stats` of every engine as each front end drives it (the others' tagged `front_end`)."""
+        own = [e.stats() for e in self.registry.engines]
+        if self.front_ends is None:
+            return own
+        return own + [stats for answer in self.front_ends.ask(ENGINE_STATS) for stats in answer or []]
 
     def health(self) -> dict:
         """What a new session would get, in the one count of capacity (client sessions, a
@@ -176,7 +204,7 @@ class MTServer:
         live = {key: [e for e in engines if e.alive] for key, engines in routes.items()}
         down = any(not engines for engines in live.values())
         no_room = any(not any(e.scheduler.has_room() for e in engines) for engines in live.values())
-        active, limit = self.stats.sessions_active, self.config.limits.max_sessions
+        active, limit = self.slots.count, self.config.limits.max_sessions
         waiting = self.stats.connections_before_init
         limits = self.config.limits  # busy: a new connection would be refused (no idle one makes room)
         busy = not self.waiting.room_for(None, limits.max_connections_before_init_per_peer,

@@ -546,9 +546,13 @@ def test_an_engine_profile_dir_profiles_each_engine_process_over_each_level(shor
 
 def test_a_configuration_and_its_label_round_trip_as_artifacts_have_always_named_it():
     every = LoadConfiguration(vllm_mode="fullgraph", settle_buffer_tokens=2, own_process=True, engines=4, verify=True,
-                              batch_invariant=True, quantization="fp8", settle_every=1, chunked_history=True)
-    assert every.label() == "fullgraph+settle2+process+engines4+verify+batch_invariant+fp8+every1+chunked"
+                              batch_invariant=True, quantization="fp8", settle_every=1, chunked_history=True,
+                              front_ends=3)
+    assert every.label() == "fullgraph+settle2+process+engines4+verify+batch_invariant+fp8+every1+chunked+frontends3"
     assert LoadConfiguration.from_label(every.label()) == every
+    from alignatt.serve.config import DirectionRoute
+
+    assert every.server_config(DirectionRoute(), port=0).front_ends == 3
     # FP8 weights reach the engine's options, and the capture cost's engines keep them
     assert every.seam_options()["quantization"] == "fp8" and every.plain_engine().quantization == "fp8"
     assert every.seam_options()["settle_every"] == 1  # the engine's option; None keeps the engine's default
@@ -558,7 +562,8 @@ def test_a_configuration_and_its_label_round_trip_as_artifacts_have_always_named
     assert LoadConfiguration.from_label("fullgraph+engines4+verify") == LoadConfiguration(
         vllm_mode="fullgraph", engines=4, verify=True)
     assert LoadConfiguration.from_label(None) == LoadConfiguration() and LoadConfiguration().label() is None
-    for label in ("fullgraph+engines0", "fullgraph+engines", "fullgraph+fast", "fullgraph+every0"):
+    for label in ("fullgraph+engines0", "fullgraph+engines", "fullgraph+fast", "fullgraph+every0",
+                  "fullgraph+frontends1"):
         with pytest.raises(AlignattError, match="unknown configuration flag"):
             LoadConfiguration.from_label(label)
     with pytest.raises(AlignattError, match="names engines twice"):

@@ -8,7 +8,7 @@ import threading
 
 from alignatt.replay.client import init_frame
 from alignatt.serve.admission import admit
-from alignatt.serve.host import ServerStats
+from alignatt.serve.host import ServerStats, SessionSlots
 from alignatt.serve.protocol import BAD_PROTOCOL, parse_frame
 from tests.support.server_client import Client, fake_config, fake_server
 
@@ -75,7 +75,7 @@ def test_an_init_cancelled_while_its_engine_admits_it_leaves_no_session_on_the_e
     registry = _SlowPlacement()
 
     class Host:
-        config, stats = fake_config(tmp_path), ServerStats()
+        config, stats, slots = fake_config(tmp_path), ServerStats(), SessionSlots()
 
     Host.registry = registry
     frame = parse_frame(json.dumps(init_frame("en", "de", check=False)), 1 << 16)
@@ -97,4 +97,4 @@ def test_an_init_cancelled_while_its_engine_admits_it_leaves_no_session_on_the_e
 
     asyncio.run(cancelled_mid_place())
     assert registry.placed.is_set() and registry.open == set()
-    assert Host.stats.sessions_active == 0  # the slot is given back too
+    assert Host.stats.sessions_active == 0 and Host.slots.count == 0  # the slot is given back too

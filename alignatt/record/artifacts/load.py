@@ -138,6 +138,9 @@ class LoadLevel(_Strict):
     # Each of the server process's threads (by name), its CPU time per wall second of the level, in
     # cores: which one paces the level when the process is near a core (one interpreter lock).
     server_thread_cpu_cores: dict[str, float] | None = None
+    # The server's other front ends (ServerConfig.front_ends), each process's CPU time per wall second
+    # of the level, in cores (the figures above are the first front end's). None: one front end.
+    front_end_cpu_cores: list[float] | None = None
     # A partial's time inside the server (from reading its update to sending the reply, the frame's
     # server_ms); the rest of its RTT is the wire, the client and the server's loop reading it late.
     partial_server_ms_p50: float | None = None

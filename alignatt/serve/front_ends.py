@@ -1,0 +1,185 @@
+"""Front ends: more server processes on the one port, sharing the engines' processes.
+
+One server process runs every session's protocol, policy and settling under one interpreter lock;
+past a few hundred speakers that lock, not the GPU, paces it (the load stage's
+`server_thread_cpu_cores`). With `ServerConfig.front_ends` N, the process `alignatt serve` starts
+(the first front end) loads the engines, each in a process of its own, and starts N-1 more server
+processes, as vLLM scales its API server out. Each listens on the same host:port (SO_REUSEPORT: the
+kernel deals new connections among them), runs its own connections, sessions, draft scheduler and
+tokenizing threads, and drives the same engine processes over a pipe of its own
+(`serve.engine_client.EngineHandoff`): one engine step batches the drafts of every front end
+(`serve.engine_process`). The first front end answers for the others: the count of open sessions
+against `max_sessions` is one count in shared memory (`SessionSlots`), its `/stats` lists every front
+end's figures, SIGTERM drains them all, and it stops them before it closes the engines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import multiprocessing.connection
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from alignatt.core.draft import Head
+from alignatt.core.errors import AlignattError
+from alignatt.serve.config import DirectionRoute, ServerConfig
+from alignatt.serve.engine_client import EngineHandoff
+from alignatt.serve.engine_process import portable_error
+from alignatt.serve.host import SessionSlots
+
+log = logging.getLogger("alignatt.serve.server")
+
+
+@dataclass
+class AttachedEngine:
+    """An engine another front end started, as this one drives it."""
+
+    route: DirectionRoute
+    heads: list[Head]
+    handoff: EngineHandoff
+
+
+@dataclass
+class FrontEndSpec:
+    """What a front end's process is started with (pickled once, when it is spawned)."""
+
+    index: int
+    config: ServerConfig  # the first front end's, with its port
+    engines: list[AttachedEngine]
+    slots: Any  # SessionSlots.shared
+    control: multiprocessing.connection.Connection  # requests from the first front end
+
+
+# What the first front end may ask another (each answered on the control pipe, in order).
+SNAPSHOT, ENGINE_STATS, DRAIN, STOP = "snapshot", "engine_stats", "drain", "stop"
+
+
+class FrontEnds:
+    """The first front end's handle on the others: started after its engines are loaded and its
+    socket listens, asked for their figures, drained and stopped with it."""
+
+    def __init__(self, config: ServerConfig, slots: SessionSlots) -> None:
+        self.config = config
+        self.slots = slots
+        self._processes: list[Any] = []
+        self._control: list[multiprocessing.connection.Connection] = []
+        self._lock = threading.Lock()  # one request at a time on the control pipes
+
+    def start(self, port: int, engines: list[Any], timeout_s: float = 300.0) -> None:
+        """Start `config.front_ends - 1` processes serving on `port`, each driving `engines` (the
+        registry's, each in a process of its own) over the pipes their seams keep for it."""
+        context = multiprocessing.get_context("spawn")
+        config = self.config.model_copy(update={"port": port, "preload": False})
+        for index in range(1, self.config.front_ends):
+            ours, theirs = context.Pipe()
+            attached = [AttachedEngine(e.route, e.heads, e.seam.handoffs[index - 1]) for e in engines]
+            spec = FrontEndSpec(index, config, attached, self.slots.shared, theirs)
+            process = context.Process(target=run_front_end, args=(spec,), name=f"alignatt-front-end-{index}")
+            process.start()
+            theirs.close()
+            for engine in attached:  # the child took its copy of the pipe: ours would keep it open
+                engine.handoff.conn.close()
+            self._processes.append(process)
+            self._control.append(ours)
+        for index, conn in enumerate(self._control, start=1):
+            if not conn.poll(timeout_s):
+                raise AlignattError(f"front end {index} did not start within {timeout_s:.0f}s")
+            try:
+                reply = conn.recv()
+            except EOFError:
+                raise AlignattError(f"front end {index} exited while starting "
+                                    f"(code {self._processes[index - 1].exitcode})") from None
+            if isinstance(reply, BaseException):
+                raise reply
+        log.info("%d more front ends listen on port %d (pids %s)", len(self._processes), port,
+                 [p.pid for p in self._processes])
+
+    def ask(self, request: str, timeout_s: float = 60.0) -> list[Any]:
+        """Every other front end's answer to `request` (None from one that is gone or silent)."""
+        with self._lock:
+            answers = []
+            for conn in self._control:
+                try:
+                    conn.send(request)
+                    answers.append(conn.recv() if conn.poll(timeout_s) else None)
+                except (EOFError, OSError):
+                    answers.append(None)
+            return answers
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Stop each (its sessions closed, its pipes to the engines closed), then reap it."""
+        self.ask(STOP, timeout_s)
+        for process in self._processes:
+            process.join(timeout_s)
+            if process.exitcode is None:
+                process.kill()
+                process.join(5.0)
+        for conn in self._control:
+            conn.close()
+        self._processes, self._control = [], []
+
+
+def run_front_end(spec: FrontEndSpec) -> None:
+    """A front end's main: serve the first one's config on its port with the engines it was handed,
+    and answer the first one's requests until it asks to stop (or is gone)."""
+    from alignatt.serve.server import MTServer
+
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(name)s[{spec.index}] %(message)s")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the first front end, which stops us
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # so does SIGTERM: the first one drains us with it
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            server = MTServer(spec.config, front_end=spec)
+            await server.start()
+        except BaseException as e:  # noqa: BLE001 - the first front end raises it
+            spec.control.send(portable_error(e))
+            return
+        spec.control.send("listening")
+        stopped = loop.create_future()
+
+        def answer(request: str) -> Any:
+            if request == SNAPSHOT:
+                return {**server.snapshot(), "front_end": spec.index, "cpu_s": time.process_time()}
+            if request == ENGINE_STATS:
+                return [dict(e.stats(), front_end=spec.index) for e in server.registry.engines]
+            raise ValueError(f"front end: unknown request {request!r}")
+
+        def control() -> None:
+            while True:
+                try:
+                    request = spec.control.recv()
+                except (EOFError, OSError):  # the first front end is gone
+                    request = STOP
+                if request == STOP:
+                    loop.call_soon_threadsafe(lambda: stopped.done() or stopped.set_result(None))
+                    return
+                if request == DRAIN:
+                    asyncio.run_coroutine_threadsafe(server.drain(), loop).result()
+                    reply: Any = "drained"
+                else:
+                    reply = asyncio.run_coroutine_threadsafe(_on_loop(answer, request), loop).result()
+                spec.control.send(reply)
+
+        threading.Thread(target=control, name="front-end-control", daemon=True).start()
+        try:
+            await stopped
+        finally:
+            await server.stop()
+        try:
+            spec.control.send("stopped")
+        except OSError:
+            pass
+
+    asyncio.run(main())
+
+
+async def _on_loop(fn: Any, *args: Any) -> Any:
+    return fn(*args)
+
