@@ -69,6 +69,8 @@ class FrontEnds:
         self._processes: list[Any] = []
         self._control: list[multiprocessing.connection.Connection] = []
         self._lock = threading.Lock()  # one request at a time on the control pipes
+        self._stopping = False
+        self.lost: set[int] = set()  # front ends (by index) that exited unasked
 
     def start(self, port: int, engines: list[Any], timeout_s: float = 300.0) -> None:
         """Start `config.front_ends - 1` processes serving on `port`, each driving `engines` (the
@@ -98,12 +100,31 @@ class FrontEnds:
                 raise reply
         log.info("%d more front ends listen on port %d (pids %s)", len(self._processes), port,
                  [p.pid for p in self._processes])
+        threading.Thread(target=self._watch, name="front-ends-watch", daemon=True).start()
+
+    def _watch(self) -> None:
+        """A front end that exits unasked is lost: its sessions went with it (their clients see the
+        socket close), its slots are given back, and the others serve on (`/health`: degraded)."""
+        waiting = {p.sentinel: index for index, p in enumerate(self._processes, start=1)}
+        while waiting and not self._stopping:
+            for sentinel in multiprocessing.connection.wait(list(waiting), 1.0):
+                index = waiting.pop(sentinel)
+                if self._stopping:
+                    return
+                self.lost.add(index)
+                held = self.slots.forget(index)
+                log.error("front end %d (process %d) exited with code %s: its %d sessions are gone, the other "
+                          "front ends serve on", index, self._processes[index - 1].pid,
+                          self._processes[index - 1].exitcode, held)
 
     def ask(self, request: str, timeout_s: float = 60.0) -> list[Any]:
         """Every other front end's answer to `request` (None from one that is gone or silent)."""
         with self._lock:
             answers = []
-            for conn in self._control:
+            for index, conn in enumerate(self._control, start=1):
+                if index in self.lost:
+                    answers.append(None)
+                    continue
                 try:
                     conn.send(request)
                     answers.append(conn.recv() if conn.poll(timeout_s) else None)
@@ -113,6 +134,7 @@ class FrontEnds:
 
     def stop(self, timeout_s: float = 60.0) -> None:
         """Stop each (its sessions closed, its pipes to the engines closed), then reap it."""
+        self._stopping = True
         self.ask(STOP, timeout_s)
         for process in self._processes:
             process.join(timeout_s)

@@ -39,19 +39,21 @@ class ServerStats:
 
 class SessionSlots:
     """The open sessions counted against `max_sessions`: this process's own count, or, with several
-    front ends, one count in shared memory that each takes from and gives back to under its lock."""
+    front ends, one count per front end in shared memory, taken and given back under one lock, so
+    that a front end that dies leaves no slot taken (`forget`)."""
 
-    def __init__(self, shared: Any = None) -> None:
-        self.shared = shared  # a multiprocessing Value("i"), or None: one process counts alone
+    def __init__(self, shared: Any = None, index: int = 0) -> None:
+        self.shared = shared  # a multiprocessing Array("i", front ends), or None: one process counts alone
+        self.index = index  # this front end's place in it
         self._count = 0
 
     @classmethod
     def for_front_ends(cls, front_ends: int) -> "SessionSlots":
-        return cls(multiprocessing.get_context("spawn").Value("i", 0) if front_ends > 1 else None)
+        return cls(multiprocessing.get_context("spawn").Array("i", front_ends) if front_ends > 1 else None)
 
     @property
     def count(self) -> int:
-        return self._count if self.shared is None else self.shared.value
+        return self._count if self.shared is None else sum(self.shared[:])
 
     def take(self, limit: int) -> bool:
         """One slot, if fewer than `limit` are taken."""
@@ -61,9 +63,9 @@ class SessionSlots:
             self._count += 1
             return True
         with self.shared.get_lock():
-            if self.shared.value >= limit:
+            if sum(self.shared[:]) >= limit:
                 return False
-            self.shared.value += 1
+            self.shared[self.index] += 1
             return True
 
     def give(self) -> None:
@@ -71,7 +73,13 @@ class SessionSlots:
             self._count -= 1
             return
         with self.shared.get_lock():
-            self.shared.value -= 1
+            self.shared[self.index] -= 1
+
+    def forget(self, index: int) -> int:
+        """Drop what front end `index` held (it is gone, and its sessions with it); how many it held."""
+        with self.shared.get_lock():
+            held, self.shared[index] = self.shared[index], 0
+            return held
 
 
 class WaitingPeers:

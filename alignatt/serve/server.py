@@ -60,7 +60,7 @@ class MTServer:
         # With several front ends (`serve.front_ends`): the first one (this, unless `front_end` says
         # which other one this is) loads the engines and starts the others; all count sessions as one.
         self.front_end = front_end
-        self.slots = SessionSlots(front_end.slots) if front_end else SessionSlots.for_front_ends(self.config.front_ends)
+        self.slots = SessionSlots(front_end.slots, front_end.index) if front_end else SessionSlots.for_front_ends(self.config.front_ends)
         self.front_ends = FrontEnds(self.config, self.slots) if self.config.front_ends > 1 and not front_end else None
         for attached in front_end.engines if front_end else ():
             self.registry.attach(attached.handoff.name, attached.route, attached.heads, attached.handoff)
@@ -195,7 +195,8 @@ class MTServer:
         - draining: SIGTERM came; no new session (`drain`);
         - down: some served route has engines but none of them live (dead, or hung: taken out);
         - full: `max_sessions` sessions are open, or no live engine of a loaded route has room;
-        - degraded: admitted, but some engine is dead or hung (fewer engines serve the sessions);
+        - degraded: admitted, but some engine is dead or hung (fewer engines serve the sessions), or
+          some front end exited (fewer processes take the port's connections);
         - ok: admitted, every engine live. A route not loaded yet counts as up.
         """
         routes: dict[tuple, list[Engine]] = {}
@@ -210,6 +211,7 @@ class MTServer:
         busy = not self.waiting.room_for(None, limits.max_connections_before_init_per_peer,
                                          limits.max_connections_before_init)
         lost = sum(len(engines) - len(live[key]) for key, engines in routes.items())
+        lost += len(self.front_ends.lost) if self.front_ends else 0  # a front end gone: fewer serve
         status = ("draining" if self.draining else "down" if down else "full" if active >= limit or no_room
                   else "busy" if busy else "degraded" if lost else "ok")
         states = [e.state for e in self.registry.engines]
@@ -217,7 +219,9 @@ class MTServer:
                 "sessions_free": 0 if status in ("draining", "down", "full", "busy") else limit - active,
                 "connections_before_init": waiting,
                 "engines": len(states), "engines_alive": states.count("live"),
-                "engines_hung": states.count("hung"), "engines_dead": states.count("dead")}
+                "engines_hung": states.count("hung"), "engines_dead": states.count("dead"),
+                **({"front_ends": self.config.front_ends, "front_ends_lost": len(self.front_ends.lost)}
+                   if self.front_ends else {})}
 
     def _http(self, connection, request):
         """`GET /health` (open to all: 200 when a new session is admitted, ok or degraded, else

@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+from websockets.exceptions import ConnectionClosed
 
 from alignatt.core.draft import DraftRequest
 from alignatt.core.errors import AlignattError
@@ -84,32 +85,49 @@ def test_an_engine_outlives_no_server_and_its_other_front_ends_see_it_gone():
         second.close()
 
 
-def served(tmp_path, front_ends: int = 2, max_sessions: int = 6) -> ServerThread:
+def served(tmp_path, front_ends: int = 2, max_sessions: int = 32, drain_s: float = 30.0) -> ServerThread:
     record_dir = tmp_path / "drafts"
     record_dir.mkdir()
     config = fake_config(tmp_path, max_sessions=max_sessions)
     config.directions = {d: r.model_copy(update={"seam_options": {"record_dir": str(record_dir), "delay_s": 0.002}})
                          for d, r in config.directions.items()}
-    config.front_ends = front_ends
+    config.front_ends, config.drain_s = front_ends, drain_s
     srv = ServerThread(config, recording_factory)
     srv.record_dir = record_dir
     return srv
 
 
-def test_front_ends_share_the_port_the_engine_and_the_session_count(tmp_path):
-    limit = 6
-    with served(tmp_path, max_sessions=limit) as srv:
-        clients: list[Client] = []
-        try:
-            # The kernel deals connections among the processes on the port: open until both hold one.
-            def per_front_end() -> list[int]:
-                snapshot = srv.call(srv.server.snapshot)
-                return [snapshot["sessions_active"]] + [s["sessions_active"] for s in snapshot["front_ends"]]
+def per_front_end(srv) -> list[int]:
+    """Sessions each front end holds, the first one's first."""
+    snapshot = srv.call(srv.server.snapshot)
+    return [snapshot["sessions_active"]] + [s["sessions_active"] if s else 0 for s in snapshot["front_ends"]]
 
-            while min(per_front_end()) == 0 and len(clients) < limit:
-                clients.append(Client(srv.url))
-                assert clients[-1].init()["type"] == "init_ok"
-            assert min(per_front_end()) >= 1, per_front_end()
+
+def spread(srv, at_most: int = 32) -> list[Client]:
+    """Sessions opened until every front end holds one (the kernel deals the connections by a hash of
+    their addresses: 32 all dealt to one of two is a chance of 2^-31)."""
+    clients: list[Client] = []
+    while min(per_front_end(srv)) == 0 and len(clients) < at_most:
+        clients.append(Client(srv.url))
+        assert clients[-1].init()["type"] == "init_ok"
+    assert min(per_front_end(srv)) >= 1, per_front_end(srv)
+    return clients
+
+
+def closed_with(c: Client) -> int | None:
+    """The close code the client reads once the server closes its connection (replies before it read)."""
+    while True:
+        try:
+            c.recv()
+        except ConnectionClosed as e:
+            return e.rcvd.code if e.rcvd else None
+
+
+def test_front_ends_share_the_port_the_engine_and_the_session_count(tmp_path):
+    limit = 32
+    with served(tmp_path, max_sessions=limit) as srv:
+        clients = spread(srv, limit)
+        try:
             while len(clients) < limit:
                 clients.append(Client(srv.url))
                 assert clients[-1].init()["type"] == "init_ok"
@@ -129,7 +147,7 @@ def test_front_ends_share_the_port_the_engine_and_the_session_count(tmp_path):
             drafted = drafts_by_process(srv.record_dir)
             engine_pid = srv.server.registry.engines[0].seam.pid
             assert set(drafted) == {engine_pid} and os.getpid() != engine_pid
-            assert {w[:2] for w in drafted[engine_pid]} == {f"s{i}" for i in range(limit)}
+            assert {w.split("w")[0] for w in drafted[engine_pid]} == {f"s{i}" for i in range(limit)}
             # Per engine, the front ends' figures add up to every session and every final.
             merged = merge_front_ends(srv.call(srv.server.engine_stats))
             assert len(merged) == 1 and merged[0]["admitted"] == limit and merged[0]["failed"] == 0
@@ -138,6 +156,49 @@ def test_front_ends_share_the_port_the_engine_and_the_session_count(tmp_path):
             for c in clients:
                 c.close()
     assert not srv._thread.is_alive()
+
+
+def test_a_drain_reaches_every_front_end(tmp_path):
+    with served(tmp_path, drain_s=0.5) as srv:
+        clients = spread(srv)
+        try:
+            srv.drain()
+            assert [closed_with(c) for c in clients] == [1012] * len(clients)  # told to reconnect, every one
+            assert srv.call(lambda: srv.server.slots.count) == 0
+        finally:
+            for c in clients:
+                c.close()
+
+
+def test_a_front_end_that_dies_takes_only_its_sessions_and_gives_back_their_slots(tmp_path):
+    with served(tmp_path) as srv:
+        clients = spread(srv)
+        try:
+            mine = srv.call(lambda: srv.server.stats.sessions_active)
+            os.kill(srv.server.front_ends._processes[0].pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while not srv.server.front_ends.lost and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert srv.server.front_ends.lost == {1} and srv.call(lambda: srv.server.slots.count) == mine
+            status, health = http_get(srv, "/health")  # only the first front end listens now
+            assert status == 200 and health["status"] == "degraded" and health["front_ends_lost"] == 1
+            survived = 0
+            for i, c in enumerate(clients):
+                words = [f"s{i}w{j}" for j in range(3)]
+                try:
+                    reply = c.ask(words, final=True)
+                except ConnectionClosed:
+                    continue
+                assert reply["committed_text"] == translated(words)
+                survived += 1
+            assert survived == mine and 0 < mine < len(clients)
+            late = Client(srv.url)  # the engine serves on, for the first front end
+            clients.append(late)
+            assert late.init()["type"] == "init_ok"
+            assert late.ask(["late", "words"], final=True)["committed_text"] == translated(["late", "words"])
+        finally:
+            for c in clients:
+                c.close()
 
 
 def test_front_ends_need_the_engines_loaded_before_listening():
