@@ -147,18 +147,13 @@ def engine_level(before: dict, after: dict) -> dict:
     sizes_before = before.get("batch_sizes", {})
     sizes = {k: v - sizes_before.get(k, 0) for k, v in after.get("batch_sizes", {}).items()}
     steps = after.get("steps", 0) - before.get("steps", 0)
-
-    def per_step_ms(key: str) -> float | None:
-        if not steps or key not in after:
-            return None
-        return round((after[key] - before.get(key, 0.0)) / steps * 1e3, 3)
-
     finished = after.get("finished", 0) - before.get("finished", 0)
 
-    def per_draft_ms(key: str) -> float | None:
-        if not finished or key not in after:
+    def per(key: str, count: int) -> float | None:
+        """The level's growth of `key` per step or per draft, in ms (None: none counted)."""
+        if not count or key not in after:
             return None
-        return round((after[key] - before.get(key, 0.0)) / finished * 1e3, 3)
+        return round((after[key] - before.get(key, 0.0)) / count * 1e3, 3)
 
     phases_before = before.get("step_phases_s") or {}
     phases = {k: round((v - phases_before.get(k, 0.0)) / steps * 1e3, 3)
@@ -170,15 +165,15 @@ def engine_level(before: dict, after: dict) -> dict:
         sessions=after.get("admitted", 0) - before.get("admitted", 0),
         steps=steps,
         batch_sizes={k: v for k, v in sorted(sizes.items(), key=lambda kv: int(kv[0])) if v},
-        step_ms_mean=per_step_ms("step_s"),
-        step_cpu_ms_mean=per_step_ms("step_cpu_s"),
-        child_step_ms_mean=per_step_ms("child_step_s"),
-        child_cpu_ms_mean=per_step_ms("child_cpu_s"),
-        gc_ms_mean=per_step_ms("gc_s"),
-        child_gc_ms_mean=per_step_ms("child_gc_s"),
+        step_ms_mean=per("step_s", steps),
+        step_cpu_ms_mean=per("step_cpu_s", steps),
+        child_step_ms_mean=per("child_step_s", steps),
+        child_cpu_ms_mean=per("child_cpu_s", steps),
+        gc_ms_mean=per("gc_s", steps),
+        child_gc_ms_mean=per("child_gc_s", steps),
         step_phase_ms=phases or None,
-        draft_queued_ms_mean=per_draft_ms("queued_s"),
-        draft_in_engine_ms_mean=per_draft_ms("in_engine_s"),
+        draft_queued_ms_mean=per("queued_s", finished),
+        draft_in_engine_ms_mean=per("in_engine_s", finished),
         failed=after.get("failed", 0) - before.get("failed", 0),
     )
 

@@ -264,6 +264,7 @@ class HeadRows:
         self.heads = list(heads)
         self.index = [engine_heads.index(h) for h in heads]
         self._n_engine = len(engine_heads)
+        self._identity = self.index == list(range(self._n_engine))  # the engine's heads, in order
 
     @property
     def name(self) -> str:
@@ -271,7 +272,7 @@ class HeadRows:
 
     def select(self, draft: Draft) -> Draft:
         idx = self.index
-        if idx == list(range(self._n_engine)):  # the route's own heads, in order: nothing to pick
+        if self._identity:  # the route's own heads, in order: nothing to pick
             return draft if draft.heads == self.heads or not draft.heads else replace(draft, heads=list(self.heads))
 
         def pick(a):

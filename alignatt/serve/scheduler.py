@@ -367,6 +367,7 @@ class DraftScheduler:
             self._deliver(finished)
 
     def _deliver(self, finished: Sequence[tuple[Any, Draft]]) -> None:
+        now = time.perf_counter()  # one step's drafts came back together
         with self._cond:
             for handle, draft in finished:
                 job = self._running.pop(handle, None)
@@ -378,7 +379,6 @@ class DraftScheduler:
                     _fail(job.future, draft)
                     continue
                 self.stats.finished += 1
-                now = time.perf_counter()
                 if job.started_at is not None:
                     self.stats.queued_s += job.started_at - job.submitted_at
                     self.stats.in_engine_s += now - job.started_at
