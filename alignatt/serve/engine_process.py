@@ -2,11 +2,13 @@
 
 `serve_engine` is the child's main: it beats a heartbeat from a thread of its own, builds the
 route's seam on its device, sends `Ready` (with the seam's preparer, so the server prepares
-drafts), then answers one message at a time (`alignatt.serve.engine_messages`) until `Close` or
-until the server's end of the pipe is gone. A `Step` carries the submits and aborts queued since
-the last one; the child steps its engine once and answers with the drafts that finished. The
-server's side, `ProcessBatchSeam`, is in `alignatt.serve.engine_client` (as vLLM splits its engine
-core's loop from its client).
+drafts), then answers messages (`alignatt.serve.engine_messages`) until the server sends `Close`
+or its end of the pipe is gone. A `Step` carries the submits and aborts queued since the last one;
+the child steps its engine once and answers with the drafts that finished. With several front ends
+(`alignatt.serve.front_ends`) the child has a pipe to each: it answers each one's messages in that
+one's order, and one engine step serves every front end whose `Step` is waiting. The server's
+side, `ProcessBatchSeam`, is in `alignatt.serve.engine_client` (as vLLM splits its engine core's
+loop from its client).
 """
 
 from __future__ import annotations

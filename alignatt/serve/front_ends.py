@@ -8,9 +8,10 @@ processes, as vLLM scales its API server out. Each listens on the same host:port
 kernel deals new connections among them), runs its own connections, sessions, draft scheduler and
 tokenizing threads, and drives the same engine processes over a pipe of its own
 (`serve.engine_client.EngineHandoff`): one engine step batches the drafts of every front end
-(`serve.engine_process`). The first front end answers for the others: the count of open sessions
-against `max_sessions` is one count in shared memory (`SessionSlots`), its `/stats` lists every front
-end's figures, SIGTERM drains them all, and it stops them before it closes the engines.
+(`serve.engine_process`). The first front end answers for the others: open sessions are counted
+against `max_sessions` in shared memory, per front end and summed (`SessionSlots`), its `/stats`
+lists every front end's figures, SIGTERM drains them all, it gives back the slots of one that dies,
+and it stops them before it closes the engines.
 """
 
 from __future__ import annotations
