@@ -16,21 +16,17 @@ and it stops them before it closes the engines.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import multiprocessing
 import multiprocessing.connection
-import signal
 import threading
-import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from alignatt.core.draft import Head
 from alignatt.core.errors import AlignattError
 from alignatt.serve.config import DirectionRoute, ServerConfig
 from alignatt.serve.engine_client import EngineHandoff
-from alignatt.serve.engine_process import portable_error
 from alignatt.serve.host import SessionSlots
 
 log = logging.getLogger("alignatt.serve.server")
@@ -64,9 +60,10 @@ class FrontEnds:
     """The first front end's handle on the others: started after its engines are loaded and its
     socket listens, asked for their figures, drained and stopped with it."""
 
-    def __init__(self, config: ServerConfig, slots: SessionSlots) -> None:
+    def __init__(self, config: ServerConfig, slots: SessionSlots, main: Callable[[FrontEndSpec], None]) -> None:
         self.config = config
         self.slots = slots
+        self.main = main  # a front end's process: `serve.server.run_front_end`
         self._processes: list[Any] = []
         self._control: list[multiprocessing.connection.Connection] = []
         self._lock = threading.Lock()  # one request at a time on the control pipes
@@ -82,7 +79,7 @@ class FrontEnds:
             ours, theirs = context.Pipe()
             attached = [AttachedEngine(e.route, e.heads, e.seam.handoffs[index - 1]) for e in engines]
             spec = FrontEndSpec(index, config, attached, self.slots.shared, theirs)
-            process = context.Process(target=run_front_end, args=(spec,), name=f"alignatt-front-end-{index}")
+            process = context.Process(target=self.main, args=(spec,), name=f"alignatt-front-end-{index}")
             process.start()
             theirs.close()
             for engine in attached:  # the child took its copy of the pipe: ours would keep it open
@@ -145,64 +142,3 @@ class FrontEnds:
         for conn in self._control:
             conn.close()
         self._processes, self._control = [], []
-
-
-def run_front_end(spec: FrontEndSpec) -> None:
-    """A front end's main: serve the first one's config on its port with the engines it was handed,
-    and answer the first one's requests until it asks to stop (or is gone)."""
-    from alignatt.serve.server import MTServer
-
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(name)s[{spec.index}] %(message)s")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the first front end, which stops us
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # so does SIGTERM: the first one drains us with it
-
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            server = MTServer(spec.config, front_end=spec)
-            await server.start()
-        except BaseException as e:  # noqa: BLE001 - the first front end raises it
-            spec.control.send(portable_error(e))
-            return
-        spec.control.send("listening")
-        stopped = loop.create_future()
-
-        def answer(request: str) -> Any:
-            if request == SNAPSHOT:
-                return {**server.snapshot(), "front_end": spec.index, "cpu_s": time.process_time()}
-            if request == ENGINE_STATS:
-                return [dict(e.stats(), front_end=spec.index) for e in server.registry.engines]
-            raise ValueError(f"front end: unknown request {request!r}")
-
-        def control() -> None:
-            while True:
-                try:
-                    request = spec.control.recv()
-                except (EOFError, OSError):  # the first front end is gone
-                    request = STOP
-                if request == STOP:
-                    loop.call_soon_threadsafe(lambda: stopped.done() or stopped.set_result(None))
-                    return
-                if request == DRAIN:
-                    asyncio.run_coroutine_threadsafe(server.drain(), loop).result()
-                    reply: Any = "drained"
-                else:
-                    reply = asyncio.run_coroutine_threadsafe(_on_loop(answer, request), loop).result()
-                spec.control.send(reply)
-
-        threading.Thread(target=control, name="front-end-control", daemon=True).start()
-        try:
-            await stopped
-        finally:
-            await server.stop()
-        try:
-            spec.control.send("stopped")
-        except OSError:
-            pass
-
-    asyncio.run(main())
-
-
-async def _on_loop(fn: Any, *args: Any) -> Any:
-    return fn(*args)
-

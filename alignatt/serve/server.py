@@ -21,14 +21,16 @@ import json
 import logging
 import signal
 import threading
-from typing import Callable
+import time
+from typing import Any, Callable
 
 from alignatt.core.errors import AlignattError
 from alignatt.serve import access
 from alignatt.serve.budget import PromptBudget
 from alignatt.serve.config import SeamFactory, ServerConfig, default_seam_factory, resolve_preset
 from alignatt.serve.connection import Connection, peer_of, translation_frame  # noqa: F401 - translation_frame re-exported
-from alignatt.serve.front_ends import DRAIN, ENGINE_STATS, SNAPSHOT, FrontEnds, FrontEndSpec
+from alignatt.serve.engine_process import portable_error
+from alignatt.serve.front_ends import DRAIN, ENGINE_STATS, SNAPSHOT, STOP, FrontEnds, FrontEndSpec
 from alignatt.serve.gc_pauses import freeze_startup_heap, process_pauses
 from alignatt.serve.host import ServerStats, SessionSlots, WaitingPeers  # noqa: F401 - re-exported: the counters' home is serve.host
 from alignatt.serve.pool import Engine, EngineRegistry, route_key
@@ -61,7 +63,7 @@ class MTServer:
         # which other one this is) loads the engines and starts the others; all count sessions as one.
         self.front_end = front_end
         self.slots = SessionSlots(front_end.slots, front_end.index) if front_end else SessionSlots.for_front_ends(self.config.front_ends)
-        self.front_ends = FrontEnds(self.config, self.slots) if self.config.front_ends > 1 and not front_end else None
+        self.front_ends = FrontEnds(self.config, self.slots, run_front_end) if self.config.front_ends > 1 and not front_end else None
         for attached in front_end.engines if front_end else ():
             self.registry.attach(attached.handoff.name, attached.route, attached.heads, attached.handoff)
         self.stats = ServerStats()
@@ -384,3 +386,62 @@ def serve(config: ServerConfig, seam_factory: SeamFactory | None = None,
         asyncio.run(main())
     except KeyboardInterrupt:
         pass
+
+
+def run_front_end(spec: FrontEndSpec) -> None:
+    """A front end's main: serve the first one's config on its port with the engines it was handed,
+    and answer the first one's requests until it asks to stop (or is gone)."""
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(name)s[{spec.index}] %(message)s")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the first front end, which stops us
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # so does SIGTERM: the first one drains us with it
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            server = MTServer(spec.config, front_end=spec)
+            await server.start()
+        except BaseException as e:  # noqa: BLE001 - the first front end raises it
+            spec.control.send(portable_error(e))
+            return
+        spec.control.send("listening")
+        stopped = loop.create_future()
+
+        def answer(request: str) -> Any:
+            if request == SNAPSHOT:
+                return {**server.snapshot(), "front_end": spec.index, "cpu_s": time.process_time()}
+            if request == ENGINE_STATS:
+                return [dict(e.stats(), front_end=spec.index) for e in server.registry.engines]
+            raise ValueError(f"front end: unknown request {request!r}")
+
+        def control() -> None:
+            while True:
+                try:
+                    request = spec.control.recv()
+                except (EOFError, OSError):  # the first front end is gone
+                    request = STOP
+                if request == STOP:
+                    loop.call_soon_threadsafe(lambda: stopped.done() or stopped.set_result(None))
+                    return
+                if request == DRAIN:
+                    asyncio.run_coroutine_threadsafe(server.drain(), loop).result()
+                    reply: Any = "drained"
+                else:
+                    reply = asyncio.run_coroutine_threadsafe(_on_loop(answer, request), loop).result()
+                spec.control.send(reply)
+
+        threading.Thread(target=control, name="front-end-control", daemon=True).start()
+        try:
+            await stopped
+        finally:
+            await server.stop()
+        try:
+            spec.control.send("stopped")
+        except OSError:
+            pass
+
+    asyncio.run(main())
+
+
+async def _on_loop(fn: Any, *args: Any) -> Any:
+    return fn(*args)
+
