@@ -68,6 +68,7 @@ class FrontEnds:
         self._control: list[multiprocessing.connection.Connection] = []
         self._lock = threading.Lock()  # one request at a time on the control pipes
         self._stopping = False
+        self._asked = 0  # requests sent so far: each is numbered, and so is its answer
         self.lost: set[int] = set()  # front ends (by index) that exited unasked
 
     def start(self, port: int, engines: list[Any], timeout_s: float = 300.0) -> None:
@@ -86,16 +87,20 @@ class FrontEnds:
                 engine.handoff.conn.close()
             self._processes.append(process)
             self._control.append(ours)
-        for index, conn in enumerate(self._control, start=1):
-            if not conn.poll(timeout_s):
-                raise AlignattError(f"front end {index} did not start within {timeout_s:.0f}s")
-            try:
-                reply = conn.recv()
-            except EOFError:
-                raise AlignattError(f"front end {index} exited while starting "
-                                    f"(code {self._processes[index - 1].exitcode})") from None
-            if isinstance(reply, BaseException):
-                raise reply
+        try:
+            for index, conn in enumerate(self._control, start=1):
+                if not conn.poll(timeout_s):
+                    raise AlignattError(f"front end {index} did not start within {timeout_s:.0f}s")
+                try:
+                    reply = conn.recv()
+                except EOFError:
+                    raise AlignattError(f"front end {index} exited while starting "
+                                        f"(code {self._processes[index - 1].exitcode})") from None
+                if isinstance(reply, BaseException):
+                    raise reply
+        except BaseException:
+            self.stop(timeout_s=10.0)  # the ones that did start
+            raise
         log.info("%d more front ends listen on port %d (pids %s)", len(self._processes), port,
                  [p.pid for p in self._processes])
         threading.Thread(target=self._watch, name="front-ends-watch", daemon=True).start()
@@ -115,25 +120,20 @@ class FrontEnds:
                           "front ends serve on", index, self._processes[index - 1].pid,
                           self._processes[index - 1].exitcode, held)
 
-    def ask(self, request: str, timeout_s: float = 60.0) -> list[Any]:
-        """Every other front end's answer to `request` (None from one that is gone or silent)."""
+    def ask(self, request: str, timeout_s: float = 10.0) -> list[Any]:
+        """Every other front end's answer to `request` (None from one that is gone, or silent for
+        `timeout_s`: its late answer is dropped when read, by its number)."""
         with self._lock:
+            self._asked += 1
             answers = []
             for index, conn in enumerate(self._control, start=1):
-                if index in self.lost:
-                    answers.append(None)
-                    continue
-                try:
-                    conn.send(request)
-                    answers.append(conn.recv() if conn.poll(timeout_s) else None)
-                except (EOFError, OSError):
-                    answers.append(None)
+                answers.append(None if index in self.lost else _answer(conn, self._asked, request, timeout_s))
             return answers
 
     def stop(self, timeout_s: float = 60.0) -> None:
         """Stop each (its sessions closed, its pipes to the engines closed), then reap it."""
         self._stopping = True
-        self.ask(STOP, timeout_s)
+        self.ask(STOP, timeout_s)  # answered once its server has stopped
         for process in self._processes:
             process.join(timeout_s)
             if process.exitcode is None:
@@ -142,3 +142,16 @@ class FrontEnds:
         for conn in self._control:
             conn.close()
         self._processes, self._control = [], []
+
+
+def _answer(conn: multiprocessing.connection.Connection, number: int, request: str, timeout_s: float) -> Any:
+    """Request `number`'s answer on one control pipe (None: gone, or none within `timeout_s`)."""
+    try:
+        conn.send((number, request))
+        while conn.poll(timeout_s):
+            answered, reply = conn.recv()
+            if answered == number:
+                return reply
+    except (EOFError, OSError):
+        pass
+    return None

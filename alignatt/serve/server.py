@@ -416,10 +416,11 @@ def run_front_end(spec: FrontEndSpec) -> None:
         def control() -> None:
             while True:
                 try:
-                    request = spec.control.recv()
+                    number, request = spec.control.recv()
                 except (EOFError, OSError):  # the first front end is gone
-                    request = STOP
-                if request == STOP:
+                    number, request = None, STOP
+                if request == STOP:  # answered once this server has stopped
+                    stopping.append(number)
                     loop.call_soon_threadsafe(lambda: stopped.done() or stopped.set_result(None))
                     return
                 if request == DRAIN:
@@ -427,15 +428,16 @@ def run_front_end(spec: FrontEndSpec) -> None:
                     reply: Any = "drained"
                 else:
                     reply = asyncio.run_coroutine_threadsafe(_on_loop(answer, request), loop).result()
-                spec.control.send(reply)
+                spec.control.send((number, reply))
 
+        stopping: list[int | None] = []
         threading.Thread(target=control, name="front-end-control", daemon=True).start()
         try:
             await stopped
         finally:
             await server.stop()
         try:
-            spec.control.send("stopped")
+            spec.control.send((stopping[0] if stopping else None, "stopped"))
         except OSError:
             pass
 
