@@ -52,7 +52,7 @@ class FrontEndSpec:
     control: multiprocessing.connection.Connection  # requests from the first front end
 
 
-# What the first front end may ask another (each answered on the control pipe, in order).
+# What the first front end may ask another (each numbered; the answer carries the number).
 SNAPSHOT, ENGINE_STATS, DRAIN, STOP = "snapshot", "engine_stats", "drain", "stop"
 
 
@@ -149,9 +149,9 @@ def _answer(conn: multiprocessing.connection.Connection, number: int, request: s
     try:
         conn.send((number, request))
         while conn.poll(timeout_s):
-            answered, reply = conn.recv()
-            if answered == number:
-                return reply
+            message = conn.recv()  # a late answer to an earlier request, or a start-up message, is dropped
+            if isinstance(message, tuple) and message[0] == number:
+                return message[1]
     except (EOFError, OSError):
         pass
     return None

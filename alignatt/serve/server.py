@@ -61,9 +61,10 @@ class MTServer:
                                        replicas=self.config.replicas, front_ends=self.config.front_ends)
         # With several front ends (`serve.front_ends`): the first one (this, unless `front_end` says
         # which other one this is) loads the engines and starts the others; all count sessions as one.
-        self.front_end = front_end
-        self.slots = SessionSlots(front_end.slots, front_end.index) if front_end else SessionSlots.for_front_ends(self.config.front_ends)
-        self.front_ends = FrontEnds(self.config, self.slots, run_front_end) if self.config.front_ends > 1 and not front_end else None
+        self.slots = (SessionSlots(front_end.slots, front_end.index) if front_end
+                      else SessionSlots.for_front_ends(self.config.front_ends))
+        self.front_ends = (FrontEnds(self.config, self.slots, run_front_end)
+                           if self.config.front_ends > 1 and not front_end else None)
         for attached in front_end.engines if front_end else ():
             self.registry.attach(attached.handoff.name, attached.route, attached.heads, attached.handoff)
         self.stats = ServerStats()
@@ -181,6 +182,8 @@ class MTServer:
         """The server's counters and every engine's figures (`Engine.stats`), alive or not; with
         several front ends, this one's, and each other one's under `front_ends`."""
         own = {**self.stats.as_dict(), "engines": [e.stats() for e in self.registry.engines]}
+        if self.config.front_ends > 1:
+            own["front_end"] = self.slots.index  # which process answered (0: the first)
         return {**own, "front_ends": self.front_ends.ask(SNAPSHOT)} if self.front_ends else own
 
     def engine_stats(self) -> list[dict]:
@@ -408,7 +411,7 @@ def run_front_end(spec: FrontEndSpec) -> None:
 
         def answer(request: str) -> Any:
             if request == SNAPSHOT:
-                return {**server.snapshot(), "front_end": spec.index, "cpu_s": time.process_time()}
+                return {**server.snapshot(), "cpu_s": time.process_time()}
             if request == ENGINE_STATS:
                 return [dict(e.stats(), front_end=spec.index) for e in server.registry.engines]
             raise ValueError(f"front end: unknown request {request!r}")

@@ -149,6 +149,8 @@ def test_front_ends_share_the_port_the_engine_and_the_session_count(tmp_path):
             assert set(drafted) == {engine_pid} and os.getpid() != engine_pid
             assert {w.split("w")[0] for w in drafted[engine_pid]} == {f"s{i}" for i in range(limit)}
             # Per engine, the front ends' figures add up to every session and every final.
+            snapshot = srv.call(srv.server.snapshot)  # the first front end's /stats names each process
+            assert snapshot["front_end"] == 0 and [s["front_end"] for s in snapshot["front_ends"]] == [1]
             merged = merge_front_ends(srv.call(srv.server.engine_stats))
             assert len(merged) == 1 and merged[0]["admitted"] == limit and merged[0]["failed"] == 0
             assert merged[0]["finished"] >= limit and sum(merged[0]["batch_sizes"].values()) == merged[0]["steps"]
