@@ -170,16 +170,6 @@ def engine_stats(handle: Any) -> list[dict]:
     return merge_front_ends(handle.call(handle.server.engine_stats))
 
 
-def front_end_cpu_s(handle: Any) -> list[float]:
-    """The CPU time so far of each front end besides the first (none: one front end)."""
-    return [s["cpu_s"] if s else float("nan") for s in handle.call(handle.server.snapshot).get("front_ends") or []]
-
-
-def coalesced(server: Any) -> int:
-    """Partials dropped for a newer one, in every front end."""
-    return server.stats.coalesced + sum(s["coalesced"] for s in (server.snapshot().get("front_ends") or []) if s)
-
-
 def _reset_gpu_peak() -> None:
     try:
         import torch
@@ -248,13 +238,12 @@ def run_configuration(options: LoadOptions, configuration: LoadConfiguration, se
                 _wait_for_sessions_to_close(handle)  # the last level's sessions hold admission slots until closed
                 before = engine_stats(handle)
                 accepted_before = totals() if callable(totals) else None
-                server_before = handle.call(lambda: {"coalesced": coalesced(handle.server)})
+                counters_before = handle.call(handle.server.level_counters)
                 _reset_gpu_peak()
                 gpu = route_gpu(route.device)
                 for name, seam in profiled.items():
                     seam.profile(str(Path(options.engine_profile_dir) / f"{name}_{n}.pstats"))
                 cpu_before, threads_before = cpu_times(), thread_cpu_s()
-                others_before = front_end_cpu_s(handle)
                 # the loop thread's own clock, read on the loop; the server runs in this process
                 loop_before, process_before = handle.call(time.thread_time), time.process_time()
                 with GpuBusy(gpu) if gpu is not None else nullcontext() as busy, \
@@ -262,9 +251,11 @@ def run_configuration(options: LoadOptions, configuration: LoadConfiguration, se
                     runs, wall = run_speakers(plan, n, options.clients, options.speakers_per_process)
                 host = shares(cpu_before, cpu_times())
                 host["server_thread_cpu_cores"] = thread_cores(threads_before, thread_cpu_s(), wall)
-                if others_before:
-                    host["front_end_cpu_cores"] = [round((after - before) / wall, 4) for before, after
-                                                   in zip(others_before, front_end_cpu_s(handle))]
+                counters = handle.call(handle.server.level_counters)
+                if counters["front_end_cpu_s"]:
+                    host["front_end_cpu_cores"] = [
+                        None if before is None or after is None else round((after - before) / wall, 4)
+                        for before, after in zip(counters_before["front_end_cpu_s"], counters["front_end_cpu_s"])]
                 host.update(loop_shares(handle.call(time.thread_time) - loop_before,
                                         time.process_time() - process_before, wall))
                 for seam in profiled.values():
@@ -273,8 +264,7 @@ def run_configuration(options: LoadOptions, configuration: LoadConfiguration, se
                 if in_children:  # engines in processes of their own: none of their memory is this process's
                     memory = (None, memory[1])
                 after = engine_stats(handle)
-                server_after = handle.call(lambda: {"coalesced": coalesced(handle.server)})
-                delta = {k: server_after[k] - server_before[k] for k in server_after}
+                delta = {"coalesced": counters["coalesced"] - counters_before["coalesced"]}
                 level = summarise_level(n, runs, streams, wall, before, after, delta, memory, alone)
                 level["vllm_mode"] = mode
                 level["gpu_busy_share"] = busy.share() if busy is not None else None

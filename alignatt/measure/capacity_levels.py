@@ -98,7 +98,7 @@ def summarise_level(n: int, runs: list[RunRecord | BaseException], streams: list
         lag_s_last_third=round(lag_last, 3),
         lag_grows=lag_last - lag_first > LAG_GROWTH_S,
         fast_path_events=sum(1 for e in events if e.path == "fast_path"),
-        engine_steps=sum(e["steps"] for e in engines),
+        engine_steps=sum(e["steps"] if e["child_steps"] is None else e["child_steps"] for e in engines),
         engine_batch_sizes=dict(sorted(sizes.items(), key=lambda kv: int(kv[0]))),
         engines=engines,
         superseded=server_delta.get("coalesced", 0),
@@ -115,14 +115,16 @@ def summarise_level(n: int, runs: list[RunRecord | BaseException], streams: list
 
 
 # What each front end counts of an engine it shares with the others (`serve.front_ends`) adds up; what
-# the engine's process reports as of its last reply (its seam's parts, its collector) is one figure.
-_ENGINE_WIDE = ("child_gc_s",)
+# the engine's process reports as of its last reply (its steps, time, seam's parts, collector) is one
+# figure, the latest of which the front end that heard last holds.
+_ENGINE_WIDE = ("child_steps", "child_drafts", "child_step_s", "child_cpu_s", "child_gc_s")
 
 
 def merge_front_ends(stats: list[dict]) -> list[dict]:
     """`Engine.stats` entries as each front end drives an engine, one per engine (by name): counters,
-    times and batch sizes summed (steps: those each front end took part in), the engine process's own
-    cumulative figures taken once. One front end's entries come back as they are."""
+    times and batch sizes summed (steps: those each front end took part in; batch sizes: each one's
+    own drafts at them), the engine process's own figures taken once (`child_steps`: its real steps).
+    One front end's entries come back as they are."""
     merged: dict[str, dict] = {}
     for entry in stats:
         entry = {k: v for k, v in entry.items() if k != "front_end"}
@@ -155,9 +157,14 @@ def engine_level(before: dict, after: dict) -> dict:
             return None
         return round((after[key] - before.get(key, 0.0)) / count * 1e3, 3)
 
+    # An engine in its own process counts its real steps: with several front ends, one of them serves
+    # every front end's waiting drafts, and the child's figures are per such step.
+    child_steps = after["child_steps"] - before.get("child_steps", 0) if "child_steps" in after else None
+    own_steps = steps if child_steps is None else child_steps
+    child_drafts = after.get("child_drafts", 0) - before.get("child_drafts", 0)
     phases_before = before.get("step_phases_s") or {}
-    phases = {k: round((v - phases_before.get(k, 0.0)) / steps * 1e3, 3)
-              for k, v in (after.get("step_phases_s") or {}).items()} if steps else {}
+    phases = {k: round((v - phases_before.get(k, 0.0)) / own_steps * 1e3, 3)
+              for k, v in (after.get("step_phases_s") or {}).items()} if own_steps else {}
     return dict(
         engine=str(after.get("engine")),
         gpu=after.get("gpu"),
@@ -167,10 +174,12 @@ def engine_level(before: dict, after: dict) -> dict:
         batch_sizes={k: v for k, v in sorted(sizes.items(), key=lambda kv: int(kv[0])) if v},
         step_ms_mean=per("step_s", steps),
         step_cpu_ms_mean=per("step_cpu_s", steps),
-        child_step_ms_mean=per("child_step_s", steps),
-        child_cpu_ms_mean=per("child_cpu_s", steps),
+        child_steps=child_steps,
+        child_batch_mean=round(child_drafts / child_steps, 2) if child_steps else None,
+        child_step_ms_mean=per("child_step_s", own_steps),
+        child_cpu_ms_mean=per("child_cpu_s", own_steps),
         gc_ms_mean=per("gc_s", steps),
-        child_gc_ms_mean=per("child_gc_s", steps),
+        child_gc_ms_mean=per("child_gc_s", own_steps),
         step_phase_ms=phases or None,
         draft_queued_ms_mean=per("queued_s", finished),
         draft_in_engine_ms_mean=per("in_engine_s", finished),
@@ -228,6 +237,8 @@ def level_line(level: dict) -> str:
             + "".join(f", engine {e['engine']} step {e['step_ms_mean']} ms (CPU {e['step_cpu_ms_mean']}"
                       + (f"; child {e['child_step_ms_mean']}, CPU {e['child_cpu_ms_mean']}"
                          if e.get("child_step_ms_mean") is not None else "")
+                      + (f", {e['child_steps']} steps of {e['child_batch_mean']} drafts"
+                         if e.get("child_batch_mean") is not None else "")
                       + (f"; GC {e['gc_ms_mean']}" if e.get("gc_ms_mean") is not None else "")
                       + (f", child GC {e['child_gc_ms_mean']}" if e.get("child_gc_ms_mean") is not None else "")
                       + (f"; parts {e['step_phase_ms']}" if e.get("step_phase_ms") else "")

@@ -94,7 +94,7 @@ def rtt_split_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
                 queued=_fmt(_mean_of_engines(lv, "draft_queued_ms_mean"), 1),
                 in_engine=_fmt(_mean_of_engines(lv, "draft_in_engine_ms_mean"), 1),
                 process=("—" if lv.server_process_cpu_cores is None else f"{lv.server_process_cpu_cores:.2f}")
-                + (f"; other front ends {', '.join(f'{c:.2f}' for c in lv.front_end_cpu_cores)}"
+                + (f"; other front ends {', '.join(_fmt(c, 2) for c in lv.front_end_cpu_cores)}"
                    if lv.front_end_cpu_cores else ""),
                 threads=", ".join(f"{name} {cores:.2f}" for name, cores in list(threads.items())[:4]) or "—",
             ))

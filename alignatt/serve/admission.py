@@ -103,7 +103,7 @@ def bounded_context(cfg: ContextConfig, frame: InitFrame) -> tuple[str, list[tup
 async def admit(host: ConnectionHost, frame: InitFrame, connection_id: int) -> Admitted:
     """Open the session `frame` asks for, holding one of the host's session slots (given back on
     any failure, cancellation included), or raise the `ProtocolError` that says why not."""
-    stats, limits = host.stats, host.config.limits
+    limits = host.config.limits
     routes = resolve_routes(host.config, frame)
     direction, route = routes[frame.target_lang.strip().lower()]  # the primary target's
     preset = resolve_preset(frame.preset or host.config.default_preset)
@@ -111,11 +111,9 @@ async def admit(host: ConnectionHost, frame: InitFrame, connection_id: int) -> A
     policy = preset.policy.model_copy(update=fields)
     if not host.slots.take(limits.max_sessions):  # one count across the front ends
         raise ProtocolError(BUSY, f"all {limits.max_sessions} sessions are in use; retry later")
-    stats.sessions_active += 1  # hold the slot while the engine is looked up
     try:
         opened = await _open(host, frame, routes, direction, preset, policy, connection_id)
     except BaseException as e:
-        stats.sessions_active -= 1
         host.slots.give()
         if isinstance(e, ProtocolError):
             raise

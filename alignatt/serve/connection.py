@@ -142,7 +142,6 @@ class Connection:
             if self.worker is not None:
                 self.worker.cancel()
             if self.holds_slot:
-                self.server.stats.sessions_active -= 1
                 self.server.slots.give()
                 self.holds_slot = False
             if self.session is not None:

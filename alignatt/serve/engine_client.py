@@ -45,7 +45,7 @@ from typing import Any, Hashable
 from alignatt.core.draft import Draft, DraftRequest
 from alignatt.core.errors import AlignattError
 from alignatt.serve.budget import PromptBudget
-from alignatt.serve.engine_messages import (Abort, Close, Count, Describe, Failed, KernelProfile, Ping, Profile,
+from alignatt.serve.engine_messages import (Abort, ChildTotals, Close, Count, Describe, Failed, KernelProfile, Ping, Profile,
                                             Profiled, Step, Submit, Totals)
 from alignatt.serve.engine_process import EngineSpec, serve_engine
 from alignatt.serve.scheduler import EngineDied
@@ -162,7 +162,7 @@ class ProcessBatchSeam:
         self._handles = itertools.count()
         self._work_of: dict[int, int] = {}  # draft handle -> its work (`draft_work`), while in the child
         self.running_work = 0  # their sum: what bounds a step (read by the watcher's thread)
-        self.child_step_s = self.child_cpu_s = 0.0  # the child's own time in its steps, summed
+        self.child = ChildTotals()  # the child's own steps and time, as of its last reply
         self.child_gc_s = 0.0  # its garbage collector's pauses so far, as of its last step
         self.step_phases_s: dict[str, float] | None = None  # the child's seam's, as of its last step
         self._answered_at = time.monotonic()
@@ -311,8 +311,7 @@ class ProcessBatchSeam:
                 self._ahead += 1
         for handle, _ in reply.finished:  # done, or refused: no longer work of the child's
             self.running_work -= self._work_of.pop(handle, 0)
-        self.child_step_s += reply.wall_s
-        self.child_cpu_s += reply.cpu_s
+        self.child = reply.totals
         self.step_phases_s = reply.phases_s
         self.child_gc_s = reply.gc_s
         return reply.finished

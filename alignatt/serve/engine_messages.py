@@ -92,12 +92,22 @@ class Ready:
 
 
 @dataclass(frozen=True)
+class ChildTotals:
+    """The child's own figures, summed over all its steps so far: engine-wide, so with several front
+    ends each one reads the same totals, and a step that served them all counts once."""
+
+    steps: int = 0  # engine steps run
+    drafts: int = 0  # drafts in the engine at each of them, summed (every front end's)
+    wall_s: float = 0.0  # the child's own time in its rounds: submits, aborts and the step
+    cpu_s: float = 0.0  # its thread's CPU time in them: the rest of a round trip is the pipe and waits
+
+
+@dataclass(frozen=True)
 class Stepped:
     # finished drafts, and the step's submits the seam refused (their error in place of a draft)
     finished: list[tuple[int, Draft | BaseException]]
     unfinished: bool
-    wall_s: float = 0.0  # the child's own time in this step (its submits, aborts and the step)
-    cpu_s: float = 0.0  # its thread's CPU time in it: the rest of a round trip is the pipe and waits
+    totals: ChildTotals = ChildTotals()
     phases_s: dict[str, float] | None = None  # the seam's own step parts, summed so far (`step_phases_s`)
     gc_s: float = 0.0  # the child's garbage-collector pauses, summed so far (`gc_pauses`)
 

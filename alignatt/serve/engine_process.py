@@ -28,9 +28,9 @@ from alignatt.core.draft import Head
 from alignatt.serve.batch_seam import as_batch_seam
 from alignatt.serve.budget import seam_positions, token_counting
 from alignatt.serve.config import DirectionRoute, SeamFactory
-from alignatt.serve.engine_messages import (Abort, Close, Closed, Count, Counted, Described, Describe, Failed,
-                                            KernelProfile, Ping, Pong, Profile, Ready, Step, Stepped, Submit,
-                                            Totalled, Totals)
+from alignatt.serve.engine_messages import (Abort, ChildTotals, Close, Closed, Count, Counted, Described, Describe,
+                                            Failed, KernelProfile, Ping, Pong, Profile, Ready, Step, Stepped,
+                                            Submit, Totalled, Totals)
 from alignatt.serve.engine_profile import KernelWindow, StepProfiler
 from alignatt.serve.gc_pauses import freeze_startup_heap, process_pauses
 
@@ -109,7 +109,8 @@ def serve_engine(conns: multiprocessing.connection.Connection | Sequence[multipr
     open_clients = dict(enumerate(conns))
     # The steps' submits and aborts, summed: the child's step outside the seam's own parts, sent with
     # them as `submit` (a seam without parts gets none).
-    work_s = [0.0]
+    work_s = 0.0
+    totals = ChildTotals()
 
     def take_work(client: int, work: Sequence[Submit | Abort]) -> None:
         for item in work:
@@ -131,12 +132,15 @@ def serve_engine(conns: multiprocessing.connection.Connection | Sequence[multipr
 
     def step(steps: dict[int, Step]) -> dict[int, Stepped]:
         """Take every waiting `Step`'s work, step the engine once, answer each of those clients."""
+        nonlocal totals, work_s
         started, cpu = time.perf_counter(), time.thread_time()
         overhead = kernels.overhead_s
         for client, message in steps.items():
             take_work(client, message.work)
-        work_s[0] += time.perf_counter() - started
-        if engine.has_unfinished():
+        work_s += time.perf_counter() - started
+        batch = sum(running)  # every client's drafts: the engine's whole batch
+        ran = engine.has_unfinished()
+        if ran:
             for handle, draft in kernels.step(engine.step):
                 owner = to_client.pop(handle, None)
                 if owner is not None:
@@ -147,11 +151,12 @@ def serve_engine(conns: multiprocessing.connection.Connection | Sequence[multipr
         # a kernel window's profiler started or written out in this step is no part of the step
         stall_wall, stall_cpu = (after - before for after, before in zip(kernels.overhead_s, overhead))
         wall, cpu = time.perf_counter() - started - stall_wall, time.thread_time() - cpu - stall_cpu
+        totals = ChildTotals(totals.steps + ran, totals.drafts + batch * ran, totals.wall_s + wall, totals.cpu_s + cpu)
         replies = {}
         for client in steps:
             finished, finished_for[client] = finished_for[client], []
-            replies[client] = Stepped(finished, running[client] > 0, wall, cpu,
-                                      dict(phases, submit=work_s[0]) if phases is not None else None, pauses.pause_s)
+            replies[client] = Stepped(finished, running[client] > 0, totals,
+                                      dict(phases, submit=work_s) if phases is not None else None, pauses.pause_s)
         return replies
 
     def answer(message: Any) -> Any:

@@ -9,10 +9,11 @@ connection only to run it.
 from __future__ import annotations
 
 import collections
+import contextlib
 import multiprocessing
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 from alignatt.serve.budget import PromptBudget
 from alignatt.serve.config import ServerConfig
@@ -20,32 +21,16 @@ from alignatt.serve.pool import Engine, EngineRegistry
 from alignatt.serve.records import ByteBoundedLog
 
 
-@dataclass
-class ServerStats:
-    connections: int = 0
-    connections_before_init: int = 0  # open connections that have no session yet
-    sessions_opened: int = 0
-    sessions_active: int = 0
-    updates: int = 0
-    coalesced: int = 0  # partials dropped because a newer update of the session was queued
-    engine_calls: int = 0
-    paths: collections.Counter = field(default_factory=collections.Counter)
-    errors: collections.Counter = field(default_factory=collections.Counter)
-    closes: collections.Counter = field(default_factory=collections.Counter)  # server-side closes by reason
-
-    def as_dict(self) -> dict:
-        return {k: dict(v) if isinstance(v, collections.Counter) else v for k, v in vars(self).items()}
-
-
 class SessionSlots:
-    """The open sessions counted against `max_sessions`: this process's own count, or, with several
-    front ends, one count per front end in shared memory, taken and given back under one lock, so
-    that a front end that dies leaves no slot taken (`forget`)."""
+    """The open sessions counted against `max_sessions`: one count per front end, in shared memory
+    with several (taken and given back under its lock, so that a front end that dies leaves no slot
+    taken: `forget`), in this process's memory with one."""
 
     def __init__(self, shared: Any = None, index: int = 0) -> None:
         self.shared = shared  # a multiprocessing Array("i", front ends), or None: one process counts alone
         self.index = index  # this front end's place in it
-        self._count = 0
+        self._counts = [0] if shared is None else shared
+        self._lock = contextlib.nullcontext if shared is None else shared.get_lock
 
     @classmethod
     def for_front_ends(cls, front_ends: int) -> "SessionSlots":
@@ -53,33 +38,54 @@ class SessionSlots:
 
     @property
     def count(self) -> int:
-        return self._count if self.shared is None else sum(self.shared[:])
+        """Every front end's sessions."""
+        return sum(self._counts[:])
+
+    @property
+    def own(self) -> int:
+        """This front end's sessions."""
+        return self._counts[self.index]
 
     def take(self, limit: int) -> bool:
         """One slot, if fewer than `limit` are taken."""
-        if self.shared is None:
-            if self._count >= limit:
+        with self._lock():
+            if sum(self._counts[:]) >= limit:
                 return False
-            self._count += 1
-            return True
-        with self.shared.get_lock():
-            if sum(self.shared[:]) >= limit:
-                return False
-            self.shared[self.index] += 1
+            self._counts[self.index] += 1
             return True
 
     def give(self) -> None:
-        if self.shared is None:
-            self._count -= 1
-            return
-        with self.shared.get_lock():
-            self.shared[self.index] -= 1
+        with self._lock():
+            self._counts[self.index] -= 1
 
     def forget(self, index: int) -> int:
         """Drop what front end `index` held (it is gone, and its sessions with it); how many it held."""
-        with self.shared.get_lock():
-            held, self.shared[index] = self.shared[index], 0
+        with self._lock():
+            held, self._counts[index] = self._counts[index], 0
             return held
+
+
+@dataclass
+class ServerStats:
+    connections: int = 0
+    connections_before_init: int = 0  # open connections that have no session yet
+    sessions_opened: int = 0
+    updates: int = 0
+    coalesced: int = 0  # partials dropped because a newer update of the session was queued
+    engine_calls: int = 0
+    paths: collections.Counter = field(default_factory=collections.Counter)
+    errors: collections.Counter = field(default_factory=collections.Counter)
+    closes: collections.Counter = field(default_factory=collections.Counter)  # server-side closes by reason
+    slots: SessionSlots = field(default_factory=SessionSlots, repr=False)  # the server's, which counts them
+
+    @property
+    def sessions_active(self) -> int:
+        """This process's open sessions: the slots it holds."""
+        return self.slots.own
+
+    def as_dict(self) -> dict:
+        out = {k: dict(v) if isinstance(v, collections.Counter) else v for k, v in vars(self).items() if k != "slots"}
+        return {**out, "sessions_active": self.sessions_active}
 
 
 class WaitingPeers:

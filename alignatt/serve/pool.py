@@ -238,7 +238,8 @@ class Engine:
                 "sessions": self.scheduler.sessions, "queued": self.scheduler.queue_depth,
                 **self.scheduler.stats.as_dict(),
                 "gc_s": process_pauses().pause_s,  # this process's collections (all its threads wait)
-                **({"child_step_s": self.seam.child_step_s, "child_cpu_s": self.seam.child_cpu_s,
+                **({"child_steps": self.seam.child.steps, "child_drafts": self.seam.child.drafts,
+                    "child_step_s": self.seam.child.wall_s, "child_cpu_s": self.seam.child.cpu_s,
                     "child_gc_s": self.seam.child_gc_s} if child else {}),
                 **({"step_phases_s": dict(phases)} if (phases := getattr(self.seam, "step_phases_s", None)) else {})}
 

@@ -67,7 +67,7 @@ class MTServer:
                            if self.config.front_ends > 1 and not front_end else None)
         for attached in front_end.engines if front_end else ():
             self.registry.attach(attached.handoff.name, attached.route, attached.heads, attached.handoff)
-        self.stats = ServerStats()
+        self.stats = ServerStats(slots=self.slots)
         self.token = access.check_exposure(self.config)  # never logged, never echoed
         self.ssl = access.ssl_context(self.config)
         self.waiting = WaitingPeers()  # connections without a session yet, per peer address
@@ -185,6 +185,13 @@ class MTServer:
         if self.config.front_ends > 1:
             own["front_end"] = self.slots.index  # which process answered (0: the first)
         return {**own, "front_ends": self.front_ends.ask(SNAPSHOT)} if self.front_ends else own
+
+    def level_counters(self) -> dict:
+        """What a load level reads before and after itself, in one round of questions: the partials
+        every front end dropped for a newer one, and each other front end's CPU time so far (None: lost)."""
+        others = self.front_ends.ask(SNAPSHOT) if self.front_ends else []
+        return {"coalesced": self.stats.coalesced + sum(s["coalesced"] for s in others if s),
+                "front_end_cpu_s": [s["cpu_s"] if s else None for s in others]}
 
     def engine_stats(self) -> list[dict]:
         """`Engine.stats` of every engine as each front end drives it (the others' tagged `front_end`)."""

@@ -75,7 +75,8 @@ def test_an_init_cancelled_while_its_engine_admits_it_leaves_no_session_on_the_e
     registry = _SlowPlacement()
 
     class Host:
-        config, stats, slots = fake_config(tmp_path), ServerStats(), SessionSlots()
+        slots = SessionSlots()
+        config, stats = fake_config(tmp_path), ServerStats(slots=slots)
 
     Host.registry = registry
     frame = parse_frame(json.dumps(init_frame("en", "de", check=False)), 1 << 16)

@@ -13,7 +13,7 @@ from websockets.exceptions import ConnectionClosed
 
 from alignatt.core.draft import DraftRequest
 from alignatt.core.errors import AlignattError
-from alignatt.measure.capacity_levels import merge_front_ends
+from alignatt.measure.capacity_levels import engine_level, merge_front_ends
 from alignatt.serve.config import DirectionRoute, ServerConfig
 from alignatt.serve.engine_client import ProcessBatchSeam
 from alignatt.serve.engine_process import EngineSpec
@@ -51,7 +51,9 @@ def test_one_engine_step_serves_the_drafts_every_front_end_has_waiting():
         for t in threads:
             t.join(30)
         assert replies[first] == [] and replies[second] == []  # each draft takes two steps
-        assert first.child_step_s == second.child_step_s > 0  # the same step, timed once
+        # the same step, counted and timed once, with both front ends' drafts in its batch
+        assert first.child == second.child and first.child.steps == 1 and first.child.drafts == 2
+        assert first.child.wall_s > 0
         assert first.has_unfinished() and second.has_unfinished()
         done = {s: dict(s.step()) for s in (first, second)}
         assert done[first][a].text == translated(["a", "x"]) and done[second][b].text == translated(["b", "y"])
@@ -154,6 +156,9 @@ def test_front_ends_share_the_port_the_engine_and_the_session_count(tmp_path):
             merged = merge_front_ends(srv.call(srv.server.engine_stats))
             assert len(merged) == 1 and merged[0]["admitted"] == limit and merged[0]["failed"] == 0
             assert merged[0]["finished"] >= limit and sum(merged[0]["batch_sizes"].values()) == merged[0]["steps"]
+            # The engine's own steps, once each, reach the level beside the front ends' (summed) steps.
+            level = engine_level({}, merged[0])
+            assert level["child_steps"] > 0 and level["child_batch_mean"] >= 1
         finally:
             for c in clients:
                 c.close()

@@ -17,13 +17,17 @@ class LoadEngine(_Strict):
     gpu: str | None = None  # the CUDA device its process is pinned to; None: in-process or CPU
     alive: bool = True  # at the end of the level
     sessions: int  # sessions placed on it during the level
-    steps: int
-    batch_sizes: dict[str, int]  # drafts in the engine at a step -> steps
+    steps: int  # the server's steps on it (with several front ends: those each one took part in, summed)
+    batch_sizes: dict[str, int]  # drafts in the engine at a step -> steps (several front ends: each one's own)
     failed: int = 0  # drafts that failed on it
     step_ms_mean: float | None = None  # wall inside the seam's step, per step (None: not recorded)
     step_cpu_ms_mean: float | None = None  # the engine thread's CPU time inside it, per step
     # An engine in a process of its own: step_ms_mean is the server's round trip; these are the child's
-    # own wall and CPU per step (taking the step's submits and aborts, then stepping). None: in-process.
+    # own steps (one serves every front end's waiting drafts), the drafts in the engine per such step
+    # (every front end's), and its wall and CPU per step (taking the step's submits and aborts, then
+    # stepping). None: in-process, or (child_steps, child_batch_mean) predates them.
+    child_steps: int | None = None
+    child_batch_mean: float | None = None
     child_step_ms_mean: float | None = None
     child_cpu_ms_mean: float | None = None
     # Garbage-collector pauses per step (alignatt.serve.gc_pauses): the server's process (all its
@@ -111,8 +115,8 @@ class LoadLevel(_Strict):
     lag_s_last_third: float
     lag_grows: bool  # last third's mean lag exceeds the first third's by more than 0.25 s
     fast_path_events: int
-    engine_steps: int  # summed over the engines
-    engine_batch_sizes: dict[str, int]  # drafts in an engine at a step -> steps, summed over the engines
+    engine_steps: int  # summed over the engines: each one's own steps (`LoadEngine.child_steps` if recorded)
+    engine_batch_sizes: dict[str, int]  # `LoadEngine.batch_sizes`, summed over the engines
     superseded: int  # partials superseded by a newer update (queued dropped + running aborted)
     peak_gpu_memory_mib: float | None  # torch's peak allocation in this process during the level
     gpu_memory_used_mib: float | None  # device-wide, at the end of the level
@@ -139,8 +143,9 @@ class LoadLevel(_Strict):
     # cores: which one paces the level when the process is near a core (one interpreter lock).
     server_thread_cpu_cores: dict[str, float] | None = None
     # The server's other front ends (ServerConfig.front_ends), each process's CPU time per wall second
-    # of the level, in cores (the figures above are the first front end's). None: one front end.
-    front_end_cpu_cores: list[float] | None = None
+    # of the level, in cores (the figures above are the first front end's; None in the list: lost
+    # before the level's end). None: one front end.
+    front_end_cpu_cores: list[float | None] | None = None
     # A partial's time inside the server (from reading its update to sending the reply, the frame's
     # server_ms); the rest of its RTT is the wire, the client and the server's loop reading it late.
     partial_server_ms_p50: float | None = None
