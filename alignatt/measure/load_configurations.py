@@ -33,6 +33,7 @@ ENGINES_FLAG = re.compile(r"engines([1-9][0-9]*)")
 FRONT_ENDS_FLAG = re.compile(r"frontends([2-9]|[1-9][0-9]+)")
 SETTLE_FLAG = re.compile(r"settle([0-9]+)")
 EVERY_FLAG = re.compile(r"every([1-9][0-9]*)")
+SEQS_FLAG = re.compile(r"seqs([1-9][0-9]*)")
 CHUNKED_FLAG = "chunked"
 EXAMPLE = "vllm_mode=fullgraph,settle_buffer_tokens=2,own_process=true"
 
@@ -63,6 +64,8 @@ class LoadConfiguration(BaseModel):
                                                        f"({', '.join(VLLM_QUANTIZATIONS)}; None: the model's dtype)")
     front_ends: int = Field(1, ge=1, description="ServerConfig.front_ends: server processes on the one port, "
                                                  "drafting on the same engine processes")
+    max_num_seqs: int | None = Field(None, ge=1, description="vllm_capture: vLLM's running-batch limit (None: the "
+                                                              "served one, serve/config.py SERVED_VLLM_OPTIONS)")
 
     @model_validator(mode="before")
     @classmethod
@@ -87,7 +90,7 @@ class LoadConfiguration(BaseModel):
     def flags(self) -> list[str]:
         """The label's flags, in the order labels have always been written (settle, process, engines,
         verify, batch_invariant, then the quantization, the settle reads' period, the history window,
-        the front ends)."""
+        the front ends, vLLM's batch limit)."""
         return ([f"settle{self.settle_buffer_tokens}"] if self.settle_buffer_tokens is not None else []) + \
             ([OWN_PROCESS_FLAG] if self.own_process else []) + \
             ([f"engines{self.engines}"] if self.engines is not None else []) + \
@@ -95,7 +98,8 @@ class LoadConfiguration(BaseModel):
             ([self.quantization] if self.quantization else []) + \
             ([f"every{self.settle_every}"] if self.settle_every is not None else []) + \
             ([CHUNKED_FLAG] if self.chunked_history else []) + \
-            ([f"frontends{self.front_ends}"] if self.front_ends > 1 else [])
+            ([f"frontends{self.front_ends}"] if self.front_ends > 1 else []) + \
+            ([f"seqs{self.max_num_seqs}"] if self.max_num_seqs is not None else [])
 
     def label(self) -> str | None:
         """Its name in the artifact and on the page: `mode[+flag...]` (None: the seam's default, unchanged)."""
@@ -109,7 +113,8 @@ class LoadConfiguration(BaseModel):
         return ({"vllm_mode": self.vllm_mode} if self.vllm_mode else {}) | \
             ({"verify": True} if self.verify else {}) | ({"batch_invariant": True} if self.batch_invariant else {}) | \
             ({"quantization": self.quantization} if self.quantization else {}) | \
-            ({"settle_every": self.settle_every} if self.settle_every is not None else {})
+            ({"settle_every": self.settle_every} if self.settle_every is not None else {}) | \
+            ({"max_num_seqs": self.max_num_seqs} if self.max_num_seqs is not None else {})
 
     def plain_engine(self) -> "LoadConfiguration":
         """Its engine alone (mode, batch-invariant kernels, quantization): what the capture cost
@@ -139,10 +144,11 @@ class LoadConfiguration(BaseModel):
         fields: dict[str, Any] = {} if mode == DEFAULT_MODE else {"vllm_mode": mode}
         for flag in flags:
             settle, engines, every = SETTLE_FLAG.fullmatch(flag), ENGINES_FLAG.fullmatch(flag), EVERY_FLAG.fullmatch(flag)
-            front_ends = FRONT_ENDS_FLAG.fullmatch(flag)
+            front_ends, seqs = FRONT_ENDS_FLAG.fullmatch(flag), SEQS_FLAG.fullmatch(flag)
             key, value = (("settle_buffer_tokens", int(settle[1])) if settle else ("engines", int(engines[1])) if engines
                           else ("settle_every", int(every[1])) if every
                           else ("front_ends", int(front_ends[1])) if front_ends
+                          else ("max_num_seqs", int(seqs[1])) if seqs
                           else ("own_process", True) if flag == OWN_PROCESS_FLAG
                           else ("chunked_history", True) if flag == CHUNKED_FLAG
                           else (flag, True) if flag in ("verify", "batch_invariant")
@@ -150,7 +156,7 @@ class LoadConfiguration(BaseModel):
             if key is None:
                 raise AlignattError(f"unknown configuration flag {flag!r} in {label!r}: use settle<N>, "
                                     f"{OWN_PROCESS_FLAG}, engines<N>, verify, batch_invariant, "
-                                    f"{', '.join(VLLM_QUANTIZATIONS)}, every<N>, {CHUNKED_FLAG} or frontends<N>")
+                                    f"{', '.join(VLLM_QUANTIZATIONS)}, every<N>, {CHUNKED_FLAG}, frontends<N> or seqs<N>")
             if key in fields:
                 raise AlignattError(f"configuration {label!r} names {key} twice")
             fields[key] = value

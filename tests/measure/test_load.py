@@ -547,8 +547,9 @@ def test_an_engine_profile_dir_profiles_each_engine_process_over_each_level(shor
 def test_a_configuration_and_its_label_round_trip_as_artifacts_have_always_named_it():
     every = LoadConfiguration(vllm_mode="fullgraph", settle_buffer_tokens=2, own_process=True, engines=4, verify=True,
                               batch_invariant=True, quantization="fp8", settle_every=1, chunked_history=True,
-                              front_ends=3)
-    assert every.label() == "fullgraph+settle2+process+engines4+verify+batch_invariant+fp8+every1+chunked+frontends3"
+                              front_ends=3, max_num_seqs=256)
+    assert every.label() == ("fullgraph+settle2+process+engines4+verify+batch_invariant+fp8+every1+chunked+frontends3"
+                             "+seqs256")
     assert LoadConfiguration.from_label(every.label()) == every
     from alignatt.serve.config import DirectionRoute
 
@@ -556,6 +557,10 @@ def test_a_configuration_and_its_label_round_trip_as_artifacts_have_always_named
     # FP8 weights reach the engine's options, and the capture cost's engines keep them
     assert every.seam_options()["quantization"] == "fp8" and every.plain_engine().quantization == "fp8"
     assert every.seam_options()["settle_every"] == 1  # the engine's option; None keeps the engine's default
+    assert every.seam_options()["max_num_seqs"] == 256  # over the served batch limit, in the route's options
+    from alignatt.capture.vllm.engine import VllmEngineConfig
+
+    assert VllmEngineConfig(model="m", **every.seam_options()).max_num_seqs == 256  # every option is the engine's
     assert "settle_every" not in LoadConfiguration(vllm_mode="fullgraph").seam_options()
     with pytest.raises(ValidationError, match="unknown quantization 'int4'"):
         LoadConfiguration(quantization="int4")
@@ -563,7 +568,7 @@ def test_a_configuration_and_its_label_round_trip_as_artifacts_have_always_named
         vllm_mode="fullgraph", engines=4, verify=True)
     assert LoadConfiguration.from_label(None) == LoadConfiguration() and LoadConfiguration().label() is None
     for label in ("fullgraph+engines0", "fullgraph+engines", "fullgraph+fast", "fullgraph+every0",
-                  "fullgraph+frontends1"):
+                  "fullgraph+frontends1", "fullgraph+seqs0"):
         with pytest.raises(AlignattError, match="unknown configuration flag"):
             LoadConfiguration.from_label(label)
     with pytest.raises(AlignattError, match="names engines twice"):
