@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import re
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import date
@@ -132,11 +133,7 @@ def latency_by_prompt_length(inputs: ReportInputs) -> list[Figure]:
             for seam in art.seams:
                 if seam.status != "ok":
                     continue
-                tokens = {}
-                for row in seam.rows:
-                    tokens.setdefault(row.id, row.prompt_tokens)
-                points = sorted((tokens[pid], s.median_per_token_ms) for pid, s in seam.by_prompt.items())
-                series.append((seam.seam, mode, points))
+                series.append((seam.seam, mode, points_by_length(seam)))
         if not series:
             continue
         profile = session.rsplit("/", 1)[-1]
@@ -161,13 +158,25 @@ def latency_by_prompt_length(inputs: ReportInputs) -> list[Figure]:
             ax.grid(True, linewidth=0.3)
             ax.set_title(f"{profile}: {model}{synthetic} on {machine}, {day}", fontsize=9, loc="left")  # wider than the axes
             ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # outside the data
-            caption = (f"Per-seam latency by prompt length, profile `{profile}` ({day}): each point is one "
-                       "prompt's median over its measured passes; `dvc plots show` has the same data by prompt.")
+            caption = (f"Per-seam latency by prompt length, profile `{profile}` ({day}): each point is the "
+                       "median over its measured passes of the prompts of that length; `dvc plots show` has the same data by prompt.")
             return Figure(f"latency_by_prompt_length_{profile}", "bench", f"Latency by prompt length ({profile})",
                           caption, svg_text(fig))
 
         figures.append(styled(draw))
     return figures
+
+
+def points_by_length(seam) -> list[tuple[int, float]]:
+    """A seam's (prompt tokens, median ms/token) points, one per length: prompts of one length share
+    the median of their medians (two points at one x would draw a vertical segment)."""
+    tokens: dict[str, int] = {}
+    for row in seam.rows:
+        tokens.setdefault(row.id, row.prompt_tokens)
+    by_length: dict[int, list[float]] = {}
+    for pid, stats in seam.by_prompt.items():
+        by_length.setdefault(tokens[pid], []).append(stats.median_per_token_ms)
+    return sorted((n, statistics.median(ms)) for n, ms in by_length.items())
 
 
 def _served_engine(series: Sequence[tuple[str, str]]) -> tuple[str, str] | None:

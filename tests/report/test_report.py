@@ -569,3 +569,22 @@ def test_the_bench_figure_marks_the_engine_serve_drafts_with():
     assert _served_engine(gpu) == ("vllm_capture", "fullgraph")
     assert _served_engine(gpu[:2]) is None  # vLLM ran, but not in the served mode: nothing is marked
     assert _served_engine([("hf_eager", "eager"), ("hf_qk_fast", "eager")]) == ("hf_qk_fast", "eager")
+
+
+def test_prompts_of_one_length_share_one_point_in_the_latency_figure():
+    from alignatt.record.artifacts.bench import BenchRow, PromptSummary, SeamResult
+    from alignatt.report.figures import points_by_length
+
+    def row(pid: str, tokens: int) -> BenchRow:
+        return BenchRow(id=pid, repeat=0, length_bin="short", prompt_tokens=tokens, generated_tokens=1,
+                        draft_text="", emitted_text="", emit_count=0, draft_stop_reason="eos",
+                        policy_stop_reason="draft_end", aligned_words=[], prefill_ms=1, decode_ms=1,
+                        capture_ms=0, reconstruct_ms=0, total_ms=2, per_token_ms=2)
+
+    def summary(ms: float) -> PromptSummary:
+        return PromptSummary(rows=1, median_per_token_ms=ms, median_total_ms=ms, draft_text="",
+                             emitted_text="", unstable_repeats=0)
+
+    seam = SeamResult(seam="hf_eager", status="ok", rows=[row("a", 90), row("b", 90), row("c", 40)],
+                      by_prompt={"a": summary(10.0), "b": summary(14.0), "c": summary(5.0)})
+    assert points_by_length(seam) == [(40, 5.0), (90, 12.0)]
