@@ -225,7 +225,7 @@ def run_configuration(options: LoadOptions, configuration: LoadConfiguration, se
     alone: dict[str, dict[int, tuple]] = {}
     with ServerThread(config, seam_factory) as handle:
         plan = SpeakerPlan(handle.url, preset, options.speed, options.stagger_s, options.pacing,
-                           tuple(s.model_dump() for _, s in streams))
+                           tuple(s.model_dump() for _, s in streams), options.stop_lag_s)
         engines = handle.server.registry.engines
         engine = engines[0]
         in_children = any(isinstance(e.seam, ProcessBatchSeam) for e in engines)

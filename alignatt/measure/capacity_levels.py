@@ -47,14 +47,20 @@ def summarise_level(n: int, runs: list[RunRecord | BaseException], streams: list
     first, last = [], []
     texts_diff = decisions_diff = 0
     compared = False
+    stopped_at: list[float] = []
     for i, run in enumerate(runs):
         name, stream = streams[i % len(streams)]
-        expected = sum(1 for w in stream.words if ends_sentence(w))
+        # a speaker that stopped behind (`stop_lag_s`) is due the finals of the words it committed
+        words = stream.words if isinstance(run, BaseException) or run.stopped_at_s is None \
+            else stream.words[:run.committed_words]
+        expected = sum(1 for w in words if ends_sentence(w))
         finals_expected += expected
         if isinstance(run, BaseException):
             errors += 1
             in_order = False
             continue
+        if run.stopped_at_s is not None:
+            stopped_at.append(run.stopped_at_s)
         ev = run.events
         events += ev
         errors += sum(1 for e in ev if e.error)
@@ -96,7 +102,9 @@ def summarise_level(n: int, runs: list[RunRecord | BaseException], streams: list
         lag_s_max=round(max((e.lag_s for e in events), default=0.0), 3),
         lag_s_first_third=round(lag_first, 3),
         lag_s_last_third=round(lag_last, 3),
-        lag_grows=lag_last - lag_first > LAG_GROWTH_S,
+        lag_grows=lag_last - lag_first > LAG_GROWTH_S or bool(stopped_at),  # stopped: it fell behind
+        stopped_speakers=len(stopped_at),
+        stopped_at_stream_s=round(min(stopped_at), 1) if stopped_at else None,
         fast_path_events=sum(1 for e in events if e.path == "fast_path"),
         engine_steps=sum(e["steps"] if e["child_steps"] is None else e["child_steps"] for e in engines),
         engine_batch_sizes=dict(sorted(sizes.items(), key=lambda kv: int(kv[0]))),
@@ -221,7 +229,10 @@ def level_line(level: dict) -> str:
     mode = f"[{level['vllm_mode']}] " if level.get("vllm_mode") else ""
     return (f"{mode}N={level['speakers']}: partial RTT p50 {level['partial_rtt_ms_p50']} / p95 {level['partial_rtt_ms_p95']}"
             f" / p99 {level['partial_rtt_ms_p99']} ms, final p95 {level['final_rtt_ms_p95']} ms, lag max "
-            f"{level['lag_s_max']} s ({'growing' if level['lag_grows'] else 'not growing'}), retractions "
+            f"{level['lag_s_max']} s ({'growing' if level['lag_grows'] else 'not growing'})"
+            + (f", {level['stopped_speakers']} speakers stopped behind (the first at {level['stopped_at_stream_s']} s "
+               "of stream)" if level.get("stopped_speakers") else "")
+            + ", retractions "
             f"{level['retractions']}, finals {level['finals_delivered']}/{level['finals_expected']}"
             f"{' in order' if level['finals_in_order'] else ' NOT all in order'}, errors {level['error_frames']}, "
             f"batch sizes {level['engine_batch_sizes']}"

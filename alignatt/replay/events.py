@@ -15,6 +15,10 @@ class RunRecord:
     events: list[ReplayEvent]
     wall_s: float
     max_lag_s: float
+    # A replay told to stop once it fell `stop_lag_s` behind: the stream time it stopped at (None: it
+    # ran to the end), and the source words it had committed then (the finals due are theirs).
+    stopped_at_s: float | None = None
+    committed_words: int | None = None
 
 
 def count_retractions(events: list[ReplayEvent]) -> int:

@@ -1,7 +1,8 @@
 """The lockstep replay: every ASR event is one update, and the next waits for its reply.
 
 When the engine is slower than the stream the replay runs behind schedule, and records by how much
-(`lag_s`); per update it records the round trip and what the reply said.
+(`lag_s`); per update it records the round trip and what the reply said. With `stop_lag_s` it stops
+once it is that far behind (the server cannot keep up; the rest would only say so for longer).
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from alignatt.replay.events import RunRecord
 from alignatt.replay.stream import SmokeStream, paced_events
 
 
-def replay_native(url: str, stream: SmokeStream, speed: float, preset: str) -> RunRecord:
+def replay_native(url: str, stream: SmokeStream, speed: float, preset: str,
+                  stop_lag_s: float | None = None) -> RunRecord:
     events: list[ReplayEvent] = []
+    stopped_at = None
     with ProtocolClient.connect(url) as client:
         client.open(preset=preset)
         cursor = UpdateCursor(stream.words)
@@ -24,6 +27,9 @@ def replay_native(url: str, stream: SmokeStream, speed: float, preset: str) -> R
         start = time.perf_counter()
         for ev, due in paced_events(stream, speed):
             lag = max(time.perf_counter() - due, 0.0)
+            if stop_lag_s is not None and lag > stop_lag_s:
+                stopped_at = ev.t
+                break
             max_lag = max(max_lag, lag)
             step = cursor.step(ev)
             if step is None:
@@ -40,4 +46,5 @@ def replay_native(url: str, stream: SmokeStream, speed: float, preset: str) -> R
             events.append(event)
             if step.final or reply.get("final"):  # the server may force a final on a long utterance
                 cursor.close_utterance()
-        return RunRecord("native", events, time.perf_counter() - start, max_lag)
+        return RunRecord("native", events, time.perf_counter() - start, max_lag, stopped_at,
+                         cursor.committed if stopped_at is not None else None)

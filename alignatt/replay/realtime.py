@@ -4,7 +4,8 @@ Unlike `replay/lockstep.py` (an update waits for its reply), this client sends u
 stream's clock and reads replies on a second thread, like a live ASR front end. A partial that a
 newer update superseded gets no reply (the server answers the newer one); finals are always
 answered. Per reply: RTT (sent -> answered) and lag (due on the stream clock -> answered), so a
-server that cannot keep up shows a growing lag here too.
+server that cannot keep up shows a growing lag here too. With `stop_lag_s`, the first reply that
+far behind stops the sending; what was sent is still drained.
 """
 
 from __future__ import annotations
@@ -20,12 +21,15 @@ from alignatt.replay.events import RunRecord
 from alignatt.replay.stream import SmokeStream, paced_events
 
 
-def replay_realtime(url: str, stream: SmokeStream, speed: float, preset: str, drain_s: float = 120.0) -> RunRecord:
+def replay_realtime(url: str, stream: SmokeStream, speed: float, preset: str, drain_s: float = 120.0,
+                    stop_lag_s: float | None = None) -> RunRecord:
     sent: dict[int, dict[str, Any]] = {}  # seq -> what was sent, when it was due and sent
     events: list[ReplayEvent] = []
     finals_sent: list[int] = []
     lock = threading.Lock()
     done = threading.Event()
+    behind = threading.Event()  # a reply came more than stop_lag_s late: send no more
+    stopped_at = None
     with ProtocolClient.connect(url) as client:
         client.open(preset=preset)
 
@@ -42,10 +46,12 @@ def replay_realtime(url: str, stream: SmokeStream, speed: float, preset: str, dr
                     info = sent.get(reply.get("seq"))
                     if info is None:
                         continue
+                    lag = max(now - info["due"], 0.0)
                     event = info["event"].model_copy(update={
-                        "rtt_ms": round((now - info["sent"]) * 1000.0, 3),
-                        "lag_s": round(max(now - info["due"], 0.0), 3)})
+                        "rtt_ms": round((now - info["sent"]) * 1000.0, 3), "lag_s": round(lag, 3)})
                     events.append(event.answered(reply))
+                if stop_lag_s is not None and lag > stop_lag_s:
+                    behind.set()
 
         reader = threading.Thread(target=read, name="realtime-reader", daemon=True)
         reader.start()
@@ -53,6 +59,9 @@ def replay_realtime(url: str, stream: SmokeStream, speed: float, preset: str, dr
         seq = 0
         start = time.perf_counter()
         for ev, due in paced_events(stream, speed):
+            if behind.is_set():
+                stopped_at = ev.t
+                break
             step = cursor.step(ev)
             if step is None:
                 continue
@@ -79,4 +88,5 @@ def replay_realtime(url: str, stream: SmokeStream, speed: float, preset: str, dr
     with lock:
         ordered = sorted(events, key=lambda e: e.seq)
     lag = max((e.lag_s for e in ordered), default=0.0)
-    return RunRecord("realtime", ordered, time.perf_counter() - start, lag)
+    return RunRecord("realtime", ordered, time.perf_counter() - start, lag, stopped_at,
+                     cursor.committed if stopped_at is not None else None)

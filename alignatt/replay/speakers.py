@@ -35,16 +35,17 @@ class SpeakerPlan:
     stagger_s: float
     pacing: Literal["lockstep", "realtime"]
     streams: tuple[dict, ...]  # SmokeStream.model_dump() of each stream
+    stop_lag_s: float | None = None  # a speaker this far behind its stream stops (LoadKnobs.stop_lag_s)
 
 
 def _replay_one(plan: SpeakerPlan, stream: SmokeStream) -> RunRecord:
     if plan.pacing == "realtime":
         from alignatt.replay.realtime import replay_realtime
 
-        return replay_realtime(plan.url, stream, plan.speed, plan.preset)
+        return replay_realtime(plan.url, stream, plan.speed, plan.preset, stop_lag_s=plan.stop_lag_s)
     from alignatt.replay.lockstep import replay_native
 
-    return replay_native(plan.url, stream, plan.speed, plan.preset)
+    return replay_native(plan.url, stream, plan.speed, plan.preset, stop_lag_s=plan.stop_lag_s)
 
 
 def run_speaker_threads(plan: SpeakerPlan, indices: list[int], start_at: float | None = None

@@ -59,7 +59,8 @@ def capacity_rows(inputs: ReportInputs) -> list[dict[str, Any]]:
                 streams=", ".join(dict.fromkeys(Path(s).stem for s in lv.streams)), speakers=lv.speakers,
                 p50=_fmt(lv.partial_rtt_ms_p50), p95=_fmt(lv.partial_rtt_ms_p95), p99=_fmt(lv.partial_rtt_ms_p99),
                 final_p95=_fmt(lv.final_rtt_ms_p95), lag=f"{lv.lag_s_max:.2f}",
-                lag_grows="grows" if lv.lag_grows else "steady", retractions=lv.retractions,
+                lag_grows=(f"stopped behind at {lv.stopped_at_stream_s:g} s" if lv.stopped_speakers
+                           else "grows" if lv.lag_grows else "steady"), retractions=lv.retractions,
                 finals=f"{lv.finals_delivered}/{lv.finals_expected}{'' if lv.finals_in_order else ' (order!)'}",
                 errors=lv.error_frames, fast_path=lv.fast_path_events,
                 batch_max=max((int(k) for k in lv.engine_batch_sizes), default=0),
@@ -184,6 +185,9 @@ def _judge(lv: Any, target: dict[str, Any]) -> tuple[bool, list[str]]:
     if target.get("lag_steady"):
         ok = ok and not lv.lag_grows
         said.append("lag grows" if lv.lag_grows else "lag steady")
+    if lv.stopped_speakers:  # it fell so far behind that its speakers stopped: no bound can hold
+        ok = False
+        said.append(f"{lv.stopped_speakers} speakers stopped behind")
     clean = lv.retractions == 0 and lv.finals_in_order and lv.finals_delivered == lv.finals_expected
     ok = ok and clean
     said.append(f"{lv.retractions} retractions, finals {lv.finals_delivered}/{lv.finals_expected}"

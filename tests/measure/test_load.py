@@ -763,3 +763,46 @@ def test_a_later_configuration_that_fails_is_named_and_the_others_stand(tmp_path
     with pytest.raises(RuntimeError, match="exited with 1"):
         run_load(first_fails, tmp_path / "x.json")
     assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.parametrize("pacing", ["lockstep", "realtime"])
+def test_speakers_that_fall_too_far_behind_stop_and_the_level_says_so(tmp_path, short_stream, pacing):
+    """A server far slower than the stream: with stop_lag_s each speaker stops once that far behind,
+    the level is judged growing, its finals due are those of the words committed before the stop,
+    and the page names the stop."""
+    seam = StandInBatchSeam(max_batch=4, steps_for=lambda r: 40, step_s=0.01)  # ~0.4 s a draft
+    options = LoadOptions(speakers=[2], streams=[short_stream], speed=1.0, stagger_s=0.0, pacing=pacing,
+                          capture_cost="off", stop_lag_s=0.2)
+    site = tmp_path / "site"
+    artifact = run_load(options, site / "outputs" / "cpu" / "load.json", seam_factory=lambda route, heads: seam)
+    (lv,) = artifact.levels
+    assert artifact.config.stop_lag_s == 0.2
+    assert lv.stopped_speakers == 2 and lv.lag_grows and lv.stopped_at_stream_s < 2.2  # the stream is 2.2 s
+    assert lv.finals_delivered == lv.finals_expected < 4 and lv.finals_in_order and lv.error_frames == 0
+    assert lv.retractions == 0
+    text, _ = render_site(site)
+    (row,) = [r for r in capacity_table(text) if Path(short_stream).stem in r]
+    assert f"stopped behind at {lv.stopped_at_stream_s:g} s" in row
+    from alignatt.report.capacity import _judge
+
+    ok, said = _judge(lv, {"lag_max_s": 100.0})  # its lag is under the bound only because it stopped
+    assert not ok and "2 speakers stopped behind" in said
+
+
+def test_a_stopped_speaker_is_due_the_finals_of_the_words_it_committed():
+    stream = SmokeStream(words_per_second=2.0, commit_lag_seconds=1.0, text="One two. Three four. Five six.")
+    args = (1.0, [{"steps": 0, "batch_sizes": {}}], [{"engine": "0", "steps": 4, "batch_sizes": {"1": 4}}],
+            {"coalesced": 0}, (None, None), {})
+    whole = RunRecord("native", _events([0.1] * 6, finals=(0, 1, 2)), 1.0, 0.1)
+    stopped = RunRecord("native", _events([0.1] * 6, finals=(0,)), 1.0, 0.1, stopped_at_s=2.5, committed_words=3)
+    level = summarise_level(2, [whole, stopped], [("s", stream)], *args)
+    assert level["finals_expected"] == 3 + 1 and level["finals_delivered"] == 4 and level["finals_in_order"]
+    assert level["stopped_speakers"] == 1 and level["stopped_at_stream_s"] == 2.5 and level["lag_grows"]
+    assert summarise_level(1, [whole], [("s", stream)], *args)["stopped_speakers"] == 0
+
+
+def test_a_load_record_from_before_the_stop_reads_as_every_stream_run_to_its_end():
+    from alignatt.record.artifacts import load_artifact
+
+    root = Path(__file__).resolve().parents[2]
+    assert load_artifact(root / "outputs" / "h200" / "load_verify.json").config.stop_lag_s is None

@@ -113,7 +113,11 @@ class LoadLevel(_Strict):
     lag_s_max: float  # how far the replays fell behind real time, worst speaker
     lag_s_first_third: float  # mean lag over the first and last third of every speaker's run
     lag_s_last_third: float
-    lag_grows: bool  # last third's mean lag exceeds the first third's by more than 0.25 s
+    lag_grows: bool  # last third's mean lag exceeds the first third's by more than 0.25 s, or a speaker stopped
+    # Speakers that stopped once they fell `LoadRecord.stop_lag_s` behind, and the earliest stream time one
+    # stopped at: the level cannot keep up, and its figures cover the streams until the stops.
+    stopped_speakers: int = 0
+    stopped_at_stream_s: float | None = None
     fast_path_events: int
     engine_steps: int  # summed over the engines: each one's own steps (`LoadEngine.child_steps` if recorded)
     engine_batch_sizes: dict[str, int]  # `LoadEngine.batch_sizes`, summed over the engines
@@ -224,6 +228,8 @@ class LoadRecord(LoadKnobs):
             del data["vllm_mode"]
         if isinstance(data.get("preset"), dict):  # the model's preset, recorded by mistake under the latency preset's name
             del data["preset"]
+        if "stop_lag_s" not in data:  # before speakers could stop behind: every stream ran to its end
+            data["stop_lag_s"] = None
         return data
 
     @property

@@ -60,6 +60,10 @@ class LoadKnobs(ServedModel):
         "processes", description="processes: speakers in client processes of their own (alignatt.replay."
                                  "speakers); threads: in the server's process (contends for its GIL)")
     speakers_per_process: int = Field(16, ge=1, description="speaker threads per client process")
+    stop_lag_s: float | None = Field(
+        30.0, gt=0, description="a speaker this many seconds behind its stream stops: its level cannot keep up, "
+                                "and the rest of the stream would only say so for longer (null: every stream to "
+                                "its end)")
     prefix_caching: bool | None = Field(None, description="vllm_capture: vLLM prefix caching (default: the server's, on)")
     max_num_seqs: int | None = Field(None, ge=1, description="vllm_capture: the engine's batch limit")
     engines: int | Literal["auto"] = Field(1, description="the server's engines per route: a number, or auto (one "
